@@ -1,0 +1,113 @@
+"""Fixtures shared by the trainer tests: tiny models built from config, the in-code tokenizer, small data.
+
+Nothing here touches the Hub. Building a trainer costs seconds on CPU, so tests group their checks per trainer.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from datasets import Dataset
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from trl_groupopt.data import build_tokenizer, make_arithmetic_dataset
+
+
+def tiny_tokenizer():
+    """The library's in-code tokenizer (no files, no Hub)."""
+    return build_tokenizer()
+
+
+def tiny_model(tokenizer=None, seed: int = 0, hidden_size: int = 32, num_layers: int = 2) -> Qwen2ForCausalLM:
+    """A random Qwen2 with hidden 32 and 2 layers, fp32, sized to the tokenizer's vocabulary."""
+    tokenizer = tokenizer or tiny_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def tiny_dataset(num_examples: int = 16, seed: int = 0) -> Dataset:
+    return make_arithmetic_dataset(num_examples, seed=seed)
+
+
+def length_reward(completions, **kwargs) -> list[float]:
+    """A cheap dense reward for tests: longer completions score higher (any reward works for mechanics)."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [float(len(t)) / 10.0 for t in texts]
+
+
+def cpu_config_kwargs(output_dir, **overrides) -> dict:
+    """GRPOConfig kwargs for fast, deterministic CPU runs (offline-demo.md: no bf16, no checkpointing)."""
+    kwargs = dict(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        learning_rate=1e-3,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        temperature=1.0,
+        dataloader_num_workers=0,
+        ddp_find_unused_parameters=False,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def clone_model(model):
+    return copy.deepcopy(model)
+
+
+def random_batch(tokenizer, batch_size: int = 4, prompt_len: int = 5, completion_len: int = 7, seed: int = 0,
+                 group_size: int | None = None, off_policy_scale: float = 0.3, with_ref: bool = True) -> dict:
+    """A batch in the shape `_generate_and_score_completions` returns, with ragged completions (padding and an
+    all-empty row) and random behaviour/reference log-probs, for calling `_compute_loss` directly."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = len(tokenizer)
+    low = 4  # skip special tokens
+    prompt_ids = torch.randint(low, vocab, (batch_size, prompt_len), generator=g)
+    prompt_mask = torch.ones(batch_size, prompt_len, dtype=torch.long)
+    prompt_mask[0, :2] = 0  # left padding
+    prompt_ids[0, :2] = tokenizer.pad_token_id
+    completion_ids = torch.randint(low, vocab, (batch_size, completion_len), generator=g)
+    lengths = torch.randint(1, completion_len + 1, (batch_size,), generator=g)
+    lengths[-1] = completion_len
+    completion_mask = (torch.arange(completion_len)[None, :] < lengths[:, None]).long()
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+    advantages = torch.randn(batch_size, generator=g)
+    batch = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+        "num_items_in_batch": completion_mask.sum(),
+        # log-probs perturbation: stands in for the behaviour / reference policy
+        "old_logp_noise": off_policy_scale * torch.randn(batch_size, completion_len, generator=g),
+        "ref_logp_noise": 0.2 * torch.randn(batch_size, completion_len, generator=g) if with_ref else None,
+    }
+    if group_size is not None:
+        batch["group_ids"] = torch.arange(batch_size) // group_size
+    return batch

@@ -1,0 +1,148 @@
+"""Shared pieces of the pure objectives: the output type and masked / group reductions.
+
+Everything here is plain torch: no TRL, no accelerate, no trainer state. Reductions never
+divide by zero: an empty mask (a row, a batch, a group with no valid token) reduces to 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class ObjectiveOutput:
+    """What every objective returns.
+
+    Attributes:
+        per_token_loss: (B, T) per-token loss, or (B, 1) per-sequence loss, *before* the
+            completion mask and the `loss_type` aggregation are applied by the trainer.
+        metrics: name -> detached scalar tensor (means over masked tokens or sequences).
+    """
+
+    per_token_loss: Tensor
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
+def masked_sum(values: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
+    """Sum of `values` where `mask` is 1 (mask broadcast to values)."""
+    masked = values * mask
+    return masked.sum() if dim is None else masked.sum(dim)
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of `values` over positions where `mask` is 1; 0 where the mask is empty."""
+    mask = mask.to(values.dtype)
+    if dim is None:
+        return masked_sum(values, mask) / mask.sum().clamp(min=1.0)
+    mask = mask.expand_as(values)
+    return masked_sum(values, mask, dim) / mask.sum(dim).clamp(min=1.0)
+
+
+def sequence_lengths(mask: Tensor) -> Tensor:
+    """(B,) number of valid tokens per row, clamped to >= 1 so it can divide safely."""
+    return mask.sum(-1).clamp(min=1.0)
+
+
+def as_token_advantages(advantages: Tensor) -> Tensor:
+    """(B,) -> (B, 1); (B, T) unchanged. Token-level objectives broadcast either shape."""
+    if advantages.dim() == 1:
+        return advantages.unsqueeze(-1)
+    if advantages.dim() == 2:
+        return advantages
+    raise ValueError(f"advantages must be (B,) or (B, T), got shape {tuple(advantages.shape)}")
+
+
+def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
+    """Map arbitrary integer group ids to dense indices 0..K-1. Returns (index (B,), K)."""
+    if group_ids.dim() != 1:
+        raise ValueError(f"group_ids must be (B,), got shape {tuple(group_ids.shape)}")
+    _, index = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(index.max().item()) + 1 if index.numel() else 0
+    return index, num_groups
+
+
+def group_reduce(values: Tensor, group_ids: Tensor, reduce: str) -> Tensor:
+    """Reduce (B,) `values` within each group and broadcast the result back to (B,).
+
+    `reduce` is one of "sum", "mean", "amin", "amax" (as `Tensor.scatter_reduce`).
+    """
+    if values.shape != group_ids.shape:
+        raise ValueError(f"values {tuple(values.shape)} and group_ids {tuple(group_ids.shape)} differ")
+    index, num_groups = group_index(group_ids)
+    out = values.new_zeros(num_groups)
+    out = out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)
+    return out[index]
+
+
+def group_sum(values: Tensor, group_ids: Tensor) -> Tensor:
+    """(B,) sum of each element's group."""
+    return group_reduce(values, group_ids, "sum")
+
+
+def group_mean(values: Tensor, group_ids: Tensor) -> Tensor:
+    """(B,) mean of each element's group."""
+    return group_reduce(values, group_ids, "mean")
+
+
+def group_min(values: Tensor, group_ids: Tensor) -> Tensor:
+    """(B,) minimum of each element's group."""
+    return group_reduce(values, group_ids, "amin")
+
+
+def group_max(values: Tensor, group_ids: Tensor) -> Tensor:
+    """(B,) maximum of each element's group."""
+    return group_reduce(values, group_ids, "amax")
+
+
+def group_size(group_ids: Tensor) -> Tensor:
+    """(B,) number of members in each element's group."""
+    return group_sum(torch.ones_like(group_ids, dtype=torch.float32), group_ids)
+
+
+def clipped_surrogate_loss(
+    per_token_logps: Tensor,
+    old_per_token_logps: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    importance_sampling_level: str = "token",
+    delta: float | None = None,
+) -> ObjectiveOutput:
+    """TRL's clipped surrogate (GRPO/DAPO at token level, GSPO at sequence level): the default objective.
+
+        token:    w_it = pi_theta(o_it) / pi_old(o_it)                         (GRPO, Shao et al. 2024)
+        sequence: w_i  = exp( sum_t log w_it / |o_i| )                        (GSPO, Zheng et al. 2025)
+        loss      = -min(w A, clip(w, 1 - eps_low, 1 + eps_high) A),   w -> min(w, delta) first if delta is set
+
+    Written to match `GRPOTrainer._compute_loss` of TRL 1.16 term by term, so that the base trainer with this
+    objective is TRL's GRPO/GSPO (tested for parity). Returns (B, T) at token level and (B, 1) at sequence level,
+    and the clip indicators TRL logs.
+    """
+    if epsilon_low < 0 or epsilon_high < 0:
+        raise ValueError(f"epsilons must be >= 0, got epsilon_low={epsilon_low}, epsilon_high={epsilon_high}")
+    advantages = as_token_advantages(advantages)  # (B, 1) or (B, T)
+    log_ratio = per_token_logps - old_per_token_logps  # (B, T)
+    if importance_sampling_level == "token":
+        log_weights = log_ratio  # (B, T)
+    elif importance_sampling_level == "sequence":
+        log_weights = (masked_sum(log_ratio, mask, -1) / sequence_lengths(mask)).unsqueeze(-1)  # (B, 1)
+    else:
+        raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
+    coef_1 = torch.exp(log_weights)  # (B, T) or (B, 1)
+    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+    if delta is not None:  # two-sided clip (TRL's `delta`) bounds the unclipped branch too
+        coef_1 = torch.clamp(coef_1, max=delta)
+    per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)  # (B, T) or (B, 1)
+    is_low = ((coef_1 < 1 - epsilon_low) & (advantages < 0)).float()
+    is_high = ((coef_1 > 1 + epsilon_high) & (advantages > 0)).float()
+    metrics = {
+        "clip_ratio/low": is_low.detach(),
+        "clip_ratio/high": is_high.detach(),
+        "clip_ratio/region": torch.maximum(is_low, is_high).detach(),
+    }
+    return ObjectiveOutput(per_token_loss, metrics)

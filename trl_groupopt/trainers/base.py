@@ -1,0 +1,418 @@
+"""`GroupOptTrainer`: TRL's `GRPOTrainer` with the policy objective as a pluggable pure function.
+
+One override of `_compute_loss` serves every method. It
+
+1. gets log-probs and entropies through TRL's own `_get_per_token_logps_and_entropies` (fused, tiled LM head),
+2. asks the method for its advantages (`compute_advantages`, identity except for OTB) and its per-token loss
+   (`objective`, a pure function from `trl_groupopt.objectives`),
+3. applies TRL 1.16's shared extras with TRL's semantics: off-policy sequence mask, high-entropy token mask,
+   vLLM importance-sampling correction, beta-KL (with `use_bias_correction_kl`), entropy bonus (static or
+   adaptive), MoE load-balancing loss,
+4. aggregates with `loss_type` exactly as TRL does (grpo, bnpo, dr_grpo, dapo, luspo, with TRL's
+   gradient-accumulation scaling), and logs TRL's metric names plus the objective's own metrics.
+
+With the default objective (TRL's clipped surrogate) this trainer *is* TRL's GRPO/GSPO/DAPO: the parity tests
+compare loss and gradients against `GRPOTrainer._compute_loss`.
+
+Methods that couple the sequences of a group (DFPO, OTB) set `requires_whole_groups = True`: every micro-batch
+then holds whole groups (TRL's row shuffle of the generation batch is replaced by a shuffle of whole groups) and
+carries an explicit `group_ids` tensor, so no objective infers groups from positions.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import nanmax, nanmin, split_pixel_values_by_grid, split_tensor_dict
+from trl.trainer.utils import unsplit_pixel_values_by_grid
+
+from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss
+
+# The loss types whose aggregation `_compute_loss` reproduces. TRL's cispo/sapo/vespo replace the surrogate itself,
+# so they cannot be combined with another objective.
+SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+_CLIP_METRICS = ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region")
+
+
+def group_ids_for_local_batch(num_rows: int, num_generations: int, process_index: int, device=None) -> Tensor:
+    """(num_rows,) global group index of each local row.
+
+    TRL's `RepeatSampler` yields each prompt `num_generations` times in a row, and each process receives a
+    contiguous slice of `num_rows` rows of the global generation batch (`process_slice` in
+    `_generate_and_score_completions`), so the global row index divided by `num_generations` names the group.
+    """
+    if num_rows % num_generations != 0:
+        raise ValueError(
+            f"A process holds {num_rows} completions, not a multiple of num_generations={num_generations}: "
+            "groups would straddle processes."
+        )
+    rows = process_index * num_rows + torch.arange(num_rows, device=device)
+    return rows // num_generations
+
+
+def shuffle_whole_groups(batch: dict[str, Any], group_ids: Tensor, generator: torch.Generator | None = None):
+    """Permute whole groups of a generation batch, keeping each group's rows contiguous and in order.
+
+    Replaces TRL's `shuffle_sequence_dict` (a row permutation that scatters groups across micro-batches).
+    Tensors with a leading batch dimension and per-row lists are permuted; scalars and None pass through.
+    """
+    unique_groups, inverse = torch.unique_consecutive(group_ids, return_inverse=True)
+    num_groups = unique_groups.numel()
+    if torch.unique(group_ids).numel() != num_groups:
+        raise ValueError("group_ids must be contiguous: the rows of one group must be adjacent")
+    group_order = torch.randperm(num_groups, generator=generator)
+    # Stable sort of each row's position in the new group order keeps the rows of a group in their order.
+    new_rank = torch.empty_like(group_order)
+    new_rank[group_order] = torch.arange(num_groups)
+    row_order = torch.sort(new_rank[inverse.cpu()], stable=True).indices  # (N,)
+
+    num_rows = group_ids.shape[0]
+
+    def permute(value):
+        if isinstance(value, Tensor) and value.ndim >= 1 and value.shape[0] == num_rows:
+            return value[row_order.to(value.device)]
+        if isinstance(value, list) and len(value) == num_rows:
+            return [value[i] for i in row_order.tolist()]
+        return value
+
+    return {key: permute(value) for key, value in batch.items()}
+
+
+def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: bool) -> None:
+    """Raise if the installed stack would compute a loss other than our `_compute_loss`.
+
+    - Unsloth rebinds `trl.GRPOTrainer` and replaces `compute_loss`: any class in the MRO from an Unsloth module, or a
+      `compute_loss` that is not TRL's, means our objective would be silently dropped.
+    - Liger: TRL <= 1.13 routed `use_liger_kernel=True` to a fused Liger GRPO loss that bypasses `_compute_loss`.
+      TRL 1.16 only patches model kernels (RMSNorm, RoPE, SwiGLU) and keeps the loss in `_compute_loss`, so Liger is
+      allowed there. We detect the old routing by the `compute_liger_loss` method it needed.
+    """
+    for klass in trainer_cls.__mro__:
+        if "unsloth" in (klass.__module__ or "").lower() or "unsloth" in klass.__name__.lower():
+            raise ValueError(
+                f"{trainer_cls.__name__} derives from {klass.__module__}.{klass.__name__}: Unsloth's patched "
+                "GRPOTrainer replaces `compute_loss`, which would silently train Unsloth's GRPO loss instead of this "
+                "method's objective. Import trl_groupopt in a process that does not import unsloth (or import "
+                "trl_groupopt before unsloth and do not use Unsloth's patched trainer)."
+            )
+    compute_loss_module = getattr(trainer_cls.compute_loss, "__module__", "") or ""
+    if not compute_loss_module.startswith(("trl.", "trl_groupopt")):
+        raise ValueError(
+            f"{trainer_cls.__name__}.compute_loss comes from {compute_loss_module!r}, not TRL: something (e.g. "
+            "Unsloth) patched the trainer and this method's objective would not be used. Remove the patch."
+        )
+    if use_liger_kernel and hasattr(trainer_cls, "compute_liger_loss"):
+        raise ValueError(
+            "use_liger_kernel=True makes this TRL version compute Liger's fused GRPO loss instead of `_compute_loss`, "
+            "which would silently drop this method's objective. Set use_liger_kernel=False, or upgrade to trl>=1.16 "
+            "where Liger only patches model kernels."
+        )
+
+
+class GroupOptTrainer(GRPOTrainer):
+    """`GRPOTrainer` whose policy objective is a pure function (see module docstring).
+
+    Subclasses set `objective` (and, for advantage-transforming methods, `compute_advantages`), the class flags
+    `requires_whole_groups` / `requires_raw_rewards`, and the model-card metadata `_name`, `_tag_names`, `_paper`.
+    The base class itself trains TRL's GRPO/GSPO/DAPO objective.
+    """
+
+    _tag_names = ["trl", "grpo", "trl-groupopt"]
+    _name = "GRPO (trl-groupopt base)"
+    _paper = {
+        "title": "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+        "id": "2402.03300",
+        "citation": textwrap.dedent("""\
+            @article{shao2024deepseekmath,
+                title        = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
+                author       = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},
+                year         = 2024,
+                eprint       = {arXiv:2402.03300},
+            }"""),
+    }
+
+    #: Every micro-batch must hold whole groups, with a `group_ids` tensor (DFPO, OTB).
+    requires_whole_groups: ClassVar[bool] = False
+    #: The batch must carry the raw (weighted, un-normalised) rewards as `rewards` (OTB).
+    requires_raw_rewards: ClassVar[bool] = False
+    #: Whether TRL's `delta` (two-sided clip of the surrogate) has a meaning for this objective.
+    supports_delta: ClassVar[bool] = True
+
+    def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, *positional, **kwargs):
+        if args is not None:
+            self.validate_args(args)
+        check_loss_routed_through_compute_loss(type(self), bool(args is not None and args.use_liger_kernel))
+        super().__init__(model, reward_funcs, args, *positional, **kwargs)
+
+    # ------------------------------------------------------------------ validation
+    @classmethod
+    def validate_args(cls, args: GRPOConfig) -> None:
+        """Raise a `ValueError` that names the fix for every config this trainer cannot honour."""
+        if args.loss_type not in SUPPORTED_LOSS_TYPES:
+            raise ValueError(
+                f"loss_type={args.loss_type!r} is not supported by {cls.__name__}: TRL's cispo/sapo/vespo replace the "
+                f"policy surrogate itself. Use one of {SUPPORTED_LOSS_TYPES}."
+            )
+        if args.delta is not None and not cls.supports_delta:
+            raise ValueError(f"delta={args.delta} has no meaning for {cls.__name__}'s objective; leave delta=None.")
+        if cls.requires_whole_groups:
+            num_generations = args.num_generations
+            if num_generations is None or num_generations < 2:
+                raise ValueError(
+                    f"{cls.__name__} compares the completions of a group: num_generations must be >= 2, "
+                    f"got {num_generations}."
+                )
+            batch_size = args.per_device_train_batch_size
+            if batch_size % num_generations != 0:
+                working = [num_generations * k for k in range(1, 5)]
+                raise ValueError(
+                    f"{cls.__name__} needs whole groups in every micro-batch: per_device_train_batch_size "
+                    f"({batch_size}) must be a multiple of num_generations ({num_generations}). "
+                    f"Use per_device_train_batch_size in {working}, or a num_generations that divides {batch_size}."
+                )
+
+    # ------------------------------------------------------------------ the method's hooks
+    def objective(
+        self,
+        per_token_logps: Tensor,
+        old_per_token_logps: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        inputs: dict[str, Any],
+    ) -> ObjectiveOutput:
+        """The policy loss before masking and aggregation. Default: TRL's clipped surrogate (GRPO/GSPO)."""
+        return clipped_surrogate_loss(
+            per_token_logps,
+            old_per_token_logps,
+            advantages,
+            mask,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            importance_sampling_level=self.importance_sampling_level,
+            delta=self.args.delta,
+        )
+
+    def compute_advantages(self, inputs: dict[str, Any], per_token_logps: Tensor, mask: Tensor) -> Tensor:
+        """(B,) or (B, T) advantages for this micro-batch. Default: TRL's group-relative advantages."""
+        return inputs["advantages"]
+
+    # ------------------------------------------------------------------ batching
+    def _generate_and_score_completions(self, inputs):
+        if self.requires_raw_rewards:
+            self._raw_rewards_per_func = None
+        output = super()._generate_and_score_completions(inputs)
+        num_rows = output["completion_ids"].shape[0]
+        mode = "train" if self.model.training else "eval"
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        if self.requires_whole_groups:
+            output["group_ids"] = group_ids_for_local_batch(
+                num_rows, num_generations, self.accelerator.process_index, output["completion_ids"].device
+            )
+            self._check_groups_share_prompts(output["prompt_ids"], num_generations)
+        if self.requires_raw_rewards:
+            output["rewards"] = self._local_raw_rewards(num_rows)
+        return output
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self.requires_raw_rewards:
+            self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
+        return rewards_per_func
+
+    def _local_raw_rewards(self, num_rows: int) -> Tensor:
+        """(num_rows,) weighted sum of the reward functions for this process's rows; NaN where unscorable.
+
+        The same combination TRL logs as `reward` (weights applied, NaN-skipping sum, NaN when every reward function
+        returned None), before any group centring or scaling.
+        """
+        rewards_per_func = self._raw_rewards_per_func
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        rewards = (rewards_per_func * weights).nansum(dim=1)  # (N_global,)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        start = self.accelerator.process_index * num_rows
+        return rewards[start : start + num_rows]
+
+    @staticmethod
+    def _check_groups_share_prompts(prompt_ids: Tensor, num_generations: int) -> None:
+        """Every row of a group must hold the same prompt; anything else means groups were misaligned."""
+        grouped = prompt_ids.view(-1, num_generations, prompt_ids.size(-1))  # (K, G, P)
+        if not torch.equal(grouped, grouped[:, :1].expand_as(grouped)):
+            raise RuntimeError(
+                "Completions of one group carry different prompts: the sampler did not deliver whole groups to this "
+                "process. Please report this with your accelerate and TRL versions."
+            )
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's `_prepare_inputs`, with a shuffle of whole groups in place of the row shuffle (group methods)."""
+        if not self.requires_whole_groups or not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            generation_batch = self._generate_and_score_completions(generation_batch)
+            generation_batch = split_pixel_values_by_grid(generation_batch)
+            generation_batch = shuffle_whole_groups(generation_batch, generation_batch["group_ids"])
+            generation_batches = split_tensor_dict(generation_batch, self.args.steps_per_generation)
+            self._buffered_inputs = [unsplit_pixel_values_by_grid(batch) for batch in generation_batches]
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    # ------------------------------------------------------------------ the loss
+    def _forward_logps_and_entropies(self, model, inputs: dict[str, Any]):
+        """Per-token log-probs, entropies and MoE aux loss of the completion, via TRL's own forward."""
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        multimodal_keys = (
+            "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+            "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+        )  # fmt: skip
+        return self._get_per_token_logps_and_entropies(
+            model,
+            torch.cat([prompt_ids, completion_ids], dim=1),
+            torch.cat([prompt_mask, completion_mask], dim=1),
+            completion_ids.size(1),  # logits only for the completion tokens
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in multimodal_keys},
+        )
+
+    def _compute_loss(self, model, inputs):
+        mode = "train" if self.model.training else "eval"
+        completion_mask = inputs["completion_mask"]
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]  # (B, T)
+
+        per_token_logps, entropies, aux_loss = self._forward_logps_and_entropies(model, inputs)  # (B, T) each
+        # On-policy TRL skips the behaviour forward: the ratio is then exactly 1 (old = sg(current)).
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        if old_per_token_logps is None:
+            old_per_token_logps = per_token_logps.detach()
+        advantages = self.compute_advantages(inputs, per_token_logps, mask)  # (B,) or (B, T)
+        advantages_2d = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
+
+        out = self.objective(per_token_logps, old_per_token_logps, advantages, mask, inputs)
+        per_token_loss = out.per_token_loss  # (B, T) or (B, 1)
+
+        # ---- TRL's shared extras, in TRL's order
+        if self.off_policy_mask_threshold is not None:
+            per_token_loss = per_token_loss * self.get_off_policy_mask(
+                advantages=advantages_2d,
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )  # (B, 1)
+        entropy_mask = None
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)  # (B, T)
+            per_token_loss = per_token_loss * entropy_mask
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
+        if self.beta != 0.0:
+            per_token_kl = self._per_token_kl(per_token_logps, old_per_token_logps, inputs["ref_per_token_logps"], mask)
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+
+        loss, policy_loss = self._aggregate(per_token_loss, mask, inputs, mode)
+        if self._entropy_bonus_enabled:
+            effective_mask = mask if entropy_mask is None else mask * entropy_mask
+            loss = loss - self._entropy_bonus(entropies, effective_mask, mode)
+            self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+        if self.aux_loss_enabled:
+            accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+
+        # ---- metrics, with TRL's names
+        if self.beta != 0.0:
+            self._metrics[mode]["kl"].append(self._global_masked_mean(per_token_kl, mask))
+        self._metrics[mode]["entropy"].append(self._global_masked_mean(entropies, mask))
+        self._log_objective_metrics(out.metrics, mask, mode)
+        return loss
+
+    def _per_token_kl(self, per_token_logps, old_per_token_logps, ref_per_token_logps, mask) -> Tensor:
+        """k3 estimator of KL(pi_theta || pi_ref), TRL's form; times the IS weight with `use_bias_correction_kl`."""
+        delta = ref_per_token_logps - per_token_logps  # (B, T)
+        per_token_kl = torch.exp(delta) - delta - 1  # (B, T)
+        if self.args.use_bias_correction_kl:
+            log_ratio = per_token_logps - old_per_token_logps  # (B, T)
+            if self.importance_sampling_level == "sequence":
+                log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (B, 1)
+            per_token_kl = per_token_kl * torch.exp(log_ratio)
+        return per_token_kl
+
+    def _aggregate(self, per_token_loss: Tensor, mask: Tensor, inputs, mode: str) -> tuple[Tensor, Tensor]:
+        """TRL 1.16's `loss_type` aggregation and gradient-accumulation scaling. Returns (loss, policy_loss)."""
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
+        if self.loss_type == "grpo":
+            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        elif self.loss_type == "bnpo":
+            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+        elif self.loss_type == "dr_grpo":
+            loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)
+        elif self.loss_type == "luspo":
+            loss = (per_token_loss * mask).sum(-1).mean()
+        elif self.loss_type == "dapo":
+            # `num_items_in_batch` counts the tokens of the whole generation batch on all processes: rescale it to
+            # one accumulation window on one process (TRL's normaliser), so no further division by accumulation.
+            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            loss = (per_token_loss * mask).sum() / normalizer
+            return loss, loss.detach()
+        else:  # validate_args rejects the others; kept for subclasses that bypass it
+            raise ValueError(f"Unsupported loss_type {self.loss_type!r}; use one of {SUPPORTED_LOSS_TYPES}")
+        return loss / accumulation, loss.detach()
+
+    def _entropy_bonus(self, entropies: Tensor, effective_mask: Tensor, mode: str) -> Tensor:
+        """coef * mean token entropy, TRL 1.16's static or adaptive entropy bonus (to be subtracted from the loss)."""
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
+        # The coefficient from the end of the previous optimizer step: every micro-batch of a window applies the same.
+        apply_coef = self.entropy_coef
+        if self.use_adaptive_entropy and self._last_world_entropy > self.args.entropy_target:
+            apply_coef = 0.0
+        if self.use_adaptive_entropy and mode == "train":
+            stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
+            self._entropy_window_stats = stats if self._entropy_window_stats is None else self._entropy_window_stats + stats
+            if self.accelerator.sync_gradients:  # optimizer-step boundary: window-global entropy over all ranks
+                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+                if world_entropy <= self.args.entropy_target:
+                    self.entropy_coef = min(self.entropy_coef + self.args.entropy_coef_delta, self.args.entropy_coef_max)
+                else:
+                    self.entropy_coef = max(self.entropy_coef - self.args.entropy_coef_delta, self.args.entropy_coef_min)
+                self._last_world_entropy = world_entropy
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        return apply_coef * entropy_loss
+
+    # ------------------------------------------------------------------ metrics
+    def _global_masked_mean(self, values: Tensor, mask: Tensor) -> float:
+        """Token-weighted mean over all processes ((B, 1) values: one per sequence), as TRL logs it."""
+        if values.shape[1] == 1:
+            local = torch.stack([values.sum(), torch.tensor(float(values.shape[0]), device=values.device)])
+        else:
+            local = torch.stack([(values * mask).sum(), mask.sum().float()])
+        totals = self.accelerator.reduce(local.float(), reduction="sum")
+        return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+    def _log_objective_metrics(self, metrics: dict[str, Tensor], mask: Tensor, mode: str) -> None:
+        """Log an objective's metrics. Per-token (B, T) / per-sequence (B, 1) tensors are reduced as TRL reduces its
+        clip indicators (global masked mean, and per-sequence min/max for `clip_ratio/low` / `high`); scalars are
+        averaged over processes ignoring NaN. `clip_ratio/*` keys get TRL's names."""
+        for name in sorted(metrics):  # same order on every rank: each reduction is a collective
+            value = metrics[name].detach()
+            if value.dim() == 2:
+                logged = name + "_mean" if name in _CLIP_METRICS else name
+                self._metrics[mode][logged].append(self._global_masked_mean(value.float(), mask))
+                if name in ("clip_ratio/low", "clip_ratio/high"):
+                    per_sequence = value.squeeze(1) if value.shape[1] == 1 else (value * mask).sum(-1) / mask.sum(-1)
+                    gathered = self.accelerator.gather(per_sequence.float())
+                    extreme = nanmin(gathered) if name.endswith("low") else nanmax(gathered)
+                    self._metrics[mode][name + ("_min" if name.endswith("low") else "_max")].append(extreme.item())
+            else:
+                logged = name + "_mean" if name in _CLIP_METRICS else name
+                gathered = self.accelerator.gather(value.float().reshape(1).to(self.accelerator.device))
+                self._metrics[mode][logged].append(gathered.nanmean().item())
