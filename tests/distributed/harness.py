@@ -1,0 +1,57 @@
+"""Launch a worker script on N CPU processes (gloo) from pytest and collect each rank's JSON result.
+
+`accelerate launch --cpu --num_processes 2` silently runs ONE process (offline-demo.md), so we use torchrun, which
+accelerate's `PartialState` picks up (RANK / WORLD_SIZE / MASTER_ADDR) and, with `use_cpu=True`, runs on gloo.
+A worker receives `--out DIR` and must write `DIR/rank{RANK}.json`; it should assert the world size it expects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(worker: str | Path, nproc: int, out_dir: Path, *args: str, timeout: int = 900) -> list[dict]:
+    """Run `worker` on `nproc` processes; return the list of per-rank results (rank order)."""
+    worker = Path(worker)
+    if not worker.is_absolute():
+        worker = WORKERS / worker
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        MASTER_ADDR="127.0.0.1",
+    )
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--nnodes", "1",
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(worker), "--out", str(out_dir), *args,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in range(nproc)]
+
+
+def write_result(out_dir: str | Path, result: dict) -> None:
+    """Called by workers: write this rank's result."""
+    rank = int(os.environ.get("RANK", "0"))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
