@@ -147,6 +147,12 @@ class GroupOptTrainer(GRPOTrainer):
             self.validate_args(args)
         check_loss_routed_through_compute_loss(type(self), bool(args is not None and args.use_liger_kernel))
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        self.whole_groups = self.needs_whole_groups(self.args)
+
+    @classmethod
+    def needs_whole_groups(cls, args: GRPOConfig) -> bool:
+        """Whether this configuration couples the sequences of a group (then micro-batches hold whole groups)."""
+        return cls.requires_whole_groups
 
     # ------------------------------------------------------------------ validation
     @classmethod
@@ -159,7 +165,7 @@ class GroupOptTrainer(GRPOTrainer):
             )
         if args.delta is not None and not cls.supports_delta:
             raise ValueError(f"delta={args.delta} has no meaning for {cls.__name__}'s objective; leave delta=None.")
-        if cls.requires_whole_groups:
+        if cls.needs_whole_groups(args):
             num_generations = args.num_generations
             if num_generations is None or num_generations < 2:
                 raise ValueError(
@@ -208,7 +214,7 @@ class GroupOptTrainer(GRPOTrainer):
         num_rows = output["completion_ids"].shape[0]
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        if self.requires_whole_groups:
+        if self.whole_groups:
             output["group_ids"] = group_ids_for_local_batch(
                 num_rows, num_generations, self.accelerator.process_index, output["completion_ids"].device
             )
@@ -248,7 +254,7 @@ class GroupOptTrainer(GRPOTrainer):
 
     def _prepare_inputs(self, generation_batch):
         """TRL's `_prepare_inputs`, with a shuffle of whole groups in place of the row shuffle (group methods)."""
-        if not self.requires_whole_groups or not self.model.training:
+        if not self.whole_groups or not self.model.training:
             return super()._prepare_inputs(generation_batch)
         generate_every = self.args.steps_per_generation * self.num_iterations
         if self._step % generate_every == 0 or self._buffered_inputs is None:

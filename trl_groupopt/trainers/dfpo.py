@@ -1,0 +1,135 @@
+"""DFPO: in-group re-weighting on GSPO that restores token-gradient cancellation, and GRPO-fix.
+
+Paper: Ding et al., "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient
+Cancellation", arXiv:2604.13088. See `trl_groupopt.objectives.dfpo` for the equations.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+from trl import GRPOConfig
+
+from ..objectives.common import ObjectiveOutput
+from ..objectives.dfpo import dfpo_loss, symmetric_clip_loss
+from .base import GroupOptTrainer
+
+DFPO_TRANSFORMS = ("none", "min_replace", "orth_proj", "orth_proj_qp")
+GRPO_FIX = "symmetric_clip"
+
+# GSPO's clip range (Zheng et al. 2025, Sec. 5.1); DFPO builds on GSPO and its paper sets no other value.
+GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
+# GRPO-fix clips only above (Eq. 80); TRL's GRPO default for that bound.
+GRPO_FIX_EPSILON_HIGH = 0.2
+
+
+@dataclass
+class DFPOConfig(GRPOConfig):
+    r"""
+    Configuration class for [`DFPOTrainer`].
+
+    Inherits every parameter of [`trl.GRPOConfig`]. DFPO re-weights the GSPO sequence ratios inside each group
+    (App. B of the paper); `dfpo_transform="symmetric_clip"` selects GRPO-fix instead (App. H, Eq. 80: token-level
+    `-A * clip(r, 0, 1 + epsilon_high)`, the same clip for both advantage signs).
+
+    With on-policy data (`steps_per_generation == gradient_accumulation_steps`, `num_iterations == 1`, no vLLM IS
+    correction) every GSPO ratio is exactly 1 and every transform is the identity: DFPO only differs from GSPO
+    off-policy.
+
+    Parameters:
+        dfpo_transform (`str`, *optional*, defaults to `"min_replace"`):
+            `"min_replace"` (Eq. 50), `"orth_proj"` (truncate-and-rebalance, Eq. 52-55), `"orth_proj_qp"` (exact
+            projection, Eq. 51), `"none"` (plain GSPO), or `"symmetric_clip"` (GRPO-fix).
+        dfpo_orth_floor (`float`, *optional*, defaults to `1e-6`):
+            Floor of the re-weighted ratios for `"orth_proj"` (Eq. 52).
+        epsilon (`float`, *optional*):
+            Lower clip of the sequence ratio. Defaults to GSPO's `3e-4` (unused by GRPO-fix).
+        epsilon_high (`float`, *optional*):
+            Upper clip. Defaults to GSPO's `4e-4`, or `0.2` for GRPO-fix.
+        importance_sampling_level (`str`, *optional*):
+            Fixed by the mode: `"sequence"` for the DFPO transforms, `"token"` for GRPO-fix (it only matters for
+            `use_bias_correction_kl`); setting the other one raises.
+        loss_type (`str`, *optional*, defaults to `"grpo"`):
+            Mean over sequences of the per-sequence value, i.e. GSPO's `1/G sum_i`. (Eq. 80 of GRPO-fix sums the
+            tokens of a sequence; `loss_type="luspo"` gives that literal form.)
+    """
+
+    dfpo_transform: str = field(
+        default="min_replace",
+        metadata={"help": "min_replace | orth_proj | orth_proj_qp | none (GSPO) | symmetric_clip (GRPO-fix)."},
+    )
+    dfpo_orth_floor: float = field(default=1e-6, metadata={"help": "Floor of the orth_proj weights (Eq. 52)."})
+    epsilon: float | None = field(default=None, metadata={"help": "Lower clip; default GSPO's 3e-4."})
+    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip; default 4e-4 (0.2 for GRPO-fix)."})
+    importance_sampling_level: str | None = field(
+        default=None, metadata={"help": "Fixed by dfpo_transform: 'sequence' (DFPO) or 'token' (GRPO-fix)."}
+    )
+    loss_type: str = field(default="grpo", metadata={"help": "Aggregation; 'grpo' = GSPO's 1/G sum_i."})
+
+    def __post_init__(self):
+        if self.dfpo_transform not in (*DFPO_TRANSFORMS, GRPO_FIX):
+            raise ValueError(
+                f"dfpo_transform must be one of {(*DFPO_TRANSFORMS, GRPO_FIX)}, got {self.dfpo_transform!r}."
+            )
+        grpo_fix = self.dfpo_transform == GRPO_FIX
+        level = "token" if grpo_fix else "sequence"
+        if self.importance_sampling_level not in (None, level):
+            raise ValueError(
+                f"dfpo_transform={self.dfpo_transform!r} uses {level}-level ratios: leave importance_sampling_level "
+                f"unset or set it to {level!r} (got {self.importance_sampling_level!r})."
+            )
+        self.importance_sampling_level = level
+        if self.epsilon is None:
+            self.epsilon = GRPO_FIX_EPSILON_HIGH if grpo_fix else GSPO_EPSILON
+        if self.epsilon_high is None:
+            self.epsilon_high = GRPO_FIX_EPSILON_HIGH if grpo_fix else GSPO_EPSILON_HIGH
+        super().__post_init__()
+        for name in ("epsilon", "epsilon_high", "dfpo_orth_floor"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
+
+
+class DFPOTrainer(GroupOptTrainer):
+    """[`trl.GRPOTrainer`] with DFPO's in-group re-weighted GSPO objective, or GRPO-fix's symmetric clip."""
+
+    _tag_names = ["trl", "dfpo", "trl-groupopt"]
+    _name = "DFPO"
+    _paper = {
+        "title": "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation",
+        "id": "2604.13088",
+        "citation": textwrap.dedent("""\
+            @article{ding2026design,
+                title        = {{Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation}},
+                author       = {Fei Ding and Yongkang Zhang and Youwei Wang and Zijian Zeng},
+                year         = 2026,
+                eprint       = {arXiv:2604.13088},
+            }"""),
+    }
+    supports_delta = False
+
+    @classmethod
+    def needs_whole_groups(cls, args: GRPOConfig) -> bool:
+        # The transforms (and the asymmetry metrics, also under "none") look at whole groups; GRPO-fix does not.
+        return getattr(args, "dfpo_transform", "min_replace") != GRPO_FIX
+
+    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
+                  inputs: dict[str, Any]) -> ObjectiveOutput:
+        if self.args.dfpo_transform == GRPO_FIX:
+            return symmetric_clip_loss(
+                per_token_logps, old_per_token_logps, advantages, mask, epsilon_high=self.args.epsilon_high
+            )
+        return dfpo_loss(
+            per_token_logps,
+            old_per_token_logps,
+            advantages,
+            mask,
+            inputs["group_ids"],
+            transform=self.args.dfpo_transform,
+            epsilon_low=self.args.epsilon,
+            epsilon_high=self.args.epsilon_high,
+            orth_floor=self.args.dfpo_orth_floor,
+        )
+
