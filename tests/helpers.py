@@ -111,3 +111,30 @@ def random_batch(tokenizer, batch_size: int = 4, prompt_len: int = 5, completion
     if group_size is not None:
         batch["group_ids"] = torch.arange(batch_size) // group_size
     return batch
+
+
+def _forward(trainer, model, batch):
+    from trl_groupopt.trainers.base import GroupOptTrainer
+
+    return GroupOptTrainer._forward_logps_and_entropies(trainer, model, batch)
+
+
+def inputs_with_policies(trainer, batch):
+    """Materialise behaviour/reference log-probs from the trainer's own model plus fixed noise."""
+    with torch.no_grad():
+        # the same forward for both trainers (TRL's `_get_per_token_logps_and_entropies`)
+        logps, _, _ = _forward(trainer, trainer.model, batch)
+    inputs = {k: v for k, v in batch.items() if not k.endswith("_noise")}
+    inputs["old_per_token_logps"] = (logps + batch["old_logp_noise"]).detach()
+    if batch["ref_logp_noise"] is not None:
+        inputs["ref_per_token_logps"] = (logps + batch["ref_logp_noise"]).detach()
+    return inputs
+
+
+def compute_loss_and_grads(trainer, inputs):
+    trainer.model.zero_grad(set_to_none=True)
+    trainer._metrics["train"].clear()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, dict(trainer._metrics["train"])

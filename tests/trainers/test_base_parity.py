@@ -11,7 +11,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from tests.helpers import clone_model, cpu_config_kwargs, length_reward, random_batch, tiny_dataset, tiny_model
-from tests.helpers import tiny_tokenizer
+from tests.helpers import compute_loss_and_grads, inputs_with_policies, tiny_tokenizer
 from trl_groupopt.trainers.base import GroupOptTrainer
 
 TOL = 1e-6
@@ -31,27 +31,6 @@ def trainer_pair(tmp_path_factory):
         trainer.model.train()
         trainer.current_gradient_accumulation_steps = 1
     return tokenizer, trl_trainer, our_trainer
-
-
-def _inputs_for(trainer, batch):
-    """Materialise behaviour/reference log-probs from the trainer's own model plus fixed noise."""
-    with torch.no_grad():
-        # the same forward for both trainers (TRL's `_get_per_token_logps_and_entropies`)
-        logps, _, _ = GroupOptTrainer._forward_logps_and_entropies(trainer, trainer.model, batch)
-    inputs = {k: v for k, v in batch.items() if not k.endswith("_noise")}
-    inputs["old_per_token_logps"] = (logps + batch["old_logp_noise"]).detach()
-    if batch["ref_logp_noise"] is not None:
-        inputs["ref_per_token_logps"] = (logps + batch["ref_logp_noise"]).detach()
-    return inputs
-
-
-def _loss_and_grads(trainer, inputs):
-    trainer.model.zero_grad(set_to_none=True)
-    trainer._metrics["train"].clear()
-    loss = trainer._compute_loss(trainer.model, inputs)
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-    return loss.detach(), grads, dict(trainer._metrics["train"])
 
 
 def _configure(trainer, **attrs):
@@ -74,7 +53,7 @@ def test_base_equals_trl(trainer_pair, loss_type, level, beta):
     results = []
     for trainer in (trl_trainer, our_trainer):
         _configure(trainer, **settings)
-        results.append(_loss_and_grads(trainer, _inputs_for(trainer, batch)))
+        results.append(compute_loss_and_grads(trainer, inputs_with_policies(trainer, batch)))
     (trl_loss, trl_grads, trl_metrics), (our_loss, our_grads, our_metrics) = results
     assert torch.isfinite(trl_loss)
     torch.testing.assert_close(our_loss, trl_loss, atol=TOL, rtol=TOL)
@@ -113,7 +92,7 @@ def test_base_equals_trl_with_extras(trainer_pair, extras):
     results = []
     for trainer in (trl_trainer, our_trainer):
         _configure(trainer, **settings)
-        results.append(_loss_and_grads(trainer, _inputs_for(trainer, batch)))
+        results.append(compute_loss_and_grads(trainer, inputs_with_policies(trainer, batch)))
     for trainer in (trl_trainer, our_trainer):  # restore the shared defaults for the other tests
         _configure(trainer, off_policy_mask_threshold=None, top_entropy_quantile=1.0, delta=None,
                    use_bias_correction_kl=False, steps_per_generation=2, current_gradient_accumulation_steps=1,

@@ -1,0 +1,46 @@
+# /// script
+# requires-python = ">=3.10"
+# dependencies = [
+#     "trl-groupopt",
+#     "trl[vllm]>=1.16,<2",
+# ]
+# ///
+"""Train with CTPOTrainer: cumulative-prefix token importance ratio with sqrt(t)-scaled log-space clipping.
+
+The script is TRL's GRPO example with one class changed: `TrlParser((ScriptArguments, CTPOConfig, ModelConfig))`,
+so every GRPOConfig / ModelConfig flag works, and `--config examples/configs/ctpo.yaml` reads a YAML file.
+
+Offline demo (no model argument: the embedded tiny policy on the synthetic arithmetic task, CPU, no Hub):
+
+    accelerate launch examples/train_ctpo.py
+    accelerate launch examples/train_ctpo.py --max_steps 3 --use_peft --lora_r 8 --lora_target_modules q_proj v_proj
+
+On-policy CTPO equals token-level GRPO; the demo defaults are off-policy (steps_per_generation=4 >
+gradient_accumulation_steps=2) so the cumulative ratio and its clip act.
+
+Single GPU, Qwen2.5-0.5B-Instruct on GSM8K:
+
+    accelerate launch --config_file examples/accelerate_configs/single_gpu.yaml examples/train_ctpo.py \
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
+        --output_dir Qwen2.5-0.5B-CTPO --learning_rate 1e-6 --bf16 --per_device_train_batch_size 8 \
+        --num_generations 8 --max_completion_length 512 --epsilon 0.025 --epsilon_high 0.05 --ctpo_dual_clip 0.05 --ctpo_position_power 0.5
+
+Multi-GPU (8 processes), DeepSpeed ZeRO-2 / ZeRO-3 or FSDP2: the same flags with
+`--config_file examples/accelerate_configs/multi_gpu.yaml` (or `deepspeed_zero2.yaml`, `deepspeed_zero3.yaml`,
+`fsdp2.yaml`).
+
+vLLM in colocate mode with LoRA (generation shares the training GPUs; TRL's importance-sampling correction of the
+vLLM/trainer mismatch is applied on top of the objective):
+
+    accelerate launch --config_file examples/accelerate_configs/single_gpu.yaml examples/train_ctpo.py \
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
+        --output_dir Qwen2.5-0.5B-CTPO-LoRA --bf16 --learning_rate 1e-5 \
+        --use_vllm --vllm_mode colocate --vllm_gpu_memory_utilization 0.3 --vllm_enable_sleep_mode \
+        --use_peft --lora_r 16 --lora_alpha 32 --lora_target_modules q_proj k_proj v_proj o_proj \
+        --push_to_hub
+"""
+
+from trl_groupopt.cli import train
+
+if __name__ == "__main__":
+    train("ctpo")

@@ -1,0 +1,245 @@
+"""OTB: the Optimal Token Baseline (Li et al., "The Optimal Token Baseline: Variance Reduction for
+Long-Horizon LLM-RL", arXiv 2602.07078; reference implementation by an author of the paper: verl's
+``compute_optimal_token_baseline_advantage`` and ``docs/algo/otb.md``).
+
+The paper's objects (Definition 3.1, Theorem 4.1, Proposition 4.2):
+
+* Logit-Gradient Proxy (Prop. 4.2). With ``z = logits / temperature`` and ``p = softmax(z)``, the
+  gradient of the sampled token's log-probability with respect to the logits is
+  ``d log p_y / dz = onehot(y) - p``, whose squared norm needs only forward quantities::
+
+      e_t = ||onehot(y_t) - p_t||^2 = 1 - 2 p_t(y_t) + sum_v p_t(v)^2,
+      sum_v p_v^2 = exp(logsumexp(2 z) - 2 logsumexp(z)).
+
+  The gradient is taken with respect to ``z`` (the temperature-scaled logits), as in verl, which
+  divides the logits by the temperature before computing ``sum_pi_squared``; there is no extra
+  ``1 / temperature^2`` factor.
+* Realized energy (Def. 3.1), cumulative and including ``t``::
+
+      W_t = sum_{j <= t} mask_j e_j          (with rollout IS weights w: e_j -> w_j^2 e_j)
+
+* Optimal token baseline (Thm. 4.1), the energy-weighted centroid of the returns of the group's
+  sequences still active at ``t``, and the advantage (SPEC section 5)::
+
+      b_t  = sum_i mask_it W_it G_i / (sum_i mask_it W_it + 1e-8)
+      A_it = (G_i - b_t) * mask_it          (no std normalisation)
+
+SPEC decisions and how verl's reference behaves:
+
+* ``handle_zero_tail`` follows verl exactly: in a group whose longest sequence is *unique* (more
+  valid tokens, ``mask.sum()``, than every other member), that sequence's baseline is 0 at every
+  position index ``t >= L2``, where ``L2`` is the second-largest valid-token count in the group.
+  Without this, ``b_t`` there is ``G_i W_i / (W_i + 1e-8) ~ G_i`` (the sequence compared with
+  itself) and its tail would get no learning signal. For right-padded masks (TRL's completion
+  mask) this is exactly "only one sequence of the group is active at t"; with holes in the mask
+  (TRL's tool mask) verl's rule is positional on the valid-token counts and this module keeps it.
+  Ties for the longest length zero nothing.
+* A group with a single (scorable) member has baseline 0 everywhere (verl: ``N == 1``), with or
+  without ``handle_zero_tail``.
+* Unscorable completions (NaN reward, TRL's convention for "every reward function returned None")
+  are removed from their group before anything is computed: they do not enter ``b_t``, the group
+  size or the zero-tail lengths, and their advantages are 0. verl has no NaN rewards.
+* Groups are given by an explicit (B,) ``group_ids`` tensor (arbitrary integers, unequal sizes),
+  never inferred from position; everything is vectorised over groups with ``index_add_``.
+* If every active member of a group has ``W_t = 0`` at some ``t`` (all tokens up to ``t`` were
+  deterministic), ``b_t = 0 / 1e-8 = 0``, as in verl.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .common import group_index, group_max, group_sum
+
+__all__ = ["energy_from_log_probs", "logit_gradient_energy", "otb_advantages"]
+
+# Rows of logits upcast to float32 at a time: 256 x 152k vocabulary is ~155 MB per temporary.
+DEFAULT_ENERGY_CHUNK_SIZE = 256
+# Energies below 0 by more than this are a caller bug, not rounding of 1 - 2p + sum p^2.
+_NEGATIVE_ENERGY_TOLERANCE = 1e-3
+
+
+def _compute_dtype(*tensors: Tensor | None) -> torch.dtype:
+    """float64 if any input is float64, else float32 (half / bf16 are upcast)."""
+    if any(t is not None and t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+def _energy(log_p_y: Tensor, log_sum_sq: Tensor) -> Tensor:
+    """e = 1 - 2 p_y + sum_v p_v^2 from log p_y and log sum_v p_v^2 (same shape, same float dtype).
+
+    Mathematically ``||onehot(y) - p||^2 >= 0``; the subtraction can round a hair below 0 when
+    ``p_y ~ 1``, so clamp to keep the cumulative energy monotone.
+    """
+    return (1.0 - 2.0 * log_p_y.exp() + log_sum_sq.exp()).clamp_min(0.0)
+
+
+def logit_gradient_energy(
+    logits: Tensor,
+    token_ids: Tensor,
+    temperature: float = 1.0,
+    *,
+    chunk_size: int = DEFAULT_ENERGY_CHUNK_SIZE,
+) -> Tensor:
+    """Logit-gradient energy ``e = ||d log softmax(z)_y / dz||^2 = 1 - 2 p_y + sum_v p_v^2``.
+
+    Args:
+        logits: (..., V) raw logits of the rollout policy (any float dtype).
+        token_ids: (...) sampled token ids, in ``[0, V)``.
+        temperature: sampling temperature; ``z = logits / temperature``.
+        chunk_size: rows of ``logits`` upcast at a time, so at most a (chunk_size, V) float32 (float64
+            for float64 input) copy exists, never one of the full (N, V) logits.
+
+    Returns:
+        (...) energies, float32 (float64 for float64 logits), without gradient.
+    """
+    if logits.dim() < 1:
+        raise ValueError("logits must have a vocabulary dimension (..., V)")
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be floating point, got {logits.dtype}")
+    if token_ids.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"token_ids {tuple(token_ids.shape)} must match logits {tuple(logits.shape)} without the last dim"
+        )
+    if token_ids.is_floating_point() or token_ids.dtype == torch.bool:
+        raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    vocab = logits.shape[-1]
+    if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab):
+        raise ValueError(f"token_ids must lie in [0, {vocab}) (mask ignored positions with a valid id)")
+
+    dtype = _compute_dtype(logits)
+    with torch.no_grad():
+        flat = logits.detach().reshape(-1, vocab)  # (N, V), input dtype; a view when contiguous
+        ids = token_ids.reshape(-1, 1)  # (N, 1)
+        out = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)  # (N,)
+        for start in range(0, flat.shape[0], chunk_size):
+            end = min(start + chunk_size, flat.shape[0])
+            z = flat[start:end].to(dtype, copy=True)  # (c, V) the only upcast copy
+            z.div_(temperature)  # (c, V) in place: no second full-width copy
+            lse = torch.logsumexp(z, dim=-1)  # (c,)
+            log_sum_sq = torch.logsumexp(2.0 * z, dim=-1) - 2.0 * lse  # (c,) log sum_v p_v^2
+            log_p_y = z.gather(-1, ids[start:end]).squeeze(-1) - lse  # (c,)
+            out[start:end] = _energy(log_p_y, log_sum_sq)  # (c,)
+    return out.view(token_ids.shape)  # (...)
+
+
+def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> Tensor:
+    """The same energy from what TRL's fused LM head returns: ``1 - 2 exp(logp) + exp(lss)``.
+
+    Args:
+        per_token_logps: (B, T) log p(y_t) under the temperature-scaled policy (TRL ``log_probs``).
+        log_sum_sq_probs: (B, T) log sum_v p_v^2 of the same distribution (TRL ``log_sum_sq_probs``).
+
+    Returns:
+        (B, T) energies, float32 (float64 for float64 input), detached. TRL fills positions whose label
+        is -100 with 0 in both fields, which gives energy 0 there.
+    """
+    if per_token_logps.shape != log_sum_sq_probs.shape:
+        raise ValueError(
+            f"per_token_logps {tuple(per_token_logps.shape)} and log_sum_sq_probs "
+            f"{tuple(log_sum_sq_probs.shape)} differ"
+        )
+    dtype = _compute_dtype(per_token_logps, log_sum_sq_probs)
+    return _energy(per_token_logps.detach().to(dtype), log_sum_sq_probs.detach().to(dtype))  # (B, T)
+
+
+def otb_advantages(
+    rewards: Tensor,
+    energy: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    *,
+    handle_zero_tail: bool = True,
+    importance_weights: Tensor | None = None,
+    epsilon: float = 1e-8,
+) -> Tensor:
+    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (module docstring for the equations).
+
+    Args:
+        rewards: (B,) raw outcome rewards G_i (the weighted sum over reward functions, before any
+            centring); NaN marks an unscorable completion.
+        energy: (B, T) per-token energy e_t >= 0 (``energy_from_log_probs`` / ``logit_gradient_energy``).
+        mask: (B, T) completion mask (bool / int / float; nonzero = valid token).
+        group_ids: (B,) integer group of each row (equal values = one prompt group).
+        handle_zero_tail: zero the baseline on the unique longest sequence past the second-longest
+            (verl's rule, default True as in the reference).
+        importance_weights: optional (B, T) rollout importance weights w; energies become w^2 e.
+        epsilon: added to the denominator of b_t (1e-8 as in the reference).
+
+    Returns:
+        (B, T) advantages, detached, float32 (float64 if any input is float64); 0 at masked positions
+        and on rows with a NaN reward.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be (B,), got shape {tuple(rewards.shape)}")
+    batch = rewards.shape[0]
+    if energy.dim() != 2 or energy.shape[0] != batch:
+        raise ValueError(f"energy must be (B, T) with B={batch}, got shape {tuple(energy.shape)}")
+    if mask.shape != energy.shape:
+        raise ValueError(f"mask {tuple(mask.shape)} and energy {tuple(energy.shape)} differ")
+    if group_ids.shape != (batch,):
+        raise ValueError(f"group_ids must be (B,)=({batch},), got shape {tuple(group_ids.shape)}")
+    if group_ids.is_floating_point():
+        raise ValueError(f"group_ids must be an integer tensor, got {group_ids.dtype}")
+    if importance_weights is not None and importance_weights.shape != energy.shape:
+        raise ValueError(
+            f"importance_weights {tuple(importance_weights.shape)} and energy {tuple(energy.shape)} differ"
+        )
+    if not epsilon > 0:
+        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    if torch.isinf(rewards).any():
+        raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
+
+    dtype = _compute_dtype(rewards, energy, importance_weights)
+    with torch.no_grad():
+        returns = rewards.detach().to(dtype)  # (B,)
+        scored = ~torch.isnan(returns)  # (B,) unscorable rows leave their group entirely
+        returns = torch.where(scored, returns, torch.zeros_like(returns))  # (B,)
+        active = (mask != 0) & scored.unsqueeze(-1)  # (B, T)
+
+        e = energy.detach().to(dtype)  # (B, T)
+        if importance_weights is not None:
+            e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
+        # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
+        e = torch.where(active, e, torch.zeros_like(e))  # (B, T)
+        if not torch.isfinite(e).all():
+            raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
+        if (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
+            raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
+        e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
+
+        cum_energy = e.cumsum(-1)  # (B, T) W_t, including t
+        weight = torch.where(active, cum_energy, torch.zeros_like(cum_energy))  # (B, T) mask_t W_t
+
+        # Per-group, per-position sums over the active members: (K, T), gathered back to rows
+        index, num_groups = group_index(group_ids)  # (B,), K
+        numer = weight.new_zeros(num_groups, weight.shape[1]).index_add_(
+            0, index, weight * returns.unsqueeze(-1)
+        )  # (K, T)
+        denom = weight.new_zeros(num_groups, weight.shape[1]).index_add_(0, index, weight)  # (K, T)
+        baseline = numer[index] / (denom[index] + epsilon)  # (B, T) b_t of each row's group
+
+        # A group of one scorable member has nothing to compare with: baseline 0 (verl: N == 1)
+        n_scored = group_sum(scored.to(torch.int64), group_ids)  # (B,)
+        baseline = torch.where(n_scored.unsqueeze(-1) > 1, baseline, torch.zeros_like(baseline))  # (B, T)
+
+        if handle_zero_tail:
+            # verl: lengths are valid-token counts; unscorable rows get -1 so they never rank
+            lengths = torch.where(scored, active.sum(-1), torch.full_like(scored, -1, dtype=torch.int64))  # (B,)
+            longest = group_max(lengths, group_ids)  # (B,)
+            is_longest = scored & (lengths == longest)  # (B,)
+            n_longest = group_sum(is_longest.to(torch.int64), group_ids)  # (B,)
+            second = group_max(torch.where(is_longest, torch.full_like(lengths, -1), lengths), group_ids)  # (B,)
+            unique_longest = is_longest & (n_longest == 1) & (n_scored > 1)  # (B,)
+            positions = torch.arange(weight.shape[1], device=weight.device)  # (T,)
+            tail = unique_longest.unsqueeze(-1) & (positions >= second.unsqueeze(-1))  # (B, T)
+            baseline = torch.where(tail, torch.zeros_like(baseline), baseline)  # (B, T)
+
+        advantages = torch.where(active, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
+    return advantages
