@@ -69,8 +69,10 @@ class DemoScriptArguments(ScriptArguments):
     )
 
 
-def _model_given(parser_types, argv: Sequence[str]) -> bool:
-    _, _, model_args = TrlParser(parser_types).parse_args_and_config(list(argv))
+def _model_given(argv: Sequence[str]) -> bool:
+    """Whether argv (or its --config YAML) names a model. Parses ModelConfig alone: building the training config
+    here would already validate CPU/GPU settings that the demo defaults are about to change."""
+    model_args, *_ = TrlParser((ModelConfig,)).parse_args_and_config(list(argv), return_remaining_strings=True)
     return model_args.model_name_or_path is not None
 
 
@@ -79,7 +81,7 @@ def parse(method: str, argv: Sequence[str] | None = None):
     argv = list(sys.argv[1:] if argv is None else argv)
     config_cls, _ = METHODS[method]
     parser_types = (DemoScriptArguments, config_cls, ModelConfig)
-    demo = not _model_given(parser_types, argv)
+    demo = not _model_given(argv)
     parser = TrlParser(parser_types)
     if demo:
         parser.set_defaults(
@@ -114,12 +116,15 @@ def train(method: str, argv: Sequence[str] | None = None) -> GroupOptTrainer:
     _, trainer_cls = METHODS[method]
     torch.set_num_threads(1) if training_args.use_cpu else None  # 2-core CPUs: one thread is faster (measured)
 
-    training_args.model_init_kwargs = {
-        "dtype": model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype),
-        "attn_implementation": model_args.attn_implementation,
-        "trust_remote_code": model_args.trust_remote_code,
-        "revision": model_args.model_revision,
-    }
+    # As TRL's grpo.py: model kwargs from ModelConfig (trust_remote_code lives on the training config, default False).
+    model_init_kwargs = dict(
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
+    model_init_kwargs.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = model_init_kwargs
     train_dataset, eval_dataset = load_datasets(script_args, demo)
     trainer = trainer_cls(
         model=model_args.model_name_or_path,
