@@ -10,8 +10,17 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.helpers import clone_model, cpu_config_kwargs, length_reward, random_batch, tiny_dataset, tiny_model
-from tests.helpers import compute_loss_and_grads, inputs_with_policies, tiny_tokenizer
+from tests.helpers import (
+    clone_model,
+    compute_loss_and_grads,
+    cpu_config_kwargs,
+    inputs_with_policies,
+    length_reward,
+    random_batch,
+    tiny_dataset,
+    tiny_model,
+    tiny_tokenizer,
+)
 from trl_groupopt.trainers.base import GroupOptTrainer
 
 TOL = 1e-6

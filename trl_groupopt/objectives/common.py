@@ -26,6 +26,43 @@ class ObjectiveOutput:
     metrics: dict[str, Tensor] = field(default_factory=dict)
 
 
+def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
+    """Dtype the objectives compute in: float64 if any input is float64, else float32 (half/bf16 upcast)."""
+    if any(t is not None and t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+def nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
+    """Detached 0-dim float32 metric `value`, NaN when `count` is 0 (undefined on this micro-batch)."""
+    value = value.detach().float()
+    return torch.where(count > 0, value, torch.full_like(value, float("nan")))
+
+
+def check_positive(**values: float) -> None:
+    """Raise unless every keyword value is > 0 (NaN rejected too)."""
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def check_token_inputs(per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor) -> None:
+    """Shape checks shared by the token-level objectives: logps/old/mask (B, T), advantages (B,) or (B, T)."""
+    if per_token_logps.dim() != 2:
+        raise ValueError(f"per_token_logps must be (B, T), got shape {tuple(per_token_logps.shape)}")
+    shape = per_token_logps.shape
+    if old_per_token_logps.shape != shape:
+        raise ValueError(
+            f"old_per_token_logps {tuple(old_per_token_logps.shape)} must match per_token_logps {tuple(shape)}"
+        )
+    if mask.shape != shape:
+        raise ValueError(f"mask {tuple(mask.shape)} must match per_token_logps {tuple(shape)}")
+    if advantages.dim() not in (1, 2) or advantages.shape[0] != shape[0]:
+        raise ValueError(f"advantages must be (B,) or (B, T) with B={shape[0]}, got {tuple(advantages.shape)}")
+    if advantages.dim() == 2 and advantages.shape != shape:
+        raise ValueError(f"(B, T) advantages {tuple(advantages.shape)} must match per_token_logps {tuple(shape)}")
+
+
 def masked_sum(values: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
     """Sum of `values` where `mask` is 1 (mask broadcast to values)."""
     masked = values * mask

@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .common import ObjectiveOutput, as_token_advantages, masked_mean
+from .common import ObjectiveOutput, as_token_advantages, check_token_inputs, compute_dtype, masked_mean, nan_if_empty
 
 LOG_RATIO_CLAMP = 20.0  # per-token log-ratio clamp before the cumulative sum (authors' code)
 MAX_LOG_RHO = 10.0  # cap on the cumulative log ratio (authors' code)
@@ -56,32 +56,10 @@ _MAX_DUAL_LOG = 20.0  # > MAX_LOG_RHO: never binds, see module doc
 POSITION_BUCKETS = ((0, 16, "t<=16"), (16, 256, "t<=256"), (256, None, "t>256"))  # (lo, hi] in t
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for half/bfloat16 inputs, otherwise the input dtype (float64 stays float64)."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _check_inputs(per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor) -> None:
-    """logps/old/mask (B, T), advantages (B,) or (B, T)."""
-    if per_token_logps.dim() != 2:
-        raise ValueError(f"per_token_logps must be (B, T), got shape {tuple(per_token_logps.shape)}")
-    shape = per_token_logps.shape
-    if old_per_token_logps.shape != shape:
-        raise ValueError(
-            f"old_per_token_logps {tuple(old_per_token_logps.shape)} must match per_token_logps {tuple(shape)}"
-        )
-    if mask.shape != shape:
-        raise ValueError(f"mask {tuple(mask.shape)} must match per_token_logps {tuple(shape)}")
-    if advantages.dim() not in (1, 2) or advantages.shape[0] != shape[0]:
-        raise ValueError(f"advantages must be (B,) or (B, T) with B={shape[0]}, got {tuple(advantages.shape)}")
-    if advantages.dim() == 2 and advantages.shape != shape:
-        raise ValueError(f"(B, T) advantages {tuple(advantages.shape)} must match per_token_logps {tuple(shape)}")
 
 
-def _nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
-    """Detached 0-dim float32 `value`, NaN when `count` is 0 (undefined on this micro-batch)."""
-    value = value.detach().float()
-    return torch.where(count > 0, value, torch.full_like(value, float("nan")))
 
 
 def ctpo_loss(
@@ -118,9 +96,9 @@ def ctpo_loss(
             raise ValueError(f"{name} must be > 0, got {value}")
     if not position_power >= 0:
         raise ValueError(f"position_power must be >= 0, got {position_power}")
-    _check_inputs(per_token_logps, old_per_token_logps, advantages, mask)
+    check_token_inputs(per_token_logps, old_per_token_logps, advantages, mask)
 
-    dtype = _compute_dtype(per_token_logps.dtype)
+    dtype = compute_dtype(per_token_logps)
     valid = mask.bool()  # (B, T)
     zeros = torch.zeros(valid.shape, dtype=dtype, device=per_token_logps.device)  # (B, T)
     # where (not * mask): padding log-probs may be non-finite and must not leak NaN
@@ -150,10 +128,10 @@ def ctpo_loss(
         is_high = (log_rho_d > epsilon_high * scale) & (adv > 0) & valid  # (B, T)
         is_dual = (loss.detach() > dual) & negative & valid  # (B, T)
         metrics = {
-            "clip_ratio/low": _nan_if_empty(masked_mean(is_low.to(dtype), valid.to(dtype)), n),
-            "clip_ratio/high": _nan_if_empty(masked_mean(is_high.to(dtype), valid.to(dtype)), n),
-            "clip_ratio/region": _nan_if_empty(masked_mean((is_low | is_high).to(dtype), valid.to(dtype)), n),
-            "ctpo/dual_clip": _nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), n),
+            "clip_ratio/low": nan_if_empty(masked_mean(is_low.to(dtype), valid.to(dtype)), n),
+            "clip_ratio/high": nan_if_empty(masked_mean(is_high.to(dtype), valid.to(dtype)), n),
+            "clip_ratio/region": nan_if_empty(masked_mean((is_low | is_high).to(dtype), valid.to(dtype)), n),
+            "ctpo/dual_clip": nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), n),
         }
         abs_cum = cum_log_ratio.abs()  # (B, T)
         for lo, hi, label in POSITION_BUCKETS:
@@ -161,5 +139,5 @@ def ctpo_loss(
             if hi is not None:
                 in_bucket = in_bucket & (position <= hi)
             bucket = in_bucket.to(dtype)  # (B, T)
-            metrics[f"ctpo/abs_cum_log_ratio/{label}"] = _nan_if_empty(masked_mean(abs_cum, bucket), bucket.sum())
+            metrics[f"ctpo/abs_cum_log_ratio/{label}"] = nan_if_empty(masked_mean(abs_cum, bucket), bucket.sum())
     return ObjectiveOutput(per_token_loss=final, metrics=metrics)

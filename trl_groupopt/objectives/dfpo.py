@@ -95,11 +95,13 @@ from torch import Tensor
 from .common import (
     ObjectiveOutput,
     as_token_advantages,
+    compute_dtype,
     group_index,
     group_mean,
     group_min,
     group_sum,
     masked_sum,
+    nan_if_empty,
     sequence_lengths,
 )
 
@@ -113,11 +115,6 @@ TRANSFORMS: tuple[str, ...] = ("none", "min_replace", "orth_proj", "orth_proj_qp
 # --------------------------------------------------------------------------------------------
 
 
-def _compute_dtype(*tensors: Tensor) -> torch.dtype:
-    """float64 if any input is float64, else float32 (half / bf16 / ints are upcast)."""
-    if any(t.dtype == torch.float64 for t in tensors):
-        return torch.float64
-    return torch.float32
 
 
 def _check_epsilon(name: str, value: float) -> None:
@@ -132,11 +129,6 @@ def _check_group_ids(group_ids: Tensor, batch: int) -> None:
         raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
 
 
-def _nan_if_empty(numerator: Tensor, count: Tensor) -> Tensor:
-    """numerator / count as a detached float32 scalar, NaN when count == 0 (metric undefined)."""
-    value = numerator / count.clamp(min=1)
-    value = torch.where(count > 0, value, torch.full_like(value, float("nan")))
-    return value.detach().float()
 
 
 def group_dense_view(group_ids: Tensor) -> tuple[Tensor, Tensor, int, int]:
@@ -310,7 +302,7 @@ def group_transform(
     if not (math.isfinite(orth_floor) and orth_floor >= 0):
         raise ValueError(f"orth_floor must be a finite number >= 0, got {orth_floor!r}")
 
-    dtype = _compute_dtype(s_bar, advantages)
+    dtype = compute_dtype(s_bar, advantages)
     s = s_bar.detach().to(dtype)  # (B,)
     adv = advantages.detach().to(dtype)  # (B,)
     group_ids = group_ids.to(s.device)
@@ -396,7 +388,7 @@ def dfpo_loss(
     batch, length = per_token_logps.shape
     _check_group_ids(group_ids, batch)
 
-    dtype = _compute_dtype(per_token_logps, old_per_token_logps)
+    dtype = compute_dtype(per_token_logps, old_per_token_logps)
     logp = per_token_logps.to(dtype)  # (B, T)
     old_logp = old_per_token_logps.detach().to(dtype)  # (B, T)
     mask_f = mask.to(dtype)  # (B, T)
@@ -442,10 +434,10 @@ def dfpo_loss(
         metrics = {
             "dfpo/asym_before": asym_before.detach().float(),
             "dfpo/asym_after": asym_after.detach().float(),
-            "dfpo/shrink": _nan_if_empty(shrink, count),
-            "clip_ratio/low": _nan_if_empty(low_frac, count),
-            "clip_ratio/high": _nan_if_empty(high_frac, count),
-            "clip_ratio/region": _nan_if_empty(region_frac, count),
+            "dfpo/shrink": nan_if_empty(shrink / count.clamp(min=1), count),
+            "clip_ratio/low": nan_if_empty(low_frac / count.clamp(min=1), count),
+            "clip_ratio/high": nan_if_empty(high_frac / count.clamp(min=1), count),
+            "clip_ratio/region": nan_if_empty(region_frac / count.clamp(min=1), count),
         }
     return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
 
@@ -485,7 +477,7 @@ def symmetric_clip_loss(
             f"advantages must be ({batch},), ({batch}, 1) or ({batch}, {length}), got shape {tuple(advantages.shape)}"
         )
 
-    dtype = _compute_dtype(per_token_logps, old_per_token_logps)
+    dtype = compute_dtype(per_token_logps, old_per_token_logps)
     logp = per_token_logps.to(dtype)  # (B, T)
     old_logp = old_per_token_logps.detach().to(dtype)  # (B, T)
     mask_f = mask.to(dtype)  # (B, T)
@@ -503,9 +495,9 @@ def symmetric_clip_loss(
         high = above * (adv_full > 0).to(dtype)  # (B, T)
         count = mask_f.sum()
         metrics = {
-            "clip_ratio/low": _nan_if_empty(torch.zeros((), dtype=dtype, device=ratio.device), count),
-            "clip_ratio/high": _nan_if_empty(masked_sum(high, mask_f), count),
-            "clip_ratio/region": _nan_if_empty(masked_sum(high, mask_f), count),
-            "dfpo/sym_clip_ratio": _nan_if_empty(masked_sum(above, mask_f), count),
+            "clip_ratio/low": nan_if_empty(torch.zeros((), dtype=dtype, device=ratio.device), count),
+            "clip_ratio/high": nan_if_empty(masked_sum(high, mask_f) / count.clamp(min=1), count),
+            "clip_ratio/region": nan_if_empty(masked_sum(high, mask_f) / count.clamp(min=1), count),
+            "dfpo/sym_clip_ratio": nan_if_empty(masked_sum(above, mask_f) / count.clamp(min=1), count),
         }
     return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)

@@ -55,37 +55,22 @@ import math
 import torch
 from torch import Tensor
 
-from .common import ObjectiveOutput, as_token_advantages
+from .common import (
+    ObjectiveOutput,
+    as_token_advantages,
+    check_positive,
+    check_token_inputs,
+    compute_dtype,
+    nan_if_empty,
+)
 
 MAX_LOG_RHO = 60.0  # cap on log(rho) before exp: finite float32 loss and gradient (see module doc)
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for half/bfloat16 inputs, otherwise the input dtype (float64 stays float64)."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _check_inputs(per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor) -> None:
-    """Shape checks shared by the token-level objectives: logps/old/mask (B, T), advantages (B,) or (B, T)."""
-    if per_token_logps.dim() != 2:
-        raise ValueError(f"per_token_logps must be (B, T), got shape {tuple(per_token_logps.shape)}")
-    shape = per_token_logps.shape
-    if old_per_token_logps.shape != shape:
-        raise ValueError(
-            f"old_per_token_logps {tuple(old_per_token_logps.shape)} must match per_token_logps {tuple(shape)}"
-        )
-    if mask.shape != shape:
-        raise ValueError(f"mask {tuple(mask.shape)} must match per_token_logps {tuple(shape)}")
-    if advantages.dim() not in (1, 2) or advantages.shape[0] != shape[0]:
-        raise ValueError(f"advantages must be (B,) or (B, T) with B={shape[0]}, got {tuple(advantages.shape)}")
-    if advantages.dim() == 2 and advantages.shape != shape:
-        raise ValueError(f"(B, T) advantages {tuple(advantages.shape)} must match per_token_logps {tuple(shape)}")
 
 
-def _check_positive(**values: float) -> None:
-    for name, value in values.items():
-        if not value > 0:  # also rejects NaN
-            raise ValueError(f"{name} must be > 0, got {value}")
 
 
 def _batch_log_bounds(batch_epsilon_low: float, batch_epsilon_high: float) -> tuple[float, float]:
@@ -94,15 +79,11 @@ def _batch_log_bounds(batch_epsilon_low: float, batch_epsilon_high: float) -> tu
     return low, math.log1p(batch_epsilon_high)
 
 
-def _nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
-    """Detached 0-dim float32 `value`, NaN when `count` is 0 (undefined on this micro-batch)."""
-    value = value.detach().float()
-    return torch.where(count > 0, value, torch.full_like(value, float("nan")))
 
 
 def _fraction(flags: Tensor, count: Tensor) -> Tensor:
     """Fraction of `flags` among `count` valid items (float32, NaN when count is 0); no host sync."""
-    return _nan_if_empty(flags.sum().float() / count.clamp(min=1).float(), count)
+    return nan_if_empty(flags.sum().float() / count.clamp(min=1).float(), count)
 
 
 def _surrogate(
@@ -141,10 +122,10 @@ class _Prepared:
         log_ratio_sum: Tensor | float | None,
         token_count: Tensor | float | None,
     ) -> None:
-        _check_inputs(per_token_logps, old_per_token_logps, advantages, mask)
+        check_token_inputs(per_token_logps, old_per_token_logps, advantages, mask)
         if (log_ratio_sum is None) != (token_count is None):
             raise ValueError("log_ratio_sum and token_count must be given together (global scope) or both None")
-        dtype = _compute_dtype(per_token_logps.dtype)
+        dtype = compute_dtype(per_token_logps)
         self.valid = mask.bool()  # (B, T)
         logp = per_token_logps.to(dtype)  # (B, T)
         old = old_per_token_logps.to(dtype).detach()  # (B, T)
@@ -193,7 +174,7 @@ def echo_batch_ratio_coupling(
     For the exact "global" scope: all-reduce (sum) this over processes and pass the total to
     :func:`echo_loss` as ``coupling_sum``, with the same arguments. Zero when R is clipped.
     """
-    _check_positive(
+    check_positive(
         epsilon_low=epsilon_low,
         epsilon_high=epsilon_high,
         batch_epsilon_low=batch_epsilon_low,
@@ -244,7 +225,7 @@ def echo_loss(
         "echo/batch_ratio" (R), "echo/batch_clipped" (0/1), "clip_ratio/low|high|region"
         (token clip relative to rho; 0 when token_clip=False). NaN where undefined.
     """
-    _check_positive(
+    check_positive(
         epsilon_low=epsilon_low,
         epsilon_high=epsilon_high,
         batch_epsilon_low=batch_epsilon_low,
@@ -272,8 +253,8 @@ def echo_loss(
     with torch.no_grad():
         low_b, high_b = kwargs["batch_bounds"]
         log_ratio = prep.log_ratio.detach()  # ()
-        batch_ratio = _nan_if_empty(log_ratio.exp(), prep.count)
-        batch_clipped = _nan_if_empty((log_ratio < low_b) | (log_ratio > high_b), prep.count)
+        batch_ratio = nan_if_empty(log_ratio.exp(), prep.count)
+        batch_clipped = nan_if_empty((log_ratio < low_b) | (log_ratio > high_b), prep.count)
         adv = prep.advantages.expand_as(rho)  # (B, T)
         if token_clip:
             is_low = (rho < 1 - epsilon_low) & (adv < 0) & prep.valid  # (B, T)

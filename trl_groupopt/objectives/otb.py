@@ -50,7 +50,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .common import group_index, group_max, group_sum
+from .common import compute_dtype, group_index, group_max, group_sum
 
 __all__ = ["energy_from_log_probs", "logit_gradient_energy", "otb_advantages"]
 
@@ -60,11 +60,6 @@ DEFAULT_ENERGY_CHUNK_SIZE = 256
 _NEGATIVE_ENERGY_TOLERANCE = 1e-3
 
 
-def _compute_dtype(*tensors: Tensor | None) -> torch.dtype:
-    """float64 if any input is float64, else float32 (half / bf16 are upcast)."""
-    if any(t is not None and t.dtype == torch.float64 for t in tensors):
-        return torch.float64
-    return torch.float32
 
 
 def _energy(log_p_y: Tensor, log_sum_sq: Tensor) -> Tensor:
@@ -113,7 +108,7 @@ def logit_gradient_energy(
     if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab):
         raise ValueError(f"token_ids must lie in [0, {vocab}) (mask ignored positions with a valid id)")
 
-    dtype = _compute_dtype(logits)
+    dtype = compute_dtype(logits)
     with torch.no_grad():
         flat = logits.detach().reshape(-1, vocab)  # (N, V), input dtype; a view when contiguous
         ids = token_ids.reshape(-1, 1)  # (N, 1)
@@ -145,7 +140,7 @@ def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> 
             f"per_token_logps {tuple(per_token_logps.shape)} and log_sum_sq_probs "
             f"{tuple(log_sum_sq_probs.shape)} differ"
         )
-    dtype = _compute_dtype(per_token_logps, log_sum_sq_probs)
+    dtype = compute_dtype(per_token_logps, log_sum_sq_probs)
     return _energy(per_token_logps.detach().to(dtype), log_sum_sq_probs.detach().to(dtype))  # (B, T)
 
 
@@ -196,7 +191,7 @@ def otb_advantages(
     if torch.isinf(rewards).any():
         raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
 
-    dtype = _compute_dtype(rewards, energy, importance_weights)
+    dtype = compute_dtype(rewards, energy, importance_weights)
     with torch.no_grad():
         returns = rewards.detach().to(dtype)  # (B,)
         scored = ~torch.isnan(returns)  # (B,) unscorable rows leave their group entirely

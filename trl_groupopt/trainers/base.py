@@ -27,8 +27,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import nanmax, nanmin, split_pixel_values_by_grid, split_tensor_dict
-from trl.trainer.utils import unsplit_pixel_values_by_grid
+from trl.trainer.utils import (
+    nanmax,
+    nanmin,
+    split_pixel_values_by_grid,
+    split_tensor_dict,
+    unsplit_pixel_values_by_grid,
+)
 
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss
 

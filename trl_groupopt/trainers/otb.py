@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from accelerate.utils import is_peft_model
 from torch import Tensor
 from trl import GRPOConfig
-from accelerate.utils import is_peft_model
 from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head
 
 from ..objectives.common import group_mean, masked_mean
