@@ -20,8 +20,7 @@ import torch
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
 from . import data, rewards
-from .trainers import CTPOConfig, CTPOTrainer, DFPOConfig, DFPOTrainer, ECHOConfig, ECHOTrainer, OTBConfig
-from .trainers import OTBTrainer
+from .trainers import CTPOConfig, CTPOTrainer, DFPOConfig, DFPOTrainer, ECHOConfig, ECHOTrainer, OTBConfig, OTBTrainer
 from .trainers.base import GroupOptTrainer
 
 METHODS: dict[str, tuple[type[GRPOConfig], type[GroupOptTrainer]]] = {
