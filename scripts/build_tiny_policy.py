@@ -1,0 +1,221 @@
+"""Build the embedded tiny policy shipped in trl_groupopt/assets/tiny_policy.
+
+Builds the tokenizer in code (trl_groupopt.data.build_tokenizer), SFT-pretrains a 1.06 M-parameter
+LlamaForCausalLM (hidden 128, intermediate 512, 4 layers, 4 heads, tied embeddings, fp32) on the
+synthetic arithmetic task with plain torch on ONE CPU thread, evaluates greedy accuracy on the
+200 held-out test prompts every 100 steps (every 25 once it reaches 5%: accuracy can climb ~30
+points in 100 steps), keeps every checkpoint
+whose accuracy lies in [15%, 60%], stops once accuracy passes 35%, and writes the checkpoint
+closest to 30%: a policy that is right sometimes, so group-relative RL has signal both ways.
+
+About 40% of the SFT targets write the bare answer instead of \\boxed{answer}; the accuracy reward
+scores those 0, which leaves format headroom that a few GRPO steps can learn
+(shared/notes/offline-demo.md). The artifact is committed: the training curve moves by hundreds of
+steps with small code changes and need not be bit-identical on other CPUs, so CI never rebuilds it.
+
+    python scripts/build_tiny_policy.py                       # writes trl_groupopt/assets/tiny_policy
+    python scripts/build_tiny_policy.py --out /tmp/policy --log-json /tmp/build.json
+    python scripts/eval_policy.py                             # re-measures the shipped artifact
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)  # 2 threads on a 2-core shared machine ran 50x slower (offline-demo.md)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trl_groupopt.data import (  # noqa: E402
+    EMBEDDED_POLICY_PATH,
+    arithmetic_chain_of_thought,
+    arithmetic_problems,
+    build_tokenizer,
+    greedy_accuracy,
+    load_embedded_policy,
+    make_arithmetic_dataset,
+    save_tokenizer,
+)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=EMBEDDED_POLICY_PATH, help="output directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=2000, help="length of the cosine schedule")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup-steps", type=int, default=50)
+    p.add_argument("--unboxed-fraction", type=float, default=0.4)
+    p.add_argument("--num-test", type=int, default=200)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-every-near", type=int, default=25, help="eval interval once accuracy >= --near")
+    p.add_argument("--near", type=float, default=0.05, help="accuracy from which to evaluate more often")
+    p.add_argument("--acc-min", type=float, default=0.15)
+    p.add_argument("--acc-max", type=float, default=0.60)
+    p.add_argument("--acc-target", type=float, default=0.30)
+    p.add_argument("--acc-stop", type=float, default=0.35, help="stop once accuracy exceeds this")
+    p.add_argument("--log-json", default=None, help="write the training/eval log here")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    t0 = time.time()
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tok = build_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    model = LlamaForCausalLM(config).float()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"params: {n_params:,}  vocab: {len(tok)}", flush=True)
+
+    # SFT data: one fresh problem per example (no repeats), ~40% with a bare (unboxed) answer.
+    n_train = args.steps * args.batch_size
+    exprs = arithmetic_problems(n_train, seed=args.seed, split="train")
+    fmt_rng = random.Random(args.seed + 1)
+    boxed = [fmt_rng.random() >= args.unboxed_fraction for _ in exprs]
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": f"Compute {e}"}], tokenize=False, add_generation_prompt=True)
+        for e in exprs
+    ]
+    targets = [arithmetic_chain_of_thought(e, boxed=b) + tok.eos_token for e, b in zip(exprs, boxed)]
+    # The template's prompt is a token prefix of the full conversation (checked on a sample),
+    # so prompt and target can be tokenized separately and concatenated.
+    for e, b, p, t in list(zip(exprs, boxed, prompts, targets))[:32]:
+        full = tok.apply_chat_template(
+            [{"role": "user", "content": f"Compute {e}"},
+             {"role": "assistant", "content": arithmetic_chain_of_thought(e, boxed=b)}],
+            tokenize=False,
+        )
+        assert full == p + t, (full, p + t)
+    p_ids = tok(prompts, add_special_tokens=False)["input_ids"]
+    t_ids = tok(targets, add_special_tokens=False)["input_ids"]
+    print(f"data: {n_train} problems, {sum(not b for b in boxed) / n_train:.1%} unboxed, "
+          f"max completion {max(map(len, t_ids))} tokens ({time.time() - t0:.1f}s)", flush=True)
+
+    test_ds = make_arithmetic_dataset(args.num_test, seed=args.seed, split="test")
+
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+
+    def lr_at(step: int) -> float:  # linear warmup, then cosine to 0 over args.steps
+        if step < args.warmup_steps:
+            return args.lr * (step + 1) / args.warmup_steps
+        frac = (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps)
+        return args.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
+
+    log: dict = {"args": vars(args), "params": n_params, "evals": [], "losses": []}
+    candidates: list[dict] = []
+    next_eval = args.eval_every
+    model.train()
+    t_train = time.time()
+    stop_step = args.steps
+    for step in range(args.steps):
+        lo = step * args.batch_size
+        rows = [p_ids[i] + t_ids[i] for i in range(lo, lo + args.batch_size)]
+        n_prompt = [len(p_ids[i]) for i in range(lo, lo + args.batch_size)]
+        T = max(map(len, rows))
+        input_ids = torch.full((len(rows), T), tok.pad_token_id, dtype=torch.long)  # (B, T) right-padded
+        attn = torch.zeros((len(rows), T), dtype=torch.long)  # (B, T)
+        labels = torch.full((len(rows), T), -100, dtype=torch.long)  # (B, T) completion tokens only
+        for b, (r, n_p) in enumerate(zip(rows, n_prompt)):
+            input_ids[b, : len(r)] = torch.tensor(r)
+            attn[b, : len(r)] = 1
+            labels[b, n_p : len(r)] = torch.tensor(r[n_p:])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        done = step + 1
+        if done % 25 == 0:
+            log["losses"].append((done, round(loss.item(), 4)))
+        if done == next_eval:
+            res = greedy_accuracy(model, tok, test_ds, max_new_tokens=args.max_new_tokens)
+            elapsed = time.time() - t_train
+            print(f"step {done:5d}  loss {loss.item():.4f}  lr {lr_at(step):.2e}  "
+                  f"greedy acc {res['accuracy']:.3f}  format {res['format_rate']:.3f}  ({elapsed:.0f}s)", flush=True)
+            log["evals"].append({"step": done, "loss": loss.item(), **res, "elapsed_s": elapsed})
+            if args.acc_min <= res["accuracy"] <= args.acc_max:
+                candidates.append({"step": done, "accuracy": res["accuracy"], "format_rate": res["format_rate"],
+                                   "state": copy.deepcopy(model.state_dict())})
+            if candidates and (res["accuracy"] > args.acc_stop or res["accuracy"] > args.acc_max):
+                stop_step = done
+                break
+            interval = args.eval_every_near if res["accuracy"] >= args.near else args.eval_every
+            next_eval = done + interval
+    train_s = time.time() - t_train
+    if not candidates:
+        raise SystemExit(f"no checkpoint reached greedy accuracy in [{args.acc_min}, {args.acc_max}]")
+    best = min(candidates, key=lambda c: (abs(c["accuracy"] - args.acc_target), c["step"]))
+    print(f"chosen step {best['step']} (greedy acc {best['accuracy']:.3f}, format {best['format_rate']:.3f}); "
+          f"stopped at step {stop_step}", flush=True)
+    model.load_state_dict(best["state"])
+    model.eval()
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in out.iterdir():  # a clean artifact: no stale shards or tokenizer files
+        if f.is_file() and f.name != "README.md":
+            f.unlink()
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    model.save_pretrained(str(out), safe_serialization=True)
+    # transformers 4.x reads rope_theta / torch_dtype at the top level of config.json.
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.setdefault("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    cfg.setdefault("torch_dtype", "float32")
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    save_tokenizer(tok, out)
+    for f in out.iterdir():  # safetensors writes 0600; package data must be world-readable
+        if f.is_file():
+            f.chmod(0o644)
+
+    # Re-measure from disk with the same function scripts/eval_policy.py uses.
+    model2, tok2 = load_embedded_policy(out)
+    res = greedy_accuracy(model2, tok2, test_ds, max_new_tokens=args.max_new_tokens)
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    total_s = time.time() - t0
+    print(f"reloaded: greedy acc {res['accuracy']:.3f} format {res['format_rate']:.3f}; "
+          f"artifact {size / 1e6:.2f} MB; train {train_s:.0f}s, total {total_s:.0f}s", flush=True)
+    log.update({"chosen_step": best["step"], "chosen_accuracy": best["accuracy"], "stop_step": stop_step,
+                "reloaded": res, "artifact_bytes": size, "train_s": train_s, "total_s": total_s,
+                "torch": torch.__version__})
+    if args.log_json:
+        Path(args.log_json).write_text(json.dumps(log, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
