@@ -11,16 +11,18 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import io
 import sys
 import tokenize
 import types
+import zlib
 from pathlib import Path
 
 import pytest
 import torch
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 from tests.helpers import clone_model, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
 from trl_groupopt import (
@@ -267,8 +269,8 @@ class FakeVLLM:
 
     def install(self, monkeypatch):
         """Inject `vllm` into sys.modules and the names TRL's vLLM backend imported when vLLM was importable."""
-        import trl.generation.vllm_generation as vllm_generation
-        import trl.import_utils
+        vllm_generation = importlib.import_module("trl.generation.vllm_generation")
+        import_utils = importlib.import_module("trl.import_utils")
 
         module = types.ModuleType("vllm")
         module.LLM, module.SamplingParams, module.__version__ = self.LLM, self.SamplingParams, "0.24.0"
@@ -283,7 +285,7 @@ class FakeVLLM:
         monkeypatch.setattr(vllm_generation, "StructuredOutputsParams", sampling_module.StructuredOutputsParams,
                             raising=False)  # fmt: skip
         monkeypatch.setattr(vllm_generation, "is_vllm_available", lambda *a, **k: True)
-        monkeypatch.setattr(trl.import_utils, "is_vllm_available", lambda *a, **k: True)
+        monkeypatch.setattr(import_utils, "is_vllm_available", lambda *a, **k: True)
         # Colocate init writes the torch.distributed rendezvous variables into os.environ: restore them afterwards.
         for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             monkeypatch.delenv(name, raising=False)
@@ -424,8 +426,7 @@ def test_vllm_server_mode_through_trl_backend(tokenizer, base_model, tmp_path, m
     `num_generations` completions per unique prompt, and the whole-groups trainer (DFPO) trains on them.
     Not covered: the HTTP server, NCCL weight broadcast, `trl vllm-serve` itself.
     """
-    import trl.generation.vllm_generation as vllm_generation
-
+    vllm_generation = importlib.import_module("trl.generation.vllm_generation")
     fake = FakeVLLM(tiny_model(tokenizer, seed=123), tokenizer.eos_token_id)
     fake.install(monkeypatch)
     clients = []
@@ -450,3 +451,130 @@ def test_vllm_server_mode_through_trl_backend(tokenizer, base_model, tmp_path, m
     assert not fake.llm_kwargs  # server mode builds no local LLM
     (entry,) = [e for e in trainer.state.log_history if "sampling/sampling_logp_difference/max" in e]
     assert entry["sampling/sampling_logp_difference/max"] < 1e-4
+
+
+# ===================================================================================================== 3. LoRA
+def text_hash_reward(completions, **kwargs) -> list[float]:
+    """Deterministic, almost surely different for different texts: every group has a non-zero advantage."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [zlib.crc32(t.encode()) % 1000 / 1000 for t in texts]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", list(METHOD_TRAINERS))
+def test_lora_trains_only_the_adapter(method, tokenizer, base_model, tmp_path):
+    """2 optimizer steps with `peft_config=LoraConfig(r=4, q_proj/v_proj)`: base weights bit-identical, adapters move.
+
+    Off-policy schedule (steps_per_generation 2 > accumulation 1) so the clipping objectives act on real ratios.
+    """
+    from peft import LoraConfig, PeftModel
+
+    config_cls, trainer_cls, overrides = METHOD_TRAINERS[method]
+    args = config_cls(**cpu_config_kwargs(tmp_path, num_generations=2, steps_per_generation=2, **overrides))
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = trainer_cls(clone_model(base_model), text_hash_reward, args=args, train_dataset=tiny_dataset(16),
+                          processing_class=tokenizer, peft_config=peft_config)  # fmt: skip
+    assert isinstance(trainer.model, PeftModel)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable), sorted(trainable)
+    assert {name.split(".lora_")[0].rsplit(".", 1)[-1] for name in trainable} == {"q_proj", "v_proj"}
+
+    trainer.train()
+
+    assert trainer.state.global_step == 2
+    changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(before[name], p)}
+    assert changed, "no weight moved"
+    assert all("lora_" in name for name in changed), sorted(changed - trainable)
+    assert any("lora_A" in name for name in changed) and any("lora_B" in name for name in changed)
+    # The frozen base layers (PEFT's `...q_proj.base_layer.weight`) still hold the original weights, bit for bit.
+    original = base_model.state_dict()
+    base = {name.replace(".base_layer", ""): tensor for name, tensor in trainer.model.get_base_model().state_dict().items()
+            if "lora_" not in name}  # fmt: skip
+    assert base.keys() == original.keys()
+    for name, tensor in original.items():
+        assert torch.equal(base[name], tensor), name
+
+
+# =============================================================================================== 4. model card
+CARD_KNOBS = {  # method -> (a knob row that must appear in the card)
+    "echo": "| `batch_epsilon` | `0.2` | (method-specific) |",
+    "dfpo_min_replace": "| `dfpo_transform` | `min_replace` | (method-specific) |",
+    "ctpo": "| `ctpo_dual_clip` | `0.05` | (method-specific) |",
+    "otb": "| `otb_handle_zero_tail` | `True` | (method-specific) |",
+}
+FAKE_TOKEN = "hf_" + "QwErTy0123456789" * 2 + "zz"  # shaped like a real access token (hf_ + 34 characters)
+
+
+def _bibtex_key(citation: str) -> str:
+    return citation.strip().split("{", 1)[1].split(",", 1)[0]
+
+
+def test_model_card_template_file_matches_the_package():
+    from trl_groupopt.model_card import MODEL_CARD_TEMPLATE
+
+    root = PACKAGE_DIR.parent / "model_cards"
+    assert (root / "template.md").read_text(encoding="utf-8") == MODEL_CARD_TEMPLATE
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    for _, trainer_cls, _ in METHOD_TRAINERS.values():
+        assert f"`{_bibtex_key(trainer_cls._paper['citation'])}`" in readme, trainer_cls.__name__
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", list(METHOD_TRAINERS))
+def test_model_card_renders_method_knobs_rewards_and_citations(method, tokenizer, base_model, tmp_path, monkeypatch):
+    """Train 1 step, render: method name, a knob, the reward curve, the method's and TRL's BibTeX, and no token."""
+    from trl_groupopt.model_card import create_model_card, render_model_card
+
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    config_cls, trainer_cls, overrides = METHOD_TRAINERS[method]
+    args = config_cls(**cpu_config_kwargs(tmp_path / "run", num_generations=2, max_steps=1, hub_token=FAKE_TOKEN,
+                                          **overrides))  # fmt: skip
+    trainer = trainer_cls(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
+                          processing_class=tokenizer)  # fmt: skip
+    trainer.train()
+    card = render_model_card(trainer, dataset_name="openai/gsm8k", tags=["extra-tag"])
+
+    assert card.startswith("---\n") and "\ndatasets: openai/gsm8k\n" in card
+    for tag in (*trainer_cls._tag_names, "extra-tag", "generated_from_trainer"):
+        assert f"\n- {tag}\n" in card, tag
+    assert f"trained with **{trainer_cls._name}**" in card and f"`{trainer_cls.__name__}`" in card
+    assert CARD_KNOBS[method] in card
+    assert "| `max_completion_length` | `8` | `512` |" in card  # a GRPO setting that differs from the default
+    assert "| `use_vllm` |" not in card  # ...and one that does not is left out
+    (entry,) = [e for e in trainer.state.log_history if "reward" in e]
+    reward = f"{entry['reward']:.4g}"
+    assert f"| `reward` | {reward} (1) | {reward} (1) | {reward} (1) |" in card
+    assert "| `rewards/length_reward/mean` |" in card and "Optimizer steps: 1;" in card
+    assert trainer_cls._paper["citation"].strip() in card
+    assert "{" + _bibtex_key(trainer_cls._paper["citation"]) + "," in card
+    assert "@software{vonwerra2020trl," in card
+    if trainer_cls._paper.get("id"):
+        assert f"https://huggingface.co/papers/{trainer_cls._paper['id']}" in card
+    assert FAKE_TOKEN not in card and "hf_QwErTy" not in card and "hub_token" not in card
+
+    path = create_model_card(trainer, dataset_name="openai/gsm8k")  # the hook the trainers call
+    assert Path(path) == Path(args.output_dir) / "README.md"
+    assert Path(path).read_text(encoding="utf-8") == render_model_card(trainer, dataset_name="openai/gsm8k")
+
+
+def test_model_card_redacts_token_shaped_values():
+    """Unit: secret-named fields are skipped and token-shaped strings are redacted, whatever field carries them."""
+    from dataclasses import dataclass, field
+
+    from trl_groupopt.model_card import REDACTED, method_knobs, reward_summary
+
+    @dataclass
+    class LeakyConfig(GRPOConfig):
+        my_api_token: str = field(default=FAKE_TOKEN)
+        my_note: str = field(default=f"pushed with {FAKE_TOKEN}")
+
+    rows = {row["name"]: row for row in method_knobs(LeakyConfig(output_dir="unused", report_to="none", use_cpu=True, bf16=False))}
+    assert "my_api_token" not in rows and "hub_token" not in rows
+    assert rows["my_note"]["value"] == f"pushed with {REDACTED}"
+    history = [{"reward": 0.5, "step": 1}, {"reward": float("nan"), "step": 2}, {"reward": 0.9, "step": 3},
+               {"reward": 0.7, "step": 4}, {"loss": 1.0, "step": 4}]  # fmt: skip
+    (row,) = reward_summary(history)["rows"]
+    assert (row["first"], row["first_step"], row["last"], row["last_step"]) == ("0.5", 1, "0.7", 4)
+    assert (row["best"], row["best_step"], row["num_logged"]) == ("0.9", 3, 3)
+    assert reward_summary([{"loss": 1.0, "step": 1}]) is None
