@@ -306,8 +306,8 @@ def test_vllm_colocate_through_trl_backend(method, tokenizer, base_model, tmp_pa
       starts from different random weights, yet TRL's logged `sampling/sampling_logp_difference/max` is ~0 at both
       steps, i.e. vLLM sampled with the trainer's current weights after each optimizer step.
     - The vLLM importance-sampling correction reaches our `_compute_loss`: every micro-batch it sees carries
-      `importance_sampling_ratio`, and with the engine's log-probs biased by a constant the ratio TRL computes is
-      the clipped value set by our config (`token_truncate`, `clip_max`).
+      `importance_sampling_ratio` (and `test_vllm_importance_sampling_settings_reach_trl` shows the IS mode and clip
+      from our config shape that ratio).
     Not covered: real vLLM (CUDA kernels, its sampler, paged KV cache, its `load_weights` name mapping for real
     architectures), tensor parallelism > 1, sleep mode, server mode's HTTP/NCCL transport (see the server test),
     and numerical agreement between a real vLLM and the trainer (the fake uses the same fp32 PyTorch model).
@@ -578,3 +578,24 @@ def test_model_card_redacts_token_shaped_values():
     assert (row["first"], row["first_step"], row["last"], row["last_step"]) == ("0.5", 1, "0.7", 4)
     assert (row["best"], row["best_step"], row["num_logged"]) == ("0.9", 3, 3)
     assert reward_summary([{"loss": 1.0, "step": 1}]) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("create_model_card" not in vars(GroupOptTrainer),
+                    reason="GroupOptTrainer.create_model_card hook not applied yet (see trl_groupopt/model_card.py)")
+def test_trl_checkpoint_writes_our_card(tokenizer, base_model, tmp_path):
+    """TRL's own call site (`_save_checkpoint` -> `self.create_model_card`) writes trl-groupopt's card."""
+    from trl_groupopt.model_card import render_model_card
+
+    args = OTBConfig(**cpu_config_kwargs(tmp_path / "otb-run", num_generations=2, max_steps=1, save_strategy="steps",
+                                         save_steps=1))  # fmt: skip
+    trainer = OTBTrainer(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
+                         processing_class=tokenizer)  # fmt: skip
+    trainer.train()
+    card = (Path(args.output_dir) / "README.md").read_text(encoding="utf-8")
+    assert "### Method configuration" in card and "| `otb_handle_zero_tail` | `True` |" in card
+    assert "### Training reward" in card and "@article{li2026optimal," in card
+    trainer.create_model_card(model_name="otb-run", dataset_name="openai/gsm8k")
+    assert (Path(args.output_dir) / "README.md").read_text(encoding="utf-8") == render_model_card(
+        trainer, model_name="otb-run", dataset_name="openai/gsm8k"
+    )

@@ -186,6 +186,12 @@ class GroupOptTrainer(GRPOTrainer):
                     f"Use per_device_train_batch_size in {working}, or a num_generations that divides {batch_size}."
                 )
 
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None):
+        """TRL's card plus the method's knobs and the reward-curve summary (see `trl_groupopt.model_card`)."""
+        from ..model_card import create_model_card
+
+        create_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags)
+
     # ------------------------------------------------------------------ the method's hooks
     def objective(
         self,
