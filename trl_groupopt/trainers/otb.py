@@ -56,10 +56,11 @@ class OTBConfig(GRPOConfig):
 
 
 class _EnergyCapture:
-    """Collects the fused head's `(log_probs, log_sum_sq_probs)` while active (a list), else does nothing."""
+    """Collects the fused head's `(log_probs, log_sum_sq_probs)` inside a `with` block; outside it does nothing."""
 
     def __init__(self):
-        self.items: list[tuple[Tensor, Tensor]] | None = None
+        self.items: list[tuple[Tensor, Tensor]] | None = None  # collecting while not None
+        self.items_done: list[tuple[Tensor, Tensor]] = []  # what the last `with` block collected
 
     def __enter__(self):
         self.items = []
