@@ -90,3 +90,13 @@ def test_model_card_metadata():
     assert GroupOptTrainer._name and "trl-groupopt" in GroupOptTrainer._tag_names
     assert {"title", "id", "citation"} <= GroupOptTrainer._paper.keys()
     assert GroupOptTrainer._paper["citation"].lstrip().startswith("@")
+
+
+def test_method_trainer_needs_its_own_config(tmp_path):
+    from trl_groupopt import CTPOConfig, DFPOTrainer, ECHOTrainer, OTBTrainer
+
+    for trainer_cls in (ECHOTrainer, DFPOTrainer, OTBTrainer):
+        with pytest.raises(ValueError, match=f"{trainer_cls.config_class.__name__}\\(\\.\\.\\.\\)"):
+            trainer_cls.validate_args(_args(tmp_path))  # a plain GRPOConfig lacks the method's knobs
+    with pytest.raises(ValueError, match="ECHOConfig"):
+        ECHOTrainer.validate_args(CTPOConfig(**cpu_config_kwargs(tmp_path)))

@@ -140,6 +140,8 @@ class GroupOptTrainer(GRPOTrainer):
             }"""),
     }
 
+    #: The config class this trainer reads its knobs from (a `GRPOConfig` subclass).
+    config_class: ClassVar[type[GRPOConfig]] = GRPOConfig
     #: Every micro-batch must hold whole groups, with a `group_ids` tensor (DFPO, OTB).
     requires_whole_groups: ClassVar[bool] = False
     #: The batch must carry the raw (weighted, un-normalised) rewards as `rewards` (OTB).
@@ -148,8 +150,10 @@ class GroupOptTrainer(GRPOTrainer):
     supports_delta: ClassVar[bool] = True
 
     def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, *positional, **kwargs):
-        if args is not None:
-            self.validate_args(args)
+        if args is None:  # as TRL, but with this method's config and defaults
+            model_name = (model if isinstance(model, str) else model.config._name_or_path).split("/")[-1]
+            args = self.config_class(f"{model_name}-{self._name.split()[0]}")
+        self.validate_args(args)
         check_loss_routed_through_compute_loss(type(self), bool(args is not None and args.use_liger_kernel))
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         self.whole_groups = self.needs_whole_groups(self.args)
@@ -163,6 +167,11 @@ class GroupOptTrainer(GRPOTrainer):
     @classmethod
     def validate_args(cls, args: GRPOConfig) -> None:
         """Raise a `ValueError` that names the fix for every config this trainer cannot honour."""
+        if not isinstance(args, cls.config_class):
+            raise ValueError(
+                f"{cls.__name__} reads its settings from a {cls.config_class.__name__}, got a {type(args).__name__}: "
+                f"build the config with {cls.config_class.__name__}(...) (it accepts every GRPOConfig argument)."
+            )
         if args.loss_type not in SUPPORTED_LOSS_TYPES:
             raise ValueError(
                 f"loss_type={args.loss_type!r} is not supported by {cls.__name__}: TRL's cispo/sapo/vespo replace the "

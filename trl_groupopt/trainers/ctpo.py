@@ -76,6 +76,7 @@ class CTPOConfig(GRPOConfig):
 class CTPOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with the CTPO objective (cumulative prefix ratio, sqrt(t)-scaled log-space clip)."""
 
+    config_class = CTPOConfig
     _tag_names = ["trl", "ctpo", "trl-groupopt"]
     _name = "CTPO"
     _paper = {

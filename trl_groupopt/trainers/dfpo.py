@@ -95,6 +95,7 @@ class DFPOConfig(GRPOConfig):
 class DFPOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with DFPO's in-group re-weighted GSPO objective, or GRPO-fix's symmetric clip."""
 
+    config_class = DFPOConfig
     _tag_names = ["trl", "dfpo", "trl-groupopt"]
     _name = "DFPO"
     _paper = {

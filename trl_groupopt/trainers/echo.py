@@ -96,6 +96,7 @@ class ECHOConfig(GRPOConfig):
 class ECHOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with ECHO's objective: batch-level clip, token-level importance sampling."""
 
+    config_class = ECHOConfig
     _tag_names = ["trl", "echo", "trl-groupopt"]
     _name = "ECHO"
     _paper = {

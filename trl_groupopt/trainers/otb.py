@@ -95,6 +95,7 @@ def _keep_energy(target: torch.nn.Module, capture: _EnergyCapture, temperature: 
 class OTBTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with OTB advantages (optimal token baseline from the logit-gradient energy)."""
 
+    config_class = OTBConfig
     _tag_names = ["trl", "otb", "trl-groupopt"]
     _name = "OTB"
     _paper = {
