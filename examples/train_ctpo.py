@@ -25,9 +25,29 @@ Single GPU, Qwen2.5-0.5B-Instruct on GSM8K:
         --output_dir Qwen2.5-0.5B-CTPO --learning_rate 1e-6 --bf16 --per_device_train_batch_size 8 \
         --num_generations 8 --max_completion_length 512 --epsilon 0.025 --epsilon_high 0.05 --ctpo_dual_clip 0.05 --ctpo_position_power 0.5
 
-Multi-GPU (8 processes), DeepSpeed ZeRO-2 / ZeRO-3 or FSDP2: the same flags with
-`--config_file examples/accelerate_configs/multi_gpu.yaml` (or `deepspeed_zero2.yaml`, `deepspeed_zero3.yaml`,
-`fsdp2.yaml`).
+Multi-GPU (8 processes, DDP):
+
+    accelerate launch --config_file examples/accelerate_configs/multi_gpu.yaml examples/train_ctpo.py \
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
+        --output_dir Qwen2.5-0.5B-CTPO --bf16 --learning_rate 1e-6 --per_device_train_batch_size 8
+
+DeepSpeed ZeRO-2:
+
+    accelerate launch --config_file examples/accelerate_configs/deepspeed_zero2.yaml examples/train_ctpo.py \
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
+        --output_dir Qwen2.5-0.5B-CTPO --bf16 --learning_rate 1e-6 --per_device_train_batch_size 8
+
+DeepSpeed ZeRO-3:
+
+    accelerate launch --config_file examples/accelerate_configs/deepspeed_zero3.yaml examples/train_ctpo.py \
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
+        --output_dir Qwen2.5-0.5B-CTPO --bf16 --learning_rate 1e-6 --per_device_train_batch_size 8
+
+FSDP2:
+
+    accelerate launch --config_file examples/accelerate_configs/fsdp2.yaml examples/train_ctpo.py \
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
+        --output_dir Qwen2.5-0.5B-CTPO --bf16 --learning_rate 1e-6 --per_device_train_batch_size 8
 
 vLLM in colocate mode with LoRA (generation shares the training GPUs; TRL's importance-sampling correction of the
 vLLM/trainer mismatch is applied on top of the objective):
