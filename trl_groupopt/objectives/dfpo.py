@@ -150,15 +150,20 @@ def group_dense_view(group_ids: Tensor) -> tuple[Tensor, Tensor, int, int]:
 
 
 def _mean_group_variance(values: Tensor, group_ids: Tensor) -> Tensor:
-    """Mean over groups of the population variance of ``values`` within each group (Eq. 23)."""
+    """Mean over groups of the population variance of ``values`` within each group (Eq. 23).
+
+    In float64, saturated at float32's largest value: an unclipped ratio of e^50 (A < 0 keeps large ratios, Eq. 47)
+    squares to ~1e43, which would make the float32 metric inf and poison the logged mean.
+    """
     _, num_groups = group_index(group_ids)
     if num_groups == 0:
         return torch.tensor(float("nan"))
+    values = values.double()
     centred = values - group_mean(values, group_ids)  # (B,)
     variance = group_mean(centred * centred, group_ids)  # (B,) broadcast per group
     size = group_sum(torch.ones_like(values), group_ids)  # (B,)
     # each group's variance appears `size` times: weight 1/size to count each group once
-    return (variance / size).sum() / num_groups
+    return ((variance / size).sum() / num_groups).clamp(max=torch.finfo(torch.float32).max)
 
 
 # --------------------------------------------------------------------------------------------
