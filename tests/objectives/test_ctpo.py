@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from trl_groupopt.objectives.common import reduce_metrics
 from trl_groupopt.objectives.ctpo import ctpo_loss
 
 F64 = torch.float64
@@ -162,7 +163,7 @@ def test_power_zero_is_plain_cumulative_clip():
     ref_loss.backward()
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-12)
     torch.testing.assert_close(grad, x.grad, rtol=1e-12, atol=1e-12)
-    assert out.metrics["clip_ratio/region"].item() > 0 and out.metrics["ctpo/dual_clip"].item() > 0
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() > 0 and out.metrics["ctpo/dual_clip"].item() > 0
     # the window does not move with t: the same log-ratio is clipped identically at t=1 and late
     early = ctpo_loss(
         torch.tensor([[0.3, 0.0]], dtype=F64),
@@ -202,7 +203,7 @@ def test_long_sequences_are_finite(dtype):
         assert torch.isfinite(out.per_token_loss).all() and torch.isfinite(loss)
         assert torch.isfinite(grad.float()).all() and grad.dtype == dtype
         assert out.per_token_loss.dtype == torch.float32
-        assert all(torch.isfinite(v) for v in out.metrics.values())
+        assert all(torch.isfinite(v) for v in reduce_metrics(out.metrics, mask).values())
 
 
 def test_metrics_match_loop():
@@ -232,15 +233,15 @@ def test_metrics_match_loop():
             counts["dual"] += A < 0 and pre_dual > -A * math.exp(0.05 * s)
             buckets["t<=16" if t <= 16 else "t<=256" if t <= 256 else "t>256"].append(abs(cum))
     n = counts["n"]
-    assert out.metrics["clip_ratio/low"].item() == pytest.approx(counts["low"] / n, abs=1e-7)
-    assert out.metrics["clip_ratio/high"].item() == pytest.approx(counts["high"] / n, abs=1e-7)
-    assert out.metrics["clip_ratio/region"].item() == pytest.approx((counts["low"] + counts["high"]) / n, abs=1e-7)
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/low"].item() == pytest.approx(counts["low"] / n, abs=1e-7)
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/high"].item() == pytest.approx(counts["high"] / n, abs=1e-7)
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() == pytest.approx((counts["low"] + counts["high"]) / n, abs=1e-7)
     assert out.metrics["ctpo/dual_clip"].item() == pytest.approx(counts["dual"] / n, abs=1e-7)
     assert counts["low"] and counts["high"] and counts["dual"]
     for label, values in buckets.items():
         key = f"ctpo/abs_cum_log_ratio/{label}"
         assert out.metrics[key].item() == pytest.approx(sum(values) / len(values), rel=1e-6)
-    for v in out.metrics.values():
+    for v in reduce_metrics(out.metrics, mask).values():
         assert v.dim() == 0 and v.dtype == torch.float32 and not v.requires_grad
     short = ctpo_loss(logp[:, :20], old[:, :20], adv[:, :20], mask[:, :20], **DEFAULTS)
     assert torch.isnan(short.metrics["ctpo/abs_cum_log_ratio/t>256"])  # empty bucket
@@ -255,7 +256,7 @@ def test_empty_mask_and_rows():
     empty = torch.zeros_like(mask)
     out, loss, grad = run_ctpo(logp, old, adv, empty, **DEFAULTS)
     assert loss.item() == 0.0 and (grad == 0).all() and torch.isfinite(out.per_token_loss).all()
-    assert all(torch.isnan(v) for v in out.metrics.values())
+    assert all(torch.isnan(v) for v in reduce_metrics(out.metrics, empty).values())
 
 
 def test_input_validation():

@@ -19,6 +19,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
+from trl_groupopt.objectives.common import reduce_metrics
 from trl_groupopt.objectives.dfpo import (
     TRANSFORMS,
     dfpo_loss,
@@ -568,9 +569,9 @@ def test_symmetric_clip_loop_reference(adv_shape):
         assert torch.all(lp.grad[side & (r > 1 + eps)] == 0)
         assert torch.all(lp.grad[side & (r < 1 - eps)] != 0)  # no lower clip for either sign
     n = mask.sum()
-    assert out.metrics["clip_ratio/high"].item() == pytest.approx(((r > 1 + eps) & (adv_tok > 0) & valid).sum() / n)
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/high"].item() == pytest.approx(((r > 1 + eps) & (adv_tok > 0) & valid).sum() / n)
     assert out.metrics["dfpo/sym_clip_ratio"].item() == pytest.approx(((r > 1 + eps) & valid).sum() / n)
-    assert out.metrics["clip_ratio/low"].item() == 0.0
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/low"].item() == 0.0
 
 
 def test_symmetric_clip_restores_shared_token_cancellation():
@@ -604,7 +605,7 @@ def test_symmetric_clip_edge_cases():
     grpo_aggregate(out.per_token_loss, mask).backward()
     assert torch.isfinite(out.per_token_loss).all() and torch.isfinite(logp.grad.float()).all()
     empty = symmetric_clip_loss(logp, old, adv, torch.zeros(4, 6), epsilon_high=0.2)
-    assert torch.isnan(empty.metrics["clip_ratio/high"])
+    assert torch.isnan(reduce_metrics(empty.metrics, torch.zeros(4, 6))["clip_ratio/high"])
     with pytest.raises(ValueError, match="epsilon_high"):
         symmetric_clip_loss(logp, old, adv, mask, epsilon_high=0.0)
     with pytest.raises(ValueError):

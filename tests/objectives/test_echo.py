@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from trl_groupopt.objectives.common import reduce_metrics
 from trl_groupopt.objectives.echo import MAX_LOG_RHO, echo_batch_ratio_coupling, echo_loss
 
 F64 = torch.float64
@@ -124,7 +125,7 @@ def test_micro_batch_matches_loop_reference(name, shift, scale, overrides, token
     assert loss.item() == pytest.approx(ref_loss, rel=1e-12, abs=1e-12)
     torch.testing.assert_close(grad, torch.tensor(ref_grad, dtype=F64), rtol=1e-12, atol=1e-12)
     if token_clip:  # the token clip is active on some tokens, so the min/clip branches are exercised
-        assert out.metrics["clip_ratio/region"].item() > 0
+        assert reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() > 0
 
 
 @pytest.mark.parametrize("name,shift,scale,overrides", CASES)
@@ -228,14 +229,14 @@ def test_metrics_match_loop():
                 high += rho > 1.28 and adv[i, t].item() > 0
     assert out.metrics["echo/batch_ratio"].item() == pytest.approx(big_r, rel=1e-6)
     assert out.metrics["echo/batch_clipped"].item() == 1.0
-    assert out.metrics["clip_ratio/low"].item() == pytest.approx(low / n, abs=1e-7)
-    assert out.metrics["clip_ratio/high"].item() == pytest.approx(high / n, abs=1e-7)
-    assert out.metrics["clip_ratio/region"].item() == pytest.approx((low + high) / n, abs=1e-7)
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/low"].item() == pytest.approx(low / n, abs=1e-7)
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/high"].item() == pytest.approx(high / n, abs=1e-7)
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() == pytest.approx((low + high) / n, abs=1e-7)
     assert high > 0
-    for v in out.metrics.values():
+    for v in reduce_metrics(out.metrics, mask).values():
         assert v.dim() == 0 and v.dtype == torch.float32 and not v.requires_grad
     no_clip = echo_loss(logp, old, adv, mask, **EPS, token_clip=False)
-    assert no_clip.metrics["clip_ratio/region"].item() == 0.0
+    assert reduce_metrics(no_clip.metrics, mask)["clip_ratio/region"].item() == 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,7 +279,7 @@ def test_all_empty_mask_is_zero_and_finite(token_clip):
     assert loss.item() == 0.0 and torch.isfinite(out.per_token_loss).all()
     assert (out.per_token_loss == 0).all() and (grad == 0).all()
     for key in ("echo/batch_ratio", "echo/batch_clipped", "clip_ratio/low", "clip_ratio/region"):
-        assert torch.isnan(out.metrics[key])  # undefined on this micro-batch
+        assert torch.isnan(reduce_metrics(out.metrics, mask)[key])  # undefined on this micro-batch
 
 
 def test_empty_rows_get_zero_loss_and_gradient():

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pytest
 import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from trl_groupopt.objectives.common import clipped_surrogate_loss
+from trl_groupopt.objectives.common import clipped_surrogate_loss, reduce_metrics
 from trl_groupopt.objectives.ctpo import ctpo_loss
 from trl_groupopt.objectives.dfpo import dfpo_loss, group_transform, symmetric_clip_loss
 from trl_groupopt.objectives.echo import echo_batch_ratio_coupling, echo_loss
@@ -286,6 +285,13 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, what
         raise AssertionError(f"{what}: mismatch at {bad}: {a[tuple(bad)].item()} vs {e[tuple(bad)].item()}")
 
 
+def assert_metrics_permuted(metrics_p: dict, metrics: dict, perm: torch.Tensor, rtol: float) -> None:
+    """Per-row metrics (clip indicators, (B, T) or (B, 1)) move with the rows; batch scalars are invariant."""
+    assert metrics_p.keys() == metrics.keys()
+    for name, value in metrics.items():
+        assert_close(metrics_p[name], value[perm] if value.dim() == 2 else value, rtol, name)
+
+
 def check_metrics(metrics: dict[str, torch.Tensor], n_valid: int | None, scalar: bool = True) -> None:
     """(c): detached, float32 0-dim, never inf; fractions in [0, 1]; NaN iff no valid item."""
     for name, value in metrics.items():
@@ -405,7 +411,7 @@ def test_echo_finite_masked_and_metrics(case, opts):
     out = echo_loss(leaf, old, adv, mask, **opts)
     check_loss_and_grad(out.per_token_loss, leaf, mask, zero_at_mask=True, out_dtype=compute_dtype_of(case.dtype))
     n_valid = int(mask.bool().sum())
-    check_metrics(out.metrics, n_valid)
+    check_metrics(reduce_metrics(out.metrics, mask), n_valid)
     if n_valid:
         assert bool(torch.isfinite(out.metrics["echo/batch_ratio"])) and out.metrics["echo/batch_ratio"] > 0
     coupling = echo_batch_ratio_coupling(leaf.detach(), old, adv, mask, **opts)
@@ -427,8 +433,7 @@ def test_echo_permutation_equivariant(case, opts, perm_seed):
     rtol = RTOL[case.dtype]
     assert_close(out_p.per_token_loss, out.per_token_loss[perm], rtol, "loss")
     assert_close(grad_p, grad[perm], rtol, "grad")
-    for name in out.metrics:
-        assert_close(out_p.metrics[name], out.metrics[name], rtol, name)
+    assert_metrics_permuted(out_p.metrics, out.metrics, perm, rtol)
     coupling = echo_batch_ratio_coupling(leaf.detach(), *case.inputs(), **opts)
     coupling_p = echo_batch_ratio_coupling(leaf_p.detach(), *case.inputs(perm), **opts)
     assert_close(coupling_p, coupling, rtol, "coupling")
@@ -480,8 +485,9 @@ def test_ctpo_finite_masked_and_metrics(case, opts):
     out = ctpo_loss(leaf, old, adv, mask, **opts)
     check_loss_and_grad(out.per_token_loss, leaf, mask, zero_at_mask=True, out_dtype=compute_dtype_of(case.dtype))
     n_valid = int(mask.bool().sum())
-    check_metrics({k: v for k, v in out.metrics.items() if "abs_cum" not in k}, n_valid)
-    check_metrics({k: v for k, v in out.metrics.items() if "abs_cum" in k}, None)
+    reduced = reduce_metrics(out.metrics, mask)
+    check_metrics({k: v for k, v in reduced.items() if "abs_cum" not in k}, n_valid)
+    check_metrics({k: v for k, v in reduced.items() if "abs_cum" in k}, None)
 
 
 @hsettings(40)
@@ -496,8 +502,7 @@ def test_ctpo_permutation_equivariant(case, opts, perm_seed):
     rtol = RTOL[case.dtype]
     assert_close(out_p.per_token_loss, out.per_token_loss[perm], rtol, "loss")
     assert_close(grad_p, grad[perm], rtol, "grad")
-    for name in out.metrics:
-        assert_close(out_p.metrics[name], out.metrics[name], rtol, name)
+    assert_metrics_permuted(out_p.metrics, out.metrics, perm, rtol)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,7 +517,7 @@ def test_symmetric_clip_finite_masked_and_metrics(case, eps):
     old, adv, mask = case.inputs()
     out = symmetric_clip_loss(leaf, old, adv, mask, epsilon_high=eps)
     check_loss_and_grad(out.per_token_loss, leaf, mask, zero_at_mask=False, out_dtype=compute_dtype_of(case.dtype))
-    check_metrics(out.metrics, int(mask.bool().sum()))
+    check_metrics(reduce_metrics(out.metrics, mask), int(mask.bool().sum()))
 
 
 @hsettings(40)
@@ -528,8 +533,7 @@ def test_symmetric_clip_permutation_equivariant(case, eps, perm_seed):
     rtol = RTOL[case.dtype]
     assert_close(out_p.per_token_loss, out.per_token_loss[perm], rtol, "loss")
     assert_close(grad_p, grad[perm], rtol, "grad")
-    for name in out.metrics:
-        assert_close(out_p.metrics[name], out.metrics[name], rtol, name)
+    assert_metrics_permuted(out_p.metrics, out.metrics, perm, rtol)
 
 
 S_KINDS = ("near_one", "wide", "ties", "tiny", "mixed")

@@ -128,9 +128,10 @@ def ctpo_loss(
         is_high = (log_rho_d > epsilon_high * scale) & (adv > 0) & valid  # (B, T)
         is_dual = (loss.detach() > dual) & negative & valid  # (B, T)
         metrics = {
-            "clip_ratio/low": nan_if_empty(masked_mean(is_low.to(dtype), valid.to(dtype)), n),
-            "clip_ratio/high": nan_if_empty(masked_mean(is_high.to(dtype), valid.to(dtype)), n),
-            "clip_ratio/region": nan_if_empty(masked_mean((is_low | is_high).to(dtype), valid.to(dtype)), n),
+            # per-token indicators: the trainer reduces them over processes token-weighted, as TRL does
+            "clip_ratio/low": is_low.float(),  # (B, T)
+            "clip_ratio/high": is_high.float(),  # (B, T)
+            "clip_ratio/region": (is_low | is_high).float(),  # (B, T)
             "ctpo/dual_clip": nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), n),
         }
         abs_cum = cum_log_ratio.abs()  # (B, T)

@@ -500,9 +500,10 @@ def symmetric_clip_loss(
         high = above * (adv_full > 0).to(dtype)  # (B, T)
         count = mask_f.sum()
         metrics = {
-            "clip_ratio/low": nan_if_empty(torch.zeros((), dtype=dtype, device=ratio.device), count),
-            "clip_ratio/high": nan_if_empty(masked_sum(high, mask_f) / count.clamp(min=1), count),
-            "clip_ratio/region": nan_if_empty(masked_sum(high, mask_f) / count.clamp(min=1), count),
+            # per-token indicators (reduced token-weighted over processes by the trainer); no lower bound, low is 0
+            "clip_ratio/low": torch.zeros_like(high, dtype=torch.float32) * mask_f,  # (B, T)
+            "clip_ratio/high": (high * mask_f).float(),  # (B, T)
+            "clip_ratio/region": (high * mask_f).float(),  # (B, T)
             "dfpo/sym_clip_ratio": nan_if_empty(masked_sum(above, mask_f) / count.clamp(min=1), count),
         }
     return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)

@@ -81,9 +81,6 @@ def _batch_log_bounds(batch_epsilon_low: float, batch_epsilon_high: float) -> tu
 
 
 
-def _fraction(flags: Tensor, count: Tensor) -> Tensor:
-    """Fraction of `flags` among `count` valid items (float32, NaN when count is 0); no host sync."""
-    return nan_if_empty(flags.sum().float() / count.clamp(min=1).float(), count)
 
 
 def _surrogate(
@@ -261,12 +258,12 @@ def echo_loss(
             is_high = (rho > 1 + epsilon_high) & (adv > 0) & prep.valid  # (B, T)
         else:
             is_low = is_high = torch.zeros_like(prep.valid)  # (B, T) nothing is token-clipped
-        n = prep.num_valid
         metrics = {
             "echo/batch_ratio": batch_ratio,
             "echo/batch_clipped": batch_clipped,
-            "clip_ratio/low": _fraction(is_low, n),
-            "clip_ratio/high": _fraction(is_high, n),
-            "clip_ratio/region": _fraction(is_low | is_high, n),
+            # per-token indicators: the trainer reduces them over processes token-weighted, as TRL does
+            "clip_ratio/low": is_low.float(),  # (B, T)
+            "clip_ratio/high": is_high.float(),  # (B, T)
+            "clip_ratio/region": (is_low | is_high).float(),  # (B, T)
         }
     return ObjectiveOutput(per_token_loss=loss, metrics=metrics)

@@ -118,6 +118,22 @@ def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: 
         )
 
 
+class TokenSafeConfigMixin:
+    """Mixed into every method config (put it first, and use `@dataclass(repr=False)`).
+
+    transformers pickles the whole config into every checkpoint and `output_dir` as `training_args.bin`, which
+    `push_to_hub` uploads, and `@dataclass` regenerates a field-by-field `__repr__` that shows `hub_token`. The pickled
+    state drops every `*_token` field and `repr()` is the redacting `str()` of `TrainingArguments`; the live object
+    keeps its token for pushing.
+    """
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {key: (None if key.endswith("_token") else value) for key, value in self.__dict__.items()}
+
+
 class GroupOptTrainer(GRPOTrainer):
     """`GRPOTrainer` whose policy objective is a pure function (see module docstring).
 

@@ -16,11 +16,11 @@ from trl import GRPOConfig
 
 from ..objectives.common import ObjectiveOutput
 from ..objectives.ctpo import ctpo_loss
-from .base import GroupOptTrainer
+from .base import GroupOptTrainer, TokenSafeConfigMixin
 
 
-@dataclass
-class CTPOConfig(GRPOConfig):
+@dataclass(repr=False)
+class CTPOConfig(TokenSafeConfigMixin, GRPOConfig):
     r"""
     Configuration class for [`CTPOTrainer`].
 

@@ -15,7 +15,7 @@ from trl import GRPOConfig
 
 from ..objectives.common import ObjectiveOutput
 from ..objectives.dfpo import dfpo_loss, symmetric_clip_loss
-from .base import GroupOptTrainer
+from .base import GroupOptTrainer, TokenSafeConfigMixin
 
 DFPO_TRANSFORMS = ("none", "min_replace", "orth_proj", "orth_proj_qp")
 GRPO_FIX = "symmetric_clip"
@@ -26,8 +26,8 @@ GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
 GRPO_FIX_EPSILON_HIGH = 0.2
 
 
-@dataclass
-class DFPOConfig(GRPOConfig):
+@dataclass(repr=False)
+class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
     r"""
     Configuration class for [`DFPOTrainer`].
 

@@ -16,7 +16,7 @@ from trl import GRPOConfig
 
 from ..objectives.common import ObjectiveOutput
 from ..objectives.echo import echo_batch_ratio_coupling, echo_loss
-from .base import GroupOptTrainer
+from .base import GroupOptTrainer, TokenSafeConfigMixin
 
 BATCH_RATIO_SCOPES = ("micro_batch", "global")
 # Loss types whose normaliser is one constant shared by every process: the only ones for which the "global" scope's
@@ -24,8 +24,8 @@ BATCH_RATIO_SCOPES = ("micro_batch", "global")
 GLOBAL_SCOPE_LOSS_TYPES = ("dapo", "dr_grpo")
 
 
-@dataclass
-class ECHOConfig(GRPOConfig):
+@dataclass(repr=False)
+class ECHOConfig(TokenSafeConfigMixin, GRPOConfig):
     r"""
     Configuration class for [`ECHOTrainer`].
 
@@ -72,7 +72,15 @@ class ECHOConfig(GRPOConfig):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
         if self.batch_epsilon >= 1:
-            raise ValueError(f"batch_epsilon must be < 1 (the lower bound is 1 - batch_epsilon), got {self.batch_epsilon}.")
+            raise ValueError(
+                f"batch_epsilon must be < 1 (the lower batch bound is 1 - batch_epsilon), got {self.batch_epsilon} "
+                "(it defaults to epsilon: set batch_epsilon explicitly if epsilon >= 1 is intended)."
+            )
+        if self.importance_sampling_level != "token":
+            raise ValueError(
+                "ECHO's ratios are token-level (Eq. 8-11): set importance_sampling_level='token' "
+                f"(got {self.importance_sampling_level!r})."
+            )
         if self.batch_ratio_scope not in BATCH_RATIO_SCOPES:
             raise ValueError(f"batch_ratio_scope must be one of {BATCH_RATIO_SCOPES}, got {self.batch_ratio_scope!r}.")
         if self.batch_ratio_scope == "global":

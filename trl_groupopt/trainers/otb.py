@@ -26,11 +26,11 @@ from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head
 
 from ..objectives.common import group_mean, masked_mean
 from ..objectives.otb import energy_from_log_probs, otb_advantages
-from .base import GroupOptTrainer
+from .base import GroupOptTrainer, TokenSafeConfigMixin
 
 
-@dataclass
-class OTBConfig(GRPOConfig):
+@dataclass(repr=False)
+class OTBConfig(TokenSafeConfigMixin, GRPOConfig):
     r"""
     Configuration class for [`OTBTrainer`].
 
