@@ -1,0 +1,246 @@
+"""Helpers shared by `benchmarks/overhead.py` and `benchmarks/sample_efficiency.py`.
+
+Only the standard library, torch and (for the plots) matplotlib: the GPU machine has neither scipy guaranteed nor
+network access, so the Student-t quantiles are tabulated here. Everything heavy (TRL, transformers) is imported by
+the scripts after argument parsing, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUTPUT_DIR = REPO / "benchmarks" / "results"
+
+#: The Jitter2 metric's source, written into every JSON that reports it.
+JITTER2_CITATION = (
+    "Ding et al., 'Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient "
+    "Cancellation', arXiv:2604.13088, Eq. 20: Jitter2(m) = 1/(T-2) * sum_{t=1}^{T-2} |m_{t+2} - 2 m_{t+1} + m_t|"
+)
+
+# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (standard tables; scipy.stats.t.ppf agrees to 3
+# decimals, checked in tests/test_benchmarks.py). Above 30 degrees of freedom the normal quantile is used.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def setup_environment() -> None:
+    """Offline Hub, quiet tokenizers, no W&B: the benchmarks never touch the network."""
+    for key, value in (
+        ("HF_HUB_OFFLINE", "1"),
+        ("HF_DATASETS_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+        ("WANDB_DISABLED", "true"),
+        ("TRANSFORMERS_VERBOSITY", "error"),
+        ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),  # transformers' "Loading weights" bar
+        ("HF_DATASETS_DISABLE_PROGRESS_BARS", "1"),  # datasets' "Map" bar
+    ):
+        os.environ.setdefault(key, value)
+    # transformers 5 deprecations (gradient_checkpointing -> activation_checkpointing) raised inside TRL: not ours.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    if str(REPO) not in sys.path:  # the package is not necessarily pip-installed
+        sys.path.insert(0, str(REPO))
+
+
+def set_cpu_affinity(spec: str | None) -> None:
+    """Pin this process (and the processes it starts) to CPUs "0-1,4" (Linux): lets the GPU benchmark and the CPU
+    workers of another share one machine without competing for cores. Call before importing torch."""
+    if not spec:
+        return
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    if not hasattr(os, "sched_setaffinity"):
+        print(f"--cpu-affinity {spec}: not supported on this platform; ignored")
+        return
+    usable = cpus & os.sched_getaffinity(0)
+    if not usable:
+        print(f"--cpu-affinity {spec}: none of these CPUs is available here; ignored")
+        return
+    os.sched_setaffinity(0, usable)
+
+
+def resolve_device(name: str) -> str:
+    """ "auto" -> "cuda" when a GPU is visible, else "cpu". On CPU, one torch thread (measured 50x faster on a
+    2-core machine shared with other processes; results are identical)."""
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda was asked for, but torch sees no GPU.")
+    if name == "cpu":
+        torch.set_num_threads(1)
+    return name
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def describe_device(device: str) -> dict[str, Any]:
+    """What ran the benchmark: accelerator, CPU, library versions (written as the JSON's top-level "device")."""
+    import torch
+
+    info: dict[str, Any] = {
+        "type": device,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+    for module in ("transformers", "trl", "accelerate"):
+        try:
+            info[module] = __import__(module).__version__
+        except Exception:  # noqa: BLE001 - a version string is informative only
+            info[module] = None
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            name=torch.cuda.get_device_name(0),
+            total_memory_bytes=props.total_memory,
+            multiprocessors=props.multi_processor_count,
+            cuda=torch.version.cuda,
+        )
+        info["description"] = f"{info['name']} ({props.total_memory / 2**30:.0f} GiB), torch {torch.__version__}"
+    else:
+        info["description"] = f"CPU {info['cpu']} x{os.cpu_count()}, {torch.get_num_threads()} torch thread(s)"
+    return info
+
+
+def command_line() -> str:
+    """The command that produced a result, as a shell would re-run it."""
+    return shlex.join([os.path.basename(sys.executable), *sys.argv])
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def t_quantile_975(df: int) -> float:
+    """Two-sided 95% Student-t quantile for `df` degrees of freedom."""
+    if df < 1:
+        return float("nan")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def mean_ci(values: Sequence[float | None]) -> dict[str, Any]:
+    """Mean and 95% Student-t confidence interval over seeds, ignoring None/NaN.
+
+    Returns {"mean", "ci95" (half-width; NaN for fewer than 2 values), "low", "high", "n", "std"}.
+    """
+    xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    n = len(xs)
+    if n == 0:
+        return {"mean": None, "ci95": None, "low": None, "high": None, "n": 0, "std": None}
+    mean = sum(xs) / n
+    if n < 2:
+        return {"mean": mean, "ci95": None, "low": None, "high": None, "n": 1, "std": None}
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))  # sample standard deviation
+    half = t_quantile_975(n - 1) * std / math.sqrt(n)
+    return {"mean": mean, "ci95": half, "low": mean - half, "high": mean + half, "n": n, "std": std}
+
+
+def jitter2(curve: Sequence[float]) -> float:
+    """Second-order-difference jitter of a training curve, exactly as printed in the DFPO paper (Eq. 20):
+
+        Jitter2(m) = 1/(T-2) * sum_{t=1}^{T-2} | m_{t+2} - 2 m_{t+1} + m_t |
+
+    for a curve m_1..m_T (1-based). Lower is smoother. Undefined (NaN) for T < 3.
+    Source: Ding et al., arXiv:2604.13088, Sec. 4.5, Eq. 20.
+    """
+    m = [float(x) for x in curve]
+    T = len(m)
+    if T < 3:
+        return float("nan")
+    total = 0.0
+    for t in range(1, T - 1):  # t = 1..T-2, 1-based; m[t - 1] is m_t
+        total += abs(m[t + 1] - 2.0 * m[t] + m[t - 1])
+    return total / (T - 2)
+
+
+def first_step_reaching(steps: Sequence[int], values: Sequence[float | None], threshold: float) -> int | None:
+    """The first step whose value is >= threshold (None if never)."""
+    for step, value in zip(steps, values):
+        if value is not None and not math.isnan(value) and value >= threshold:
+            return int(step)
+    return None
+
+
+def median(values: Sequence[float]) -> float:
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return float("nan")
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+# ------------------------------------------------------------------------------------------------ output
+def jsonable(value: Any) -> Any:
+    """NaN/inf -> None (strict JSON), tuples -> lists, numbers and tensors -> Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # 0-dim tensor / numpy scalar
+        value = value.item()
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    return value
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def pyplot():
+    """matplotlib.pyplot with the Agg backend, or None when matplotlib is missing (then no PNG is written and the
+    JSON can be re-plotted elsewhere with the script's --plot-from)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: skipping the PNG (re-plot later with --plot-from the JSON).")
+        return None
+    return plt
+
+
+def format_bytes(num: float | None) -> str:
+    if num is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(num) < 1024 or unit == "GiB":
+            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
+        num /= 1024
+    return f"{num:.1f} GiB"
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table (also returned), aligned on column widths."""
+    cells = [[str(h) for h in headers]] + [[("" if c is None else str(c)) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
