@@ -143,6 +143,23 @@ class _Prepared:
         self.log_ratio = total / self.count.clamp(min=1.0)  # () log R, Eq. 6
 
 
+def _surrogate_kwargs(epsilon_low: float, epsilon_high: float, batch_epsilon_low: float, batch_epsilon_high: float,
+                      token_clip: bool) -> dict:
+    """Validated keyword arguments of `_surrogate` (shared by the loss and the coupling)."""
+    check_positive(
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        batch_epsilon_low=batch_epsilon_low,
+        batch_epsilon_high=batch_epsilon_high,
+    )
+    return dict(
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        batch_bounds=_batch_log_bounds(batch_epsilon_low, batch_epsilon_high),
+        token_clip=token_clip,
+    )
+
+
 def _local_coupling(prep: _Prepared, **surrogate_kwargs) -> Tensor:
     """sum over local valid tokens of d loss_{i,t} / d log R (detached, by autograd on a leaf log R)."""
     with torch.enable_grad():
@@ -171,20 +188,9 @@ def echo_batch_ratio_coupling(
     For the exact "global" scope: all-reduce (sum) this over processes and pass the total to
     :func:`echo_loss` as ``coupling_sum``, with the same arguments. Zero when R is clipped.
     """
-    check_positive(
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        batch_epsilon_low=batch_epsilon_low,
-        batch_epsilon_high=batch_epsilon_high,
-    )
+    kwargs = _surrogate_kwargs(epsilon_low, epsilon_high, batch_epsilon_low, batch_epsilon_high, token_clip)
     prep = _Prepared(per_token_logps, old_per_token_logps, advantages, mask, log_ratio_sum, token_count)
-    return _local_coupling(
-        prep,
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        batch_bounds=_batch_log_bounds(batch_epsilon_low, batch_epsilon_high),
-        token_clip=token_clip,
-    )
+    return _local_coupling(prep, **kwargs)
 
 
 def echo_loss(
@@ -222,21 +228,10 @@ def echo_loss(
         "echo/batch_ratio" (R), "echo/batch_clipped" (0/1), "clip_ratio/low|high|region"
         (token clip relative to rho; 0 when token_clip=False). NaN where undefined.
     """
-    check_positive(
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        batch_epsilon_low=batch_epsilon_low,
-        batch_epsilon_high=batch_epsilon_high,
-    )
+    kwargs = _surrogate_kwargs(epsilon_low, epsilon_high, batch_epsilon_low, batch_epsilon_high, token_clip)
     prep = _Prepared(per_token_logps, old_per_token_logps, advantages, mask, log_ratio_sum, token_count)
     if coupling_sum is not None and not prep.global_scope:
         raise ValueError("coupling_sum is only meaningful with log_ratio_sum and token_count (global scope)")
-    kwargs = dict(
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        batch_bounds=_batch_log_bounds(batch_epsilon_low, batch_epsilon_high),
-        token_clip=token_clip,
-    )
     loss, rho = _surrogate(prep.log_r, prep.log_ratio, prep.advantages, prep.valid, **kwargs)  # (B, T)
 
     if coupling_sum is not None and prep.log_ratio.requires_grad:
