@@ -19,7 +19,10 @@ class ObjectiveOutput:
     Attributes:
         per_token_loss: (B, T) per-token loss, or (B, 1) per-sequence loss, *before* the
             completion mask and the `loss_type` aggregation are applied by the trainer.
-        metrics: name -> detached scalar tensor (means over masked tokens or sequences).
+        metrics: name -> detached tensor: a 0-dim mean over masked tokens or sequences, or, for the clip
+            fractions `clip_ratio/low|high|region`, a per-token (B, T) / per-sequence (B, 1) 0/1 indicator that the
+            trainer reduces over all processes token-weighted, as TRL does (`reduce_metrics` does it for one
+            micro-batch).
     """
 
     per_token_loss: Tensor
