@@ -69,8 +69,8 @@ def check_positive(**values: float) -> None:
             raise ValueError(f"{name} must be > 0, got {value}")
 
 
-def check_token_inputs(per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor) -> None:
-    """Shape checks shared by the token-level objectives: logps/old/mask (B, T), advantages (B,) or (B, T)."""
+def check_token_shapes(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> None:
+    """Shape checks shared by every objective: logps, old logps and mask all (B, T)."""
     if per_token_logps.dim() != 2:
         raise ValueError(f"per_token_logps must be (B, T), got shape {tuple(per_token_logps.shape)}")
     shape = per_token_logps.shape
@@ -80,6 +80,12 @@ def check_token_inputs(per_token_logps: Tensor, old_per_token_logps: Tensor, adv
         )
     if mask.shape != shape:
         raise ValueError(f"mask {tuple(mask.shape)} must match per_token_logps {tuple(shape)}")
+
+
+def check_token_inputs(per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor) -> None:
+    """`check_token_shapes` plus the token-level objectives' advantages: (B,) or (B, T)."""
+    check_token_shapes(per_token_logps, old_per_token_logps, mask)
+    shape = per_token_logps.shape
     if advantages.dim() not in (1, 2) or advantages.shape[0] != shape[0]:
         raise ValueError(f"advantages must be (B,) or (B, T) with B={shape[0]}, got {tuple(advantages.shape)}")
     if advantages.dim() == 2 and advantages.shape != shape:
@@ -162,6 +168,15 @@ def group_size(group_ids: Tensor) -> Tensor:
     return group_sum(torch.ones_like(group_ids, dtype=torch.float32), group_ids)
 
 
+def log_importance_weights(log_ratio: Tensor, mask: Tensor, importance_sampling_level: str) -> Tensor:
+    """TRL's log importance weights: the token log-ratios (B, T), or their masked mean per sequence (B, 1) (GSPO)."""
+    if importance_sampling_level == "token":
+        return log_ratio  # (B, T)
+    if importance_sampling_level == "sequence":
+        return (masked_sum(log_ratio, mask, -1) / sequence_lengths(mask)).unsqueeze(-1)  # (B, 1)
+    raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
+
+
 def clipped_surrogate_loss(
     per_token_logps: Tensor,
     old_per_token_logps: Tensor,
@@ -186,13 +201,7 @@ def clipped_surrogate_loss(
     if epsilon_low < 0 or epsilon_high < 0:
         raise ValueError(f"epsilons must be >= 0, got epsilon_low={epsilon_low}, epsilon_high={epsilon_high}")
     advantages = as_token_advantages(advantages)  # (B, 1) or (B, T)
-    log_ratio = per_token_logps - old_per_token_logps  # (B, T)
-    if importance_sampling_level == "token":
-        log_weights = log_ratio  # (B, T)
-    elif importance_sampling_level == "sequence":
-        log_weights = (masked_sum(log_ratio, mask, -1) / sequence_lengths(mask)).unsqueeze(-1)  # (B, 1)
-    else:
-        raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
+    log_weights = log_importance_weights(per_token_logps - old_per_token_logps, mask, importance_sampling_level)
     coef_1 = torch.exp(log_weights)  # (B, T) or (B, 1)
     coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
     if delta is not None:  # two-sided clip (TRL's `delta`) bounds the unclipped branch too

@@ -95,14 +95,15 @@ from torch import Tensor
 from .common import (
     ObjectiveOutput,
     as_token_advantages,
+    check_token_shapes,
     compute_dtype,
     group_index,
     group_mean,
     group_min,
     group_sum,
+    log_importance_weights,
     masked_sum,
     nan_if_empty,
-    sequence_lengths,
 )
 
 __all__ = ["TRANSFORMS", "dfpo_loss", "group_dense_view", "group_transform", "symmetric_clip_loss"]
@@ -325,16 +326,6 @@ def group_transform(
 # --------------------------------------------------------------------------------------------
 
 
-def _check_token_inputs(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> None:
-    if per_token_logps.dim() != 2:
-        raise ValueError(f"per_token_logps must be (B, T), got shape {tuple(per_token_logps.shape)}")
-    if old_per_token_logps.shape != per_token_logps.shape:
-        raise ValueError(
-            f"old_per_token_logps {tuple(old_per_token_logps.shape)} must match per_token_logps "
-            f"{tuple(per_token_logps.shape)}"
-        )
-    if mask.shape != per_token_logps.shape:
-        raise ValueError(f"mask {tuple(mask.shape)} must match per_token_logps {tuple(per_token_logps.shape)}")
 
 
 def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
@@ -389,7 +380,7 @@ def dfpo_loss(
         raise ValueError(f"unknown DFPO transform {transform!r}; valid: {', '.join(TRANSFORMS)}")
     _check_epsilon("epsilon_low", epsilon_low)
     _check_epsilon("epsilon_high", epsilon_high)
-    _check_token_inputs(per_token_logps, old_per_token_logps, mask)
+    check_token_shapes(per_token_logps, old_per_token_logps, mask)
     batch, length = per_token_logps.shape
     _check_group_ids(group_ids, batch)
 
@@ -400,8 +391,7 @@ def dfpo_loss(
     adv = _sequence_advantages(advantages, batch, length).detach().to(dtype)  # (B,)
     group_ids = group_ids.to(logp.device)
 
-    log_ratio = (logp - old_logp) * mask_f  # (B, T)
-    log_s = log_ratio.sum(-1) / sequence_lengths(mask_f)  # (B,) Eq. 44, in log space
+    log_s = log_importance_weights(logp - old_logp, mask_f, "sequence").squeeze(-1)  # (B,) Eq. 44, in log space
     s = torch.exp(log_s)  # (B,)
 
     lower, upper = 1.0 - epsilon_low, 1.0 + epsilon_high
@@ -474,7 +464,7 @@ def symmetric_clip_loss(
         min would have kept it).
     """
     _check_epsilon("epsilon_high", epsilon_high)
-    _check_token_inputs(per_token_logps, old_per_token_logps, mask)
+    check_token_shapes(per_token_logps, old_per_token_logps, mask)
     batch, length = per_token_logps.shape
     adv = as_token_advantages(advantages)  # (B, 1) or (B, T)
     if adv.shape[0] != batch or adv.shape[1] not in (1, length):

@@ -35,7 +35,7 @@ from trl.trainer.utils import (
     unsplit_pixel_values_by_grid,
 )
 
-from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss
+from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss, log_importance_weights
 
 # The loss types whose aggregation `_compute_loss` reproduces. TRL's cispo/sapo/vespo replace the surrogate itself,
 # so they cannot be combined with another objective.
@@ -377,10 +377,10 @@ class GroupOptTrainer(GRPOTrainer):
         delta = ref_per_token_logps - per_token_logps  # (B, T)
         per_token_kl = torch.exp(delta) - delta - 1  # (B, T)
         if self.args.use_bias_correction_kl:
-            log_ratio = per_token_logps - old_per_token_logps  # (B, T)
-            if self.importance_sampling_level == "sequence":
-                log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (B, 1)
-            per_token_kl = per_token_kl * torch.exp(log_ratio)
+            log_weights = log_importance_weights(  # (B, T) or (B, 1), as the default objective's
+                per_token_logps - old_per_token_logps, mask, self.importance_sampling_level
+            )
+            per_token_kl = per_token_kl * torch.exp(log_weights)
         return per_token_kl
 
     def _aggregate(self, per_token_loss: Tensor, mask: Tensor, inputs, mode: str) -> tuple[Tensor, Tensor]:
