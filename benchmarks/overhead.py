@@ -249,7 +249,7 @@ def synthetic_reward(completions, completion_ids, **kwargs) -> list[float]:
 def make_prompts(num: int, prompt_length: int, seed: int):
     """The arithmetic task's prompts, each padded with filler text to about `prompt_length` tokens (the in-code
     tokenizer is character-level, so characters ~ tokens)."""
-    from trl_groupopt.data import make_arithmetic_dataset
+    from trl_groupopt.offline import make_arithmetic_dataset
 
     dataset = make_arithmetic_dataset(num, seed=seed, split="train")
     filler = "think about each step and check the sum before you answer. "
@@ -559,7 +559,7 @@ def main(argv=None) -> dict:
     import torch
     import transformers
 
-    from trl_groupopt.data import build_tokenizer
+    from trl_groupopt.offline import build_tokenizer
 
     transformers.logging.set_verbosity_error()
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(

@@ -1,6 +1,6 @@
 """Sample efficiency of TRL GRPO/GSPO and the trl-groupopt methods on the synthetic arithmetic task.
 
-Every method trains the embedded tiny policy (`trl_groupopt.data.EMBEDDED_POLICY_PATH`, ~32% held-out greedy
+Every method trains the embedded tiny policy (`trl_groupopt.offline.EMBEDDED_POLICY_PATH`, ~32% held-out greedy
 accuracy) with the same budget, learning rate and schedule (`trl_groupopt.cli.DEMO_DEFAULTS`: lr 1e-4 constant,
 4 prompts x 4 completions per micro-batch, 2 micro-batches per step, completions up to 48 tokens, no KL), off-policy
 with `steps_per_generation = 4 x gradient_accumulation_steps` (each generation batch feeds 4 optimizer steps),
@@ -19,7 +19,7 @@ paper's defaults for its own knobs (clip ranges, transforms) and nothing else ch
 
 Recorded per run (method x seed): the training reward and entropy per logged step from `trainer.state.log_history`
 (the reward is logged once per generation batch, i.e. every steps_per_generation / gradient_accumulation_steps = 4
-steps), and held-out greedy accuracy (`trl_groupopt.data.greedy_accuracy` on the "test" split) at step 0 and every
+steps), and held-out greedy accuracy (`trl_groupopt.offline.greedy_accuracy` on the "test" split) at step 0 and every
 `--eval-every` steps. Summaries per method, mean and 95% Student-t CI over seeds:
 - final held-out accuracy;
 - steps to reach GRPO's final accuracy (the mean over GRPO's seeds): the first evaluation step at or above it, per
@@ -161,7 +161,7 @@ def run_one(method: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
     from transformers import PrinterCallback, TrainerCallback
 
     import trl_groupopt
-    from trl_groupopt import data, rewards
+    from trl_groupopt import offline, rewards
 
     transformers.logging.set_verbosity_error()
     label, config_name, trainer_name, _ = METHODS[method]
@@ -170,14 +170,14 @@ def run_one(method: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
         return getattr(trl, name.split(".", 1)[1]) if name.startswith("trl.") else getattr(trl_groupopt, name)
 
     config_cls, trainer_cls = resolve(config_name), resolve(trainer_name)
-    train_set = data.make_arithmetic_dataset(settings["num_train"], seed=0, split="train")
-    eval_set = data.make_arithmetic_dataset(settings["num_eval"], seed=0, split="test")
+    train_set = offline.make_arithmetic_dataset(settings["num_train"], seed=0, split="train")
+    eval_set = offline.make_arithmetic_dataset(settings["num_eval"], seed=0, split="test")
     accuracy: list[dict[str, Any]] = []
 
     with tempfile.TemporaryDirectory(prefix=f"se-{method}-{seed}-") as workdir:
         config = config_cls(**run_config(method, seed, settings, workdir))
         trainer = trainer_cls(
-            model=data.EMBEDDED_POLICY_PATH,
+            model=offline.EMBEDDED_POLICY_PATH,
             reward_funcs=[rewards.accuracy_reward, rewards.format_reward],
             args=config,
             train_dataset=train_set,
@@ -186,7 +186,7 @@ def run_one(method: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
 
         def evaluate(step: int) -> None:
             # Greedy decoding consumes no random numbers, so evaluating does not change the training samples.
-            result = data.greedy_accuracy(trainer.model, trainer.processing_class, eval_set,
+            result = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_set,
                                           max_new_tokens=config.max_completion_length)  # fmt: skip
             accuracy.append({"step": step, "accuracy": result["accuracy"], "format_rate": result["format_rate"]})
 
@@ -488,7 +488,7 @@ def main(argv=None) -> dict[str, Any]:
             "num_train": args.num_train,
             "num_eval": args.num_eval,
             "workers": args.workers,
-            "policy": "trl_groupopt.data.EMBEDDED_POLICY_PATH",
+            "policy": "trl_groupopt.offline.EMBEDDED_POLICY_PATH",
             "shared_config": {
                 k: v for k, v in example.items() if k not in ("output_dir", "seed", "model_init_kwargs")
             },

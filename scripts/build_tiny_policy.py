@@ -1,6 +1,6 @@
 """Build the embedded tiny policy shipped in trl_groupopt/assets/tiny_policy.
 
-Builds the tokenizer in code (trl_groupopt.data.build_tokenizer), SFT-pretrains a 1.06 M-parameter
+Builds the tokenizer in code (trl_groupopt.offline.build_tokenizer), SFT-pretrains a 1.06 M-parameter
 LlamaForCausalLM (hidden 128, intermediate 512, 4 layers, 4 heads, tied embeddings, fp32) on the
 synthetic arithmetic task with plain torch on ONE CPU thread, evaluates greedy accuracy on the
 200 held-out test prompts every 100 steps (every 25 once it reaches 5%: accuracy can climb ~30
@@ -39,7 +39,7 @@ torch.set_num_threads(1)  # 2 threads on a 2-core shared machine ran 50x slower 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trl_groupopt.data import (  # noqa: E402
+from trl_groupopt.offline import (  # noqa: E402
     EMBEDDED_POLICY_PATH,
     arithmetic_chain_of_thought,
     arithmetic_problems,

@@ -27,7 +27,7 @@ torch.set_num_threads(1)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trl_groupopt.data import (  # noqa: E402
+from trl_groupopt.offline import (  # noqa: E402
     EMBEDDED_POLICY_PATH,
     greedy_accuracy,
     load_embedded_policy,

@@ -11,7 +11,7 @@ import torch
 from datasets import Dataset
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from trl_groupopt.data import build_tokenizer, make_arithmetic_dataset
+from trl_groupopt.offline import build_tokenizer, make_arithmetic_dataset
 
 
 def tiny_tokenizer():

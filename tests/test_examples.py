@@ -83,7 +83,7 @@ def test_base_trainer_two_steps_on_embedded_policy(tmp_path):
     from safetensors.torch import load_file
 
     from trl_groupopt.cli import train
-    from trl_groupopt.data import EMBEDDED_POLICY_PATH
+    from trl_groupopt.offline import EMBEDDED_POLICY_PATH
 
     trainer = train("grpo", ["--max_steps", "2", "--logging_steps", "1", "--evaluate_accuracy", "false",
                              "--num_train_examples", "64", "--output_dir", str(tmp_path)])  # fmt: skip

@@ -1,7 +1,7 @@
 """The Colab notebook runs end to end in its smoke mode, for every METHOD, offline on CPU.
 
 `TRL_GROUPOPT_SMOKE=1` makes `notebooks/trl_groupopt_colab.ipynb` skip the pip install, the Hub login, the GSM8K and
-Qwen downloads and the push, and train the embedded tiny policy (`trl_groupopt.data.EMBEDDED_POLICY_PATH`) on the
+Qwen downloads and the push, and train the embedded tiny policy (`trl_groupopt.offline.EMBEDDED_POLICY_PATH`) on the
 synthetic arithmetic task for 2 steps on CPU; `TRL_GROUPOPT_METHOD` selects the method. Every other cell (dataset
 mapping to conversational prompts, LoRA, the METHOD switch, rewards, config, training, memory stats, reward plot,
 model card, inference and accuracy) runs as a Colab user would run it. What smoke mode cannot check: the install
@@ -38,7 +38,7 @@ def test_notebook_structure():
     assert "colab.research.google.com/assets/colab-badge.svg" in nb.cells[0].source
     assert "## Key ideas" in text and "| Component | Size |" in text  # key ideas, memory table
     assert "!pip install" in text and "notebook_login()" in text and "trainer.push_to_hub(" in text
-    assert 'load_dataset(dataset_name, "main")' in text and "data.gsm8k_to_conversational" in text
+    assert 'load_dataset(dataset_name, "main")' in text and "adapters.gsm8k_to_conversational" in text
     assert '"Qwen/Qwen2.5-0.5B-Instruct"' in text and "LoraConfig(" in text and "peft_config=peft_config" in text
     assert "from trl_groupopt.rewards import accuracy_reward, format_reward" in text
     for method in METHODS:

@@ -14,20 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_groupopt.data import (
-    BOXED_SYSTEM_PROMPT,
+from trl_groupopt.adapters import BOXED_SYSTEM_PROMPT, gsm8k_to_conversational, math_to_conversational
+from trl_groupopt.offline import (
     EMBEDDED_POLICY_PATH,
     arithmetic_chain_of_thought,
     arithmetic_problems,
     build_tokenizer,
-    extract_last_boxed,
     greedy_accuracy,
-    gsm8k_to_conversational,
     load_embedded_policy,
     make_arithmetic_dataset,
-    math_to_conversational,
 )
-from trl_groupopt.rewards import accuracy_reward, format_reward
+from trl_groupopt.rewards import accuracy_reward, extract_last_boxed, format_reward
 
 GSM8K_ROW = {
     "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "

@@ -7,7 +7,8 @@ ratio, sqrt(t) log-space clip) and OTB (optimal token baseline). The math lives 
 torch functions; the trainers in `trl_groupopt.trainers` share one `_compute_loss`.
 """
 
-from .trainers import (
+from .registry import METHODS, MethodSpec, get_method, register_method
+from .trainers import (  # importing the trainers registers them in METHODS
     CTPOConfig,
     CTPOTrainer,
     DFPOConfig,
@@ -22,6 +23,7 @@ from .trainers import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "METHODS", "MethodSpec", "get_method", "register_method",
     "CTPOConfig", "CTPOTrainer", "DFPOConfig", "DFPOTrainer", "ECHOConfig", "ECHOTrainer", "GroupOptTrainer",
     "OTBConfig", "OTBTrainer", "__version__",
 ]  # fmt: skip

@@ -3,7 +3,7 @@
 TRL's example-script conventions: `TrlParser((ScriptArguments, <Method>Config, ModelConfig))`, so `--config x.yaml`
 and every `GRPOConfig` flag (`--use_vllm --vllm_mode colocate`, `--use_peft --lora_r ...`, `--push_to_hub`) work
 unchanged. With no `--model_name_or_path`, it trains the embedded tiny policy on the synthetic arithmetic task,
-offline, with CPU-friendly defaults (measured in offline-demo notes: fp32, no gradient checkpointing, lr 1e-4) and
+offline, with CPU-friendly defaults (fp32, no gradient checkpointing, lr 1e-4) and
 an off-policy schedule (`steps_per_generation` > `gradient_accumulation_steps`) so the clipping methods act.
 Precedence: command line > `--config` YAML > demo defaults > the config class's defaults.
 """
@@ -17,19 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config
+from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
-from . import data, rewards
-from .trainers import CTPOConfig, CTPOTrainer, DFPOConfig, DFPOTrainer, ECHOConfig, ECHOTrainer, OTBConfig, OTBTrainer
+from . import adapters, offline, rewards, trainers  # noqa: F401  (importing trainers registers the methods)
+from .registry import METHODS, get_method
 from .trainers.base import GroupOptTrainer
-
-METHODS: dict[str, tuple[type[GRPOConfig], type[GroupOptTrainer]]] = {
-    "echo": (ECHOConfig, ECHOTrainer),
-    "dfpo": (DFPOConfig, DFPOTrainer),
-    "ctpo": (CTPOConfig, CTPOTrainer),
-    "otb": (OTBConfig, OTBTrainer),
-    "grpo": (GRPOConfig, GroupOptTrainer),  # the base trainer: TRL's GRPO objective through our loss path
-}
 
 #: Defaults for the embedded-policy demo (no model given): fast on a 2-core CPU, off-policy.
 DEMO_DEFAULTS = dict(
@@ -78,14 +70,15 @@ def _model_given(argv: Sequence[str]) -> bool:
 def parse(method: str, argv: Sequence[str] | None = None):
     """(script_args, training_args, model_args, demo) for `method` from argv (default: sys.argv[1:])."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    config_cls, _ = METHODS[method]
-    parser_types = (DemoScriptArguments, config_cls, ModelConfig)
+    spec = get_method(method)
+    parser_types = (DemoScriptArguments, spec.config_class, ModelConfig)
     demo = not _model_given(argv)
     parser = TrlParser(parser_types)
+    parser.set_defaults(**spec.config_defaults)  # a mode's settings (GRPO-fix); the command line still wins
     if demo:
         parser.set_defaults(
             **DEMO_DEFAULTS,
-            model_name_or_path=data.EMBEDDED_POLICY_PATH,
+            model_name_or_path=offline.EMBEDDED_POLICY_PATH,
             output_dir=os.path.join("outputs", f"{method}-demo"),
             use_cpu=not torch.cuda.is_available(),
         )
@@ -96,14 +89,14 @@ def parse(method: str, argv: Sequence[str] | None = None):
 def load_datasets(script_args: DemoScriptArguments, demo: bool):
     """(train, eval) conversational prompt datasets with a `solution` column."""
     if script_args.dataset_name is None:
-        train = data.make_arithmetic_dataset(script_args.num_train_examples, seed=0, split="train")
-        test = data.make_arithmetic_dataset(script_args.num_eval_examples, seed=0, split="test")
+        train = offline.make_arithmetic_dataset(script_args.num_train_examples, seed=0, split="train")
+        test = offline.make_arithmetic_dataset(script_args.num_eval_examples, seed=0, split="test")
         return train, test
     from datasets import load_dataset
 
     dataset = load_dataset(script_args.dataset_name, script_args.dataset_config)
     name = script_args.dataset_name.lower()
-    adapter = data.gsm8k_to_conversational if "gsm8k" in name else data.math_to_conversational
+    adapter = adapters.gsm8k_to_conversational if "gsm8k" in name else adapters.math_to_conversational
     train = dataset[script_args.dataset_train_split]
     if "prompt" not in train.column_names or "solution" not in train.column_names:
         train = train.map(adapter, remove_columns=train.column_names)
@@ -112,9 +105,9 @@ def load_datasets(script_args: DemoScriptArguments, demo: bool):
 
 def train(method: str, argv: Sequence[str] | None = None) -> GroupOptTrainer:
     script_args, training_args, model_args, demo = parse(method, argv)
-    _, trainer_cls = METHODS[method]
+    trainer_cls = get_method(method).trainer_class
     if training_args.use_cpu:
-        torch.set_num_threads(1)  # on small CPUs one thread is much faster (offline-demo notes)
+        torch.set_num_threads(1)  # on small CPUs one thread is much faster than torch's default
 
     # As TRL's grpo.py: model kwargs from ModelConfig (trust_remote_code lives on the training config, default False).
     model_init_kwargs = dict(
@@ -135,10 +128,10 @@ def train(method: str, argv: Sequence[str] | None = None) -> GroupOptTrainer:
     )
     evaluate = demo and script_args.evaluate_accuracy and eval_dataset is not None
     if evaluate:
-        before = data.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
+        before = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
     trainer.train()
     if evaluate:
-        after = data.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
+        after = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
         if trainer.accelerator.is_main_process:
             print(f"[{method}] held-out greedy accuracy ({len(eval_dataset)} prompts): {before:.1%} -> {after:.1%}")
     trainer.save_model(training_args.output_dir)

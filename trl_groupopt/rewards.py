@@ -6,24 +6,19 @@ are accepted. Dataset columns arrive as keyword arguments (``solution=...``), an
 also passes ``prompts``, ``completion_ids``, ``trainer_state``, ``log_extra`` and ``log_metric``,
 which are accepted and, except ``log_extra``, ignored.
 
-- :func:`accuracy_reward`: math-verify equivalence of the completion's boxed answer with the gold
-  ``solution``, with the same parsing as ``trl.rewards.accuracy_reward`` (TRL 1.16): the gold is
-  parsed with math-verify's default extraction (``\boxed{N}`` or a plain final answer such as
-  ``"42"``); an unparseable gold gives ``None`` (the trainer skips the example); the completion is
-  parsed with ``LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)``,
-  so a bare number without ``\boxed{}`` (or ``$...$``/"final answer is") scores 0: format matters.
+- :func:`accuracy_reward`: ``trl.rewards.accuracy_reward`` (math-verify; the answer must be boxed, an
+  unparseable gold gives ``None``), wrapped to accept every completion shape.
 - :func:`format_reward`: 1.0 iff the completion has exactly one well-formed ``\boxed{...}`` and
   it ends the completion (rule in its docstring).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["accuracy_reward", "completion_text", "format_reward"]
+__all__ = ["accuracy_reward", "closing_brace", "completion_text", "extract_last_boxed", "format_reward"]
 
 BOXED = "\\boxed{"
 # Characters allowed after the closing brace of the final \boxed{...}: whitespace, a full stop,
@@ -50,88 +45,55 @@ def completion_text(completion: str | Sequence[dict[str, Any]]) -> str:
 
 def accuracy_reward(
     completions: Sequence[str | Sequence[dict[str, Any]]],
-    solution: Sequence[str],
+    solution: Sequence[str | None],
     log_extra: Callable[[str, list], None] | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
-    r"""1.0 if the completion's boxed answer is math-equivalent to the gold ``solution``, else 0.0.
+    r"""``trl.rewards.accuracy_reward`` (math-verify; boxed answer first) for any completion shape.
 
-    Same parsing and verification as ``trl.rewards.accuracy_reward`` (TRL 1.16):
-    ``gold = parse(solution)`` with math-verify's defaults (``\boxed{-11}``, ``-11``,
-    ``\frac{1}{2}`` all parse); if nothing parses the reward is ``None`` (skipped by the trainer,
-    never counted as wrong). Otherwise the completion is parsed with
-    ``LatexExtractionConfig(NormalizationConfig(units=True), boxed_match_priority=0,
-    try_extract_without_anchor=False)`` in ``first_match`` mode and compared with ``verify``.
+    TRL's function reads ``completion[0]["content"]`` of conversational completions only; this wrapper also
+    accepts plain strings (standard datasets), multi-message completions (the last message is scored, see
+    :func:`completion_text`) and ``None`` solutions (unparseable gold: reward ``None``, skipped by the trainer).
     The answer must be boxed (or in an anchored LaTeX form): ``"... -11"`` scores 0.
-
-    Args:
-        completions: conversational completions (lists of message dicts) or plain strings.
-        solution: gold answers, one per completion (the dataset's ``solution`` column).
-        log_extra: provided by GRPOTrainer; logs the gold/parsed answers to the completions table.
     """
-    from latex2sympy2_extended import NormalizationConfig
-    from math_verify import LatexExtractionConfig, parse, verify
+    from trl.rewards import accuracy_reward as trl_accuracy_reward
 
     if len(completions) != len(solution):
         raise ValueError(f"got {len(completions)} completions but {len(solution)} solutions")
-    # math-verify times out with signal.alarm, which only works in the main thread.
-    is_main_thread = threading.current_thread() is threading.main_thread()
-    parsing_timeout = 10 if is_main_thread else None
-    verify_timeout = 5 if is_main_thread else None
-    if not is_main_thread:
-        logging.getLogger("math_verify.parser").setLevel(logging.ERROR)
-        logging.getLogger("math_verify.grader").setLevel(logging.ERROR)
-    answer_config = [
-        LatexExtractionConfig(
-            normalization_config=NormalizationConfig(units=True),
-            boxed_match_priority=0,  # boxed first
-            try_extract_without_anchor=False,  # a bare number is not an answer
-        )
-    ]
-
-    gold_cache: dict[str, list] = {}  # each solution repeats num_generations times
-    rewards: list[float | None] = []
-    gold_strs: list[str] = []
-    answer_strs: list[str] = []
-    for completion, sol in zip(completions, solution):
-        sol = "" if sol is None else str(sol)
-        if sol not in gold_cache:
-            gold_cache[sol] = parse(sol, parsing_timeout=parsing_timeout)
-        gold = gold_cache[sol]
-        if len(gold) == 0:
-            rewards.append(None)
-            gold_strs.append("[unparseable]")
-            answer_strs.append("[skipped]")
-            continue
-        answer = parse(
-            completion_text(completion),
-            extraction_config=answer_config,
-            extraction_mode="first_match",
-            parsing_timeout=parsing_timeout,
-        )
-        rewards.append(float(verify(gold, answer, timeout_seconds=verify_timeout)))
-        gold_strs.append(str(gold))
-        answer_strs.append(str(answer) if answer else "[unparseable]")
-
-    if log_extra is not None:
-        log_extra("solution", [str(s) for s in solution])
-        log_extra("gold_parsed", gold_strs)
-        log_extra("answer_parsed", answer_strs)
-    return rewards
+    messages = [[{"role": "assistant", "content": completion_text(c)}] for c in completions]
+    gold = ["" if s is None else str(s) for s in solution]
+    return trl_accuracy_reward(messages, gold, log_extra=log_extra, **kwargs)
 
 
-def _boxed_span(text: str, start: int) -> int | None:
-    """Index just past the brace closing the ``\\boxed{`` at ``start``; None if unbalanced."""
-    depth, i = 1, start + len(BOXED)
-    while i < len(text):
+def closing_brace(text: str, start: int) -> int | None:
+    """Index of the ``}`` that closes a ``{`` opened just before ``text[start]``; None if unbalanced."""
+    depth = 1
+    for i in range(start, len(text)):
         if text[i] == "{":
             depth += 1
         elif text[i] == "}":
             depth -= 1
             if depth == 0:
-                return i + 1
-        i += 1
+                return i
     return None
+
+
+_BOXED_START = re.compile(r"\\(?:boxed|fbox)\s*(\{|\s+(\S+))")
+
+
+def extract_last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces matched.
+
+    ``\\boxed 5`` (no braces) gives ``"5"``; returns ``None`` when there is none or it is unclosed.
+    """
+    starts = list(_BOXED_START.finditer(text))
+    if not starts:
+        return None
+    m = starts[-1]
+    if m.group(1) != "{":  # "\boxed 5": a bare token
+        return m.group(2).rstrip("$.")
+    end = closing_brace(text, m.end())
+    return None if end is None else text[m.end() : end]
 
 
 def format_reward(completions: Sequence[str | Sequence[dict[str, Any]]], **kwargs: Any) -> list[float]:
@@ -152,12 +114,8 @@ def format_reward(completions: Sequence[str | Sequence[dict[str, Any]]], **kwarg
         text = completion_text(completion)
         ok = text.count(BOXED) == 1
         if ok:
-            start = text.index(BOXED)
-            end = _boxed_span(text, start)
-            ok = (
-                end is not None
-                and text[start + len(BOXED) : end - 1].strip() != ""
-                and all(ch in _TRAILING_OK for ch in text[end:])
-            )
+            start = text.index(BOXED) + len(BOXED)
+            end = closing_brace(text, start)
+            ok = end is not None and text[start:end].strip() != "" and all(ch in _TRAILING_OK for ch in text[end + 1 :])
         rewards.append(1.0 if ok else 0.0)
     return rewards

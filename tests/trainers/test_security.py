@@ -12,6 +12,7 @@ Findings fixed here (in `TokenSafeConfigMixin`, trainers/base.py):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -33,6 +34,7 @@ from trl_groupopt import (
     OTBConfig,
     OTBTrainer,
     cli,
+    registry,
 )
 from trl_groupopt.trainers.base import GroupOptTrainer
 
@@ -87,7 +89,8 @@ def test_example_script_passes_trust_remote_code_false_to_the_model_loader(monke
         captured.update(kwargs)
         raise Stop
 
-    monkeypatch.setitem(cli.METHODS, "echo", (ECHOConfig, fake_trainer))
+    spec = dataclasses.replace(registry.get_method("echo"), trainer_class=fake_trainer)
+    monkeypatch.setitem(registry._METHODS, "echo", spec)
     with pytest.raises(Stop):
         cli.train("echo", ["--model_name_or_path", "some-org/some-model", "--output_dir", "unused", "--use_cpu",
                            "--bf16", "false", "--num_train_examples", "8"])  # fmt: skip

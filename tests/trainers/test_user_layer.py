@@ -26,6 +26,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from tests.helpers import clone_model, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
 from trl_groupopt import (
+    METHODS,
     CTPOConfig,
     CTPOTrainer,
     DFPOConfig,
@@ -36,7 +37,7 @@ from trl_groupopt import (
     OTBConfig,
     OTBTrainer,
 )
-from trl_groupopt.cli import METHODS, parse
+from trl_groupopt.cli import parse
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "trl_groupopt"
 OUR_TRAINERS = (GroupOptTrainer, ECHOTrainer, DFPOTrainer, CTPOTrainer, OTBTrainer)
@@ -158,7 +159,7 @@ SERVER_URL_ARGV = ["--use_vllm", "--vllm_mode", "server", "--vllm_server_base_ur
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_cli_vllm_flags_reach_the_config(method):
     """`trl_groupopt.cli.parse` (behind examples/train_<method>.py) turns TRL's vLLM flags into the method's config."""
-    config_cls = METHODS[method][0]
+    config_cls = METHODS[method].config_class
 
     _, args, _, _ = parse(method, COLOCATE_ARGV)
     assert type(args) is config_cls

@@ -1,4 +1,4 @@
-"""Shared pieces of the pure objectives: the output type and masked / group reductions.
+"""Shared pieces of the pure objectives: the output type, the objective protocol, masked / group reductions.
 
 Everything here is plain torch: no TRL, no accelerate, no trainer state. Reductions never
 divide by zero: an empty mask (a row, a batch, a group with no valid token) reduces to 0.
@@ -7,6 +7,7 @@ divide by zero: an empty mask (a row, a batch, a group with no valid token) redu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -27,6 +28,19 @@ class ObjectiveOutput:
 
     per_token_loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
+class ObjectiveFn(Protocol):
+    """The signature every policy objective in `trl_groupopt.objectives` has (hyper-parameters are keywords).
+
+    Shapes: `per_token_logps`, `old_per_token_logps`, `mask` (B, T); `advantages` (B,) or (B, T). The trainer binds
+    the method's hyper-parameters from its config (e.g. `functools.partial(ctpo_loss, epsilon_low=...)`) and calls
+    the result from `GroupOptTrainer.objective`; group-coupled objectives also take `group_ids` (B,).
+    """
+
+    def __call__(
+        self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor, /, **kwargs
+    ) -> ObjectiveOutput: ...
 
 
 def compute_dtype(*tensors: Tensor | None) -> torch.dtype:

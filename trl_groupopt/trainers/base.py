@@ -36,6 +36,7 @@ from trl.trainer.utils import (
 )
 
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss, log_importance_weights
+from ..registry import register_method
 
 # The loss types whose aggregation `_compute_loss` reproduces. TRL's cispo/sapo/vespo replace the surrogate itself,
 # so they cannot be combined with another objective.
@@ -458,3 +459,13 @@ class GroupOptTrainer(GRPOTrainer):
                 logged = name + "_mean" if name in _CLIP_METRICS else name
                 gathered = self.accelerator.gather(value.float().reshape(1).to(self.accelerator.device))
                 self._metrics[mode][logged].append(gathered.nanmean().item())
+
+
+register_method(
+    "grpo",
+    config_class=GRPOConfig,
+    trainer_class=GroupOptTrainer,
+    paper="arXiv:2402.03300",
+    headline_metric="clip_ratio/region_mean",
+    summary="TRL's GRPO objective through the shared loss path (the baseline)",
+)

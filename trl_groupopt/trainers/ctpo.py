@@ -16,6 +16,7 @@ from trl import GRPOConfig
 
 from ..objectives.common import ObjectiveOutput
 from ..objectives.ctpo import ctpo_loss
+from ..registry import register_method
 from .base import GroupOptTrainer, TokenSafeConfigMixin
 
 
@@ -104,3 +105,13 @@ class CTPOTrainer(GroupOptTrainer):
             epsilon_c=self.args.ctpo_dual_clip,
             position_power=self.args.ctpo_position_power,
         )
+
+
+register_method(
+    "ctpo",
+    config_class=CTPOConfig,
+    trainer_class=CTPOTrainer,
+    paper="arXiv:2605.07331",
+    headline_metric="ctpo/dual_clip",
+    summary="cumulative-prefix token ratio with position-adaptive log-space clipping",
+)

@@ -15,6 +15,7 @@ from trl import GRPOConfig
 
 from ..objectives.common import ObjectiveOutput
 from ..objectives.dfpo import dfpo_loss, symmetric_clip_loss
+from ..registry import register_method
 from .base import GroupOptTrainer, TokenSafeConfigMixin
 
 DFPO_TRANSFORMS = ("none", "min_replace", "orth_proj", "orth_proj_qp")
@@ -134,3 +135,21 @@ class DFPOTrainer(GroupOptTrainer):
             orth_floor=self.args.dfpo_orth_floor,
         )
 
+
+register_method(
+    "dfpo",
+    config_class=DFPOConfig,
+    trainer_class=DFPOTrainer,
+    paper="arXiv:2604.13088",
+    headline_metric="dfpo/shrink",
+    summary="GSPO sequence ratios re-weighted inside each group to restore token-gradient cancellation",
+)
+register_method(
+    "grpo_fix",
+    config_class=DFPOConfig,
+    trainer_class=DFPOTrainer,
+    paper="arXiv:2604.13088 (App. H)",
+    headline_metric="dfpo/sym_clip_ratio",
+    config_defaults={"dfpo_transform": GRPO_FIX},
+    summary="GRPO with the symmetric clip -A * clip(r, 0, 1 + epsilon_high) for both advantage signs (Eq. 80)",
+)

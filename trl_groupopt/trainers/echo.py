@@ -16,6 +16,7 @@ from trl import GRPOConfig
 
 from ..objectives.common import ObjectiveOutput
 from ..objectives.echo import echo_batch_ratio_coupling, echo_loss
+from ..registry import register_method
 from .base import GroupOptTrainer, TokenSafeConfigMixin
 
 BATCH_RATIO_SCOPES = ("micro_batch", "global")
@@ -138,3 +139,13 @@ class ECHOTrainer(GroupOptTrainer):
                 coupling = echo_batch_ratio_coupling(per_token_logps, old_per_token_logps, advantages, mask, **kwargs)
                 kwargs["coupling_sum"] = self.accelerator.reduce(coupling.float().reshape(1), reduction="sum")[0]
         return echo_loss(per_token_logps, old_per_token_logps, advantages, mask, **kwargs)
+
+
+register_method(
+    "echo",
+    config_class=ECHOConfig,
+    trainer_class=ECHOTrainer,
+    paper="ECHO (batch-level clipping, token-level IS)",
+    headline_metric="echo/batch_clipped",
+    summary="token ratios times clip(R)/sg(R), R the geometric batch ratio",
+)

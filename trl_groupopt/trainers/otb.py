@@ -26,6 +26,7 @@ from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head
 
 from ..objectives.common import group_mean, masked_mean
 from ..objectives.otb import energy_from_log_probs, otb_advantages
+from ..registry import register_method
 from .base import GroupOptTrainer, TokenSafeConfigMixin
 
 
@@ -184,3 +185,13 @@ class OTBTrainer(GroupOptTrainer):
             "otb/grad_second_moment_group_mean_baseline": masked_mean(group_adv**2 * energy, valid),
         }
         self._log_objective_metrics({k: v.detach() for k, v in metrics.items()}, mask, mode)
+
+
+register_method(
+    "otb",
+    config_class=OTBConfig,
+    trainer_class=OTBTrainer,
+    paper="arXiv:2602.07078",
+    headline_metric="otb/grad_second_moment",
+    summary="advantages G_i - b_t with the optimal token baseline from the logit-gradient energy",
+)

@@ -1,0 +1,94 @@
+"""The embedded tiny pretrained policy shipped in ``trl_groupopt/assets/tiny_policy``.
+
+Built by ``scripts/build_tiny_policy.py``; loads from the package directory with ``local_files_only=True``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+EMBEDDED_POLICY_PATH: str = str(Path(__file__).resolve().parent.parent / "assets" / "tiny_policy")
+
+
+def load_embedded_policy(path: str | os.PathLike | None = None):
+    """Load the shipped tiny policy: ``(LlamaForCausalLM, tokenizer)``, offline, fp32, eval mode.
+
+    A 1.06 M-parameter Llama SFT-trained on the arithmetic task (see the asset's README.md for
+    how it was built and its measured greedy accuracy). Loads from the package directory with
+    ``local_files_only=True``: no Hub access.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(path or EMBEDDED_POLICY_PATH)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    model.eval()
+    return model, tokenizer
+
+
+def greedy_accuracy(
+    model,
+    tokenizer,
+    dataset,
+    *,
+    max_new_tokens: int = 48,
+    batch_size: int = 200,
+    return_completions: bool = False,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+) -> dict[str, Any]:
+    """Greedy-decoding accuracy of ``model`` on a prompt/solution dataset.
+
+    Renders each ``prompt`` with the chat template (generation prompt), decodes greedily up to
+    ``max_new_tokens`` (left padding, batches of ``batch_size``), and scores the decoded text with
+    :func:`trl_groupopt.rewards.accuracy_reward` (math-verify, boxed answer required) and
+    :func:`trl_groupopt.rewards.format_reward`. With ``do_sample=True`` it samples at
+    ``temperature`` instead (pure sampling: top-k/top-p off), i.e. the accuracy GRPO's rollouts
+    see; seed torch first for a reproducible number.
+
+    Returns:
+        ``{"accuracy", "format_rate", "num_examples", "num_scored"}`` (+ ``"completions"``);
+        accuracy averages over examples whose gold parses.
+    """
+    import torch
+
+    from ..rewards import accuracy_reward, format_reward
+
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    gen_kwargs = (
+        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if do_sample else {"do_sample": False}
+    )
+    completions: list[str] = []
+    prompts = list(dataset["prompt"])
+    with torch.no_grad():
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start : start + batch_size]
+            texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in chunk]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+            out = model.generate(
+                **enc,
+                **gen_kwargs,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            completions += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    if was_training:
+        model.train()
+    acc = accuracy_reward(completions, list(dataset["solution"]))
+    fmt = format_reward(completions)
+    scored = [a for a in acc if a is not None]
+    result: dict[str, Any] = {
+        "accuracy": sum(scored) / len(scored) if scored else float("nan"),
+        "format_rate": sum(fmt) / len(fmt) if fmt else float("nan"),
+        "num_examples": len(completions),
+        "num_scored": len(scored),
+    }
+    if return_completions:
+        result["completions"] = completions
+    return result

@@ -1,0 +1,130 @@
+"""The character-level tokenizer of the synthetic arithmetic task, built in code (no download)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+# Role markers of the chat template: single tokens, registered as additional special tokens so
+# `decode(..., skip_special_tokens=True)` drops them like any chat model's markers.
+ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+# Multi-character words that get one token each (the answer wrapper and the task's verb).
+WORD_TOKENS = ["\\boxed{", "Compute"]
+CHAR_TOKENS = (
+    list("0123456789")
+    + list("+-*/=.,:?()[]{}^$\\")
+    + [" ", "\n"]
+    + list("abcdefghijklmnopqrstuvwxyz")
+)
+
+# Jinja chat template: bos, one line per system/user turn, assistant turn closed by eos; with
+# add_generation_prompt the rendered prompt ends at the assistant marker, so it is an exact token
+# prefix of the full conversation (asserted in tests/test_offline_kit.py).
+CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}{{ '<|system|>' + message['content'] + '\\n' }}"
+    "{%- elif message['role'] == 'user' %}{{ '<|user|>' + message['content'] + '\\n' }}"
+    "{%- elif message['role'] == 'assistant' %}{{ '<|assistant|>' + message['content'] + eos_token }}"
+    "{%- else %}{{ raise_exception('Unsupported role: ' + message['role']) }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|assistant|>' }}{%- endif %}"
+)
+
+
+def _vocabulary() -> dict[str, int]:
+    tokens = SPECIAL_TOKENS + ROLE_TOKENS + WORD_TOKENS + CHAR_TOKENS
+    if len(set(tokens)) != len(tokens):  # a duplicate would silently alias two ids
+        raise ValueError("duplicate token in the tiny vocabulary")
+    return {tok: i for i, tok in enumerate(tokens)}
+
+
+def build_tokenizer():
+    """Build the character-level tokenizer of the synthetic task, in code (no download).
+
+    A ``tokenizers`` ``WordLevel`` model over ~70 symbols (specials ``<pad> <bos> <eos> <unk>``,
+    role markers, ``\\boxed{`` and ``Compute`` as single tokens, digits, operators, punctuation,
+    space, newline and ``a``-``z``). A ``Split`` pre-tokenizer isolates the multi-character words
+    or any single character (``[\\s\\S]``: oniguruma has no ``(?s:.)``), so every character outside
+    the vocabulary (upper case, unicode) becomes one ``<unk>`` and GSM8K/MATH text still
+    tokenizes. ``decoders.Fuse()`` joins tokens back without spaces, so ``decode(encode(s)) == s``
+    for text inside the vocabulary. Left padding (generation), no post-processor: the chat
+    template writes ``<bos>`` itself, so ``add_special_tokens`` never doubles it.
+
+    Returns:
+        ``transformers.PreTrainedTokenizerFast`` with bos/eos/pad/unk set and :data:`CHAT_TEMPLATE`.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = _vocabulary()
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    words = SPECIAL_TOKENS + ROLE_TOKENS + WORD_TOKENS
+    pattern = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r"|[\s\S]"
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    # Specials and role markers are matched before pre-tokenization and marked special.
+    tok.add_special_tokens(SPECIAL_TOKENS + ROLE_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=list(ROLE_TOKENS),
+        padding_side="left",
+        truncation_side="left",
+        chat_template=CHAT_TEMPLATE,
+        model_input_names=["input_ids", "attention_mask"],
+        clean_up_tokenization_spaces=False,  # would rewrite " ." and break exact decoding
+        model_max_length=256,
+    )
+
+
+def save_tokenizer(tokenizer, path: str | os.PathLike) -> None:
+    """Save ``tokenizer`` so it loads on transformers 5.x and on 4.57.
+
+    transformers 5 writes ``tokenizer_class: TokenizersBackend``, a ``backend`` key and
+    ``extra_special_tokens`` as a list, none of which 4.57 reads; 4.57 would also return
+    ``token_type_ids``, which GRPOTrainer passes on to ``generate()``. So the saved
+    ``tokenizer_config.json`` is rewritten: ``tokenizer_class: PreTrainedTokenizerFast``, the role
+    markers as ``additional_special_tokens``, no ``backend`` key, ``model_input_names`` =
+    ``["input_ids", "attention_mask"]``.
+    """
+    path = Path(path)
+    tokenizer.save_pretrained(str(path))
+    cfg_path = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg.pop("backend", None)
+    extra = cfg.pop("extra_special_tokens", None)
+    if isinstance(extra, dict):  # the 4.x meaning of the key (named specials): keep as is
+        cfg["extra_special_tokens"] = extra
+    cfg["additional_special_tokens"] = list(ROLE_TOKENS)
+    cfg["model_input_names"] = ["input_ids", "attention_mask"]
+    cfg["padding_side"] = "left"
+    cfg["clean_up_tokenization_spaces"] = False
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        cfg[name] = getattr(tokenizer, name)
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    # Both versions read chat_template.jinja; keep the template inline too for older readers.
+    if not (path / "chat_template.jinja").exists():
+        (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    # 4.x also reads special_tokens_map.json; keep it consistent with the config.
+    (path / "special_tokens_map.json").write_text(
+        json.dumps(
+            {
+                "bos_token": tokenizer.bos_token,
+                "eos_token": tokenizer.eos_token,
+                "pad_token": tokenizer.pad_token,
+                "unk_token": tokenizer.unk_token,
+                "additional_special_tokens": list(ROLE_TOKENS),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
