@@ -241,8 +241,12 @@ def test_zero_tail_rule_is_verl_positional_on_valid_counts():
     mask = torch.tensor([[1, 0, 0, 1, 1, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.float64)
     energy = torch.ones(2, 6, dtype=torch.float64)
     out = otb_advantages(
-        torch.tensor([1.0, 0.0], dtype=torch.float64), energy, mask, torch.tensor([0, 0]),
-        handle_zero_tail=True, token_positions="absolute",
+        torch.tensor([1.0, 0.0], dtype=torch.float64),
+        energy,
+        mask,
+        torch.tensor([0, 0]),
+        handle_zero_tail=True,
+        token_positions="absolute",
     )
     w0, w1 = torch.tensor([1.0, 1, 1, 2, 3, 3]), torch.arange(1.0, 7.0)
     b = mask[0] * w0 / (mask[0] * w0 + w1 + 1e-8)  # (m0 W0 * 1 + W1 * 0) / (m0 W0 + W1)
@@ -383,7 +387,11 @@ def test_valid_positions_hand_example():
     (G=2); row 1 generates 4 tokens (G=0). Its 3rd generated token is compared with row 0's 3rd
     generated token (column 4), not with row 0's tool result at column 2."""
     mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.float64)
-    rewards, energy, ids = torch.tensor([2.0, 0.0], dtype=torch.float64), torch.ones(2, 6, dtype=torch.float64), torch.tensor([0, 0])
+    rewards, energy, ids = (
+        torch.tensor([2.0, 0.0], dtype=torch.float64),
+        torch.ones(2, 6, dtype=torch.float64),
+        torch.tensor([0, 0]),
+    )
     valid = otb_advantages(rewards, energy, mask, ids, token_positions="valid")
     # both rows have W_k = k + 1 at their k-th valid token: b_k = 2 (k+1) / (2 (k+1)) = 1 for k = 0..3
     expected = torch.tensor([[1, 1, 0, 0, 1, 1], [-1, -1, -1, -1, 0, 0]], dtype=torch.float64)
