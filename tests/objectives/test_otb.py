@@ -255,6 +255,48 @@ def test_zero_tail_rule_is_verl_positional_on_valid_counts():
     torch.testing.assert_close(out[0, 3:5], (1 - b[3:5]).double(), rtol=0, atol=1e-12)
 
 
+def test_advantages_dtypes_detached_and_garbage_padding():
+    rewards, energy, mask, ids, _ = _random_batch(3)
+    ref = otb_advantages(rewards, energy, mask, ids)
+    e32 = energy.float().requires_grad_(True)
+    out32 = otb_advantages(rewards.float(), e32, mask.bool(), ids)
+    assert out32.dtype == torch.float32 and not out32.requires_grad
+    torch.testing.assert_close(out32.double(), ref, rtol=1e-5, atol=1e-5)
+    out_bf16 = otb_advantages(rewards.float(), energy.bfloat16(), mask.long(), ids)
+    assert out_bf16.dtype == torch.float32 and torch.isfinite(out_bf16).all()
+    # NaN / inf energies at padded positions must not leak into the cumulative energy
+    dirty = energy.clone()
+    dirty[mask == 0] = float("nan")
+    torch.testing.assert_close(otb_advantages(rewards, dirty, mask, ids), ref, rtol=0, atol=0)
+    # all-masked batch and empty batch stay finite
+    assert (otb_advantages(rewards, energy, torch.zeros_like(mask), ids) == 0).all()
+    assert otb_advantages(
+        torch.zeros(0), torch.zeros(0, 4), torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)
+    ).shape == (0, 4)
+
+
+def test_advantages_input_errors():
+    r, e, m, g = torch.zeros(4), torch.ones(4, 3), torch.ones(4, 3), torch.tensor([0, 0, 1, 1])
+    with pytest.raises(ValueError, match="rewards"):
+        otb_advantages(r.view(4, 1), e, m, g)
+    with pytest.raises(ValueError, match="mask"):
+        otb_advantages(r, e, m[:, :2], g)
+    with pytest.raises(ValueError, match="group_ids"):
+        otb_advantages(r, e, m, g[:3])
+    with pytest.raises(ValueError, match="importance_weights"):
+        otb_advantages(r, e, m, g, importance_weights=torch.ones(4, 2))
+    with pytest.raises(ValueError, match="epsilon"):
+        otb_advantages(r, e, m, g, epsilon=0.0)
+    with pytest.raises(ValueError, match="token_positions"):
+        otb_advantages(r, e, m, g, token_positions="compact")
+    with pytest.raises(ValueError, match="finite or NaN"):
+        otb_advantages(torch.tensor([0.0, math.inf, 0.0, 0.0]), e, m, g)
+    with pytest.raises(ValueError, match=">= 0"):
+        otb_advantages(r, -e, m, g)
+    with pytest.raises(ValueError, match="finite"):
+        otb_advantages(r, torch.full((4, 3), math.nan), m, g)
+
+
 # --------------------------------------------------------------------------------------------------
 # Valid-token positions: a float64 loop port of verl's tool-use estimator
 # --------------------------------------------------------------------------------------------------
@@ -401,48 +443,6 @@ def test_valid_positions_hand_example():
     torch.testing.assert_close(absolute[1, 2:4], torch.zeros(2, dtype=torch.float64), rtol=0, atol=1e-8)
     torch.testing.assert_close(absolute[0, 4:], torch.zeros(2, dtype=torch.float64), rtol=0, atol=1e-7)
     assert float((valid - absolute).abs().max()) == pytest.approx(1.0, abs=1e-7)
-
-
-def test_advantages_dtypes_detached_and_garbage_padding():
-    rewards, energy, mask, ids, _ = _random_batch(3)
-    ref = otb_advantages(rewards, energy, mask, ids)
-    e32 = energy.float().requires_grad_(True)
-    out32 = otb_advantages(rewards.float(), e32, mask.bool(), ids)
-    assert out32.dtype == torch.float32 and not out32.requires_grad
-    torch.testing.assert_close(out32.double(), ref, rtol=1e-5, atol=1e-5)
-    out_bf16 = otb_advantages(rewards.float(), energy.bfloat16(), mask.long(), ids)
-    assert out_bf16.dtype == torch.float32 and torch.isfinite(out_bf16).all()
-    # NaN / inf energies at padded positions must not leak into the cumulative energy
-    dirty = energy.clone()
-    dirty[mask == 0] = float("nan")
-    torch.testing.assert_close(otb_advantages(rewards, dirty, mask, ids), ref, rtol=0, atol=0)
-    # all-masked batch and empty batch stay finite
-    assert (otb_advantages(rewards, energy, torch.zeros_like(mask), ids) == 0).all()
-    assert otb_advantages(
-        torch.zeros(0), torch.zeros(0, 4), torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)
-    ).shape == (0, 4)
-
-
-def test_advantages_input_errors():
-    r, e, m, g = torch.zeros(4), torch.ones(4, 3), torch.ones(4, 3), torch.tensor([0, 0, 1, 1])
-    with pytest.raises(ValueError, match="rewards"):
-        otb_advantages(r.view(4, 1), e, m, g)
-    with pytest.raises(ValueError, match="mask"):
-        otb_advantages(r, e, m[:, :2], g)
-    with pytest.raises(ValueError, match="group_ids"):
-        otb_advantages(r, e, m, g[:3])
-    with pytest.raises(ValueError, match="importance_weights"):
-        otb_advantages(r, e, m, g, importance_weights=torch.ones(4, 2))
-    with pytest.raises(ValueError, match="epsilon"):
-        otb_advantages(r, e, m, g, epsilon=0.0)
-    with pytest.raises(ValueError, match="token_positions"):
-        otb_advantages(r, e, m, g, token_positions="compact")
-    with pytest.raises(ValueError, match="finite or NaN"):
-        otb_advantages(torch.tensor([0.0, math.inf, 0.0, 0.0]), e, m, g)
-    with pytest.raises(ValueError, match=">= 0"):
-        otb_advantages(r, -e, m, g)
-    with pytest.raises(ValueError, match="finite"):
-        otb_advantages(r, torch.full((4, 3), math.nan), m, g)
 
 
 # --------------------------------------------------------------------------------------------------
