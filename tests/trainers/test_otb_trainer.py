@@ -276,6 +276,9 @@ def test_lora_behaviour_energy_is_the_adapted_policy_not_the_reference(tmp_path,
         (dict(epsilon=0.0), "epsilon must be > 0"),
         (dict(epsilon_high=-0.2), "epsilon_high must be > 0"),
         (dict(epsilon=float("nan")), "epsilon must be > 0"),
+        (dict(delta=0.0), "delta must be > 0"),
+        (dict(importance_sampling_level="tokens"), "importance_sampling_level must be 'token' or 'sequence'"),
+        (dict(scale_rewards="groups"), "scale_rewards must be"),
         (dict(otb_token_positions="compact"), "otb_token_positions must be one of"),
         (dict(otb_handle_zero_tail="yes"), "otb_handle_zero_tail must be True, False or None"),
     ],
@@ -287,3 +290,15 @@ def test_config_values_are_validated_at_construction(tmp_path, bad, match):
     assert not (tmp_path / "out").exists()
     args = OTBConfig(**cpu_config_kwargs(tmp_path / "out"))
     assert (args.otb_token_positions, args.otb_handle_zero_tail) == ("valid", None)
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
+def test_otb_rejects_trl_loss_types_itself(tmp_path, monkeypatch, loss_type):
+    """TRL's cispo/sapo/vespo compute their loss from TRL's group-mean advantages: OTB rejects them even where the
+    base trainer defers to TRL for them."""
+    from trl_groupopt.trainers.base import GroupOptTrainer
+
+    monkeypatch.setattr(GroupOptTrainer, "validate_args", classmethod(lambda cls, args: None))
+    args = OTBConfig(**cpu_config_kwargs(tmp_path, loss_type=loss_type))
+    with pytest.raises(ValueError, match=rf"loss_type='{loss_type}' is not supported by OTBTrainer: .*drop OTB's"):
+        OTBTrainer.validate_args(args)

@@ -91,6 +91,17 @@ class OTBConfig(TokenSafeConfigMixin, GRPOConfig):
                 f"OTBConfig: {err}. The surrogate clips the ratio to [1 - epsilon, 1 + epsilon_high]: use a positive "
                 "value (TRL's default epsilon is 0.2; leave epsilon_high unset to use epsilon)."
             ) from None
+        if self.delta is not None and not self.delta > 0:
+            raise ValueError(f"OTBConfig: delta must be > 0 (the surrogate's upper clip, e.g. 1.5), got {self.delta}.")
+        if self.importance_sampling_level not in ("token", "sequence"):
+            raise ValueError(
+                "OTBConfig: importance_sampling_level must be 'token' or 'sequence', "
+                f"got {self.importance_sampling_level!r}."
+            )
+        if self.scale_rewards not in (True, False, "group", "batch", "none"):
+            raise ValueError(
+                f"OTBConfig: scale_rewards must be 'none' (OTB's default), 'group' or 'batch', got {self.scale_rewards!r}."
+            )
         if self.otb_token_positions not in TOKEN_POSITIONS:
             raise ValueError(
                 f"OTBConfig: otb_token_positions must be one of {TOKEN_POSITIONS}, got {self.otb_token_positions!r}."
@@ -101,6 +112,10 @@ class OTBConfig(TokenSafeConfigMixin, GRPOConfig):
                 f"got {self.otb_handle_zero_tail!r}."
             )
         super().__post_init__()
+
+
+# The loss types whose loss `GroupOptTrainer._compute_loss` computes from `compute_advantages` (OTB's advantages).
+OTB_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 
 
 class _EnergyRecord(NamedTuple):
@@ -160,6 +175,18 @@ class OTBTrainer(GroupOptTrainer):
         )
         self._energy_records: list[_EnergyRecord] = []
         self._training_energy: Tensor | None = None
+
+    @classmethod
+    def validate_args(cls, args: GRPOConfig) -> None:
+        super().validate_args(args)
+        # OTB keeps the base's default objective and changes only the advantages: a loss type for which the base
+        # defers to TRL's own loss would train on TRL's group-mean advantages instead, so OTB rejects it itself.
+        if args.loss_type not in OTB_LOSS_TYPES:
+            raise ValueError(
+                f"loss_type={args.loss_type!r} is not supported by {cls.__name__}: TRL's cispo/sapo/vespo compute "
+                f"their own loss from TRL's group-mean advantages, which would drop OTB's. Use one of "
+                f"{OTB_LOSS_TYPES}."
+            )
 
     # ---- every log-prob forward records its energy
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
