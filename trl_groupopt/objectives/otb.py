@@ -1,5 +1,5 @@
 """OTB: the Optimal Token Baseline (Li et al., "The Optimal Token Baseline: Variance Reduction for Long-Horizon
-LLM-RL", arXiv:2602.07078). The equations, their derivation and every deviation from the paper and from verl's
+LLM-RL", arXiv:2602.07078). The equations needed to check this code and every deviation from the paper and from verl's
 reference estimators are in `docs/otb.md`; this module is the pure-torch core.
 
 * Logit-gradient energy (Proposition 4.2), with ``z = logits / temperature`` and ``p = softmax(z)``::
