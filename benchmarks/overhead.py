@@ -420,7 +420,7 @@ def run_trainer(name: str, args, device: str, dtype, tokenizer, dataset, probe: 
     record.update(
         off_policy=old_per_token_logps is not None,
         otb_energy_from_behaviour_forward=bool(
-            trainer._buffered_inputs and "otb_energy" in trainer._buffered_inputs[0]
+            trainer._buffered_inputs and "old_per_token_energy" in trainer._buffered_inputs[0]
         ),
         num_parameters=sum(p.numel() for p in model.parameters()),
         allocated_before_build_bytes=allocated_before,

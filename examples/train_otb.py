@@ -24,7 +24,7 @@ Single GPU, Qwen2.5-0.5B-Instruct on GSM8K:
     accelerate launch --config_file examples/accelerate_configs/single_gpu.yaml examples/train_otb.py \
         --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
         --output_dir Qwen2.5-0.5B-OTB --learning_rate 1e-6 --bf16 --per_device_train_batch_size 8 \
-        --num_generations 8 --max_completion_length 512 --num_generations 4 --otb_handle_zero_tail true
+        --max_completion_length 512 --num_generations 4 --otb_handle_zero_tail true
 
 Multi-GPU (8 processes, DDP):
 

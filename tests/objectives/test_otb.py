@@ -1,8 +1,10 @@
-"""Tests for trl_groupopt.objectives.otb (SPEC section 5, paper 003 / verl's OTB estimator).
+"""Tests for trl_groupopt.objectives.otb (arXiv:2602.07078; equations and deviations in docs/otb.md).
 
 References are independent float64 implementations: autograd for the logit-gradient energy, plain
-Python loops over groups / rows / positions for the advantages (verl's semantics re-derived by
-hand: zero tail by valid-token counts, groups of one, NaN rewards dropped).
+Python loops over groups / rows / positions for the advantages (verl's single-turn semantics
+re-derived by hand: zero tail by valid-token counts, groups of one, NaN rewards dropped), and a
+loop port of verl's tool-use estimator (`tir_optimal_token_baseline`: valid tokens compacted per
+row) fed with verl's own inputs (token-level rewards, old log-probs, sum of squared probabilities).
 """
 
 from __future__ import annotations
@@ -104,12 +106,15 @@ def test_energy_input_errors():
 
 
 # --------------------------------------------------------------------------------------------------
-# OTB advantages: an independent loop reference of SPEC section 5 / verl
+# OTB advantages: an independent loop reference of verl's single-turn estimator (absolute positions)
 # --------------------------------------------------------------------------------------------------
 
 
 def _reference_otb(rewards, energy, mask, group_ids, zero_tail, weights=None, eps=1e-8):
-    """Plain-loop float64 OTB. Returns (advantages as nested lists, zero-baseline flags)."""
+    """Plain-loop float64 OTB at absolute positions. Returns (advantages as nested lists, zero-baseline flags).
+
+    A row without a score or without a valid token is not a member of its group (docs/otb.md).
+    """
     B, T = len(mask), len(mask[0])
     scored = [not math.isnan(r) for r in rewards]
     # W_it = sum_{j <= t} mask_ij e_ij (w_ij^2)
@@ -122,7 +127,7 @@ def _reference_otb(rewards, energy, mask, group_ids, zero_tail, weights=None, ep
             W[i][t] = acc
     groups: dict[int, list[int]] = {}
     for i in range(B):
-        if scored[i]:
+        if scored[i] and any(mask[i]):
             groups.setdefault(group_ids[i], []).append(i)
     A = [[0.0] * T for _ in range(B)]
     zero_b = [[False] * T for _ in range(B)]
@@ -177,7 +182,9 @@ def _random_batch(seed, holes=False, nan_frac=0.15):
 def test_advantages_match_loop_reference(seed, zero_tail, holes, use_weights):
     rewards, energy, mask, ids, weights = _random_batch(seed, holes)
     w = weights if use_weights else None
-    out = otb_advantages(rewards, energy, mask, ids, handle_zero_tail=zero_tail, importance_weights=w)
+    out = otb_advantages(
+        rewards, energy, mask, ids, handle_zero_tail=zero_tail, token_positions="absolute", importance_weights=w
+    )
     ref, _ = _reference_otb(
         rewards.tolist(),
         energy.tolist(),
@@ -201,7 +208,7 @@ def test_advantages_hand_example_zero_tail_and_nan():
     rewards = torch.tensor([1.0, 0.0, 1.0, float("nan"), 2.0])
     energy = torch.full((5, 6), 0.5)
     ids = torch.tensor([3, 3, 3, 7, 7])
-    out = otb_advantages(rewards, energy, mask, ids)
+    out = otb_advantages(rewards, energy, mask, ids, handle_zero_tail=True)
     # t < 2: three active, equal W -> b = 2/3; t in [2, 4): rows 0, 2 (both G=1) -> b = 1
     # t >= 4: only row 2 (unique longest past the second-longest length 4) -> b = 0 (zero tail)
     b = torch.tensor([2 / 3, 2 / 3, 1.0, 1.0, 0.0, 0.0])
@@ -218,8 +225,8 @@ def test_advantages_hand_example_zero_tail_and_nan():
 
 
 def test_zero_tail_rule_is_verl_positional_on_valid_counts():
-    """Right-padded masks: the zero tail is exactly where one scorable member is active. With holes,
-    verl's rule is positional on valid-token counts (mask.sum), which we keep."""
+    """Right-padded masks: the zero tail is exactly where one member is active. With holes and absolute
+    positions, verl's single-turn rule is positional on valid-token counts (mask.sum), which we keep."""
     for seed in range(4):
         rewards, energy, mask, ids, _ = _random_batch(seed, holes=False)
         _, zero_b = _reference_otb(rewards.tolist(), energy.tolist(), mask.tolist(), ids.tolist(), True)
@@ -233,7 +240,14 @@ def test_zero_tail_rule_is_verl_positional_on_valid_counts():
     # row 1's baseline from t = 3 (its second-longest count), although row 0 is active there
     mask = torch.tensor([[1, 0, 0, 1, 1, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.float64)
     energy = torch.ones(2, 6, dtype=torch.float64)
-    out = otb_advantages(torch.tensor([1.0, 0.0], dtype=torch.float64), energy, mask, torch.tensor([0, 0]))
+    out = otb_advantages(
+        torch.tensor([1.0, 0.0], dtype=torch.float64),
+        energy,
+        mask,
+        torch.tensor([0, 0]),
+        handle_zero_tail=True,
+        token_positions="absolute",
+    )
     w0, w1 = torch.tensor([1.0, 1, 1, 2, 3, 3]), torch.arange(1.0, 7.0)
     b = mask[0] * w0 / (mask[0] * w0 + w1 + 1e-8)  # (m0 W0 * 1 + W1 * 0) / (m0 W0 + W1)
     torch.testing.assert_close(out[1, :3], (0 - b[:3]).double(), rtol=0, atol=1e-12)
@@ -273,6 +287,8 @@ def test_advantages_input_errors():
         otb_advantages(r, e, m, g, importance_weights=torch.ones(4, 2))
     with pytest.raises(ValueError, match="epsilon"):
         otb_advantages(r, e, m, g, epsilon=0.0)
+    with pytest.raises(ValueError, match="token_positions"):
+        otb_advantages(r, e, m, g, token_positions="compact")
     with pytest.raises(ValueError, match="finite or NaN"):
         otb_advantages(torch.tensor([0.0, math.inf, 0.0, 0.0]), e, m, g)
     with pytest.raises(ValueError, match=">= 0"):
@@ -282,7 +298,155 @@ def test_advantages_input_errors():
 
 
 # --------------------------------------------------------------------------------------------------
-# Invariances (SPEC section 5)
+# Valid-token positions: a float64 loop port of verl's tool-use estimator
+# --------------------------------------------------------------------------------------------------
+
+
+def _verl_tool_use_port(token_rewards, mask, index, old_logp, sum_pi_sq, is_weights, zero_tail, eps=1e-8):
+    """verl's `compute_multi_turn_optimal_token_baseline_advantage`, re-written as float64 loops.
+
+    Inputs are verl's: (B, T) token-level rewards, response mask (0 at tool results and padding), group
+    index, old log-probs, sum_v pi_v^2, optional rollout IS weights. Per row: reward-to-go and
+    W_t = sum_{j<=t} mask_j w_j^2 (1 - 2 pi_j + sum pi^2); both compacted to the row's valid tokens.
+    Per group (rows without a valid token dropped): N == 1 -> baseline 0; else
+    b_k = sum_i R_ik W_ik / (sum_i W_ik + eps) over compacted columns (0 past a row's length), and the
+    unique longest row gets b = 0 from the second-longest length on. Advantages go back to the valid
+    positions; 0 elsewhere.
+    """
+    B, T = len(mask), len(mask[0])
+    comp_w, comp_r, valid_cols = [], [], []
+    for i in range(B):
+        reward_to_go = [sum(token_rewards[i][s] * mask[i][s] for s in range(t, T)) for t in range(T)]
+        acc, ws, rs, cols = 0.0, [], [], []
+        for t in range(T):
+            e = 1.0 - 2.0 * math.exp(old_logp[i][t]) + sum_pi_sq[i][t]
+            if is_weights is not None:
+                e *= is_weights[i][t] ** 2
+            acc += e * mask[i][t]
+            if mask[i][t]:
+                ws.append(acc)
+                rs.append(reward_to_go[t])
+                cols.append(t)
+        comp_w.append(ws)
+        comp_r.append(rs)
+        valid_cols.append(cols)
+    width = max((len(c) for c in valid_cols), default=0)
+    groups: dict = {}
+    for i in range(B):
+        if valid_cols[i]:
+            groups.setdefault(index[i], []).append(i)
+    base = [[0.0] * width for _ in range(B)]
+    for members in groups.values():
+        if len(members) == 1:
+            continue
+        for k in range(width):
+            num = sum(comp_r[i][k] * comp_w[i][k] for i in members if k < len(comp_w[i]))
+            den = sum(comp_w[i][k] for i in members if k < len(comp_w[i]))
+            for i in members:
+                base[i][k] = num / (den + eps)
+        if zero_tail:
+            lengths = sorted((len(valid_cols[i]) for i in members), reverse=True)
+            longest = [i for i in members if len(valid_cols[i]) == lengths[0]]
+            if len(longest) == 1 and lengths[0] > lengths[1]:
+                for k in range(lengths[1], width):
+                    base[longest[0]][k] = 0.0
+    adv = [[0.0] * T for _ in range(B)]
+    for i in range(B):
+        for k, t in enumerate(valid_cols[i]):
+            adv[i][t] = comp_r[i][k] - base[i][k]
+    return adv
+
+
+def _tool_use_batch(seed, holes=True):
+    """verl-style inputs: rewards in {0, 1, 2} at each row's last valid token, tool-result holes, a row
+    without valid tokens, unequal interleaved groups."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = [3, 3, 9, 3, 9, 3, 9, 4, 4, 9]
+    B, T, V = len(ids), 12, 11
+    lengths = torch.randint(1, T + 1, (B,), generator=gen)
+    mask = (torch.arange(T) < lengths.unsqueeze(-1)).double()
+    if holes:  # one or two tool-result spans per row
+        for i in range(B):
+            for _ in range(int(torch.randint(1, 3, (1,), generator=gen))):
+                start = int(torch.randint(1, T - 2, (1,), generator=gen))
+                mask[i, start : start + int(torch.randint(1, 4, (1,), generator=gen))] = 0.0
+    mask[8] = 0.0  # group 4 keeps a single member with valid tokens
+    logits = torch.randn(B, T, V, generator=gen, dtype=torch.float64) * 2.0
+    ids_tok = torch.randint(0, V, (B, T), generator=gen)
+    logp_all = torch.log_softmax(logits, -1)
+    old_logp = logp_all.gather(-1, ids_tok.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    sum_pi_sq = logp_all.exp().square().sum(-1)  # (B, T)
+    outcome = torch.randint(0, 3, (B,), generator=gen).double()  # (B,) in {0, 1, 2}
+    token_rewards = torch.zeros(B, T, dtype=torch.float64)
+    for i in range(B):
+        valid = mask[i].nonzero()
+        if len(valid):
+            token_rewards[i, int(valid[-1])] = outcome[i]
+    weights = torch.rand(B, T, generator=gen, dtype=torch.float64) + 0.5
+    return outcome, token_rewards, mask, torch.tensor(ids), old_logp, sum_pi_sq, weights
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("zero_tail", [True, False])
+@pytest.mark.parametrize("use_weights", [False, True])
+def test_valid_positions_match_verl_tool_use_estimator(seed, zero_tail, use_weights):
+    outcome, token_rewards, mask, ids, old_logp, sum_pi_sq, weights = _tool_use_batch(seed)
+    w = weights if use_weights else None
+    energy = energy_from_log_probs(old_logp, sum_pi_sq.log())  # what the trainer computes from TRL's fields
+    out = otb_advantages(
+        outcome, energy, mask, ids, handle_zero_tail=zero_tail, token_positions="valid", importance_weights=w
+    )
+    ref = _verl_tool_use_port(
+        token_rewards.tolist(), mask.tolist(), ids.tolist(), old_logp.tolist(), sum_pi_sq.tolist(),
+        None if w is None else w.tolist(), zero_tail,
+    )  # fmt: skip
+    torch.testing.assert_close(out, torch.tensor(ref, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    # not vacuous: with holes, absolute positions give other advantages
+    absolute = otb_advantages(
+        outcome, energy, mask, ids, handle_zero_tail=zero_tail, token_positions="absolute", importance_weights=w
+    )
+    assert float((absolute - out).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("zero_tail", [True, False])
+def test_valid_equals_absolute_without_holes(seed, zero_tail):
+    outcome, token_rewards, mask, ids, old_logp, sum_pi_sq, weights = _tool_use_batch(seed, holes=False)
+    energy = energy_from_log_probs(old_logp, sum_pi_sq.log())
+    kw = dict(handle_zero_tail=zero_tail, importance_weights=weights)
+    valid = otb_advantages(outcome, energy, mask, ids, token_positions="valid", **kw)
+    absolute = otb_advantages(outcome, energy, mask, ids, token_positions="absolute", **kw)
+    torch.testing.assert_close(valid, absolute, rtol=0, atol=0)
+    ref = _verl_tool_use_port(
+        token_rewards.tolist(), mask.tolist(), ids.tolist(), old_logp.tolist(), sum_pi_sq.tolist(),
+        weights.tolist(), zero_tail,
+    )  # fmt: skip
+    torch.testing.assert_close(valid, torch.tensor(ref, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+
+
+def test_valid_positions_hand_example():
+    """Two members, energy 1 per token. Row 0 generates 2 tokens, a 2-token tool result, 2 tokens
+    (G=2); row 1 generates 4 tokens (G=0). Its 3rd generated token is compared with row 0's 3rd
+    generated token (column 4), not with row 0's tool result at column 2."""
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.float64)
+    rewards, energy, ids = (
+        torch.tensor([2.0, 0.0], dtype=torch.float64),
+        torch.ones(2, 6, dtype=torch.float64),
+        torch.tensor([0, 0]),
+    )
+    valid = otb_advantages(rewards, energy, mask, ids, token_positions="valid")
+    # both rows have W_k = k + 1 at their k-th valid token: b_k = 2 (k+1) / (2 (k+1)) = 1 for k = 0..3
+    expected = torch.tensor([[1, 1, 0, 0, 1, 1], [-1, -1, -1, -1, 0, 0]], dtype=torch.float64)
+    torch.testing.assert_close(valid, expected, rtol=0, atol=1e-8)
+    absolute = otb_advantages(rewards, energy, mask, ids, token_positions="absolute")
+    # columns 2, 3: row 1 alone -> b = 0 (W/(W+1e-8)*0); columns 4, 5: row 0 alone -> b ~ 2
+    torch.testing.assert_close(absolute[1, 2:4], torch.zeros(2, dtype=torch.float64), rtol=0, atol=1e-8)
+    torch.testing.assert_close(absolute[0, 4:], torch.zeros(2, dtype=torch.float64), rtol=0, atol=1e-7)
+    assert float((valid - absolute).abs().max()) == pytest.approx(1.0, abs=1e-7)
+
+
+# --------------------------------------------------------------------------------------------------
+# Invariances
 # --------------------------------------------------------------------------------------------------
 
 
@@ -290,7 +454,8 @@ def test_advantages_input_errors():
 @pytest.mark.parametrize("zero_tail", [True, False])
 def test_scale_and_shift_invariance(seed, zero_tail):
     rewards, energy, mask, ids, _ = _random_batch(seed, holes=seed % 2 == 1)
-    base = otb_advantages(rewards, energy, mask, ids, handle_zero_tail=zero_tail)
+    kw = dict(handle_zero_tail=zero_tail, token_positions="absolute")
+    base = otb_advantages(rewards, energy, mask, ids, **kw)
     gen = torch.Generator().manual_seed(100 + seed)
     uniq = ids.unique()
     c = dict(zip(uniq.tolist(), (torch.rand(len(uniq), generator=gen, dtype=torch.float64) * 5 + 0.1).tolist()))
@@ -298,10 +463,10 @@ def test_scale_and_shift_invariance(seed, zero_tail):
     c_row = torch.tensor([c[g] for g in ids.tolist()], dtype=torch.float64)
     d_row = torch.tensor([d[g] for g in ids.tolist()], dtype=torch.float64)
 
-    scaled = otb_advantages(rewards * c_row, energy, mask, ids, handle_zero_tail=zero_tail)
+    scaled = otb_advantages(rewards * c_row, energy, mask, ids, **kw)
     torch.testing.assert_close(scaled, base * c_row.unsqueeze(-1), rtol=1e-10, atol=1e-12)
 
-    shifted = otb_advantages(rewards + d_row, energy, mask, ids, handle_zero_tail=zero_tail)
+    shifted = otb_advantages(rewards + d_row, energy, mask, ids, **kw)
     _, zero_b = _reference_otb(rewards.tolist(), energy.tolist(), mask.tolist(), ids.tolist(), zero_tail)
     zero_b = torch.tensor(zero_b)  # (B, T) positions whose baseline is 0 (zero tail, group of one)
     active = (mask > 0) & ~torch.isnan(rewards).unsqueeze(-1)
@@ -362,9 +527,10 @@ def _toy_exact_gradient(theta: torch.Tensor) -> torch.Tensor:
 
 
 def test_otb_gradient_variance_lower_than_group_mean():
-    """Seed 0, N = 4, 20000 groups, zero tail on (default). Measured: Var(OTB) / Var(mean) ~ 0.80;
-    after normalising each estimator by its mean's projection on the exact gradient (both shrink it:
-    the baselines include the sequence itself), ~ 0.88. Asserted: < 0.90 and < 0.95.
+    """Seed 0, N = 4, 20000 groups, valid positions, zero tail off (OTBConfig's single-turn default).
+    Measured: Var(OTB) / Var(mean) ~ 0.81; after normalising each estimator by its mean's projection
+    on the exact gradient (both shrink it: the baselines include the sequence itself), ~ 0.88 (zero
+    tail on: 0.81 and 0.88 as well). Asserted: < 0.90 and < 0.95.
 
     Note: the energy weighting only helps when energies differ across sequences and correlate with
     rewards (here: confident vs uncertain branch). On a context-free policy (logits per position
@@ -403,7 +569,7 @@ def test_otb_gradient_variance_lower_than_group_mean():
         torch.testing.assert_close(g, manual, rtol=1e-12, atol=1e-12)
 
     group_ids = torch.arange(n_groups).repeat_interleave(n_gen)
-    adv_otb = otb_advantages(rewards, energy, mask, group_ids)  # (rows, L)
+    adv_otb = otb_advantages(rewards, energy, mask, group_ids, handle_zero_tail=False)  # (rows, L)
     grouped = rewards.view(n_groups, n_gen)
     adv_mean = (grouped - grouped.mean(1, keepdim=True)).reshape(rows, 1) * mask  # (rows, L)
     adv_rloo = (grouped - (grouped.sum(1, keepdim=True) - grouped) / (n_gen - 1)).reshape(rows, 1) * mask

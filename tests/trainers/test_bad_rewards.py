@@ -190,7 +190,7 @@ def test_otb_drops_unscorable_rows_from_the_baseline(tmp_path, tiny):
     scored = ~torch.isnan(rewards)
 
     def advantages(rows):
-        inputs = {"rewards": rewards[rows], "otb_energy": energy[rows], "group_ids": group_ids[rows]}
+        inputs = {"rewards": rewards[rows], "old_per_token_energy": energy[rows], "group_ids": group_ids[rows]}
         return trainer.compute_advantages(inputs, torch.zeros(int(rows.sum()), 7), mask[rows])
 
     full = advantages(torch.ones(12, dtype=torch.bool))  # (12, 7)
@@ -199,6 +199,6 @@ def test_otb_drops_unscorable_rows_from_the_baseline(tmp_path, tiny):
     assert torch.equal(full[~scored], torch.zeros(int((~scored).sum()), 7))
     assert (full[scored] != 0).any()
 
-    inputs = {"rewards": torch.nan_to_num(rewards), "otb_energy": energy, "group_ids": group_ids}
+    inputs = {"rewards": torch.nan_to_num(rewards), "old_per_token_energy": energy, "group_ids": group_ids}
     as_zero = trainer.compute_advantages(inputs, torch.zeros(12, 7), mask)
     assert not torch.allclose(as_zero[scored], full[scored])

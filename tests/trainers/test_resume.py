@@ -116,8 +116,7 @@ def test_resume_on_generation_boundary_is_exact(tmp_path, tiny, name, trainer_cl
     assert moved
     if trainer_cls is DFPOTrainer:  # off-policy, the in-group re-weighting acted on the resumed steps
         assert min(_logged(full, step)["dfpo/shrink"] for step in (3, 4)) < 1.0
-    if trainer_cls is OTBTrainer:  # the fused-head wrapper survived the checkpoint load: energy still logged
-        assert resumed.model.forward.__code__.co_name == "forward_keeping_energy"
+    if trainer_cls is OTBTrainer:  # the fused head still returns log sum p^2 after the checkpoint load: energy logged
         assert resumed._training_energy is not None
         assert _logged(resumed, 4)["otb/energy_mean"] == pytest.approx(_logged(full, 4)["otb/energy_mean"], abs=TOL)
 

@@ -502,7 +502,7 @@ CARD_KNOBS = {  # method -> (a knob row that must appear in the card)
     "echo": "| `batch_epsilon` | `0.2` | (method-specific) |",
     "dfpo_min_replace": "| `dfpo_transform` | `min_replace` | (method-specific) |",
     "ctpo": "| `ctpo_dual_clip` | `0.05` | (method-specific) |",
-    "otb": "| `otb_handle_zero_tail` | `True` | (method-specific) |",
+    "otb": "| `otb_token_positions` | `valid` | (method-specific) |",
 }
 FAKE_TOKEN = "hf_" + "QwErTy0123456789" * 2 + "zz"  # shaped like a real access token (hf_ + 34 characters)
 
@@ -594,7 +594,7 @@ def test_trl_checkpoint_writes_our_card(tokenizer, base_model, tmp_path):
                          processing_class=tokenizer)  # fmt: skip
     trainer.train()
     card = (Path(args.output_dir) / "README.md").read_text(encoding="utf-8")
-    assert "### Method configuration" in card and "| `otb_handle_zero_tail` | `True` |" in card
+    assert "### Method configuration" in card and "| `otb_token_positions` | `valid` |" in card
     assert "### Training reward" in card and "@article{li2026optimal," in card
     trainer.create_model_card(model_name="otb-run", dataset_name="openai/gsm8k")
     assert (Path(args.output_dir) / "README.md").read_text(encoding="utf-8") == render_model_card(

@@ -1,48 +1,26 @@
-"""OTB: the Optimal Token Baseline (Li et al., "The Optimal Token Baseline: Variance Reduction for
-Long-Horizon LLM-RL", arXiv 2602.07078; reference implementation by an author of the paper: verl's
-``compute_optimal_token_baseline_advantage`` and ``docs/algo/otb.md``).
+"""OTB: the Optimal Token Baseline (Li et al., "The Optimal Token Baseline: Variance Reduction for Long-Horizon
+LLM-RL", arXiv:2602.07078). The equations needed to check this code and every deviation from the paper and from verl's
+reference estimators are in `docs/otb.md`; this module is the pure-torch core.
 
-The paper's objects (Definition 3.1, Theorem 4.1, Proposition 4.2):
+* Logit-gradient energy (Proposition 4.2), with ``z = logits / temperature`` and ``p = softmax(z)``::
 
-* Logit-Gradient Proxy (Prop. 4.2). With ``z = logits / temperature`` and ``p = softmax(z)``, the
-  gradient of the sampled token's log-probability with respect to the logits is
-  ``d log p_y / dz = onehot(y) - p``, whose squared norm needs only forward quantities::
+      e_t = ||onehot(y_t) - p_t||^2 = 1 - 2 p_t(y_t) + sum_v p_t(v)^2
 
-      e_t = ||onehot(y_t) - p_t||^2 = 1 - 2 p_t(y_t) + sum_v p_t(v)^2,
-      sum_v p_v^2 = exp(logsumexp(2 z) - 2 logsumexp(z)).
+* Realized energy (Definition 3.1), cumulative and including ``t``, with optional rollout IS weights ``w``::
 
-  The gradient is taken with respect to ``z`` (the temperature-scaled logits), as in verl, which
-  divides the logits by the temperature before computing ``sum_pi_squared``; there is no extra
-  ``1 / temperature^2`` factor.
-* Realized energy (Def. 3.1), cumulative and including ``t``::
+      W_t = sum_{j <= t} mask_j w_j^2 e_j
 
-      W_t = sum_{j <= t} mask_j e_j          (with rollout IS weights w: e_j -> w_j^2 e_j)
-
-* Optimal token baseline (Thm. 4.1), the energy-weighted centroid of the returns of the group's
-  sequences still active at ``t``, and the advantage (SPEC section 5)::
+* Optimal token baseline (Theorem 4.1) over the group's members active at ``t``, and the advantage::
 
       b_t  = sum_i mask_it W_it G_i / (sum_i mask_it W_it + 1e-8)
       A_it = (G_i - b_t) * mask_it          (no std normalisation)
 
-SPEC decisions and how verl's reference behaves:
-
-* ``handle_zero_tail`` follows verl exactly: in a group whose longest sequence is *unique* (more
-  valid tokens, ``mask.sum()``, than every other member), that sequence's baseline is 0 at every
-  position index ``t >= L2``, where ``L2`` is the second-largest valid-token count in the group.
-  Without this, ``b_t`` there is ``G_i W_i / (W_i + 1e-8) ~ G_i`` (the sequence compared with
-  itself) and its tail would get no learning signal. For right-padded masks (TRL's completion
-  mask) this is exactly "only one sequence of the group is active at t"; with holes in the mask
-  (TRL's tool mask) verl's rule is positional on the valid-token counts and this module keeps it.
-  Ties for the longest length zero nothing.
-* A group with a single (scorable) member has baseline 0 everywhere (verl: ``N == 1``), with or
-  without ``handle_zero_tail``.
-* Unscorable completions (NaN reward, TRL's convention for "every reward function returned None")
-  are removed from their group before anything is computed: they do not enter ``b_t``, the group
-  size or the zero-tail lengths, and their advantages are 0. verl has no NaN rewards.
-* Groups are given by an explicit (B,) ``group_ids`` tensor (arbitrary integers, unequal sizes),
-  never inferred from position; everything is vectorised over groups with ``index_add_``.
-* If every active member of a group has ``W_t = 0`` at some ``t`` (all tokens up to ``t`` were
-  deterministic), ``b_t = 0 / 1e-8 = 0``, as in verl.
+``token_positions`` says what ``t`` indexes when a mask has holes (tool results under TRL's ``tool_mask``):
+``"valid"`` compacts each row's valid tokens first, so ``t`` is the t-th *generated* token of every member (verl's
+tool-use estimator); ``"absolute"`` uses the column index (verl's single-turn estimator). Without holes they agree.
+``handle_zero_tail`` zeroes the baseline of a group's unique longest member past the second-longest valid-token
+count, where it would otherwise be compared with itself. Members without a score (NaN reward) or without a valid
+token leave their group; a group of one member has baseline 0.
 """
 
 from __future__ import annotations
@@ -50,16 +28,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .common import compute_dtype, group_index, group_max, group_sum
+from .common import check_positive, compute_dtype, group_index, group_max, group_sum
 
-__all__ = ["energy_from_log_probs", "logit_gradient_energy", "otb_advantages"]
+__all__ = ["TOKEN_POSITIONS", "energy_from_log_probs", "logit_gradient_energy", "otb_advantages"]
 
 # Rows of logits upcast to float32 at a time: 256 x 152k vocabulary is ~155 MB per temporary.
 DEFAULT_ENERGY_CHUNK_SIZE = 256
 # Energies below 0 by more than this are a caller bug, not rounding of 1 - 2p + sum p^2.
 _NEGATIVE_ENERGY_TOLERANCE = 1e-3
-
-
+#: What the position index t of the baseline b_t counts (module docstring).
+TOKEN_POSITIONS = ("valid", "absolute")
 
 
 def _energy(log_p_y: Tensor, log_sum_sq: Tensor) -> Tensor:
@@ -144,32 +122,46 @@ def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> 
     return _energy(per_token_logps.detach().to(dtype), log_sum_sq_probs.detach().to(dtype))  # (B, T)
 
 
+def _valid_first_order(active: Tensor) -> Tensor:
+    """(B, T) per-row permutation that puts each row's valid positions first, in their order (a stable sort).
+
+    Gathering with it compacts the valid tokens to the left (position k = the k-th valid token); scattering with it
+    puts compacted values back in place.
+    """
+    return torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T)
+
+
 def otb_advantages(
     rewards: Tensor,
     energy: Tensor,
     mask: Tensor,
     group_ids: Tensor,
     *,
-    handle_zero_tail: bool = True,
+    handle_zero_tail: bool = False,
+    token_positions: str = "valid",
     importance_weights: Tensor | None = None,
     epsilon: float = 1e-8,
 ) -> Tensor:
-    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (module docstring for the equations).
+    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (module docstring and `docs/otb.md` for the equations).
 
     Args:
-        rewards: (B,) raw outcome rewards G_i (the weighted sum over reward functions, before any
-            centring); NaN marks an unscorable completion.
+        rewards: (B,) raw outcome rewards G_i (the weighted sum over reward sources, before any centring); NaN marks
+            an unscorable completion.
         energy: (B, T) per-token energy e_t >= 0 (``energy_from_log_probs`` / ``logit_gradient_energy``).
-        mask: (B, T) completion mask (bool / int / float; nonzero = valid token).
+        mask: (B, T) loss mask (bool / int / float; nonzero = a generated token that is trained on; zero at padding
+            and at tool-result tokens).
         group_ids: (B,) integer group of each row (equal values = one prompt group).
-        handle_zero_tail: zero the baseline on the unique longest sequence past the second-longest
-            (verl's rule, default True as in the reference).
+        handle_zero_tail: zero the baseline of a group's unique longest member past the second-longest valid-token
+            count (verl's ``handle_zero_tail``; verl defaults it to False single-turn, True for tool use).
+        token_positions: ``"valid"``: the baseline at position k compares the k-th valid token of every member
+            (verl's tool-use estimator); ``"absolute"``: the column index (verl's single-turn estimator). Identical
+            when no mask has holes.
         importance_weights: optional (B, T) rollout importance weights w; energies become w^2 e.
         epsilon: added to the denominator of b_t (1e-8 as in the reference).
 
     Returns:
-        (B, T) advantages, detached, float32 (float64 if any input is float64); 0 at masked positions
-        and on rows with a NaN reward.
+        (B, T) advantages, detached, float32 (float64 if any input is float64); 0 at masked positions and on rows
+        with a NaN reward.
     """
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be (B,), got shape {tuple(rewards.shape)}")
@@ -186,17 +178,21 @@ def otb_advantages(
         raise ValueError(
             f"importance_weights {tuple(importance_weights.shape)} and energy {tuple(energy.shape)} differ"
         )
-    if not epsilon > 0:
-        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    if token_positions not in TOKEN_POSITIONS:
+        raise ValueError(f"token_positions must be one of {TOKEN_POSITIONS}, got {token_positions!r}")
+    check_positive(epsilon=epsilon)
     if torch.isinf(rewards).any():
         raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
 
     dtype = compute_dtype(rewards, energy, importance_weights)
     with torch.no_grad():
         returns = rewards.detach().to(dtype)  # (B,)
-        scored = ~torch.isnan(returns)  # (B,) unscorable rows leave their group entirely
+        scored = ~torch.isnan(returns)  # (B,)
         returns = torch.where(scored, returns, torch.zeros_like(returns))  # (B,)
         active = (mask != 0) & scored.unsqueeze(-1)  # (B, T)
+        # A member needs a score and a valid token: the others leave their group (verl's tool-use estimator drops
+        # rows without a valid token the same way)
+        member = active.any(-1)  # (B,)
 
         e = energy.detach().to(dtype)  # (B, T)
         if importance_weights is not None:
@@ -209,7 +205,14 @@ def otb_advantages(
             raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
         e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
 
-        cum_energy = e.cumsum(-1)  # (B, T) W_t, including t
+        order = None
+        if token_positions == "valid":
+            # Compact each row's valid tokens to the left: column k is then its k-th valid token, and the rest of
+            # the computation below is the absolute-position estimator on right-padded rows.
+            order = _valid_first_order(active)  # (B, T)
+            e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
+
+        cum_energy = e.cumsum(-1)  # (B, T) W_t, including t (e is 0 off the mask)
         weight = torch.where(active, cum_energy, torch.zeros_like(cum_energy))  # (B, T) mask_t W_t
 
         # Per-group, per-position sums over the active members: (K, T), gathered back to rows
@@ -220,21 +223,23 @@ def otb_advantages(
         denom = weight.new_zeros(num_groups, weight.shape[1]).index_add_(0, index, weight)  # (K, T)
         baseline = numer[index] / (denom[index] + epsilon)  # (B, T) b_t of each row's group
 
-        # A group of one scorable member has nothing to compare with: baseline 0 (verl: N == 1)
-        n_scored = group_sum(scored.to(torch.int64), group_ids)  # (B,)
-        baseline = torch.where(n_scored.unsqueeze(-1) > 1, baseline, torch.zeros_like(baseline))  # (B, T)
+        # A group of one member has nothing to compare with: baseline 0 (verl: N == 1)
+        n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
+        baseline = torch.where(n_members.unsqueeze(-1) > 1, baseline, torch.zeros_like(baseline))  # (B, T)
 
         if handle_zero_tail:
-            # verl: lengths are valid-token counts; unscorable rows get -1 so they never rank
-            lengths = torch.where(scored, active.sum(-1), torch.full_like(scored, -1, dtype=torch.int64))  # (B,)
+            # verl: lengths are valid-token counts; non-members get -1 so they never rank
+            lengths = torch.where(member, active.sum(-1), torch.full_like(member, -1, dtype=torch.int64))  # (B,)
             longest = group_max(lengths, group_ids)  # (B,)
-            is_longest = scored & (lengths == longest)  # (B,)
+            is_longest = member & (lengths == longest)  # (B,)
             n_longest = group_sum(is_longest.to(torch.int64), group_ids)  # (B,)
             second = group_max(torch.where(is_longest, torch.full_like(lengths, -1), lengths), group_ids)  # (B,)
-            unique_longest = is_longest & (n_longest == 1) & (n_scored > 1)  # (B,)
+            unique_longest = is_longest & (n_longest == 1) & (n_members > 1)  # (B,)
             positions = torch.arange(weight.shape[1], device=weight.device)  # (T,)
             tail = unique_longest.unsqueeze(-1) & (positions >= second.unsqueeze(-1))  # (B, T)
             baseline = torch.where(tail, torch.zeros_like(baseline), baseline)  # (B, T)
 
         advantages = torch.where(active, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
+        if order is not None:  # back to the columns of the input
+            advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
     return advantages

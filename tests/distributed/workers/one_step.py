@@ -8,7 +8,7 @@ patched to return this rank's rows of `tests.distributed.batches.group_batch`, s
 (whole-group methods) and `rewards` (OTB) exactly as in a real run. The global per-function rewards are put on
 `self._raw_rewards_per_func`, where TRL's `_calculate_rewards` would have left them. `old_per_token_logps` is the
 initial model's log-probs minus a fixed log-ratio (`batches.log_ratios`), computed once over the whole global batch
-on every rank; for OTB (whose energy must come from the behaviour-policy forward, matched by value) the behaviour
+on every rank; for OTB (whose energy must come from the behaviour-policy forward, recorded beside its log-probs) the behaviour
 policy is instead the initial model with fixed perturbed weights, run inside the patched call on the local rows.
 
 Optimizer: plain SGD (momentum 0, constant learning rate, gradient clipping out of reach), so the update is
