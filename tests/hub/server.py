@@ -311,7 +311,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not presigned and self.headers.get("Authorization") != f"Bearer {hub.token}":
             return 401, {"error": "Invalid credentials in Authorization header"}
         body = self._body()
-        as_json = (lambda: json.loads(body or b"{}"))  # fmt: skip
+
+        def as_json() -> dict[str, Any]:
+            return json.loads(body or b"{}")
+
         if method == "POST" and path == "/api/repos/create":
             return hub.create_repo(as_json())
         if method == "POST" and path == "/api/validate-yaml":
