@@ -8,6 +8,7 @@ interface raises (and is recorded), so no request can leave the machine.
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -48,6 +49,7 @@ def hub(tmp_path_factory):
     import transformers.utils.hub as transformers_hub
 
     server = HubServer(tmp_path_factory.mktemp("hub-storage"), token=FAKE_TOKEN)
+    offline_before = os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE
     with server, pytest.MonkeyPatch.context() as mp:
         url = server.url
         _guard_network(mp, server)
@@ -65,4 +67,5 @@ def hub(tmp_path_factory):
         mp.setattr(huggingface_hub.hf_api.api, "endpoint", url)
         mp.setattr(transformers_hub, "_hf_api", None)  # transformers caches one HfApi (built with the endpoint)
         yield server
+    assert (os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE) == offline_before  # offline mode is back
     assert not server.errors, server.errors
