@@ -1,44 +1,49 @@
-"""Hub model cards for trl-groupopt trainers.
+"""Hub model cards for trl-groupopt trainers, rendered on top of TRL's own card.
 
-TRL's `create_model_card` renders `trl/templates/lm_model_card.md` from the trainer's `_name`, `_tag_names` and
-`_paper`, and can only load templates from TRL's own package. Our card keeps everything TRL's has (front matter,
-quick start, tracking badges, framework versions, the method's and TRL's BibTeX) and adds what a reader of an RL
-checkpoint needs to reproduce it:
+TRL's card (`trl.trainer.utils.generate_model_card` with `trl/templates/lm_model_card.md`, fed with the trainer's
+`_name`, `_tag_names` and `_paper`) provides the standard parts: the front matter (`ModelCardData`), the tracking
+badges and the "trained with <method>, introduced in <paper>" line, the framework versions, and the citations (the
+method's BibTeX and TRL's). The package template `trl_groupopt/templates/model_card.md` lays them out and adds what a
+reader of an RL checkpoint needs to use and reproduce it:
 
-- the method (`trainer._name`, its paper) and its knobs: every field of the method's config that `GRPOConfig` does not
-  have, plus the GRPO/training settings that differ from `GRPOConfig`'s defaults;
+- an introduction and a quick start with no blank holes: the base model is a Hub link only when it is a Hub id (the
+  embedded policy `trl_groupopt/assets/tiny_policy` is named as such; a local path never reaches the card), the dataset
+  is a Hub link only when it is a Hub id, the question is one of the model's task (see `quick_start_question`), and
+  an adapter is loaded on top of its base model;
+- the method section: every field of the method's config that `GRPOConfig` does not have (its knobs), then the
+  GRPO/training settings that differ from what `GRPOConfig` would use by default;
 - a summary of the training reward curve from `trainer.state.log_history` (first, last and best logged `reward`, with
-  their steps, and the same for each reward function).
+  their steps, and the same for each reward function);
+- metadata: `library_name` `transformers` (`peft` for an adapter, as PEFT writes it), `pipeline_tag`, and tags
+  (TRL's, the method's, `peft`/the adapter type).
 
 Secrets never reach the card: fields whose name ends in `token` (e.g. `hub_token`) and other secret-like names are
 skipped, string values are not read from the environment, and anything shaped like a Hugging Face token (`hf_...`) is
 replaced by `<redacted>` in the rendered text.
 
-`create_model_card(trainer, ...)` is the hook for `GroupOptTrainer.create_model_card` (same arguments as TRL's); it
-writes `README.md` in `trainer.args.output_dir`. `render_model_card(trainer, ...)` returns the markdown only.
-The template below is the canonical copy; `model_cards/template.md` in the repository is identical (a test checks).
+`create_model_card(trainer, ...)` is the hook behind `GroupOptTrainer.create_model_card` (TRL's arguments) and
+`GroupOptTrainer._save`; it writes `README.md` (by default in `trainer.args.output_dir`). `render_model_card(trainer,
+...)` returns the markdown only.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 from dataclasses import MISSING, fields
 from importlib.metadata import PackageNotFoundError, version
+from importlib.resources import files
 from typing import Any
 
-__all__ = ["MODEL_CARD_TEMPLATE", "TRL_CITATION", "create_model_card", "method_knobs", "render_model_card",
-           "reward_summary"]  # fmt: skip
+__all__ = ["SYNTHETIC_DATASET_NAME", "TEMPLATE_PATH", "create_model_card", "method_knobs", "quick_start_question",
+           "render_model_card", "reward_summary"]  # fmt: skip
 
-#: BibTeX of TRL, as TRL's own card cites it.
-TRL_CITATION = """@software{vonwerra2020trl,
-  title   = {{TRL: Transformers Reinforcement Learning}},
-  author  = {von Werra, Leandro and Belkada, Younes and Tunstall, Lewis and Beeching, Edward and Thrush, Tristan and Lambert, Nathan and Huang, Shengyi and Rasul, Kashif and Gallouédec, Quentin},
-  license = {Apache-2.0},
-  url     = {https://github.com/huggingface/trl},
-  year    = {2020}
-}"""
+#: The package's card template (package data, see pyproject's `package-data`).
+TEMPLATE_PATH = files("trl_groupopt") / "templates" / "model_card.md"
+#: The name the demo script (`trl_groupopt/cli.py`) gives the offline synthetic arithmetic task; not a Hub dataset.
+SYNTHETIC_DATASET_NAME = "synthetic-arithmetic"
 
 #: GRPOConfig / TrainingArguments fields worth showing when they differ from GRPOConfig's defaults. An allowlist,
 #: so infrastructure details (hosts, paths, hub ids, tokens) never reach the card.
@@ -63,82 +68,6 @@ _SECRET_NAME = re.compile(r"(token|secret|password|api_key|credential)s?$", re.I
 _HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{16,}")  # Hugging Face user/org access tokens
 REDACTED = "<redacted>"
 _DOC_LINK = re.compile(r"\[`([^`]+)`\]")
-
-MODEL_CARD_TEMPLATE = """\
----
-{{ card_data }}
----
-
-# Model Card for {{ model_name }}
-
-This model is a fine-tuned version of {% if base_model %}[{{ base_model }}](https://huggingface.co/{{ base_model }}){% else %}a local model{% endif %}{% if dataset_name %} on the [{{ dataset_name }}](https://huggingface.co/datasets/{{ dataset_name }}) dataset{% endif %}.
-It has been trained with **{{ trainer_name }}** using [trl-groupopt](https://github.com/trl-groupopt/trl-groupopt) \
-(`{{ trainer_class }}`, a drop-in subclass of TRL's `GRPOTrainer`) and [TRL](https://github.com/huggingface/trl).
-
-## Quick start
-
-```python
-from transformers import pipeline
-
-question = "If you had a time machine, but could only go to the past or the future once and never return, which would you choose and why?"
-generator = pipeline("text-generation", model="{{ hub_model_id }}", device_map="auto")
-output = generator([{"role": "user", "content": question}], max_new_tokens=128, return_full_text=False)[0]
-print(output["generated_text"])
-```
-
-## Training procedure
-
-{% if wandb_url %}[<img src="https://raw.githubusercontent.com/wandb/assets/main/wandb-github-badge-28.svg" alt="Visualize in Weights & Biases" width="150" height="24"/>]({{ wandb_url }}){% endif %}
-{% if trackio_url %}[<img src="https://raw.githubusercontent.com/gradio-app/trackio/refs/heads/main/trackio/assets/badge.png" alt="Visualize in Trackio" title="Visualize in Trackio" width="150" height="24"/>]({{ trackio_url }}){% endif %}
-{% if comet_url %}[<img src="https://raw.githubusercontent.com/comet-ml/comet-examples/master/logo/comet_badge.png" alt="Visualize in Comet" width="150" height="24"/>]({{ comet_url }}){% endif %}
-
-This model was trained with {{ trainer_name }}{% if paper_id %}, a method introduced in [{{ paper_title }}](https://huggingface.co/papers/{{ paper_id }}){% endif %}.
-{% if trainer_description %}
-{{ trainer_description }}
-{% endif %}{% if adapter %}
-Only a PEFT adapter was trained (`{{ adapter }}`); the base model's weights are unchanged.
-{% endif %}
-
-### Method configuration
-
-Settings of `{{ config_class }}` that `GRPOConfig` does not have, or whose value differs from `GRPOConfig`'s default:
-
-| Setting | Value | GRPOConfig default |
-|---|---|---|
-{% for row in knobs %}| `{{ row.name }}` | `{{ row.value }}` | {% if row.default is none %}(method-specific){% else %}`{{ row.default }}`{% endif %} |
-{% endfor %}
-### Training reward
-
-{% if rewards %}Optimizer steps: {{ rewards.num_steps }}; `reward` (mean over completions) logged at {{ rewards.num_logged }} of them.
-
-| Metric | First (step) | Last (step) | Best (step) |
-|---|---|---|---|
-{% for row in rewards.rows %}| `{{ row.name }}` | {{ row.first }} ({{ row.first_step }}) | {{ row.last }} ({{ row.last_step }}) | {{ row.best }} ({{ row.best_step }}) |
-{% endfor %}{% else %}No training reward was logged.
-{% endif %}
-### Framework versions
-
-- trl-groupopt: {{ groupopt_version }}
-- TRL: {{ trl_version }}
-- Transformers: {{ transformers_version }}
-- Pytorch: {{ pytorch_version }}
-- Datasets: {{ datasets_version }}
-- Tokenizers: {{ tokenizers_version }}
-
-## Citations
-
-{% if trainer_citation %}Cite {{ trainer_name }} as:
-
-```bibtex
-{{ trainer_citation }}
-```
-{% endif %}
-Cite TRL as:
-
-```bibtex
-{{ trl_citation }}
-```
-"""
 
 
 # ------------------------------------------------------------------------------------------------ the pieces
@@ -175,12 +104,21 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+#: GRPOConfig fields whose declared default (None) is replaced in `GRPOConfig.__post_init__` by a value derived from
+#: other settings: the card compares against the derived value, so a setting the user never made is not listed.
+DERIVED_DEFAULTS = {
+    "steps_per_generation": lambda args: args.gradient_accumulation_steps,  # TRL: one generation per optimizer step
+}
+
+
 def method_knobs(args) -> list[dict[str, str | None]]:
     """Rows `{name, value, default}`: the method's own config fields (default None), then the reported GRPOConfig
-    settings whose value differs from `GRPOConfig`'s declared default."""
+    settings whose value differs from what `GRPOConfig` would use by default (its declared default, or the value its
+    `__post_init__` derives, see `DERIVED_DEFAULTS`)."""
     from trl import GRPOConfig
 
     grpo_defaults = _declared_defaults(GRPOConfig)
+    grpo_defaults.update({name: derive(args) for name, derive in DERIVED_DEFAULTS.items() if hasattr(args, name)})
     rows = []
     for f in fields(args):
         if f.name in grpo_defaults or _SECRET_NAME.search(f.name) or f.name.startswith("_"):
@@ -236,84 +174,237 @@ def _package_version(name: str) -> str:
         return "unknown"
 
 
-# ------------------------------------------------------------------------------------------------ rendering
-def render_model_card(
-    trainer,
-    model_name: str | None = None,
-    dataset_name: str | None = None,
-    tags: str | list[str] | None = None,
-) -> str:
-    """The model card (markdown with YAML front matter) of a trained trl-groupopt trainer."""
-    from accelerate.utils import is_peft_model
-    from huggingface_hub import ModelCard, ModelCardData
-    from transformers import is_wandb_available
-    from trl.trainer.utils import get_comet_experiment_url, get_config_model_id, get_trackio_space_url
+# ------------------------------------------------------------------------------------------------ base model, data
+#: The quick start's question for the synthetic arithmetic task, in its prompt format (`trl_groupopt/offline/task.py`,
+#: `make_arithmetic_dataset`: "Compute <expression>"), and the completion length the task needs.
+ARITHMETIC_QUESTION = ("Compute 12+7-3", 48)
+#: A GSM8K/MATH-style word problem for models trained on those datasets.
+MATH_QUESTION = ("A baker puts 24 muffins into boxes of 4 and sells each box for $3. How much money does the baker "
+                 "make by selling all the boxes?", 256)  # fmt: skip
+#: TRL's own quick-start question (`trl/templates/lm_model_card.md`), for any other task.
+GENERIC_QUESTION = ("If you had a time machine, but could only go to the past or the future once and never return, "
+                    "which would you choose and why?", 128)  # fmt: skip
 
-    model = trainer.model
-    model_id = get_config_model_id(model.config)
-    base_model = model_id if model_id and not os.path.isdir(model_id) else None
+
+def _is_hub_id(name: str | None) -> bool:
+    """Whether `name` can only be a Hub repo id: a valid id that is neither an absolute nor an existing local path."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not name or os.path.isabs(name) or os.path.exists(name):
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _is_embedded_policy(name: str | None) -> bool:
+    from .offline import EMBEDDED_POLICY_PATH
+
+    return bool(name) and os.path.realpath(name) == os.path.realpath(EMBEDDED_POLICY_PATH)
+
+
+def _base_model(model) -> dict[str, str | None]:
+    """`hub_id` (the `base_model` metadata: a Hub id or None), the introduction's `text`, and how the quick start
+    loads it under an adapter (`ref`, a Python expression, and `import`, a line before it)."""
+    from trl.trainer.utils import get_config_model_id
+
+    name = get_config_model_id(model.config)  # a PEFT model forwards `.config` to its base model
+    if _is_hub_id(name):
+        return {"hub_id": name, "text": f"[{name}](https://huggingface.co/{name})", "ref": repr(name), "import": None}
+    if _is_embedded_policy(name):
+        return {
+            "hub_id": None,  # not on the Hub: no `base_model` metadata rather than a local path the Hub rejects
+            "text": "trl-groupopt's embedded tiny policy (`trl_groupopt/assets/tiny_policy`, shipped with the package "
+            "and loaded by `trl_groupopt.offline.load_embedded_policy()`; it is not on the Hub)",
+            "ref": "EMBEDDED_POLICY_PATH",
+            "import": "from trl_groupopt.offline import EMBEDDED_POLICY_PATH  # pip install trl-groupopt",
+        }
+    text = (
+        "a local model (not on the Hub)" if name else "a model initialised from a configuration (no pretrained base)"
+    )
+    return {"hub_id": None, "text": text, "ref": '"path/to/base-model"',
+            "import": "# The base model of this adapter is not on the Hub: point the path below at your copy of it."}  # fmt: skip
+
+
+def _dataset(dataset_name: str | None) -> dict[str, str | None]:
+    """`hub_id` (the `datasets` metadata) and the introduction's `text`: a link only for a Hub dataset id."""
+    if not dataset_name:
+        return {"hub_id": None, "text": None}
+    if dataset_name == SYNTHETIC_DATASET_NAME:
+        return {"hub_id": None, "text": "trl-groupopt's synthetic arithmetic task (generated offline by "
+                "`trl_groupopt.offline.make_arithmetic_dataset`; not a Hub dataset)"}  # fmt: skip
+    if "/" in dataset_name and _is_hub_id(dataset_name):
+        return {"hub_id": dataset_name,
+                "text": f"the [{dataset_name}](https://huggingface.co/datasets/{dataset_name}) dataset"}  # fmt: skip
+    local_name = os.path.basename(os.path.normpath(dataset_name))  # never a machine path
+    return {"hub_id": None, "text": f"the local dataset `{local_name}` (not on the Hub)"}
+
+
+def quick_start_question(model, dataset_name: str | None) -> tuple[str, int]:
+    """(question, max_new_tokens) for the quick start: a prompt of the model's task when the task is known (the
+    synthetic arithmetic task, or the embedded policy with no dataset named; GSM8K/MATH-style data), else TRL's."""
+    from trl.trainer.utils import get_config_model_id
+
+    name = (dataset_name or "").lower()
+    if dataset_name == SYNTHETIC_DATASET_NAME or (
+        not dataset_name and _is_embedded_policy(get_config_model_id(model.config))
+    ):
+        return ARITHMETIC_QUESTION
+    if "gsm8k" in name or "math" in name:
+        return MATH_QUESTION
+    return GENERIC_QUESTION
+
+
+def _adapter(model) -> str | None:
+    """ "LoraConfig, r=4" for a PEFT model, None otherwise."""
+    from accelerate.utils import is_peft_model
+
+    if not is_peft_model(model):
+        return None
+    peft_config = model.peft_config.get(model.active_adapter) if hasattr(model, "active_adapter") else None
+    if peft_config is None:
+        return "PEFT"
+    return type(peft_config).__name__ + (f", r={peft_config.r}" if getattr(peft_config, "r", None) is not None else "")
+
+
+def _tags(trainer, tags: str | list[str] | None) -> list[str]:
+    """The card's tags, sorted. Mirrors the tag handling of TRL's `_BaseTrainer.create_model_card` (the caller's
+    tags, `unsloth`, `hf_jobs`, the trainer's `_tag_names`, the Trackio tag), plus `peft` and the adapter type."""
+    from trl.trainer.utils import get_trackio_space_url
 
     tag_set = {tags} if isinstance(tags, str) else set(tags or ())
-    if hasattr(model.config, "unsloth_version"):
+    if hasattr(trainer.model.config, "unsloth_version"):
         tag_set.add("unsloth")
     if "JOB_ID" in os.environ:
         tag_set.add("hf_jobs")
-    tag_set.update(getattr(trainer, "_tag_names", []))
+    tag_set.update(trainer._tag_names)
     trackio_url = get_trackio_space_url()
     if trackio_url is not None:
         tag_set = {tag for tag in tag_set if not tag.startswith("trackio:")} | {f"trackio:{trackio_url}"}
+    if _adapter(trainer.model) is not None:
+        peft_type = getattr(trainer.model.peft_config.get(trainer.model.active_adapter), "peft_type", None)
+        tag_set.update({"peft"} | ({str(getattr(peft_type, "value", peft_type)).lower()} if peft_type else set()))
+    return sorted(tag_set)
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+_HEADING = re.compile(r"^#{1,6} (.+?)\s*$")
+#: The sections of TRL's card the package template reuses, by heading.
+TRL_SECTIONS = ("Training procedure", "Framework versions", "Citations")
+
+
+def _sections(markdown: str) -> dict[str, str]:
+    """Heading -> body (stripped, trailing spaces and runs of blank lines removed) of a markdown text."""
+    out: dict[str, list[str]] = {}
+    current, in_code = None, False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        match = None if in_code else _HEADING.match(line)
+        if match:
+            current = match.group(1)
+            out[current] = []
+        elif current is not None:
+            out[current].append(line.rstrip())
+    return {name: re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() for name, lines in out.items()}
+
+
+def _trl_card(trainer, model_name: str, hub_model_id: str, base_model: str | None, dataset: str | None, tags):
+    """TRL's own card (`trl.trainer.utils.generate_model_card`, TRL's template), with the inputs TRL's
+    `_BaseTrainer.create_model_card` gives it."""
+    from transformers import is_wandb_available
+    from trl.trainer.utils import generate_model_card, get_comet_experiment_url, get_trackio_space_url
+
     wandb_url = None
     if is_wandb_available():
         import wandb
 
         wandb_url = wandb.run.url if wandb.run is not None else None
-
-    model_name = model_name or os.path.basename(os.path.normpath(trainer.args.output_dir))
-    card_data = ModelCardData(
-        base_model=base_model,
-        datasets=dataset_name,
-        library_name="transformers",
-        licence="license",
-        model_name=model_name,
-        tags=["generated_from_trainer", *sorted(tag_set)],
-    )
     paper = getattr(trainer, "_paper", {}) or {}
-    doc = _DOC_LINK.sub(r"`\1`", (type(trainer).__doc__ or "").strip()).splitlines()  # "[`trl.X`]" -> "`trl.X`"
-    adapter = None
-    if is_peft_model(model):
-        peft_config = model.peft_config.get(model.active_adapter) if hasattr(model, "active_adapter") else None
-        adapter = type(peft_config).__name__ if peft_config is not None else "PEFT"
-        if peft_config is not None and getattr(peft_config, "r", None) is not None:
-            adapter += f", r={peft_config.r}"
-    card = ModelCard.from_template(
-        card_data,
-        template_str=MODEL_CARD_TEMPLATE,
-        model_name=model_name,
+    return generate_model_card(
         base_model=base_model,
-        hub_model_id=trainer.hub_model_id or model_name,
-        dataset_name=dataset_name,
+        model_name=model_name,
+        hub_model_id=hub_model_id,
+        dataset_name=dataset,
+        tags=tags,
         wandb_url=wandb_url,
-        trackio_url=trackio_url,
+        trackio_url=get_trackio_space_url(),
         comet_url=get_comet_experiment_url(),
         trainer_name=trainer._name,
-        trainer_class=type(trainer).__name__,
-        trainer_description=doc[0] if doc else "",
         trainer_citation=paper.get("citation"),
         paper_title=paper.get("title"),
         paper_id=paper.get("id"),
+    )
+
+
+def _default_model_name(trainer) -> str:
+    """TRL's choice in `GRPOTrainer._save_checkpoint` and transformers' in `Trainer.push_to_hub`."""
+    hub_model_id = trainer.args.hub_model_id
+    return hub_model_id.split("/")[-1] if hub_model_id else os.path.basename(os.path.normpath(trainer.args.output_dir))
+
+
+def render_model_card(
+    trainer,
+    model_name: str | None = None,
+    dataset_name: str | None = None,
+    tags: str | list[str] | None = None,
+    question: str | None = None,
+) -> str:
+    """The model card (markdown with YAML front matter) of a trained trl-groupopt trainer.
+
+    Args:
+        model_name: the card's title; default the Hub repo name (`hub_model_id`) or the output directory's name.
+        dataset_name: the training data: a Hub dataset id (linked, and the `datasets` metadata), the demo's
+            `SYNTHETIC_DATASET_NAME`, or any other name (mentioned without a link).
+        tags: extra tags, added to TRL's and the method's.
+        question: the quick start's prompt; default `quick_start_question(...)`.
+    """
+    from huggingface_hub import ModelCard
+
+    model = trainer.model
+    model_name = model_name or _default_model_name(trainer)
+    hub_model_id = trainer.hub_model_id or trainer.args.hub_model_id or model_name
+    base, dataset, adapter = _base_model(model), _dataset(dataset_name), _adapter(model)
+    trl_card = _trl_card(trainer, model_name, hub_model_id, base["hub_id"], dataset["hub_id"], _tags(trainer, tags))
+    trl = _sections(trl_card.text)
+    missing = [name for name in TRL_SECTIONS if not trl.get(name)]
+    if missing:  # a TRL release changed its template: keep the card valid, without those parts
+        import logging
+
+        logging.getLogger(__name__).warning("TRL's model card has no %s section; the card leaves it out.", missing)
+    card_data = trl_card.data
+    card_data.pipeline_tag = "text-generation"
+    if adapter is not None:
+        card_data.library_name = "peft"  # what PEFT itself writes for an adapter repo
+    default_question, max_new_tokens = quick_start_question(model, dataset_name)
+    doc = _DOC_LINK.sub(r"`\1`", (type(trainer).__doc__ or "").strip()).splitlines()  # "[`trl.X`]" -> "`trl.X`"
+    card = ModelCard.from_template(
+        card_data,
+        template_str=TEMPLATE_PATH.read_text(encoding="utf-8"),
+        model_name=model_name,
+        hub_model_id=hub_model_id,
+        base_text=base["text"],
+        base_ref=base["ref"],
+        base_import=base["import"],
+        dataset_text=dataset["text"],
+        trainer_name=trainer._name,
+        trainer_class=type(trainer).__name__,
+        trainer_description=doc[0] if doc else "",
+        adapter=adapter,
+        question=json.dumps(question or default_question, ensure_ascii=False),  # a Python string literal
+        max_new_tokens=max_new_tokens,
         config_class=type(trainer.args).__name__,
         knobs=method_knobs(trainer.args),
         rewards=reward_summary(trainer.state.log_history, trainer.state.global_step),
-        adapter=adapter,
-        trl_citation=TRL_CITATION,
         groupopt_version=_package_version("trl-groupopt"),
-        trl_version=_package_version("trl"),
-        transformers_version=_package_version("transformers"),
-        pytorch_version=_package_version("torch"),
-        datasets_version=_package_version("datasets"),
-        tokenizers_version=_package_version("tokenizers"),
+        peft_version=_package_version("peft") if adapter is not None else None,
+        trl_training_procedure=trl.get("Training procedure", ""),
+        trl_framework_versions=trl.get("Framework versions", ""),
+        trl_citations=trl.get("Citations", ""),
     )
-    return _redact(re.sub(r"\n{3,}", "\n\n", str(card)))  # the empty badge lines
+    return _redact(re.sub(r"\n{3,}", "\n\n", str(card)))
 
 
 def create_model_card(
@@ -321,15 +412,22 @@ def create_model_card(
     model_name: str | None = None,
     dataset_name: str | None = None,
     tags: str | list[str] | None = None,
+    question: str | None = None,
+    output_dir: str | os.PathLike | None = None,
 ) -> str | None:
-    """Write the card to `<output_dir>/README.md` on the main process; returns its path (None elsewhere).
+    """Write the card to `<output_dir>/README.md` (default `trainer.args.output_dir`) on the main process; returns
+    its path (None on other processes).
 
-    The hook for `GroupOptTrainer.create_model_card`, which TRL calls from `push_to_hub` and `_save_checkpoint`.
+    The hook behind `GroupOptTrainer.create_model_card`, which TRL calls from `push_to_hub` and `_save_checkpoint`,
+    and `GroupOptTrainer._save`, so every saved model folder (a LoRA adapter's too) holds this card rather than
+    PEFT's empty template.
     """
     if not trainer.is_world_process_zero():
         return None
-    os.makedirs(trainer.args.output_dir, exist_ok=True)
-    path = os.path.join(trainer.args.output_dir, "README.md")
+    output_dir = os.fspath(output_dir if output_dir is not None else trainer.args.output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, "README.md")
+    text = render_model_card(trainer, model_name=model_name, dataset_name=dataset_name, tags=tags, question=question)
     with open(path, "w", encoding="utf-8") as handle:
-        handle.write(render_model_card(trainer, model_name=model_name, dataset_name=dataset_name, tags=tags))
+        handle.write(text)
     return path

@@ -1,12 +1,11 @@
-"""The user-facing layer: generation is TRL's, vLLM flags reach TRL, LoRA trains adapters only, the model card.
+"""The user-facing layer: generation is TRL's, vLLM flags reach TRL, LoRA trains adapters only.
 
 1. Generation untouched: no trainer of ours defines any of TRL's generation / vLLM weight-sync methods, and the one
    generation-path method the base overrides (`_generate_and_score_completions`) delegates to TRL's.
 2. vLLM plumbing on CPU (vLLM cannot be installed here), see `test_vllm_colocate_through_trl_backend`'s docstring for
    exactly what is and is not covered.
 3. LoRA: two training steps per method with a peft `LoraConfig` move only `lora_` weights.
-4. Model card: `trl_groupopt.model_card` renders the method, its knobs, the reward curve and the citations, and never
-   a token.
+(The model card's tests live in `tests/hub/test_model_card.py`, the push tests in `tests/hub/test_push.py`.)
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from tests.helpers import clone_model, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
 from trl_groupopt import (
@@ -495,108 +494,3 @@ def test_lora_trains_only_the_adapter(method, tokenizer, base_model, tmp_path):
     assert base.keys() == original.keys()
     for name, tensor in original.items():
         assert torch.equal(base[name], tensor), name
-
-
-# =============================================================================================== 4. model card
-CARD_KNOBS = {  # method -> (a knob row that must appear in the card)
-    "echo": "| `batch_epsilon` | `0.2` | (method-specific) |",
-    "dfpo_min_replace": "| `dfpo_transform` | `min_replace` | (method-specific) |",
-    "ctpo": "| `ctpo_dual_clip` | `0.05` | (method-specific) |",
-    "otb": "| `otb_token_positions` | `valid` | (method-specific) |",
-}
-FAKE_TOKEN = "hf_" + "QwErTy0123456789" * 2 + "zz"  # shaped like a real access token (hf_ + 34 characters)
-
-
-def _bibtex_key(citation: str) -> str:
-    return citation.strip().split("{", 1)[1].split(",", 1)[0]
-
-
-def test_model_card_template_file_matches_the_package():
-    from trl_groupopt.model_card import MODEL_CARD_TEMPLATE
-
-    root = PACKAGE_DIR.parent / "model_cards"
-    assert (root / "template.md").read_text(encoding="utf-8") == MODEL_CARD_TEMPLATE
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    for _, trainer_cls, _ in METHOD_TRAINERS.values():
-        assert f"`{_bibtex_key(trainer_cls._paper['citation'])}`" in readme, trainer_cls.__name__
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", list(METHOD_TRAINERS))
-def test_model_card_renders_method_knobs_rewards_and_citations(method, tokenizer, base_model, tmp_path, monkeypatch):
-    """Train 1 step, render: method name, a knob, the reward curve, the method's and TRL's BibTeX, and no token."""
-    from trl_groupopt.model_card import create_model_card, render_model_card
-
-    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
-    config_cls, trainer_cls, overrides = METHOD_TRAINERS[method]
-    args = config_cls(**cpu_config_kwargs(tmp_path / "run", num_generations=2, max_steps=1, hub_token=FAKE_TOKEN,
-                                          **overrides))  # fmt: skip
-    trainer = trainer_cls(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
-                          processing_class=tokenizer)  # fmt: skip
-    trainer.train()
-    card = render_model_card(trainer, dataset_name="openai/gsm8k", tags=["extra-tag"])
-
-    assert card.startswith("---\n") and "\ndatasets: openai/gsm8k\n" in card
-    for tag in (*trainer_cls._tag_names, "extra-tag", "generated_from_trainer"):
-        assert f"\n- {tag}\n" in card, tag
-    assert f"trained with **{trainer_cls._name}**" in card and f"`{trainer_cls.__name__}`" in card
-    assert CARD_KNOBS[method] in card
-    assert "| `max_completion_length` | `8` | `512` |" in card  # a GRPO setting that differs from the default
-    assert "| `use_vllm` |" not in card  # ...and one that does not is left out
-    (entry,) = [e for e in trainer.state.log_history if "reward" in e]
-    reward = f"{entry['reward']:.4g}"
-    assert f"| `reward` | {reward} (1) | {reward} (1) | {reward} (1) |" in card
-    assert "| `rewards/length_reward/mean` |" in card and "Optimizer steps: 1;" in card
-    assert trainer_cls._paper["citation"].strip() in card
-    assert "{" + _bibtex_key(trainer_cls._paper["citation"]) + "," in card
-    assert "@software{vonwerra2020trl," in card
-    if trainer_cls._paper.get("id"):
-        assert f"https://huggingface.co/papers/{trainer_cls._paper['id']}" in card
-    assert FAKE_TOKEN not in card and "hf_QwErTy" not in card and "hub_token" not in card
-
-    path = create_model_card(trainer, dataset_name="openai/gsm8k")  # the hook the trainers call
-    assert Path(path) == Path(args.output_dir) / "README.md"
-    assert Path(path).read_text(encoding="utf-8") == render_model_card(trainer, dataset_name="openai/gsm8k")
-
-
-def test_model_card_redacts_token_shaped_values():
-    """Unit: secret-named fields are skipped and token-shaped strings are redacted, whatever field carries them."""
-    from dataclasses import dataclass, field
-
-    from trl_groupopt.model_card import REDACTED, method_knobs, reward_summary
-
-    @dataclass
-    class LeakyConfig(GRPOConfig):
-        my_api_token: str = field(default=FAKE_TOKEN)
-        my_note: str = field(default=f"pushed with {FAKE_TOKEN}")
-
-    rows = {row["name"]: row for row in method_knobs(LeakyConfig(output_dir="unused", report_to="none", use_cpu=True, bf16=False))}
-    assert "my_api_token" not in rows and "hub_token" not in rows
-    assert rows["my_note"]["value"] == f"pushed with {REDACTED}"
-    history = [{"reward": 0.5, "step": 1}, {"reward": float("nan"), "step": 2}, {"reward": 0.9, "step": 3},
-               {"reward": 0.7, "step": 4}, {"loss": 1.0, "step": 4}]  # fmt: skip
-    (row,) = reward_summary(history)["rows"]
-    assert (row["first"], row["first_step"], row["last"], row["last_step"]) == ("0.5", 1, "0.7", 4)
-    assert (row["best"], row["best_step"], row["num_logged"]) == ("0.9", 3, 3)
-    assert reward_summary([{"loss": 1.0, "step": 1}]) is None
-
-
-@pytest.mark.slow
-@pytest.mark.skipif("create_model_card" not in vars(GroupOptTrainer),
-                    reason="GroupOptTrainer.create_model_card hook not applied yet (see trl_groupopt/model_card.py)")
-def test_trl_checkpoint_writes_our_card(tokenizer, base_model, tmp_path):
-    """TRL's own call site (`_save_checkpoint` -> `self.create_model_card`) writes trl-groupopt's card."""
-    from trl_groupopt.model_card import render_model_card
-
-    args = OTBConfig(**cpu_config_kwargs(tmp_path / "otb-run", num_generations=2, max_steps=1, save_strategy="steps",
-                                         save_steps=1))  # fmt: skip
-    trainer = OTBTrainer(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
-                         processing_class=tokenizer)  # fmt: skip
-    trainer.train()
-    card = (Path(args.output_dir) / "README.md").read_text(encoding="utf-8")
-    assert "### Method configuration" in card and "| `otb_token_positions` | `valid` |" in card
-    assert "### Training reward" in card and "@article{li2026optimal," in card
-    trainer.create_model_card(model_name="otb-run", dataset_name="openai/gsm8k")
-    assert (Path(args.output_dir) / "README.md").read_text(encoding="utf-8") == render_model_card(
-        trainer, model_name="otb-run", dataset_name="openai/gsm8k"
-    )

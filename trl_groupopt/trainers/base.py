@@ -212,11 +212,17 @@ class GroupOptTrainer(GRPOTrainer):
                     f"Use per_device_train_batch_size in {working}, or a num_generations that divides {batch_size}."
                 )
 
-    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None):
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None, **kwargs):
         """TRL's card plus the method's knobs and the reward-curve summary (see `trl_groupopt.model_card`)."""
         from ..model_card import create_model_card
 
-        create_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags)
+        create_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, **kwargs)
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """transformers' `_save`, then our card in the saved folder (replacing PEFT's empty template for adapters)."""
+        super()._save(output_dir, state_dict=state_dict)
+        if self.args.should_save:
+            self.create_model_card(output_dir=output_dir if output_dir is not None else self.args.output_dir)
 
     # ------------------------------------------------------------------ the method's hooks
     def objective(
