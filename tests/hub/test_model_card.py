@@ -239,7 +239,7 @@ def test_trl_checkpoint_and_save_model_write_our_card(tokenizer, base_model, tmp
     output_dir = Path(args.output_dir)
     for folder in (output_dir, output_dir / "checkpoint-1"):
         card = (folder / "README.md").read_text(encoding="utf-8")
-        assert "### Method configuration" in card and "| `otb_handle_zero_tail` | `True` |" in card, folder
+        assert "### Method configuration" in card and "| `otb_token_positions` | `valid` |" in card, folder
         assert "### Training reward" in card and "@article{li2026optimal," in card
     trainer.create_model_card(model_name="otb-run", dataset_name="openai/gsm8k")
     assert (output_dir / "README.md").read_text(encoding="utf-8") == render_model_card(

@@ -51,7 +51,7 @@ METHODS = {
     "grpo-fix": (DFPOConfig, DFPOTrainer, {"dfpo_transform": "symmetric_clip"},
                  "| `dfpo_transform` | `symmetric_clip` | (method-specific) |"),
     "ctpo": (CTPOConfig, CTPOTrainer, {}, "| `ctpo_dual_clip` | `0.05` | (method-specific) |"),
-    "otb": (OTBConfig, OTBTrainer, {}, "| `otb_handle_zero_tail` | `True` | (method-specific) |"),
+    "otb": (OTBConfig, OTBTrainer, {}, "| `otb_token_positions` | `valid` | (method-specific) |"),
     "base": (GRPOConfig, GroupOptTrainer, {}, "| `max_completion_length` | `8` | `512` |"),
 }  # fmt: skip
 TOKEN_SHAPED = re.compile(rb"hf_[A-Za-z0-9]{30,}")
@@ -257,7 +257,7 @@ def test_every_save_pushes_each_checkpoint(runs, hub):
     for commit in commits:  # the card of that moment
         assert "Optimizer steps: " in commit.files["README.md"].decode()
     card = hub.files(repo_id)["README.md"].decode()
-    assert "| `otb_handle_zero_tail` | `True` |" in card and "Optimizer steps: 2;" in card
+    assert "| `otb_token_positions` | `valid` |" in card and "Optimizer steps: 2;" in card
     assert not any(path.startswith("checkpoint-") for path in hub.files(repo_id))  # hub_strategy every_save only
     check_model(hub, repo_id, trainer)
     check_no_token(hub)
