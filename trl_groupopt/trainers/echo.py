@@ -159,18 +159,6 @@ class ECHOConfig(TokenSafeConfigMixin, GRPOConfig):
         return scope
 
 
-class _StepTotals:
-    """Detached step-level totals of one optimizer step ("step" scope), valid for its micro-batches."""
-
-    def __init__(self, global_step: int, first: int, length: int, log_ratio_sum: Tensor, token_count: Tensor,
-                 coupling_sum: Tensor) -> None:
-        self.global_step, self.first, self.length = global_step, first, length
-        self.kwargs = dict(log_ratio_sum=log_ratio_sum, token_count=token_count, coupling_sum=coupling_sum)
-
-    def covers(self, global_step: int, micro_step: int) -> bool:
-        return global_step == self.global_step and self.first <= micro_step < self.first + self.length
-
-
 class ECHOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with ECHO's objective: batch-level clip, token-level importance sampling."""
 
@@ -196,7 +184,8 @@ class ECHOTrainer(GroupOptTrainer):
     )
 
     def __init__(self, *args, **kwargs):
-        self._step_totals: _StepTotals | None = None
+        # ({(global_step, micro-step) it serves}, echo_loss's totals) of the current optimizer step ("step" scope)
+        self._step_totals: tuple[set[tuple[int, int]], dict[str, Tensor]] | None = None
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -216,32 +205,43 @@ class ECHOTrainer(GroupOptTrainer):
 
     def _compute_loss(self, model, inputs):
         if self.args.batch_ratio_scope == "step" and self.model.training:
-            global_step, micro_step = self.state.global_step, self._step
-            if self._step_totals is None or not self._step_totals.covers(global_step, micro_step):
-                self._step_totals = self._compute_step_totals(model, inputs, global_step, micro_step)
+            key = (self.state.global_step, self._step)
+            if self._step_totals is None or key not in self._step_totals[0]:
+                batches, keys = self._step_micro_batches(inputs)
+                self._step_totals = (keys, self._compute_step_totals(model, batches))
         return super()._compute_loss(model, inputs)
 
-    def _compute_step_totals(self, model, inputs: dict[str, Any], global_step: int, first: int) -> _StepTotals:
-        """R's totals and the coupling over every micro-batch of the optimizer step starting at micro-step `first`.
+    def _step_micro_batches(self, inputs: dict[str, Any]) -> tuple[list[dict[str, Any]], set[tuple[int, int]]]:
+        """The micro-batches of the optimizer step that starts with `inputs`, and the (global_step, micro-step) keys
+        they are served at.
 
-        The step's micro-batches are TRL's buffered ones (`_prepare_inputs` serves micro-step k the buffered batch
-        `k % steps_per_generation`); one no-grad forward each gives their log-probs at the current parameters, which
-        do not change until the optimizer step. Totals are summed over micro-batches, then over processes.
+        TRL's `_prepare_inputs` serves micro-step k the buffered batch `k % steps_per_generation`, and the config
+        guarantees that an optimizer step never straddles two generation batches. Called outside TRL's training loop
+        (no buffered batch), the step is `inputs` alone and nothing is cached.
         """
-        length = int(self.current_gradient_accumulation_steps)
         buffered = self._buffered_inputs
-        steps_per_generation = self.args.steps_per_generation
-        if buffered is None or buffered[first % steps_per_generation] is not inputs:
+        if buffered is None:
+            return [inputs], set()
+        first, length = self._step, int(self.current_gradient_accumulation_steps)
+        if buffered[first % len(buffered)] is not inputs:
             raise RuntimeError(
                 "ECHO batch_ratio_scope='step' reads the optimizer step's micro-batches from TRL's buffered generation "
                 "batch, but the current inputs are not the buffered batch of this micro-step (a custom "
                 "`_prepare_inputs`?). Use batch_ratio_scope='global'."
             )
+        micro_steps = range(first, first + length)
+        return [buffered[k % len(buffered)] for k in micro_steps], {(self.state.global_step, k) for k in micro_steps}
+
+    def _compute_step_totals(self, model, batches: list[dict[str, Any]]) -> dict[str, Tensor]:
+        """`echo_loss`'s log_ratio_sum, token_count and coupling_sum over `batches` on every process.
+
+        One no-grad forward per micro-batch gives its log-probs at the current parameters, which do not change before
+        the optimizer step. Totals are summed over micro-batches, then over processes.
+        """
         parts = []
         # mirrors the no-grad behaviour forward of `GRPOTrainer._generate_and_score_completions`
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            for k in range(first, first + length):
-                batch = buffered[k % steps_per_generation]
+            for batch in batches:
                 logps, _, _ = self._forward_logps_and_entropies(model, batch)  # (B, T)
                 old = batch.get("old_per_token_logps")
                 old = logps if old is None else old  # on-policy: ratio exactly 1, as in `_compute_loss`
@@ -252,14 +252,14 @@ class ECHOTrainer(GroupOptTrainer):
         kwargs = dict(self._surrogate_kwargs(), log_ratio_sum=totals[0], token_count=totals[1])
         coupling = sum(echo_batch_ratio_coupling(*part, **kwargs) for part in parts)  # ()
         coupling_sum = self.accelerator.reduce(coupling.reshape(1), reduction="sum")[0]
-        return _StepTotals(global_step, first, length, totals[0], totals[1], coupling_sum)
+        return dict(log_ratio_sum=totals[0], token_count=totals[1], coupling_sum=coupling_sum)
 
     def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
                   inputs: dict[str, Any]) -> ObjectiveOutput:
         kwargs = self._surrogate_kwargs()
         scope = self.args.batch_ratio_scope
         if scope == "step" and self.model.training:
-            kwargs.update(self._step_totals.kwargs)
+            kwargs.update(self._step_totals[1])
         elif scope in ("step", "global"):  # evaluation has no accumulation: "step" is the processes' batch
             local = echo_log_ratio_totals(per_token_logps, old_per_token_logps, mask)  # (2,)
             totals = self.accelerator.reduce(local, reduction="sum")  # (2,) over processes
