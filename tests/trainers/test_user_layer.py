@@ -529,7 +529,7 @@ def test_model_card_renders_method_knobs_rewards_and_citations(method, tokenizer
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
     config_cls, trainer_cls, overrides = METHOD_TRAINERS[method]
     args = config_cls(**cpu_config_kwargs(tmp_path / "run", num_generations=2, max_steps=1, hub_token=FAKE_TOKEN,
-                                          **overrides))  # fmt: skip
+                                          steps_per_generation=2, **overrides))  # fmt: skip
     trainer = trainer_cls(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
                           processing_class=tokenizer)  # fmt: skip
     trainer.train()

@@ -25,3 +25,22 @@ def default_off_policy_schedule(config: GRPOConfig, updates_per_rollout: int) ->
         config.steps_per_generation = updates_per_rollout * config.gradient_accumulation_steps
     if config.num_iterations is None:
         config.num_iterations = 1
+
+
+def check_dataset_holds_a_generation_batch(args: GRPOConfig, train_dataset) -> None:
+    """Raise when the training set has fewer prompts than one generation batch needs.
+
+    TRL's `RepeatSampler` drops incomplete generation batches, so such a run would train zero steps without an error.
+    The default off-policy schedules make generation batches 8-16 times the training batch: name the fix.
+    """
+    if train_dataset is None or not hasattr(train_dataset, "__len__"):
+        return
+    prompts_needed = args.generation_batch_size // args.num_generations
+    if len(train_dataset) < prompts_needed:
+        raise ValueError(
+            f"The training set holds {len(train_dataset)} prompts but one generation batch needs {prompts_needed} "
+            f"(generation_batch_size={args.generation_batch_size} = per_device_train_batch_size x processes x "
+            f"steps_per_generation={args.steps_per_generation}, over num_generations={args.num_generations}): TRL "
+            "would train zero steps. Use more prompts, or a smaller steps_per_generation (it defaults to several "
+            "optimizer steps per rollout)."
+        )
