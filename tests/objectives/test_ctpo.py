@@ -133,9 +133,17 @@ def test_matches_the_authors_loss(ratio_mode, position_power, adv_2d):
     kw = dict(DEFAULTS, position_power=position_power, ratio_mode=ratio_mode)
     out, loss, grad = run_ctpo(logp, old, adv, mask, **kw)
     x = logp.clone().requires_grad_(True)
-    ref = authors_la_loss(old, x, adv.unsqueeze(1).expand_as(x) if adv.dim() == 1 else adv, mask,
-                          la_clip_low=0.025, la_clip_high=0.05, la_clip_c=0.05, la_power=position_power,
-                          ratio_mode=ratio_mode)
+    ref = authors_la_loss(
+        old,
+        x,
+        adv.unsqueeze(1).expand_as(x) if adv.dim() == 1 else adv,
+        mask,
+        la_clip_low=0.025,
+        la_clip_high=0.05,
+        la_clip_c=0.05,
+        la_power=position_power,
+        ratio_mode=ratio_mode,
+    )
     ref.backward()
     torch.testing.assert_close(loss, ref.detach(), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(grad, x.grad, rtol=1e-12, atol=1e-12)
@@ -224,7 +232,9 @@ def test_power_zero_is_plain_cumulative_clip():
     ref_loss.backward()
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-12)
     torch.testing.assert_close(grad, x.grad, rtol=1e-12, atol=1e-12)
-    assert reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() > 0 and out.metrics["ctpo/dual_clip"].item() > 0
+    assert (
+        reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() > 0 and out.metrics["ctpo/dual_clip"].item() > 0
+    )
     # the window does not move with t: the same log-ratio is clipped identically at t=1 and late
     early = ctpo_loss(
         torch.tensor([[0.3, 0.0]], dtype=F64),
@@ -296,7 +306,9 @@ def test_metrics_match_loop():
     n = counts["n"]
     assert reduce_metrics(out.metrics, mask)["clip_ratio/low"].item() == pytest.approx(counts["low"] / n, abs=1e-7)
     assert reduce_metrics(out.metrics, mask)["clip_ratio/high"].item() == pytest.approx(counts["high"] / n, abs=1e-7)
-    assert reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() == pytest.approx((counts["low"] + counts["high"]) / n, abs=1e-7)
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() == pytest.approx(
+        (counts["low"] + counts["high"]) / n, abs=1e-7
+    )
     assert out.metrics["ctpo/dual_clip"].item() == pytest.approx(counts["dual"] / n, abs=1e-7)
     assert counts["low"] and counts["high"] and counts["dual"]
     for label, values in buckets.items():

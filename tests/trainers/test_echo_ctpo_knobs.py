@@ -14,7 +14,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import _forward, cpu_config_kwargs, length_reward, random_batch, tiny_dataset, tiny_model, tiny_tokenizer
+from tests.helpers import (
+    _forward,
+    cpu_config_kwargs,
+    length_reward,
+    random_batch,
+    tiny_dataset,
+    tiny_model,
+    tiny_tokenizer,
+)
 from trl_groupopt import CTPOConfig, CTPOTrainer, ECHOConfig, ECHOTrainer
 from trl_groupopt.objectives.ctpo import ctpo_loss
 from trl_groupopt.objectives.echo import echo_loss
@@ -23,21 +31,32 @@ ATOL, RTOL = 1e-6, 1e-5
 SENSITIVE = 1e-4  # the knob must move the loss or a gradient entry by more than this
 
 ECHO_BASE = dict(epsilon=0.2, epsilon_high=0.28, batch_epsilon=0.15, batch_epsilon_high=0.25, token_clip=True)
-CTPO_BASE = dict(epsilon=0.025, epsilon_high=0.05, ctpo_dual_clip=0.05, ctpo_position_power=0.5,
-                 ctpo_ratio_mode="cumprod")
+CTPO_BASE = dict(
+    epsilon=0.025, epsilon_high=0.05, ctpo_dual_clip=0.05, ctpo_position_power=0.5, ctpo_ratio_mode="cumprod"
+)
 
 
 def echo_prediction_kwargs(cfg: dict) -> dict:
-    return dict(epsilon_low=cfg["epsilon"], epsilon_high=cfg["epsilon_high"], batch_epsilon_low=cfg["batch_epsilon"],
-                batch_epsilon_high=cfg["batch_epsilon_high"], token_clip=cfg["token_clip"])
+    return dict(
+        epsilon_low=cfg["epsilon"],
+        epsilon_high=cfg["epsilon_high"],
+        batch_epsilon_low=cfg["batch_epsilon"],
+        batch_epsilon_high=cfg["batch_epsilon_high"],
+        token_clip=cfg["token_clip"],
+    )
 
 
 def ctpo_prediction_kwargs(cfg: dict) -> dict:
     power = cfg["ctpo_position_power"]
     if power is None:  # the config's documented default per mode
         power = {"cumprod": 0.5, "geomean": -0.5}[cfg["ctpo_ratio_mode"]]
-    return dict(epsilon_low=cfg["epsilon"], epsilon_high=cfg["epsilon_high"], epsilon_c=cfg["ctpo_dual_clip"],
-                position_power=power, ratio_mode=cfg["ctpo_ratio_mode"])
+    return dict(
+        epsilon_low=cfg["epsilon"],
+        epsilon_high=cfg["epsilon_high"],
+        epsilon_c=cfg["ctpo_dual_clip"],
+        position_power=power,
+        ratio_mode=cfg["ctpo_ratio_mode"],
+    )
 
 
 METHODS = {
@@ -72,8 +91,9 @@ def tiny(tmp_path_factory):
 
 def _build(method: str, cfg: dict, tmp_path, model, tokenizer):
     trainer_cls, config_cls, *_ = METHODS[method]
-    args = config_cls(**cpu_config_kwargs(tmp_path, per_device_train_batch_size=6, num_generations=2,
-                                          steps_per_generation=2, **cfg))
+    args = config_cls(
+        **cpu_config_kwargs(tmp_path, per_device_train_batch_size=6, num_generations=2, steps_per_generation=2, **cfg)
+    )
     trainer = trainer_cls(model, length_reward, args=args, train_dataset=tiny_dataset(8), processing_class=tokenizer)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1

@@ -51,7 +51,10 @@ def _trainer(tmp_path, tokenizer, scope: str, **overrides):
         )
     )
     trainer = ECHOTrainer(
-        tiny_model(tokenizer, seed=2).double(), length_reward, args=args, train_dataset=tiny_dataset(8),
+        tiny_model(tokenizer, seed=2).double(),
+        length_reward,
+        args=args,
+        train_dataset=tiny_dataset(8),
         processing_class=tokenizer,
     )
     trainer.model.train()
@@ -109,8 +112,16 @@ def _whole_step_reference(trainer, inputs):
     trainer.model.zero_grad(set_to_none=True)
     logps, _, _ = trainer._forward_logps_and_entropies(trainer.model, inputs)
     mask = inputs["completion_mask"].double()
-    out = echo_loss(logps, inputs["old_per_token_logps"], inputs["advantages"], mask, epsilon_low=0.2,
-                    epsilon_high=0.28, batch_epsilon_low=0.2, batch_epsilon_high=0.2)
+    out = echo_loss(
+        logps,
+        inputs["old_per_token_logps"],
+        inputs["advantages"],
+        mask,
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        batch_epsilon_low=0.2,
+        batch_epsilon_high=0.2,
+    )
     loss = (out.per_token_loss * mask).sum() / inputs["num_items_in_batch"]
     loss.backward()
     return loss.detach(), _grads(trainer.model), out.metrics

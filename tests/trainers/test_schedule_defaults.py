@@ -49,7 +49,9 @@ def test_a_user_schedule_is_kept(tmp_path, config_cls):
 def test_ctpo_vllm_importance_sampling_defaults_are_the_authors(tmp_path):
     args = _config(CTPOConfig, tmp_path)
     assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("sequence_truncate", 5.0)
-    args = _config(CTPOConfig, tmp_path, vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_max=2.0)
+    args = _config(
+        CTPOConfig, tmp_path, vllm_importance_sampling_mode="token_mask", vllm_importance_sampling_clip_max=2.0
+    )
     assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("token_mask", 2.0)
     args = _config(CTPOConfig, tmp_path, vllm_importance_sampling_clip_max=None, vllm_importance_sampling_clip_min=0.5)
     assert (args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max) == (0.5, None)
@@ -83,8 +85,9 @@ ON_POLICY_CASES = {
 def _build(trainer_cls, config_cls, tmp_path, **overrides):
     tokenizer = tiny_tokenizer()
     args = config_cls(**cpu_config_kwargs(tmp_path, num_generations=2, **overrides))
-    return trainer_cls(tiny_model(tokenizer), length_reward, args=args, train_dataset=tiny_dataset(8),
-                       processing_class=tokenizer)
+    return trainer_cls(
+        tiny_model(tokenizer), length_reward, args=args, train_dataset=tiny_dataset(8), processing_class=tokenizer
+    )
 
 
 def _inert_warnings(record) -> list[str]:

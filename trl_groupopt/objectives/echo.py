@@ -127,8 +127,9 @@ class _Prepared:
         self.log_ratio = total / self.count.clamp(min=1.0)  # () log R, Eq. 6
 
 
-def _surrogate_kwargs(epsilon_low: float, epsilon_high: float, batch_epsilon_low: float, batch_epsilon_high: float,
-                      token_clip: bool) -> dict:
+def _surrogate_kwargs(
+    epsilon_low: float, epsilon_high: float, batch_epsilon_low: float, batch_epsilon_high: float, token_clip: bool
+) -> dict:
     """Validated keyword arguments of `_surrogate` (shared by the loss and the coupling)."""
     check_positive(
         epsilon_low=epsilon_low,

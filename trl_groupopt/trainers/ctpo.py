@@ -146,8 +146,14 @@ class CTPOTrainer(GroupOptTrainer):
         super().__init__(*args, **kwargs)
         check_dataset_holds_a_generation_batch(self.args, self.train_dataset)
 
-    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
-                  inputs: dict[str, Any]) -> ObjectiveOutput:
+    def objective(
+        self,
+        per_token_logps: Tensor,
+        old_per_token_logps: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        inputs: dict[str, Any],
+    ) -> ObjectiveOutput:
         return ctpo_loss(
             per_token_logps,
             old_per_token_logps,

@@ -148,7 +148,7 @@ class ECHOConfig(TokenSafeConfigMixin, GRPOConfig):
         return problems
 
     def _default_scope(self) -> str:
-        """"step" when exact here; else the widest exact scope, with a warning naming what prevented "step"."""
+        """The "step" scope when exact here; else the widest exact scope, with a warning naming what prevented it."""
         step_problems = self._scope_problems("step")
         if not step_problems:
             return "step"
@@ -258,8 +258,14 @@ class ECHOTrainer(GroupOptTrainer):
         coupling_sum = self.accelerator.reduce(coupling.reshape(1), reduction="sum")[0]
         return dict(log_ratio_sum=totals[0], token_count=totals[1], coupling_sum=coupling_sum)
 
-    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
-                  inputs: dict[str, Any]) -> ObjectiveOutput:
+    def objective(
+        self,
+        per_token_logps: Tensor,
+        old_per_token_logps: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        inputs: dict[str, Any],
+    ) -> ObjectiveOutput:
         kwargs = self._surrogate_kwargs()
         scope = self.args.batch_ratio_scope
         if scope == "step" and self.model.training:
