@@ -1,6 +1,6 @@
-"""CTPO objective (papers 002/004; authors' `cum-token-cumprod-la`; SPEC section 4).
+"""CTPO objective (arXiv:2605.07331; the authors' `cum-token-cumprod-la` and `cum-token-geomean-la`).
 
-Tolerances: float64 comparisons 1e-12 (loss/gradient vs loops and surrogates) and 1e-10 (exact
+Tolerances: float64 comparisons 1e-12 (loss/gradient vs loops, the authors' loss and surrogates) and 1e-10 (exact
 expectations in the tabular problem). The Monte Carlo variance comparison is stated in its test.
 """
 
@@ -100,6 +100,75 @@ def test_matches_loop_reference(position_power, adv_2d):
     assert all(v > 0 for v in branches.values()), branches  # every branch is exercised
 
 
+def authors_la_loss(old, logp, adv, mask, *, la_clip_low, la_clip_high, la_clip_c, la_power, ratio_mode):
+    """float64 port of `_compute_policy_loss_cum_token_la_impl` (github.com/horizon-llm/CTPO, verl's
+    core_algos.py) with `loss_agg_mode="token-mean"` and no rollout IS weights; `adv` is (B, T) as in verl."""
+    log_r = torch.clamp(logp - old, min=-20.0, max=20.0)
+    cumulative_sum = torch.cumsum(log_r * mask, dim=-1)
+    if ratio_mode == "geomean":
+        cumulative_count = torch.cumsum(mask, dim=-1).clamp(min=1.0)
+        kl_values = torch.where(mask > 0, cumulative_sum / cumulative_count, torch.zeros_like(cumulative_sum))
+    else:
+        kl_values = torch.where(mask > 0, cumulative_sum, torch.zeros_like(cumulative_sum))
+    log_ratio = torch.clamp(kl_values.detach() + logp - logp.detach(), max=10.0)
+    ratio = torch.where(mask > 0, torch.exp(log_ratio), torch.zeros_like(log_ratio))
+    pos_t = torch.cumsum(mask, dim=-1)
+    scale = pos_t.clamp(min=1.0).pow(la_power) if la_power != 0.0 else torch.ones_like(pos_t)
+    clipped = torch.clamp(log_ratio, -la_clip_low * scale, la_clip_high * scale)
+    clipped_ratio = torch.where(mask > 0, torch.exp(clipped), torch.zeros_like(clipped))
+    dual = torch.where(mask > 0, torch.exp(la_clip_c * scale), torch.ones_like(scale))
+    clip1 = torch.maximum(-adv * ratio, -adv * clipped_ratio)
+    losses = torch.where(adv < 0, torch.min(-adv * dual, clip1), clip1)
+    return (losses * mask).sum() / mask.sum()
+
+
+@pytest.mark.parametrize(
+    "ratio_mode,position_power", [("cumprod", 0.5), ("cumprod", 0.0), ("geomean", -0.5), ("geomean", 0.5)]
+)
+@pytest.mark.parametrize("adv_2d", [False, True])
+def test_matches_the_authors_loss(ratio_mode, position_power, adv_2d):
+    """Loss and gradient equal the authors' length-adaptive loss in both ratio modes (masks with holes, the -20/20
+    clamp, the cap at 10, both clips and the dual clip exercised by `make_inputs`)."""
+    logp, old, adv, mask = make_inputs(9, adv_2d=adv_2d)
+    kw = dict(DEFAULTS, position_power=position_power, ratio_mode=ratio_mode)
+    out, loss, grad = run_ctpo(logp, old, adv, mask, **kw)
+    x = logp.clone().requires_grad_(True)
+    ref = authors_la_loss(
+        old,
+        x,
+        adv.unsqueeze(1).expand_as(x) if adv.dim() == 1 else adv,
+        mask,
+        la_clip_low=0.025,
+        la_clip_high=0.05,
+        la_clip_c=0.05,
+        la_power=position_power,
+        ratio_mode=ratio_mode,
+    )
+    ref.backward()
+    torch.testing.assert_close(loss, ref.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, x.grad, rtol=1e-12, atol=1e-12)
+    assert (x.grad != 0).sum() > 10  # a real gradient: not every token clipped
+    assert out.metrics["clip_ratio/region"].sum() > 0  # and some tokens are
+
+
+def test_geomean_is_the_running_mean_of_the_clamped_log_ratios():
+    """geomean's L_t is the cumulative (clamped) log-ratio over the count of valid tokens so far: the metric
+    `ctpo/abs_cum_log_ratio/t<=16` reports it, and on-policy both modes are token-level GRPO."""
+    logp, old, adv, mask = make_inputs(10)
+    kw = dict(WIDE, position_power=0.0)
+    cum = ctpo_loss(logp, old, adv, mask, **kw).metrics["ctpo/abs_cum_log_ratio/t<=16"]
+    geo = ctpo_loss(logp, old, adv, mask, **kw, ratio_mode="geomean").metrics["ctpo/abs_cum_log_ratio/t<=16"]
+    step = torch.where(mask > 0, (logp - old).clamp(-20, 20), torch.zeros_like(logp))
+    t = mask.cumsum(-1).clamp(min=1)
+    valid = mask > 0
+    assert cum.item() == pytest.approx(step.cumsum(-1)[valid].abs().mean().item(), rel=1e-6)
+    assert geo.item() == pytest.approx((step.cumsum(-1) / t)[valid].abs().mean().item(), rel=1e-6)
+    same = logp.detach().clone()
+    a = run_ctpo(logp, same, adv, mask, **DEFAULTS)[1:]
+    b = run_ctpo(logp, same, adv, mask, **dict(DEFAULTS, position_power=-0.5, ratio_mode="geomean"))[1:]
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_prefix_stop_gradient():
     """d loss_t / d logp_j = 0 for j != t (in particular j < t), nonzero at j = t."""
     logp, old, adv, mask = make_inputs(2, T=8, adv_2d=True)
@@ -163,7 +232,9 @@ def test_power_zero_is_plain_cumulative_clip():
     ref_loss.backward()
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-12)
     torch.testing.assert_close(grad, x.grad, rtol=1e-12, atol=1e-12)
-    assert reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() > 0 and out.metrics["ctpo/dual_clip"].item() > 0
+    assert (
+        reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() > 0 and out.metrics["ctpo/dual_clip"].item() > 0
+    )
     # the window does not move with t: the same log-ratio is clipped identically at t=1 and late
     early = ctpo_loss(
         torch.tensor([[0.3, 0.0]], dtype=F64),
@@ -235,7 +306,9 @@ def test_metrics_match_loop():
     n = counts["n"]
     assert reduce_metrics(out.metrics, mask)["clip_ratio/low"].item() == pytest.approx(counts["low"] / n, abs=1e-7)
     assert reduce_metrics(out.metrics, mask)["clip_ratio/high"].item() == pytest.approx(counts["high"] / n, abs=1e-7)
-    assert reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() == pytest.approx((counts["low"] + counts["high"]) / n, abs=1e-7)
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() == pytest.approx(
+        (counts["low"] + counts["high"]) / n, abs=1e-7
+    )
     assert out.metrics["ctpo/dual_clip"].item() == pytest.approx(counts["dual"] / n, abs=1e-7)
     assert counts["low"] and counts["high"] and counts["dual"]
     for label, values in buckets.items():
@@ -266,6 +339,10 @@ def test_input_validation():
             ctpo_loss(logp, old, adv, mask, **dict(DEFAULTS, **bad))
     with pytest.raises(ValueError, match="position_power"):
         ctpo_loss(logp, old, adv, mask, **dict(DEFAULTS, position_power=-0.5))
+    with pytest.raises(ValueError, match="position_power"):
+        ctpo_loss(logp, old, adv, mask, **dict(DEFAULTS, position_power=float("nan"), ratio_mode="geomean"))
+    with pytest.raises(ValueError, match="ratio_mode"):
+        ctpo_loss(logp, old, adv, mask, **dict(DEFAULTS, ratio_mode="mean"))
     with pytest.raises(ValueError, match="mask"):
         ctpo_loss(logp, old, adv, mask[:, 1:], **DEFAULTS)
     with pytest.raises(ValueError, match="advantages"):

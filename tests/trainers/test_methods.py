@@ -83,7 +83,7 @@ def test_ctpo_on_policy_equals_trl_token_grpo(tiny):
     """Ratio 1 everywhere (TRL's on-policy path: no old log-probs): CTPO is token-level GRPO/DAPO."""
     tokenizer, model, tmp = tiny
     trl = _build(GRPOTrainer, GRPOConfig, tmp / "grpo", model, tokenizer, loss_type="dapo")
-    ours = _build(CTPOTrainer, CTPOConfig, tmp / "ctpo", model, tokenizer)
+    ours = _build(CTPOTrainer, CTPOConfig, tmp / "ctpo", model, tokenizer, steps_per_generation=1)
     batch = random_batch(tokenizer, batch_size=6, seed=13, with_ref=False)
     inputs = {k: v for k, v in batch.items() if not k.endswith("_noise")}  # no old_per_token_logps: on-policy
     _assert_same(*[compute_loss_and_grads(t, inputs) for t in (trl, ours)])
@@ -94,7 +94,8 @@ def test_echo_loss_value_is_dapo_when_unclipped_but_gradient_is_coupled(tiny):
     tokenizer, model, tmp = tiny
     wide = dict(epsilon=0.9, epsilon_high=10.0)
     trl = _build(GRPOTrainer, GRPOConfig, tmp / "dapo", model, tokenizer, loss_type="dapo", **wide)
-    ours = _build(ECHOTrainer, ECHOConfig, tmp / "echo", model, tokenizer, batch_epsilon=0.9, **wide)
+    ours = _build(ECHOTrainer, ECHOConfig, tmp / "echo", model, tokenizer, batch_epsilon=0.9, steps_per_generation=1,
+                  **wide)
     batch = random_batch(tokenizer, batch_size=6, seed=14, off_policy_scale=0.05, with_ref=False)
     (loss_a, grads_a, _), (loss_b, grads_b, metrics) = [
         compute_loss_and_grads(t, inputs_with_policies(t, batch)) for t in (trl, ours)

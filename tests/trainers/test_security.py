@@ -132,8 +132,8 @@ def test_no_token_in_logs_checkpoint_or_model_card(method, tmp_path, log_file, c
     monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", ENV_TOKEN)
     trainer_cls, config_cls = TRAINERS[method]
     output_dir = tmp_path / "run"
-    args = config_cls(**cpu_config_kwargs(output_dir, num_generations=2, max_steps=1, save_strategy="steps",
-                                          save_steps=1, hub_token=CONFIG_TOKEN, log_level="debug",
+    args = config_cls(**cpu_config_kwargs(output_dir, num_generations=2, max_steps=1, steps_per_generation=2,
+                                          save_strategy="steps", save_steps=1, hub_token=CONFIG_TOKEN, log_level="debug",
                                           log_completions=True, disable_tqdm=False))  # fmt: skip
     tokenizer = tiny_tokenizer()
     trainer = trainer_cls(tiny_model(tokenizer, seed=2), length_reward, args=args, train_dataset=tiny_dataset(8),

@@ -65,7 +65,11 @@ CONFIG_CASES = [
     # batch_epsilon defaults to epsilon, so a token epsilon >= 1 trips the batch bound (message names batch_epsilon)
     ("echo_epsilon_above_one_default_batch", ECHOConfig, {"epsilon": 1.5}, r"batch_epsilon must be < 1"),
     ("echo_unknown_scope", ECHOConfig, {"batch_ratio_scope": "batch"},
-     r"batch_ratio_scope must be one of \('micro_batch', 'global'\)"),
+     r"batch_ratio_scope must be one of \('step', 'global', 'micro_batch'\)"),
+    ("echo_step_loss_grpo", ECHOConfig, {"batch_ratio_scope": "step", "loss_type": "grpo"}, r"loss_type='grpo'"),
+    ("echo_step_straddles_generations", ECHOConfig,
+     {"batch_ratio_scope": "step", "steps_per_generation": 1, "gradient_accumulation_steps": 2},
+     r"steps_per_generation \* num_iterations = 1 not a multiple of gradient_accumulation_steps = 2"),
     ("echo_global_loss_grpo", ECHOConfig, {"batch_ratio_scope": "global", "loss_type": "grpo"},
      r"incompatible: loss_type='grpo' \(use one of \('dapo', 'dr_grpo'\)\)\. Use batch_ratio_scope='micro_batch'"),
     ("echo_global_loss_bnpo", ECHOConfig, {"batch_ratio_scope": "global", "loss_type": "bnpo"}, r"loss_type='bnpo'"),
@@ -88,7 +92,8 @@ CONFIG_CASES = [
     ("ctpo_dual_clip_zero", CTPOConfig, {"ctpo_dual_clip": 0.0}, r"ctpo_dual_clip must be > 0 for CTPO"),
     ("ctpo_dual_clip_negative", CTPOConfig, {"ctpo_dual_clip": -1.0}, r"ctpo_dual_clip must be > 0 for CTPO"),
     ("ctpo_position_power_negative", CTPOConfig, {"ctpo_position_power": -0.5},
-     r"ctpo_position_power must be >= 0 \(0\.5 = the paper's sqrt\(t\)\), got -0\.5"),
+     r"ctpo_position_power must be >= 0 with ctpo_ratio_mode='cumprod' .*got -0\.5\. Negative powers"),
+    ("ctpo_unknown_ratio_mode", CTPOConfig, {"ctpo_ratio_mode": "mean"}, r"ctpo_ratio_mode must be one of"),
     ("ctpo_sequence_level", CTPOConfig, {"importance_sampling_level": "sequence"},
      r"set importance_sampling_level='token' \(got 'sequence'\)"),
     # DFPO / GRPO-fix

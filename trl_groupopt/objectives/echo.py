@@ -1,4 +1,4 @@
-r"""ECHO: clip at batch, learn at token (paper 000, Eq. 5-15 and App. A.2; SPEC section 2).
+r"""ECHO: clip at batch, learn at token (arXiv "ECHO", Eq. 5-11, 34; App. A.2).
 
 With ``log r_{i,t} = (log pi_theta - log pi_old)(o_{i,t}) * mask`` (Eq. 5) and ``N = sum(mask)``:
 
@@ -8,44 +8,19 @@ With ``log r_{i,t} = (log pi_theta - log pi_old)(o_{i,t}) * mask`` (Eq. 5) and `
     rho    = r * C                                         (Eq. 8-10, effective token ratio)
     loss   = -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)      (Eq. 11)
 
-``token_clip=False`` drops the token-level min/clip (``loss = -rho * A``): the pure batch clip
-of the abstract ("this single clipping bound"). The trainer aggregates with ``loss_type="dapo"``
-(1 / sum|o_i|, Eq. 11).
+``token_clip=False`` drops the token-level min/clip (``loss = -rho * A``). Unclipped, the gradient is
+Eq. 34, ``dJ / d logp_{i,t} = C (1/N) (A_{i,t} r_{i,t} + L) mask_{i,t}`` with ``L = (1/N) sum r A``:
+every token carries the coupling ``L`` through ``log R``.
 
-Gradient (unclipped region). With ``L = (1/N) sum r A`` and ``J = (1/N) sum rho A``, autograd gives
+Scopes of R. ``log_ratio_sum=None``: R over this micro-batch. Otherwise R's value comes from the
+detached totals ``log_ratio_sum`` / ``token_count`` (over processes, or over every micro-batch of
+the optimizer step) while the local tokens keep their graph; ``coupling_sum`` (the summed
+:func:`echo_batch_ratio_coupling` of every part) supplies the other parts' share of ``L`` so the
+summed gradient equals the gradient of the objective formed over the union.
+:func:`echo_log_ratio_totals` gives the totals with the same masking as the loss.
 
-    dJ / d logp_{i,t} = C (1/N) (A_{i,t} r_{i,t} + L) mask_{i,t}                     (Eq. 34)
-
-because ``grad log R = (1/N) sum grad log pi`` holds exactly for the geometric R of Eq. 6.
-App. A.2 defines R as an arithmetic mean, for which its step (29) does not hold; we follow Eq. 6.
-Eq. 15 in the main text writes the same gradient as ``C (1/N) rho (A + L / R)``, i.e. the
-coupling term multiplied by ``rho / R``; autograd confirms Eq. 34, not Eq. 15 (the two agree
-only where ``r = R``; tests/objectives/test_echo.py pins this). When R is clipped, C is a
-constant and the coupling term vanishes: ``dJ / d logp = C (1/N) A r mask``.
-
-Batch-ratio scope. ``log_ratio_sum=None`` ("micro_batch"): R is formed over this micro-batch.
-"global": pass the detached totals of ``sum(log_r)`` and ``sum(mask)`` over every process; then
-
-    log R = (local_sum + sg(log_ratio_sum - local_sum)) / token_count      (SPEC section 2)
-
-so R's value is the global one while each process keeps its own tokens in the graph. On its own
-this does NOT make the sum of the processes' gradients equal the gradient of the global
-objective: process k's graph only carries the coupling ``d loss / d log R`` of its own tokens,
-so the cross-process part of the ``L`` term of Eq. 34 is lost (each process gets ``L_k``, the
-share of its own tokens, instead of ``L``). To make it exact, pass ``coupling_sum``: the
-all-reduced sum of :func:`echo_batch_ratio_coupling` (a second all-reduce of one scalar). The
-missing part ``(coupling_sum - local coupling) * d log R`` is then added as a zero-valued term
-spread over the local valid tokens. Exact when the trainer aggregates ``sum(per_token_loss *
-mask) / c`` with one constant ``c`` on every process ("dapo", ECHO's default) and applies no
-further per-token factor (entropy mask, off-policy mask, vLLM IS ratio);
-tests/distributed/test_echo_global_scope.py checks it with 2 processes.
-
-Numerics. Everything is in log space (log R, log C, log rho). log rho is capped at
-``MAX_LOG_RHO = 60`` before ``exp`` (rho <= 1.1e26): with log-ratios in [-50, 50] the product
-``r * C`` can reach e^100, which is inf in float32 and would make the loss inf and its gradient
-NaN. The cap only acts where the exact ratio exceeds 1e26 (gradient 0 there, like a clip).
-Half/bfloat16 inputs are computed in float32; float64 stays float64. Positions with
-``mask == 0`` get loss 0 and no gradient.
+The derivations, the Eq. 15 vs Eq. 34 discrepancy, the exactness conditions of the coupling and the
+log-rho cap are in docs/echo.md.
 """
 
 from __future__ import annotations
@@ -64,23 +39,34 @@ from .common import (
     nan_if_empty,
 )
 
-MAX_LOG_RHO = 60.0  # cap on log(rho) before exp: finite float32 loss and gradient (see module doc)
+MAX_LOG_RHO = 60.0  # cap on log(rho) before exp: rho <= 1.1e26, finite float32 loss and gradient (docs/echo.md)
 
 
+def masked_log_ratio(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> Tensor:
+    """(B, T) ``log r = logp - old`` on valid tokens, exactly 0 elsewhere (in the compute dtype).
+
+    ``torch.where``, not ``* mask``: log-probs at padding may be non-finite, and ``nan * 0`` is NaN.
+    """
+    dtype = compute_dtype(per_token_logps)
+    logp = per_token_logps.to(dtype)  # (B, T)
+    diff = logp - old_per_token_logps.to(dtype).detach()  # (B, T)
+    return torch.where(mask.bool(), diff, torch.zeros_like(diff))
 
 
+def echo_log_ratio_totals(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> Tensor:
+    """(2,) detached ``[sum log r, sum mask]`` of one part of the batch, to be summed over parts.
 
-
+    The totals that :func:`echo_loss` takes as ``log_ratio_sum`` / ``token_count`` for a scope wider than
+    one micro-batch, masked exactly as the loss masks them (finite with non-finite padding log-probs).
+    """
+    log_r = masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask)  # (B, T)
+    return torch.stack([log_r.sum(), mask.bool().sum().to(log_r.dtype)])
 
 
 def _batch_log_bounds(batch_epsilon_low: float, batch_epsilon_high: float) -> tuple[float, float]:
     """log(1 - eps_b_low), log(1 + eps_b_high); eps_b_low >= 1 means no lower bound (R > 0)."""
     low = math.log1p(-batch_epsilon_low) if batch_epsilon_low < 1 else -math.inf
     return low, math.log1p(batch_epsilon_high)
-
-
-
-
 
 
 def _surrogate(
@@ -121,13 +107,11 @@ class _Prepared:
     ) -> None:
         check_token_inputs(per_token_logps, old_per_token_logps, advantages, mask)
         if (log_ratio_sum is None) != (token_count is None):
-            raise ValueError("log_ratio_sum and token_count must be given together (global scope) or both None")
+            raise ValueError("log_ratio_sum and token_count must be given together (wider scope) or both None")
         dtype = compute_dtype(per_token_logps)
         self.valid = mask.bool()  # (B, T)
-        logp = per_token_logps.to(dtype)  # (B, T)
-        old = old_per_token_logps.to(dtype).detach()  # (B, T)
-        # where (not * mask): padding log-probs may be non-finite and must not leak NaN
-        self.log_r = torch.where(self.valid, logp - old, torch.zeros_like(logp))  # (B, T)
+        self.log_r = masked_log_ratio(per_token_logps, old_per_token_logps, mask)  # (B, T) with gradient
+        device = self.log_r.device
         self.advantages = as_token_advantages(advantages.to(dtype).detach())  # (B, 1) or (B, T)
         self.num_valid = self.valid.sum()  # () local valid tokens
         local_sum = self.log_r.sum()  # () keeps the graph to the local tokens
@@ -137,14 +121,15 @@ class _Prepared:
             total = local_sum  # ()
         else:
             self.global_scope = True
-            self.count = torch.as_tensor(token_count, dtype=dtype, device=logp.device).detach().reshape(())
-            global_sum = torch.as_tensor(log_ratio_sum, dtype=dtype, device=logp.device).detach().reshape(())
+            self.count = torch.as_tensor(token_count, dtype=dtype, device=device).detach().reshape(())
+            global_sum = torch.as_tensor(log_ratio_sum, dtype=dtype, device=device).detach().reshape(())
             total = local_sum + (global_sum - local_sum.detach())  # () value global, grad local
         self.log_ratio = total / self.count.clamp(min=1.0)  # () log R, Eq. 6
 
 
-def _surrogate_kwargs(epsilon_low: float, epsilon_high: float, batch_epsilon_low: float, batch_epsilon_high: float,
-                      token_clip: bool) -> dict:
+def _surrogate_kwargs(
+    epsilon_low: float, epsilon_high: float, batch_epsilon_low: float, batch_epsilon_high: float, token_clip: bool
+) -> dict:
     """Validated keyword arguments of `_surrogate` (shared by the loss and the coupling)."""
     check_positive(
         epsilon_low=epsilon_low,
@@ -185,8 +170,9 @@ def echo_batch_ratio_coupling(
 ) -> Tensor:
     """This process's coupling ``sum_{i,t} mask * d loss_{i,t} / d log R`` (0-dim, detached).
 
-    For the exact "global" scope: all-reduce (sum) this over processes and pass the total to
-    :func:`echo_loss` as ``coupling_sum``, with the same arguments. Zero when R is clipped.
+    For an exact scope wider than one micro-batch: sum this over the parts that form R (processes,
+    micro-batches of the optimizer step) and pass the total to :func:`echo_loss` as ``coupling_sum``,
+    with the same arguments. Zero when R is clipped.
     """
     kwargs = _surrogate_kwargs(epsilon_low, epsilon_high, batch_epsilon_low, batch_epsilon_high, token_clip)
     prep = _Prepared(per_token_logps, old_per_token_logps, advantages, mask, log_ratio_sum, token_count)
@@ -208,7 +194,7 @@ def echo_loss(
     token_count: Tensor | float | None = None,
     coupling_sum: Tensor | float | None = None,
 ) -> ObjectiveOutput:
-    """ECHO per-token loss (Eq. 6-11), see the module docstring for equations and decisions.
+    """ECHO per-token loss (Eq. 6-11); equations in the module docstring, derivations in docs/echo.md.
 
     Args:
         per_token_logps: (B, T) log pi_theta of the sampled tokens (with gradient).
@@ -218,10 +204,11 @@ def echo_loss(
         epsilon_low, epsilon_high: token clip, ``clip(rho, 1 - eps_low, 1 + eps_high)``.
         batch_epsilon_low, batch_epsilon_high: batch clip of R, Eq. 7.
         token_clip: False gives ``loss = -rho * A`` (batch clip only).
-        log_ratio_sum, token_count: detached global totals of ``sum(log_r)`` and ``sum(mask)``
-            over all processes ("global" scope); None for the "micro_batch" scope.
-        coupling_sum: all-reduced :func:`echo_batch_ratio_coupling`; makes the global scope's
-            summed gradient exact (requires log_ratio_sum/token_count).
+        log_ratio_sum, token_count: detached totals of ``sum(log_r)`` and ``sum(mask)`` over the set
+            that forms R (:func:`echo_log_ratio_totals` summed over its parts: processes, or the
+            micro-batches of an optimizer step); None: R over this micro-batch.
+        coupling_sum: :func:`echo_batch_ratio_coupling` summed over the same parts; makes the parts'
+            summed gradient the gradient over the union (requires log_ratio_sum/token_count).
 
     Returns:
         ObjectiveOutput with per_token_loss (B, T) (0 where mask is 0) and metrics
@@ -235,8 +222,8 @@ def echo_loss(
     loss, rho = _surrogate(prep.log_r, prep.log_ratio, prep.advantages, prep.valid, **kwargs)  # (B, T)
 
     if coupling_sum is not None and prep.log_ratio.requires_grad:
-        # Supply the other processes' d loss / d log R through this process's log R graph; the
-        # term's value is exactly 0 (x - sg(x)), only its gradient counts. See module doc.
+        # Supply the other parts' d loss / d log R through this part's log R graph; the term's
+        # value is exactly 0 (x - sg(x)), only its gradient counts (docs/echo.md).
         total = torch.as_tensor(coupling_sum, dtype=loss.dtype, device=loss.device).detach().reshape(())
         missing = total - _local_coupling(prep, **kwargs)  # ()
         extra = missing * (prep.log_ratio - prep.log_ratio.detach()) / prep.num_valid.clamp(min=1)  # ()

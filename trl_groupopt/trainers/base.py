@@ -22,6 +22,7 @@ carries an explicit `group_ids` tensor, so no objective infers groups from posit
 from __future__ import annotations
 
 import textwrap
+import warnings
 from typing import Any, ClassVar
 
 import torch
@@ -165,6 +166,8 @@ class GroupOptTrainer(GRPOTrainer):
     requires_raw_rewards: ClassVar[bool] = False
     #: Whether TRL's `delta` (two-sided clip of the surrogate) has a meaning for this objective.
     supports_delta: ClassVar[bool] = True
+    #: The fix to name when the schedule is on-policy and this method's mechanism is then inert (None: it is not).
+    inert_on_policy_fix: ClassVar[str | None] = None
 
     def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, *positional, **kwargs):
         if args is None:  # as TRL, but with this method's config and defaults
@@ -174,6 +177,27 @@ class GroupOptTrainer(GRPOTrainer):
         check_loss_routed_through_compute_loss(type(self), bool(args is not None and args.use_liger_kernel))
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         self.whole_groups = self.needs_whole_groups(self.args)
+        self.warn_if_inert_on_policy()
+
+    def warn_if_inert_on_policy(self) -> None:
+        """Warn (once, at construction) when TRL will train on-policy and this method's mechanism is then inert.
+
+        On-policy is TRL's condition for skipping the behaviour forward (`old_per_token_logps` is None, every ratio
+        is exactly 1): `gradient_accumulation_steps` is a multiple of `steps_per_generation * num_iterations`, and no
+        vLLM importance-sampling correction.
+        """
+        if self.inert_on_policy_fix is None:
+            return
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        on_policy = self.args.gradient_accumulation_steps % generate_every == 0
+        if on_policy and not (self.use_vllm and self.vllm_importance_sampling_correction):
+            warnings.warn(
+                f"{type(self).__name__}: this schedule is on-policy (steps_per_generation="
+                f"{self.args.steps_per_generation}, gradient_accumulation_steps={self.args.gradient_accumulation_steps}"
+                f", num_iterations={self.num_iterations}): every importance ratio is 1 and {self.inert_on_policy_fix}",
+                UserWarning,
+                stacklevel=3,
+            )
 
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:

@@ -111,6 +111,10 @@ class DFPOTrainer(GroupOptTrainer):
             }"""),
     }
     supports_delta = False
+    inert_on_policy_fix = (
+        "DFPO's re-weighting (or GRPO-fix's clip) never acts: set steps_per_generation to a multiple k > 1 of "
+        "gradient_accumulation_steps (or num_iterations > 1)."
+    )
 
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:

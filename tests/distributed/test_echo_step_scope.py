@@ -1,0 +1,60 @@
+"""ECHO `batch_ratio_scope="step"` through the trainer: one optimizer step of 2 accumulated micro-batches per process
+on 1 process and on 2 CPU processes (gloo), `workers/echo_step.py`.
+
+Both runs train the same 16 rows in one optimizer step, split differently into micro-batches (TRL shuffles the
+generation batch). "step" forms R and the Eq. 34 coupling over the whole step, so the gradients entering the optimizer
+agree (float32, TRL's fused LM head; `atol=1e-6, rtol=1e-5`) and the logged R is the step's; "micro_batch" depends on
+the split ("split" log-ratios: each micro-batch's R differs), so it is checked to differ.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+import torch
+
+from tests.distributed import batches
+from tests.distributed.harness import launch
+
+ATOL, RTOL = 1e-6, 1e-5
+pytestmark = pytest.mark.slow  # two torchrun launches
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("echo_step")
+
+    def run(world_size):
+        out = root / f"world{world_size}"
+        results = launch("echo_step.py", world_size, out, "--world-size", str(world_size), timeout=600)
+        tensors = [torch.load(out / f"rank{rank}_tensors.pt") for rank in range(world_size)]
+        return results, tensors
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        one, two = pool.map(run, (1, 2))
+    return {1: one, 2: two}
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys() and a
+    return max((a[n] - b[n]).abs().max().item() for n in a)
+
+
+def test_step_scope_gradient_does_not_depend_on_the_split(runs):
+    one, two = runs[1][1], runs[2][1]
+    grads_one, grads_two = one[0]["step"]["grads"], two[0]["step"]["grads"]
+    assert max(g.abs().max().item() for g in grads_one.values()) > 1e-2
+    for name in grads_one:
+        torch.testing.assert_close(grads_two[name], grads_one[name], atol=ATOL, rtol=RTOL, msg=name)
+    # the logged R is the whole step's on every rank and micro-batch
+    mask = batches.group_batch(100, 0)["completion_mask"].float()
+    expected = torch.tensor(batches.echo_log_batch_ratio(batches.log_ratios("split"), mask)).exp().item()
+    for world in (1, 2):
+        for rank_result in runs[world][0]:
+            assert rank_result["cases"]["step"]["batch_ratio"] == pytest.approx([expected], abs=1e-5)
+
+
+def test_micro_batch_scope_depends_on_the_split(runs):
+    grads_one, grads_two = runs[1][1][0]["micro_batch"]["grads"], runs[2][1][0]["micro_batch"]["grads"]
+    assert _max_diff(grads_one, grads_two) > 1e-4

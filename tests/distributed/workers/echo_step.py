@@ -1,0 +1,85 @@
+"""Worker: one optimizer step of ECHO with gradient accumulation (2 micro-batches per process) on a FIXED batch.
+
+Run on 1 process (micro-batches of 8 rows) and on 2 processes (micro-batches of 4 rows): the 16 rows of
+`tests.distributed.batches.group_batch` form one optimizer step either way, but TRL shuffles the rows of the
+generation batch, so the micro-batches hold different rows. With `batch_ratio_scope="step"` R and the gradient are
+those of the objective over all 16 rows, whatever the split; with "micro_batch" they depend on it. The batch and the
+behaviour log-probs are fixed as in `one_step.py` (whose patched generation this worker reuses).
+
+Writes `rank{R}.json` ({"world_size", "cases": {scope: {"batch_ratio": [...]}}}) and `rank{R}_tensors.pt`
+({scope: {"grads"}}: the all-reduced gradients entering the optimizer).
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+torch.set_num_threads(1)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+import trl  # noqa: E402
+from transformers import set_seed  # noqa: E402
+
+from tests.distributed import batches  # noqa: E402
+from tests.distributed.harness import write_result  # noqa: E402
+from tests.distributed.workers.one_step import GradRecorder, fixed_generation  # noqa: E402
+from tests.helpers import _forward, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
+from trl_groupopt.trainers import ECHOConfig, ECHOTrainer  # noqa: E402
+
+SCOPES = ("step", "micro_batch")
+
+
+def run_scope(scope, cli, tokenizer, batch):
+    world = cli.world_size
+    args = ECHOConfig(
+        **cpu_config_kwargs(
+            os.path.join(cli.out, "run", scope),
+            per_device_train_batch_size=batches.NUM_ROWS // (2 * world),
+            num_generations=batches.GROUP_SIZE,
+            steps_per_generation=2,
+            gradient_accumulation_steps=2,
+            max_steps=1,
+            max_completion_length=batches.COMPLETION_LEN,
+            optim="sgd",
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            max_grad_norm=1e9,
+            batch_ratio_scope=scope,
+        )
+    )
+    trainer = ECHOTrainer(
+        tiny_model(tokenizer, seed=1), length_reward, args=args, train_dataset=tiny_dataset(16),
+        processing_class=tokenizer,
+    )  # fmt: skip
+    assert trainer.accelerator.num_processes == world
+    with torch.no_grad():  # initial log-probs over the whole global batch, identical on every rank
+        logps, _, _ = _forward(trainer, trainer.model, batch)
+    trainer._fixed = {"batch": batch, "old_per_token_logps": (logps - batches.log_ratios("split")).detach()}
+    recorder = GradRecorder()
+    trainer.add_callback(recorder)
+    set_seed(0)
+    trainer.train()
+    ratios = [entry["echo/batch_ratio"] for entry in trainer.state.log_history if "echo/batch_ratio" in entry]
+    return {"batch_ratio": ratios}, {"grads": recorder.grads}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    cli = parser.parse_args()
+    trl.GRPOTrainer._generate_and_score_completions = fixed_generation  # the parent of our base's override
+    tokenizer = tiny_tokenizer()
+    batch = batches.group_batch(len(tokenizer), tokenizer.pad_token_id)
+    results, tensors = {}, {}
+    for scope in SCOPES:
+        results[scope], tensors[scope] = run_scope(scope, cli, tokenizer, batch)
+    rank = int(os.environ.get("RANK", "0"))
+    torch.save(tensors, os.path.join(cli.out, f"rank{rank}_tensors.pt"))
+    write_result(cli.out, {"world_size": cli.world_size, "cases": results})
+
+
+if __name__ == "__main__":
+    main()
