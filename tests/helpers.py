@@ -1,6 +1,9 @@
-"""Fixtures shared by the trainer tests: tiny models built from config, the in-code tokenizer, small data.
+"""Fixtures shared by the trainer tests: tiny models built from config, the in-code tokenizer, small data, and the
+one place that builds any registered method's config and trainer (`method_config`, `method_trainer`).
 
 Nothing here touches the Hub. Building a trainer costs seconds on CPU, so tests group their checks per trainer.
+Parametrised tests read `trl_groupopt.METHODS`; a test that needs per-method data keeps a table keyed by registry
+names and checks it with `assert_covers_every_method`, so a newly registered method cannot escape it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import torch
 from datasets import Dataset
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from trl_groupopt import METHODS, get_method
 from trl_groupopt.offline import build_tokenizer, make_arithmetic_dataset
 
 
@@ -53,7 +57,7 @@ def length_reward(completions, **kwargs) -> list[float]:
 
 
 def cpu_config_kwargs(output_dir, **overrides) -> dict:
-    """GRPOConfig kwargs for fast, deterministic CPU runs (offline-demo.md: no bf16, no checkpointing)."""
+    """GRPOConfig kwargs for fast, deterministic CPU runs (fp32: no bf16 on CPU; no gradient checkpointing)."""
     kwargs = dict(
         output_dir=str(output_dir),
         use_cpu=True,
@@ -74,6 +78,26 @@ def cpu_config_kwargs(output_dir, **overrides) -> dict:
     )
     kwargs.update(overrides)
     return kwargs
+
+
+def method_config(name: str, output_dir, **overrides):
+    """The config of the registered method `name` (its mode's `config_defaults` applied) with the CPU test defaults
+    of `cpu_config_kwargs`; `overrides` win over both."""
+    return get_method(name).make_config(**cpu_config_kwargs(output_dir, **overrides))
+
+
+def method_trainer(name: str, output_dir, model, tokenizer, reward_funcs=length_reward, num_examples: int = 8,
+                   **overrides):  # fmt: skip
+    """The registered method's trainer on `model` (used as is: clone it first to reuse it) and the tiny dataset."""
+    args = method_config(name, output_dir, **overrides)
+    return get_method(name).trainer_class(model, reward_funcs, args=args, train_dataset=tiny_dataset(num_examples),
+                                          processing_class=tokenizer)  # fmt: skip
+
+
+def assert_covers_every_method(table, what: str = "table") -> None:
+    """A per-method test table must name exactly the registered methods (a new method cannot silently escape)."""
+    missing, unknown = sorted(set(METHODS) - set(table)), sorted(set(table) - set(METHODS))
+    assert not missing and not unknown, f"{what}: add entries for {missing}, remove the unregistered {unknown}"
 
 
 def clone_model(model):
