@@ -24,29 +24,21 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.helpers import clone_model, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
-from trl_groupopt import (
-    METHODS,
-    CTPOConfig,
-    CTPOTrainer,
-    DFPOConfig,
-    DFPOTrainer,
-    ECHOConfig,
-    ECHOTrainer,
-    GroupOptTrainer,
-    OTBConfig,
-    OTBTrainer,
+from tests.helpers import (
+    assert_covers_every_method,
+    clone_model,
+    cpu_config_kwargs,
+    length_reward,
+    method_trainer,
+    tiny_dataset,
+    tiny_model,
+    tiny_tokenizer,
 )
+from trl_groupopt import METHODS, DFPOConfig, DFPOTrainer, ECHOConfig, ECHOTrainer, GroupOptTrainer, get_method
 from trl_groupopt.cli import parse
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "trl_groupopt"
-OUR_TRAINERS = (GroupOptTrainer, ECHOTrainer, DFPOTrainer, CTPOTrainer, OTBTrainer)
-METHOD_TRAINERS = {  # name -> (config class, trainer class, config overrides)
-    "echo": (ECHOConfig, ECHOTrainer, {}),
-    "dfpo_min_replace": (DFPOConfig, DFPOTrainer, {"dfpo_transform": "min_replace"}),
-    "ctpo": (CTPOConfig, CTPOTrainer, {}),
-    "otb": (OTBConfig, OTBTrainer, {}),
-}
+OUR_TRAINERS = sorted({spec.trainer_class for spec in METHODS.values()}, key=lambda c: c.__name__)
 
 
 @pytest.fixture(scope="module")
@@ -293,7 +285,7 @@ class FakeVLLM:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(METHOD_TRAINERS))
+@pytest.mark.parametrize("method", list(METHODS))
 def test_vllm_colocate_through_trl_backend(method, tokenizer, base_model, tmp_path, monkeypatch):
     """Each trainer with `use_vllm=True, vllm_mode="colocate"` trains 2 steps through TRL's real vLLM backend.
 
@@ -313,16 +305,14 @@ def test_vllm_colocate_through_trl_backend(method, tokenizer, base_model, tmp_pa
     architectures), tensor parallelism > 1, sleep mode, server mode's HTTP/NCCL transport (see the server test),
     and numerical agreement between a real vLLM and the trainer (the fake uses the same fp32 PyTorch model).
     """
-    config_cls, trainer_cls, overrides = METHOD_TRAINERS[method]
     fake = FakeVLLM(tiny_model(tokenizer, seed=123), tokenizer.eos_token_id)
     fake.install(monkeypatch)
-    args = config_cls(**cpu_config_kwargs(
-        tmp_path, use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
-        vllm_importance_sampling_correction=True, vllm_max_model_length=200, vllm_model_impl="transformers",
-        steps_per_generation=1, num_generations=2, **overrides,
-    ))  # fmt: skip
-    trainer = trainer_cls(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(16),
-                          processing_class=tokenizer)  # fmt: skip
+    trainer = method_trainer(
+        method, tmp_path, clone_model(base_model), tokenizer, num_examples=16, use_vllm=True, vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.3, vllm_importance_sampling_correction=True, vllm_max_model_length=200,
+        vllm_model_impl="transformers", steps_per_generation=1, num_generations=2,
+    )  # fmt: skip
+    args = trainer.args
 
     (llm_kwargs,) = fake.llm_kwargs
     assert llm_kwargs["gpu_memory_utilization"] == pytest.approx(0.3)
@@ -462,7 +452,7 @@ def text_hash_reward(completions, **kwargs) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(METHOD_TRAINERS))
+@pytest.mark.parametrize("method", list(METHODS))
 def test_lora_trains_only_the_adapter(method, tokenizer, base_model, tmp_path):
     """2 optimizer steps with `peft_config=LoraConfig(r=4, q_proj/v_proj)`: base weights bit-identical, adapters move.
 
@@ -470,11 +460,11 @@ def test_lora_trains_only_the_adapter(method, tokenizer, base_model, tmp_path):
     """
     from peft import LoraConfig, PeftModel
 
-    config_cls, trainer_cls, overrides = METHOD_TRAINERS[method]
-    args = config_cls(**cpu_config_kwargs(tmp_path, num_generations=2, steps_per_generation=2, **overrides))
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    trainer = trainer_cls(clone_model(base_model), text_hash_reward, args=args, train_dataset=tiny_dataset(16),
-                          processing_class=tokenizer, peft_config=peft_config)  # fmt: skip
+    args = get_method(method).make_config(**cpu_config_kwargs(tmp_path, num_generations=2, steps_per_generation=2))
+    trainer = get_method(method).trainer_class(
+        clone_model(base_model), text_hash_reward, args=args, train_dataset=tiny_dataset(16),
+        processing_class=tokenizer, peft_config=peft_config)  # fmt: skip
     assert isinstance(trainer.model, PeftModel)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
@@ -498,9 +488,11 @@ def test_lora_trains_only_the_adapter(method, tokenizer, base_model, tmp_path):
 
 
 # =============================================================================================== 4. model card
-CARD_KNOBS = {  # method -> (a knob row that must appear in the card)
+CARD_KNOBS = {  # registry name -> a knob row that must appear in the card (None: the base has no knobs of its own)
+    "grpo": None,
     "echo": "| `batch_epsilon` | `0.2` | (method-specific) |",
-    "dfpo_min_replace": "| `dfpo_transform` | `min_replace` | (method-specific) |",
+    "dfpo": "| `dfpo_transform` | `min_replace` | (method-specific) |",
+    "grpo_fix": "| `dfpo_transform` | `symmetric_clip` | (method-specific) |",
     "ctpo": "| `ctpo_dual_clip` | `0.05` | (method-specific) |",
     "otb": "| `otb_handle_zero_tail` | `True` | (method-specific) |",
 }
@@ -517,22 +509,35 @@ def test_model_card_template_file_matches_the_package():
     root = PACKAGE_DIR.parent / "model_cards"
     assert (root / "template.md").read_text(encoding="utf-8") == MODEL_CARD_TEMPLATE
     readme = (root / "README.md").read_text(encoding="utf-8")
-    for _, trainer_cls, _ in METHOD_TRAINERS.values():
+    for trainer_cls in {spec.trainer_class for spec in METHODS.values()} - {GroupOptTrainer}:
         assert f"`{_bibtex_key(trainer_cls._paper['citation'])}`" in readme, trainer_cls.__name__
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(METHOD_TRAINERS))
+def test_card_knobs_cover_the_registry():
+    assert_covers_every_method(CARD_KNOBS, "CARD_KNOBS")
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_model_card_metadata(method):
+    """Every registered trainer names itself, tags the card and cites its paper in BibTeX."""
+    trainer_cls = get_method(method).trainer_class
+    assert trainer_cls._name and "trl-groupopt" in trainer_cls._tag_names
+    assert {"title", "id", "citation"} <= trainer_cls._paper.keys()
+    assert trainer_cls._paper["citation"].lstrip().startswith("@")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", list(METHODS))
 def test_model_card_renders_method_knobs_rewards_and_citations(method, tokenizer, base_model, tmp_path, monkeypatch):
     """Train 1 step, render: method name, a knob, the reward curve, the method's and TRL's BibTeX, and no token."""
     from trl_groupopt.model_card import create_model_card, render_model_card
 
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
-    config_cls, trainer_cls, overrides = METHOD_TRAINERS[method]
-    args = config_cls(**cpu_config_kwargs(tmp_path / "run", num_generations=2, max_steps=1, hub_token=FAKE_TOKEN,
-                                          **overrides))  # fmt: skip
-    trainer = trainer_cls(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
-                          processing_class=tokenizer)  # fmt: skip
+    trainer_cls = get_method(method).trainer_class
+    trainer = method_trainer(method, tmp_path / "run", clone_model(base_model), tokenizer, num_generations=2,
+                             max_steps=1, hub_token=FAKE_TOKEN)  # fmt: skip
+    args = trainer.args
     trainer.train()
     card = render_model_card(trainer, dataset_name="openai/gsm8k", tags=["extra-tag"])
 
@@ -540,7 +545,10 @@ def test_model_card_renders_method_knobs_rewards_and_citations(method, tokenizer
     for tag in (*trainer_cls._tag_names, "extra-tag", "generated_from_trainer"):
         assert f"\n- {tag}\n" in card, tag
     assert f"trained with **{trainer_cls._name}**" in card and f"`{trainer_cls.__name__}`" in card
-    assert CARD_KNOBS[method] in card
+    if CARD_KNOBS[method] is None:
+        assert "(method-specific)" not in card
+    else:
+        assert CARD_KNOBS[method] in card
     assert "| `max_completion_length` | `8` | `512` |" in card  # a GRPO setting that differs from the default
     assert "| `use_vllm` |" not in card  # ...and one that does not is left out
     (entry,) = [e for e in trainer.state.log_history if "reward" in e]
@@ -582,16 +590,14 @@ def test_model_card_redacts_token_shaped_values():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif("create_model_card" not in vars(GroupOptTrainer),
-                    reason="GroupOptTrainer.create_model_card hook not applied yet (see trl_groupopt/model_card.py)")
 def test_trl_checkpoint_writes_our_card(tokenizer, base_model, tmp_path):
     """TRL's own call site (`_save_checkpoint` -> `self.create_model_card`) writes trl-groupopt's card."""
     from trl_groupopt.model_card import render_model_card
 
-    args = OTBConfig(**cpu_config_kwargs(tmp_path / "otb-run", num_generations=2, max_steps=1, save_strategy="steps",
-                                         save_steps=1))  # fmt: skip
-    trainer = OTBTrainer(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
-                         processing_class=tokenizer)  # fmt: skip
+    assert "create_model_card" in vars(GroupOptTrainer), "the base must override TRL's create_model_card hook"
+    trainer = method_trainer("otb", tmp_path / "otb-run", clone_model(base_model), tokenizer, num_generations=2,
+                             max_steps=1, save_strategy="steps", save_steps=1)  # fmt: skip
+    args = trainer.args
     trainer.train()
     card = (Path(args.output_dir) / "README.md").read_text(encoding="utf-8")
     assert "### Method configuration" in card and "| `otb_handle_zero_tail` | `True` |" in card
