@@ -9,11 +9,11 @@ import torch
 torch.set_num_threads(1)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
-from trl import GRPOConfig  # noqa: E402
+from trl import GRPOConfig
 
-from tests.distributed.harness import write_result  # noqa: E402
-from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
-from trl_groupopt.trainers.base import GroupOptTrainer  # noqa: E402
+from tests.distributed.harness import write_result
+from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
+from trl_groupopt.trainers.base import GroupOptTrainer
 
 
 class RecordingGroupTrainer(GroupOptTrainer):
