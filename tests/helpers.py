@@ -104,8 +104,16 @@ def clone_model(model):
     return copy.deepcopy(model)
 
 
-def random_batch(tokenizer, batch_size: int = 4, prompt_len: int = 5, completion_len: int = 7, seed: int = 0,
-                 group_size: int | None = None, off_policy_scale: float = 0.3, with_ref: bool = True) -> dict:
+def random_batch(
+    tokenizer,
+    batch_size: int = 4,
+    prompt_len: int = 5,
+    completion_len: int = 7,
+    seed: int = 0,
+    group_size: int | None = None,
+    off_policy_scale: float = 0.3,
+    with_ref: bool = True,
+) -> dict:
     """A batch in the shape `_generate_and_score_completions` returns, with ragged completions (padding and an
     all-empty row) and random behaviour/reference log-probs, for calling `_compute_loss` directly."""
     g = torch.Generator().manual_seed(seed)

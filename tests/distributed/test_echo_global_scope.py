@@ -5,7 +5,7 @@ echo_loss with those totals, aggregates sum(per_token_loss * mask) / GLOBAL toke
 and backprops. Checked to 1e-10 in float64:
   * exact mode (second all-reduce of echo_batch_ratio_coupling -> coupling_sum): the ranks' losses
     sum to the union's loss and their concatenated gradients equal the union's gradient;
-  * SPEC construction alone (no coupling_sum): the loss is right, but when R is not clipped the
+  * global totals alone (no coupling_sum): the loss is right, but when R is not clipped the
     gradient misses the cross-process coupling terms (so it differs); when R is clipped there is
     no coupling and it is exact;
   * "micro_batch" scope (no totals) differs from the union when the halves' mean log-ratios differ.
@@ -104,7 +104,7 @@ def test_global_scope_two_processes_match_union(tmp_path):
 
         loss, grad = combined("spec_only")
         torch.testing.assert_close(loss, union_loss, rtol=0, atol=1e-10)
-        if name == "batch_clipped":  # no coupling term: the SPEC construction alone is exact
+        if name == "batch_clipped":  # no coupling term: the global totals alone are exact
             torch.testing.assert_close(grad, union_grad, rtol=0, atol=1e-10)
         else:  # cross-process coupling is missing without coupling_sum
             assert (grad - union_grad).abs().max() > 1e-4

@@ -44,7 +44,6 @@ NOT_INVARIANT = ["grpo/bnpo", "echo/micro_batch/split", "echo/micro_batch/unclip
 NO_TOKEN_CLIP = {"echo/global/unclipped", "echo/micro_batch/unclipped"}  # log-ratios too small for the token clip
 
 
-
 def test_cases_cover_the_registry():
     """Every registered method has a case (case names start with the registry name, see workers/one_step.py)."""
     assert_covers_every_method({name.split("/")[0] for name in INVARIANT + NOT_INVARIANT}, "INVARIANT + NOT_INVARIANT")

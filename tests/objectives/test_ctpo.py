@@ -1,4 +1,4 @@
-"""CTPO objective (papers 002/004; authors' `cum-token-cumprod-la`; SPEC section 4).
+"""CTPO objective (arXiv:2605.07331; the authors' loss `cum-token-cumprod-la`), see `trl_groupopt/objectives/ctpo.py`.
 
 Tolerances: float64 comparisons 1e-12 (loss/gradient vs loops and surrogates) and 1e-10 (exact
 expectations in the tabular problem). The Monte Carlo variance comparison is stated in its test.

@@ -1,4 +1,4 @@
-"""ECHO objective (paper 000, Eq. 5-15, App. A.2; SPEC section 2) against float64 loop references.
+"""ECHO objective (the ECHO paper, Eq. 5-15, App. A.2; `trl_groupopt/objectives/echo.py`) against float64 loops.
 
 Tolerances: float64 comparisons use atol/rtol 1e-12 (loss) and 1e-12 (gradients); the bf16 check
 compares with a float32 run on the same bf16-rounded inputs to 1e-6.
@@ -143,7 +143,7 @@ def test_global_scope_slice_matches_loop_reference(name, shift, scale, overrides
     sl = slice(0, 3)
     part = (logp[sl], old[sl], adv[sl], mask[sl])
     g_kw = dict(kw, log_ratio_sum=torch.tensor(totals[0], dtype=F64), token_count=torch.tensor(totals[1]))
-    # SPEC construction only: value global, coupling of this slice's own tokens
+    # global totals without coupling_sum: value global, coupling of this slice's own tokens
     out, loss, grad = run_echo(*part, agg_count=totals[1], **g_kw)
     ref_loss, ref_grad, _, _ = ref_echo(*part, **kw, totals=totals, agg_count=totals[1])
     assert loss.item() == pytest.approx(ref_loss, rel=1e-12, abs=1e-12)

@@ -1,4 +1,4 @@
-"""Tests for trl_groupopt.objectives.otb (SPEC section 5, paper 003 / verl's OTB estimator).
+"""Tests for trl_groupopt.objectives.otb (arXiv:2602.07078 / verl's OTB estimator).
 
 References are independent float64 implementations: autograd for the logit-gradient energy, plain
 Python loops over groups / rows / positions for the advantages (verl's semantics re-derived by
@@ -104,7 +104,7 @@ def test_energy_input_errors():
 
 
 # --------------------------------------------------------------------------------------------------
-# OTB advantages: an independent loop reference of SPEC section 5 / verl
+# OTB advantages: an independent loop reference of arXiv:2602.07078 / verl
 # --------------------------------------------------------------------------------------------------
 
 
@@ -282,7 +282,7 @@ def test_advantages_input_errors():
 
 
 # --------------------------------------------------------------------------------------------------
-# Invariances (SPEC section 5)
+# Invariances (arXiv:2602.07078)
 # --------------------------------------------------------------------------------------------------
 
 

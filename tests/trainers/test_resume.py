@@ -107,7 +107,8 @@ def test_resume_on_generation_boundary_is_exact(tmp_path, tiny, method):
         a, b = _logged(full, step), _logged(resumed, step)
         assert a.keys() == b.keys() and "loss" in a
         assert {k: v for k, v in b.items() if k != "step_time"} == pytest.approx(
-            {k: v for k, v in a.items() if k != "step_time"}, abs=TOL)
+            {k: v for k, v in a.items() if k != "step_time"}, abs=TOL
+        )
     assert full_params.keys() == resumed_params.keys()
     for pname, value in full_params.items():
         torch.testing.assert_close(resumed_params[pname], value, atol=TOL, rtol=TOL, msg=pname)

@@ -67,22 +67,49 @@ CONFIG_CASES = [
     ("echo_batch_epsilon_above_one", "echo", {"batch_epsilon": 1.5}, r"batch_epsilon must be < 1"),
     # batch_epsilon defaults to epsilon, so a token epsilon >= 1 trips the batch bound (message names batch_epsilon)
     ("echo_epsilon_above_one_default_batch", "echo", {"epsilon": 1.5}, r"batch_epsilon must be < 1"),
-    ("echo_unknown_scope", "echo", {"batch_ratio_scope": "batch"},
-     r"batch_ratio_scope must be one of \('micro_batch', 'global'\)"),
-    ("echo_global_loss_grpo", "echo", {"batch_ratio_scope": "global", "loss_type": "grpo"},
-     r"incompatible: loss_type='grpo' \(use one of \('dapo', 'dr_grpo'\)\)\. Use batch_ratio_scope='micro_batch'"),
+    (
+        "echo_unknown_scope",
+        "echo",
+        {"batch_ratio_scope": "batch"},
+        r"batch_ratio_scope must be one of \('micro_batch', 'global'\)",
+    ),
+    (
+        "echo_global_loss_grpo",
+        "echo",
+        {"batch_ratio_scope": "global", "loss_type": "grpo"},
+        r"incompatible: loss_type='grpo' \(use one of \('dapo', 'dr_grpo'\)\)\. Use batch_ratio_scope='micro_batch'",
+    ),
     ("echo_global_loss_bnpo", "echo", {"batch_ratio_scope": "global", "loss_type": "bnpo"}, r"loss_type='bnpo'"),
-    ("echo_global_loss_luspo", "echo", {"batch_ratio_scope": "global", "loss_type": "luspo"},
-     r"loss_type='luspo'"),
-    ("echo_global_entropy_mask", "echo", {"batch_ratio_scope": "global", "top_entropy_quantile": 0.5},
-     r"incompatible: top_entropy_quantile < 1\. Use batch_ratio_scope='micro_batch'"),
-    ("echo_global_off_policy_mask", "echo", {"batch_ratio_scope": "global", "off_policy_mask_threshold": 0.5},
-     r"incompatible: off_policy_mask_threshold\. Use"),
-    ("echo_global_vllm_is", "echo", {"batch_ratio_scope": "global", "use_vllm": True},
-     r"incompatible: vllm_importance_sampling_correction=True\. Use"),
-    ("echo_global_all_at_once", "echo",
-     {"batch_ratio_scope": "global", "loss_type": "grpo", "top_entropy_quantile": 0.5, "off_policy_mask_threshold": 1.0},
-     r"loss_type='grpo' .*, top_entropy_quantile < 1, off_policy_mask_threshold\. Use"),
+    ("echo_global_loss_luspo", "echo", {"batch_ratio_scope": "global", "loss_type": "luspo"}, r"loss_type='luspo'"),
+    (
+        "echo_global_entropy_mask",
+        "echo",
+        {"batch_ratio_scope": "global", "top_entropy_quantile": 0.5},
+        r"incompatible: top_entropy_quantile < 1\. Use batch_ratio_scope='micro_batch'",
+    ),
+    (
+        "echo_global_off_policy_mask",
+        "echo",
+        {"batch_ratio_scope": "global", "off_policy_mask_threshold": 0.5},
+        r"incompatible: off_policy_mask_threshold\. Use",
+    ),
+    (
+        "echo_global_vllm_is",
+        "echo",
+        {"batch_ratio_scope": "global", "use_vllm": True},
+        r"incompatible: vllm_importance_sampling_correction=True\. Use",
+    ),
+    (
+        "echo_global_all_at_once",
+        "echo",
+        {
+            "batch_ratio_scope": "global",
+            "loss_type": "grpo",
+            "top_entropy_quantile": 0.5,
+            "off_policy_mask_threshold": 1.0,
+        },
+        r"loss_type='grpo' .*, top_entropy_quantile < 1, off_policy_mask_threshold\. Use",
+    ),
     # CTPO: log-space bounds, position power, token-level ratios
     ("ctpo_epsilon_zero", "ctpo", {"epsilon": 0.0}, r"epsilon must be > 0 for CTPO \(a log-space bound\)"),
     ("ctpo_epsilon_negative", "ctpo", {"epsilon": -0.025}, r"epsilon must be > 0 for CTPO"),
@@ -90,25 +117,48 @@ CONFIG_CASES = [
     ("ctpo_epsilon_high_negative", "ctpo", {"epsilon_high": -0.05}, r"epsilon_high must be > 0 for CTPO"),
     ("ctpo_dual_clip_zero", "ctpo", {"ctpo_dual_clip": 0.0}, r"ctpo_dual_clip must be > 0 for CTPO"),
     ("ctpo_dual_clip_negative", "ctpo", {"ctpo_dual_clip": -1.0}, r"ctpo_dual_clip must be > 0 for CTPO"),
-    ("ctpo_position_power_negative", "ctpo", {"ctpo_position_power": -0.5},
-     r"ctpo_position_power must be >= 0 \(0\.5 = the paper's sqrt\(t\)\), got -0\.5"),
-    ("ctpo_sequence_level", "ctpo", {"importance_sampling_level": "sequence"},
-     r"set importance_sampling_level='token' \(got 'sequence'\)"),
+    (
+        "ctpo_position_power_negative",
+        "ctpo",
+        {"ctpo_position_power": -0.5},
+        r"ctpo_position_power must be >= 0 \(0\.5 = the paper's sqrt\(t\)\), got -0\.5",
+    ),
+    (
+        "ctpo_sequence_level",
+        "ctpo",
+        {"importance_sampling_level": "sequence"},
+        r"set importance_sampling_level='token' \(got 'sequence'\)",
+    ),
     # DFPO / GRPO-fix
     ("dfpo_epsilon_zero", "dfpo", {"epsilon": 0.0}, r"epsilon must be > 0"),
     ("dfpo_epsilon_high_negative", "dfpo", {"epsilon_high": -4e-4}, r"epsilon_high must be > 0"),
-    ("dfpo_orth_floor_zero", "dfpo", {"dfpo_transform": "orth_proj", "dfpo_orth_floor": 0.0},
-     r"dfpo_orth_floor must be > 0"),
-    ("grpo_fix_epsilon_high_zero", "grpo_fix", {"epsilon_high": 0.0},
-     r"epsilon_high must be > 0"),
-    ("dfpo_unknown_transform", "dfpo", {"dfpo_transform": "min-replace"},
-     r"dfpo_transform must be one of \('none', 'min_replace', 'orth_proj', 'orth_proj_qp', 'symmetric_clip'\), "
-     r"got 'min-replace'"),
-    ("dfpo_token_level", "dfpo", {"importance_sampling_level": "token"},
-     r"dfpo_transform='min_replace' uses sequence-level ratios: leave importance_sampling_level unset or set it to "
-     r"'sequence' \(got 'token'\)"),
-    ("grpo_fix_sequence_level", "grpo_fix", {"importance_sampling_level": "sequence"},
-     r"uses token-level ratios: leave importance_sampling_level unset or set it to 'token'"),
+    (
+        "dfpo_orth_floor_zero",
+        "dfpo",
+        {"dfpo_transform": "orth_proj", "dfpo_orth_floor": 0.0},
+        r"dfpo_orth_floor must be > 0",
+    ),
+    ("grpo_fix_epsilon_high_zero", "grpo_fix", {"epsilon_high": 0.0}, r"epsilon_high must be > 0"),
+    (
+        "dfpo_unknown_transform",
+        "dfpo",
+        {"dfpo_transform": "min-replace"},
+        r"dfpo_transform must be one of \('none', 'min_replace', 'orth_proj', 'orth_proj_qp', 'symmetric_clip'\), "
+        r"got 'min-replace'",
+    ),
+    (
+        "dfpo_token_level",
+        "dfpo",
+        {"importance_sampling_level": "token"},
+        r"dfpo_transform='min_replace' uses sequence-level ratios: leave importance_sampling_level unset or set it to "
+        r"'sequence' \(got 'token'\)",
+    ),
+    (
+        "grpo_fix_sequence_level",
+        "grpo_fix",
+        {"importance_sampling_level": "sequence"},
+        r"uses token-level ratios: leave importance_sampling_level unset or set it to 'token'",
+    ),
     # group methods: at least two generations (TRL's own GRPOConfig check fires first)
     ("dfpo_one_generation", "dfpo", {"num_generations": 1}, r"at least 2 generations per prompt"),
     ("otb_one_generation", "otb", {"num_generations": 1}, r"at least 2 generations per prompt"),
@@ -178,8 +228,12 @@ def test_group_methods_need_two_generations(tmp_path, method, overrides):
 def test_surrogate_replacing_loss_types_rejected_by_every_trainer(tmp_path, method, loss_type):
     trainer_cls = get_method(method).trainer_class
     args = _config(method, tmp_path, loss_type=loss_type)  # every config accepts it...
-    _raises_at_construction(trainer_cls, args, rf"loss_type='{loss_type}' is not supported by {trainer_cls.__name__}: "
-                                               r".*Use one of \('grpo', 'bnpo', 'dr_grpo', 'dapo', 'luspo'\)")
+    _raises_at_construction(
+        trainer_cls,
+        args,
+        rf"loss_type='{loss_type}' is not supported by {trainer_cls.__name__}: "
+        r".*Use one of \('grpo', 'bnpo', 'dr_grpo', 'dapo', 'luspo'\)",
+    )
 
 
 @pytest.mark.parametrize("method", list(SUPPORTS_DELTA))
@@ -222,8 +276,11 @@ def test_liger_and_unsloth_routing_on_the_real_trainers(tmp_path, method):
     check_loss_routed_through_compute_loss(old_trl, use_liger_kernel=False)  # without Liger the old route is unused
     unsloth = type("UnslothGRPOTrainer", (trainer_cls,), {})
     unsloth.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
-    with pytest.raises(ValueError, match=r"Unsloth's patched GRPOTrainer replaces `compute_loss`.*Import "
-                                         r"trl_groupopt in a process that does not import unsloth"):
+    with pytest.raises(
+        ValueError,
+        match=r"Unsloth's patched GRPOTrainer replaces `compute_loss`.*Import "
+        r"trl_groupopt in a process that does not import unsloth",
+    ):
         unsloth(None, None, args=_config(method, tmp_path))
 
 

@@ -37,12 +37,20 @@ def main():
     parser.add_argument("--world-size", type=int, required=True)
     cli = parser.parse_args()
     tokenizer = tiny_tokenizer()
-    args = GRPOConfig(**cpu_config_kwargs(
-        os.path.join(cli.out, "run"), per_device_train_batch_size=4, num_generations=2, steps_per_generation=4,
-        gradient_accumulation_steps=2, max_steps=2, max_completion_length=4,
-    ))
-    trainer = RecordingGroupTrainer(tiny_model(tokenizer), length_reward, args=args, train_dataset=tiny_dataset(32),
-                                    processing_class=tokenizer)
+    args = GRPOConfig(
+        **cpu_config_kwargs(
+            os.path.join(cli.out, "run"),
+            per_device_train_batch_size=4,
+            num_generations=2,
+            steps_per_generation=4,
+            gradient_accumulation_steps=2,
+            max_steps=2,
+            max_completion_length=4,
+        )
+    )
+    trainer = RecordingGroupTrainer(
+        tiny_model(tokenizer), length_reward, args=args, train_dataset=tiny_dataset(32), processing_class=tokenizer
+    )
     assert trainer.accelerator.num_processes == cli.world_size, trainer.accelerator.num_processes
     trainer.record = {"generations": [], "micro_batches": []}
     trainer.train()

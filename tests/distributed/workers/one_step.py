@@ -72,6 +72,7 @@ METHOD_CASES = {
 # name -> (registry name, config overrides, off-policy scenario or "weights")
 CASES = {name: (method, *case) for method, cases in METHOD_CASES.items() for name, case in cases.items()}
 
+
 def fixed_generation(self, inputs):
     """Stand-in for `trl.GRPOTrainer._generate_and_score_completions`: this rank's slice of the fixed batch."""
     fixed = self._fixed
