@@ -23,7 +23,7 @@ import torch
 from transformers import set_seed
 
 from tests.helpers import (
-    assert_covers_every_method,
+    assert_registered,
     clone_model,
     cpu_config_kwargs,
     method_trainer,
@@ -31,7 +31,7 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
-from trl_groupopt import OTBConfig, OTBTrainer
+from trl_groupopt import METHODS, OTBConfig, OTBTrainer
 
 NUM_GENERATIONS = 2
 GENERATION_ROWS = 16  # per_device_train_batch_size 4 x steps_per_generation 4
@@ -59,19 +59,13 @@ def all_none_reward(completions, **kwargs):
     return [None] * len(completions)
 
 
-#: registry name -> config overrides (DFPO's min_replace: clip bounds its off-policy ratios reach).
-OVERRIDES = {
-    "grpo": {},
-    "echo": {},
-    "dfpo": {"epsilon": 0.05, "epsilon_high": 0.05},
-    "grpo_fix": {},
-    "ctpo": {},
-    "otb": {},
-}
+#: registry name -> config overrides (DFPO's min_replace: clip bounds its off-policy ratios reach); every other
+#: registered method runs with its defaults.
+OVERRIDES = {"dfpo": {"epsilon": 0.05, "epsilon_high": 0.05}}
 
 
-def test_overrides_cover_the_registry():
-    assert_covers_every_method(OVERRIDES, "OVERRIDES")
+def test_overrides_name_registered_methods():
+    assert_registered(OVERRIDES, "OVERRIDES")
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +81,7 @@ def _train(method, output_dir, tiny, reward, max_steps=2):
     trainer = method_trainer(
         method, output_dir, clone_model(model), tokenizer, reward, num_examples=16, per_device_train_batch_size=4,
         num_generations=NUM_GENERATIONS, steps_per_generation=4, gradient_accumulation_steps=2, max_steps=max_steps,
-        logging_nan_inf_filter=False, disable_tqdm=True, **OVERRIDES[method])  # fmt: skip
+        logging_nan_inf_filter=False, disable_tqdm=True, **OVERRIDES.get(method, {}))  # fmt: skip
     record = {"losses": [], "batches": [], "otb": []}
     compute_loss, generate = trainer._compute_loss, trainer._generate_and_score_completions
 
@@ -119,7 +113,7 @@ def _train(method, output_dir, tiny, reward, max_steps=2):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(OVERRIDES))
+@pytest.mark.parametrize("method", list(METHODS))
 def test_unscorable_completions_train_cleanly(tmp_path, tiny, method):
     """None for a whole group and for every 3rd completion: losses, logs and parameters finite, parameters move,
     unscorable rows carry zero advantage (TRL) and, for OTB, zero token advantages from a NaN raw reward."""
@@ -147,7 +141,7 @@ def test_unscorable_completions_train_cleanly(tmp_path, tiny, method):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(OVERRIDES))
+@pytest.mark.parametrize("method", list(METHODS))
 def test_nan_reward_is_none_reward(tmp_path, tiny, method):
     """TRL turns None into NaN before building the reward tensor, so float('nan') from a reward function is an
     unscorable completion too: the run is bit-identical to the None run (not a NaN loss, not an error)."""
@@ -160,7 +154,7 @@ def test_nan_reward_is_none_reward(tmp_path, tiny, method):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(OVERRIDES))
+@pytest.mark.parametrize("method", list(METHODS))
 def test_all_unscorable_batch_is_a_no_op(tmp_path, tiny, method):
     """Every completion unscorable: every advantage is 0, the loss is exactly 0 (beta=0) and AdamW leaves the
     parameters untouched; nothing becomes NaN."""

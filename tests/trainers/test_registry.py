@@ -135,11 +135,15 @@ def _model_card(tmp_path, monkeypatch):
 GENERIC = {  # the generic trainer tests, each called with the toy's name
     "construct_and_train_two_steps": _two_steps,
     "rejects_surrogate_replacing_loss_types": _loss_types,
-    "needs_its_own_config_class": lambda tmp_path, _: test_validation.test_trainer_needs_its_own_config_class(
-        tmp_path, "toy"
+    "needs_its_own_config_class": lambda tmp, _: test_validation.test_trainer_needs_its_own_config_class(tmp, "toy"),
+    "accepts_partial_groups": lambda tmp, _: test_validation.test_token_level_methods_accept_partial_groups(
+        tmp, "toy"
     ),
-    "liger_and_unsloth_routing": lambda tmp_path, _: (
-        test_validation.test_liger_and_unsloth_routing_on_the_real_trainers(tmp_path, "toy")
+    "honours_delta": lambda tmp, _: test_validation.test_delta_only_where_the_objective_has_a_two_sided_clip(
+        tmp, "toy"
+    ),
+    "liger_and_unsloth_routing": lambda tmp, _: test_validation.test_liger_and_unsloth_routing_on_the_real_trainers(
+        tmp, "toy"
     ),
     "model_card": _model_card,
 }

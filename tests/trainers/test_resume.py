@@ -27,7 +27,8 @@ import pytest
 import torch
 from transformers import set_seed
 
-from tests.helpers import assert_covers_every_method, clone_model, method_trainer, tiny_model, tiny_tokenizer
+from tests.helpers import assert_registered, clone_model, method_trainer, tiny_model, tiny_tokenizer
+from trl_groupopt import METHODS
 
 TOL = 1e-6
 SEED = 0
@@ -71,26 +72,20 @@ def _logged(trainer, step):
     return entry
 
 
-#: registry name -> config overrides for the resume run (DFPO: clip bounds its off-policy ratios reach).
-ALIGNED = {
-    "grpo": {},
-    "echo": {},
-    "dfpo": {"epsilon": 0.05, "epsilon_high": 0.05},
-    "grpo_fix": {},
-    "ctpo": {},
-    "otb": {},
-}
+#: registry name -> config overrides for the resume run (DFPO: clip bounds its off-policy ratios reach); every other
+#: registered method runs with its defaults.
+OVERRIDES = {"dfpo": {"epsilon": 0.05, "epsilon_high": 0.05}}
 
 
-def test_aligned_covers_the_registry():
-    assert_covers_every_method(ALIGNED, "ALIGNED")
+def test_overrides_name_registered_methods():
+    assert_registered(OVERRIDES, "OVERRIDES")
 
 
-@pytest.mark.parametrize("method", list(ALIGNED))
+@pytest.mark.parametrize("method", list(METHODS))
 def test_resume_on_generation_boundary_is_exact(tmp_path, tiny, method):
     """Off-policy (steps_per_generation 4 > accumulation 2): one generation per 2 optimizer steps, checkpoint-2 sits on
     a generation boundary. Resumed 2 -> 4 equals the uninterrupted 0 -> 4: same completions, losses, parameters."""
-    schedule = dict(steps_per_generation=4, gradient_accumulation_steps=2, **ALIGNED[method])
+    schedule = dict(steps_per_generation=4, gradient_accumulation_steps=2, **OVERRIDES.get(method, {}))
     full, full_params, full_gens = _train(method, tmp_path / "full", tiny, **schedule)
     checkpoint = tmp_path / "full" / "checkpoint-2"
     assert checkpoint.is_dir() and (checkpoint / "rng_state.pth").is_file()

@@ -7,8 +7,8 @@
 * "first loss": the objective's own argument check, at the first `_compute_loss` (after the first generation).
 
 Methods come from the registry (`trl_groupopt.METHODS`); where a check depends on the method (whole groups, delta)
-a table keyed by registry name says what to expect and `assert_covers_every_method` keeps it complete. The
-routing check (`check_loss_routed_through_compute_loss`) is also tested on synthetic Unsloth / old-TRL classes.
+the expectation is the trainer's own declaration (`needs_whole_groups`, `supports_delta`), and the built-in methods'
+declarations are pinned by a table. The routing check (`check_loss_routed_through_compute_loss`) is also tested on synthetic Unsloth / old-TRL classes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from tests.helpers import (
-    assert_covers_every_method,
+    BUILT_IN_METHODS,
+    assert_registered,
     cpu_config_kwargs,
     length_reward,
     method_config,
@@ -29,17 +30,23 @@ from tests.helpers import (
 from trl_groupopt import METHODS, get_method
 from trl_groupopt.trainers.base import GroupOptTrainer, check_loss_routed_through_compute_loss
 
-#: Whether the method couples the sequences of a group (then every micro-batch must hold whole groups).
+#: Pinned declarations of the built-in methods: whether they couple the sequences of a group (then every micro-batch
+#: holds whole groups) and whether TRL's `delta` (two-sided clip of TRL's surrogate) means anything for them.
 WHOLE_GROUPS = {"grpo": False, "echo": False, "dfpo": True, "grpo_fix": False, "ctpo": False, "otb": True}
-#: Whether TRL's `delta` (two-sided clip of TRL's surrogate) means anything for the method's objective.
 SUPPORTS_DELTA = {"grpo": True, "echo": False, "dfpo": False, "grpo_fix": False, "ctpo": False, "otb": True}
 #: Modes that are not registered methods of their own, checked alongside the registered ones.
 DFPO_TRANSFORMS = ("min_replace", "orth_proj", "orth_proj_qp", "none")
 
 
-def test_method_tables_cover_the_registry():
-    assert_covers_every_method(WHOLE_GROUPS, "WHOLE_GROUPS")
-    assert_covers_every_method(SUPPORTS_DELTA, "SUPPORTS_DELTA")
+def _needs_whole_groups(method: str, **overrides) -> bool:
+    return get_method(method).trainer_class.needs_whole_groups(method_config(method, "unused", **overrides))
+
+
+def test_built_in_declarations():
+    assert set(WHOLE_GROUPS) == set(SUPPORTS_DELTA) == BUILT_IN_METHODS
+    assert {m: _needs_whole_groups(m) for m in WHOLE_GROUPS} == WHOLE_GROUPS
+    assert {m: get_method(m).trainer_class.supports_delta for m in SUPPORTS_DELTA} == SUPPORTS_DELTA
+    assert all(_needs_whole_groups("dfpo", dfpo_transform=t) for t in DFPO_TRANSFORMS)
 
 
 def _config(method, tmp_path, **kwargs):
@@ -172,9 +179,8 @@ def test_invalid_config_raises_at_construction(tmp_path, name, method, kwargs, m
         _config(method, tmp_path, **kwargs)
 
 
-def test_every_method_has_invalid_config_cases():
-    """A newly registered method comes with at least one invalid-config case above."""
-    assert_covers_every_method({method for _, method, _, _ in CONFIG_CASES}, "CONFIG_CASES")
+def test_config_cases_name_registered_methods():
+    assert_registered({method for _, method, _, _ in CONFIG_CASES}, "CONFIG_CASES")
 
 
 def test_valid_neighbours_of_the_invalid_configs_construct(tmp_path):
@@ -192,7 +198,7 @@ def test_valid_neighbours_of_the_invalid_configs_construct(tmp_path):
 
 
 # ================================================================================================ raised by the trainer
-WHOLE_GROUP_CASES = [(m, {}) for m in WHOLE_GROUPS if WHOLE_GROUPS[m]] + [
+WHOLE_GROUP_CASES = [(m, {}) for m in METHODS if _needs_whole_groups(m)] + [
     ("dfpo", {"dfpo_transform": t}) for t in DFPO_TRANSFORMS
 ]
 WHOLE_GROUP_IDS = [m + "".join(f"-{v}" for v in o.values()) for m, o in WHOLE_GROUP_CASES]
@@ -208,7 +214,7 @@ def test_group_methods_need_batch_size_multiple_of_num_generations(tmp_path, met
                             r"Use per_device_train_batch_size in \[4, 8, 12, 16\]")  # fmt: skip
 
 
-@pytest.mark.parametrize("method", [m for m in WHOLE_GROUPS if not WHOLE_GROUPS[m]])
+@pytest.mark.parametrize("method", [m for m in METHODS if not _needs_whole_groups(m)])
 def test_token_level_methods_accept_partial_groups(tmp_path, method):
     get_method(method).trainer_class.validate_args(
         _config(method, tmp_path, per_device_train_batch_size=6, num_generations=4, steps_per_generation=2)
@@ -236,12 +242,12 @@ def test_surrogate_replacing_loss_types_rejected_by_every_trainer(tmp_path, meth
     )
 
 
-@pytest.mark.parametrize("method", list(SUPPORTS_DELTA))
+@pytest.mark.parametrize("method", list(METHODS))
 def test_delta_only_where_the_objective_has_a_two_sided_clip(tmp_path, method):
     """OTB (TRL's clipped surrogate on OTB advantages) and the base trainer honour TRL's delta; the others refuse."""
     trainer_cls = get_method(method).trainer_class
     args = _config(method, tmp_path, delta=2.0)
-    if SUPPORTS_DELTA[method]:
+    if trainer_cls.supports_delta:
         trainer_cls.validate_args(args)
     else:
         _raises_at_construction(trainer_cls, args, rf"delta=2.0 has no meaning for {trainer_cls.__name__}'s "
