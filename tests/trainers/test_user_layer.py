@@ -27,6 +27,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from tests.helpers import (
+    BUILT_IN_METHODS,
     assert_registered,
     clone_model,
     cpu_config_kwargs,
@@ -510,7 +511,8 @@ def test_model_card_template_file_matches_the_package():
     root = PACKAGE_DIR.parent / "model_cards"
     assert (root / "template.md").read_text(encoding="utf-8") == MODEL_CARD_TEMPLATE
     readme = (root / "README.md").read_text(encoding="utf-8")
-    for trainer_cls in {spec.trainer_class for spec in METHODS.values()} - {GroupOptTrainer}:
+    # The README's table documents the shipped methods (a new method's citation lives in its docs/<method>.md).
+    for trainer_cls in {get_method(m).trainer_class for m in BUILT_IN_METHODS} - {GroupOptTrainer}:
         assert f"`{_bibtex_key(trainer_cls._paper['citation'])}`" in readme, trainer_cls.__name__
 
 
