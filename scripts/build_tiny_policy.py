@@ -9,12 +9,12 @@ whose accuracy lies in [15%, 60%], stops once accuracy passes 35%, and writes th
 closest to 30%: a policy that is right sometimes, so group-relative RL has signal both ways.
 
 About 40% of the SFT targets write the bare answer instead of \\boxed{answer}; the accuracy reward
-scores those 0, which leaves format headroom that a few GRPO steps can learn
-(shared/notes/offline-demo.md). The artifact is committed: the training curve moves by hundreds of
-steps with small code changes and need not be bit-identical on other CPUs, so CI never rebuilds it.
+scores those 0, which leaves format headroom that a few GRPO steps can learn. The artifact is committed: the
+training curve moves by hundreds of steps with small code changes and need not be bit-identical on other CPUs, so CI
+never rebuilds it.
 
     python scripts/build_tiny_policy.py                       # writes trl_groupopt/assets/tiny_policy
-    python scripts/build_tiny_policy.py --out /tmp/policy --log-json /tmp/build.json
+    python scripts/build_tiny_policy.py --out outputs/policy --log-json outputs/build.json
     python scripts/eval_policy.py                             # re-measures the shipped artifact
 """
 
@@ -35,7 +35,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-torch.set_num_threads(1)  # 2 threads on a 2-core shared machine ran 50x slower (offline-demo.md)
+torch.set_num_threads(1)  # 2 threads on a 2-core shared machine ran 50x slower
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -104,7 +104,9 @@ def main() -> None:
     fmt_rng = random.Random(args.seed + 1)
     boxed = [fmt_rng.random() >= args.unboxed_fraction for _ in exprs]
     prompts = [
-        tok.apply_chat_template([{"role": "user", "content": f"Compute {e}"}], tokenize=False, add_generation_prompt=True)
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"Compute {e}"}], tokenize=False, add_generation_prompt=True
+        )
         for e in exprs
     ]
     targets = [arithmetic_chain_of_thought(e, boxed=b) + tok.eos_token for e, b in zip(exprs, boxed)]
@@ -112,15 +114,20 @@ def main() -> None:
     # so prompt and target can be tokenized separately and concatenated.
     for e, b, p, t in list(zip(exprs, boxed, prompts, targets))[:32]:
         full = tok.apply_chat_template(
-            [{"role": "user", "content": f"Compute {e}"},
-             {"role": "assistant", "content": arithmetic_chain_of_thought(e, boxed=b)}],
+            [
+                {"role": "user", "content": f"Compute {e}"},
+                {"role": "assistant", "content": arithmetic_chain_of_thought(e, boxed=b)},
+            ],
             tokenize=False,
         )
         assert full == p + t, (full, p + t)
     p_ids = tok(prompts, add_special_tokens=False)["input_ids"]
     t_ids = tok(targets, add_special_tokens=False)["input_ids"]
-    print(f"data: {n_train} problems, {sum(not b for b in boxed) / n_train:.1%} unboxed, "
-          f"max completion {max(map(len, t_ids))} tokens ({time.time() - t0:.1f}s)", flush=True)
+    print(
+        f"data: {n_train} problems, {sum(not b for b in boxed) / n_train:.1%} unboxed, "
+        f"max completion {max(map(len, t_ids))} tokens ({time.time() - t0:.1f}s)",
+        flush=True,
+    )
 
     test_ds = make_arithmetic_dataset(args.num_test, seed=args.seed, split="test")
 
@@ -163,12 +170,21 @@ def main() -> None:
         if done == next_eval:
             res = greedy_accuracy(model, tok, test_ds, max_new_tokens=args.max_new_tokens)
             elapsed = time.time() - t_train
-            print(f"step {done:5d}  loss {loss.item():.4f}  lr {lr_at(step):.2e}  "
-                  f"greedy acc {res['accuracy']:.3f}  format {res['format_rate']:.3f}  ({elapsed:.0f}s)", flush=True)
+            print(
+                f"step {done:5d}  loss {loss.item():.4f}  lr {lr_at(step):.2e}  "
+                f"greedy acc {res['accuracy']:.3f}  format {res['format_rate']:.3f}  ({elapsed:.0f}s)",
+                flush=True,
+            )
             log["evals"].append({"step": done, "loss": loss.item(), **res, "elapsed_s": elapsed})
             if args.acc_min <= res["accuracy"] <= args.acc_max:
-                candidates.append({"step": done, "accuracy": res["accuracy"], "format_rate": res["format_rate"],
-                                   "state": copy.deepcopy(model.state_dict())})
+                candidates.append(
+                    {
+                        "step": done,
+                        "accuracy": res["accuracy"],
+                        "format_rate": res["format_rate"],
+                        "state": copy.deepcopy(model.state_dict()),
+                    }
+                )
             if candidates and (res["accuracy"] > args.acc_stop or res["accuracy"] > args.acc_max):
                 stop_step = done
                 break
@@ -178,8 +194,11 @@ def main() -> None:
     if not candidates:
         raise SystemExit(f"no checkpoint reached greedy accuracy in [{args.acc_min}, {args.acc_max}]")
     best = min(candidates, key=lambda c: (abs(c["accuracy"] - args.acc_target), c["step"]))
-    print(f"chosen step {best['step']} (greedy acc {best['accuracy']:.3f}, format {best['format_rate']:.3f}); "
-          f"stopped at step {stop_step}", flush=True)
+    print(
+        f"chosen step {best['step']} (greedy acc {best['accuracy']:.3f}, format {best['format_rate']:.3f}); "
+        f"stopped at step {stop_step}",
+        flush=True,
+    )
     model.load_state_dict(best["state"])
     model.eval()
 
@@ -208,11 +227,23 @@ def main() -> None:
     res = greedy_accuracy(model2, tok2, test_ds, max_new_tokens=args.max_new_tokens)
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     total_s = time.time() - t0
-    print(f"reloaded: greedy acc {res['accuracy']:.3f} format {res['format_rate']:.3f}; "
-          f"artifact {size / 1e6:.2f} MB; train {train_s:.0f}s, total {total_s:.0f}s", flush=True)
-    log.update({"chosen_step": best["step"], "chosen_accuracy": best["accuracy"], "stop_step": stop_step,
-                "reloaded": res, "artifact_bytes": size, "train_s": train_s, "total_s": total_s,
-                "torch": torch.__version__})
+    print(
+        f"reloaded: greedy acc {res['accuracy']:.3f} format {res['format_rate']:.3f}; "
+        f"artifact {size / 1e6:.2f} MB; train {train_s:.0f}s, total {total_s:.0f}s",
+        flush=True,
+    )
+    log.update(
+        {
+            "chosen_step": best["step"],
+            "chosen_accuracy": best["accuracy"],
+            "stop_step": stop_step,
+            "reloaded": res,
+            "artifact_bytes": size,
+            "train_s": train_s,
+            "total_s": total_s,
+            "torch": torch.__version__,
+        }
+    )
     if args.log_json:
         Path(args.log_json).write_text(json.dumps(log, indent=2) + "\n")
 

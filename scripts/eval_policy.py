@@ -43,7 +43,9 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--batch-size", type=int, default=200)
     p.add_argument(
-        "--sampled-runs", type=int, default=0,
+        "--sampled-runs",
+        type=int,
+        default=0,
         help="also measure accuracy when sampling at temperature 1 (GRPO's rollouts), averaged over this many seeded passes",
     )
     p.add_argument("--show", type=int, default=0, help="print this many completions")
@@ -61,8 +63,17 @@ def main() -> None:
         runs = []
         for k in range(args.sampled_runs):
             torch.manual_seed(k)
-            runs.append(greedy_accuracy(model, tokenizer, ds, max_new_tokens=args.max_new_tokens,
-                                        batch_size=args.batch_size, do_sample=True, temperature=1.0))
+            runs.append(
+                greedy_accuracy(
+                    model,
+                    tokenizer,
+                    ds,
+                    max_new_tokens=args.max_new_tokens,
+                    batch_size=args.batch_size,
+                    do_sample=True,
+                    temperature=1.0,
+                )
+            )
         res["sampled_accuracy"] = sum(r["accuracy"] for r in runs) / len(runs)
         res["sampled_format_rate"] = sum(r["format_rate"] for r in runs) / len(runs)
         res["sampled_runs"] = args.sampled_runs

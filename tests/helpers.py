@@ -1,6 +1,10 @@
-"""Fixtures shared by the trainer tests: tiny models built from config, the in-code tokenizer, small data.
+"""Fixtures shared by the trainer tests: tiny models built from config, the in-code tokenizer, small data, and the
+one place that builds any registered method's config and trainer (`method_config`, `method_trainer`).
 
 Nothing here touches the Hub. Building a trainer costs seconds on CPU, so tests group their checks per trainer.
+Parametrised tests read `trl_groupopt.METHODS`; a test that needs per-method data keeps a table keyed by registry
+names holding only overrides or exceptions (checked by `assert_registered`), so a new method runs every test with its
+defaults and needs no test-table edit.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import torch
 from datasets import Dataset
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from trl_groupopt import METHODS, get_method
 from trl_groupopt.offline import build_tokenizer, make_arithmetic_dataset
 
 
@@ -53,7 +58,7 @@ def length_reward(completions, **kwargs) -> list[float]:
 
 
 def cpu_config_kwargs(output_dir, **overrides) -> dict:
-    """GRPOConfig kwargs for fast, deterministic CPU runs (offline-demo.md: no bf16, no checkpointing)."""
+    """GRPOConfig kwargs for fast, deterministic CPU runs (fp32: no bf16 on CPU; no gradient checkpointing)."""
     kwargs = dict(
         output_dir=str(output_dir),
         use_cpu=True,
@@ -76,12 +81,47 @@ def cpu_config_kwargs(output_dir, **overrides) -> dict:
     return kwargs
 
 
+def method_config(name: str, output_dir, **overrides):
+    """The config of the registered method `name` (its mode's `config_defaults` applied) with the CPU test defaults
+    of `cpu_config_kwargs`; `overrides` win over both."""
+    return get_method(name).make_config(**cpu_config_kwargs(output_dir, **overrides))
+
+
+def method_trainer(name: str, output_dir, model, tokenizer, reward_funcs=length_reward, num_examples: int = 16,
+                   **overrides):  # fmt: skip
+    """The registered method's trainer on `model` (used as is: clone it first to reuse it) and the tiny dataset."""
+    args = method_config(name, output_dir, **overrides)
+    return get_method(name).trainer_class(model, reward_funcs, args=args, train_dataset=tiny_dataset(num_examples),
+                                          processing_class=tokenizer)  # fmt: skip
+
+
+#: The methods the library ships (the issue's acceptance list); tables that pin their properties name exactly these.
+BUILT_IN_METHODS = frozenset({"grpo", "echo", "dfpo", "grpo_fix", "ctpo", "otb"})
+
+
+def assert_registered(table, what: str = "table") -> None:
+    """A per-method table (overrides or expected exceptions) names only registered methods: no stale entries.
+
+    Tests are parametrised over `METHODS` and fall back to a method's defaults where its name is not in the table,
+    so a new method runs through every test without editing any table."""
+    unknown = sorted(set(table) - set(METHODS))
+    assert not unknown, f"{what}: {unknown} are not registered methods"
+
+
 def clone_model(model):
     return copy.deepcopy(model)
 
 
-def random_batch(tokenizer, batch_size: int = 4, prompt_len: int = 5, completion_len: int = 7, seed: int = 0,
-                 group_size: int | None = None, off_policy_scale: float = 0.3, with_ref: bool = True) -> dict:
+def random_batch(
+    tokenizer,
+    batch_size: int = 4,
+    prompt_len: int = 5,
+    completion_len: int = 7,
+    seed: int = 0,
+    group_size: int | None = None,
+    off_policy_scale: float = 0.3,
+    with_ref: bool = True,
+) -> dict:
     """A batch in the shape `_generate_and_score_completions` returns, with ragged completions (padding and an
     all-empty row) and random behaviour/reference log-probs, for calling `_compute_loss` directly."""
     g = torch.Generator().manual_seed(seed)

@@ -260,7 +260,7 @@ def test_artifact_files_and_size():
         assert name in files, name
     assert sum(files.values()) <= 8 * 1024 * 1024
     cfg = json.loads((root / "tokenizer_config.json").read_text())
-    # Loads on transformers 4.57 too (shared/notes/offline-demo.md recipe).
+    # Loads on transformers 4.57 too: a plain PreTrainedTokenizerFast, no transformers-5-only `backend` key.
     assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast" and "backend" not in cfg
     assert cfg["model_input_names"] == ["input_ids", "attention_mask"]
     assert isinstance(cfg.get("additional_special_tokens"), list)

@@ -1,6 +1,6 @@
 """Launch a worker script on N CPU processes (gloo) from pytest and collect each rank's JSON result.
 
-`accelerate launch --cpu --num_processes 2` silently runs ONE process (offline-demo.md), so we use torchrun, which
+`accelerate launch --cpu --num_processes 2` silently runs ONE process, so we use torchrun, which
 accelerate's `PartialState` picks up (RANK / WORLD_SIZE / MASTER_ADDR) and, with `use_cpu=True`, runs on gloo.
 A worker receives `--out DIR` and must write `DIR/rank{RANK}.json`; it should assert the world size it expects.
 """
@@ -47,7 +47,9 @@ def launch(worker: str | Path, nproc: int, out_dir: Path, *args: str, timeout: i
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+        )
     return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in range(nproc)]
 
 

@@ -30,20 +30,23 @@ import torch
 
 from tests.distributed import batches
 from tests.distributed.harness import launch
+from tests.distributed.workers import one_step
+from trl_groupopt import METHODS
 
 ATOL, RTOL = 1e-6, 1e-5
 LEARNING_RATE = 0.5  # workers/one_step.py
 
-INVARIANT = [
-    "base/grpo", "base/dr_grpo", "base/dapo", "base/luspo",
-    "echo/global/split", "echo/global/shifted", "echo/global/unclipped",
-    "dfpo/min_replace", "dfpo/orth_proj", "dfpo/orth_proj_qp", "dfpo/none", "grpo_fix", "ctpo", "otb",
-]  # fmt: skip
-NOT_INVARIANT = ["base/bnpo", "echo/micro_batch/split", "echo/micro_batch/unclipped"]
+#: Not sharding invariant, pinned with the exact reason (module docstring); every other case of workers/one_step.py
+#: (all registered methods, a new one included) must be invariant.
+NOT_INVARIANT = ["grpo/bnpo", "echo/micro_batch/split", "echo/micro_batch/unclipped"]
+INVARIANT = [name for name in one_step.CASES if name not in NOT_INVARIANT]
 NO_TOKEN_CLIP = {"echo/global/unclipped", "echo/micro_batch/unclipped"}  # log-ratios too small for the token clip
 
-# ECHO, CTPO and GRPO-fix return their clip fractions as 0-dim per-process fractions, which the base averages over
-# processes without weights: the logged value is not TRL's token-weighted global fraction (see the test).
+
+def test_cases_cover_the_registry():
+    """Every registered method has a case (case names start with the registry name, see workers/one_step.py)."""
+    assert {name.split("/")[0] for name in one_step.CASES} == set(METHODS)
+    assert set(NOT_INVARIANT) <= set(one_step.CASES)
 
 
 @pytest.fixture(scope="module")
@@ -134,12 +137,12 @@ def test_echo_global_scope_batch_ratio_is_the_unions(runs):
 def test_bnpo_is_not_sharding_invariant_local_token_normaliser(runs):
     """bnpo divides by the LOCAL token count; DDP then averages the processes: the 2-process loss is
     (S0/N0 + S1/N1) / 2, the union's (S0 + S1) / (N0 + N1). The halves hold different token counts here."""
-    one, one_tensors = _case(runs, 1, "base/bnpo")
-    two, two_tensors = _case(runs, 2, "base/bnpo")
+    one, one_tensors = _case(runs, 1, "grpo/bnpo")
+    two, two_tensors = _case(runs, 2, "grpo/bnpo")
     mask = batches.group_batch(64, 0)["completion_mask"]  # token counts do not depend on the vocabulary
     counts = [mask[: batches.HALF].sum().item(), mask[batches.HALF :].sum().item()]
     assert counts[0] != counts[1]
-    local = [_case(runs, 2, "base/bnpo", rank)[0]["local_loss"] for rank in range(2)]  # S_k / N_k
+    local = [_case(runs, 2, "grpo/bnpo", rank)[0]["local_loss"] for rank in range(2)]  # S_k / N_k
     sums = [loss * count for loss, count in zip(local, counts)]
     assert two["logged"]["loss"] == pytest.approx(sum(local) / 2, abs=1e-7)
     assert one["logged"]["loss"] == pytest.approx(sum(sums) / sum(counts), abs=ATOL, rel=RTOL)  # the reason, exactly
@@ -179,7 +182,7 @@ def test_echo_micro_batch_scope_is_not_sharding_invariant(runs):
 CLIP_KEYS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
 
 
-@pytest.mark.parametrize("name", INVARIANT + ["base/bnpo"])
+@pytest.mark.parametrize("name", INVARIANT + ["grpo/bnpo"])
 def test_logged_clip_fractions_are_sharding_invariant(runs, name):
     """TRL's `clip_ratio/*_mean` is a global token-weighted fraction (all-reduced sums), so it does not depend on the
     sharding when the losses do not. Every objective returns per-token (or, DFPO, per-sequence over equal

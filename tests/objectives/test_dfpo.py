@@ -1,4 +1,4 @@
-"""Tests for DFPO (paper 001, App. A-D, H, K; SPEC section 3).
+"""Tests for DFPO (arXiv:2604.13088, App. A-D, H, K), see `trl_groupopt/objectives/dfpo.py`.
 
 References are independent of the implementation: plain Python loops in float64 over sequences,
 tokens and groups; the transforms are re-derived from the paper's formulas group by group

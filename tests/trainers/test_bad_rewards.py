@@ -7,10 +7,11 @@ function did not score this completion". A row where every reward function gave 
 of its group's mean/std and its advantage is set to 0 (`nan_to_num`). `test_nan_reward_is_none_reward` checks that a
 NaN-returning reward trains bit-identically to the None-returning one, for every trainer.
 
-Our side: ECHO, DFPO (min_replace, GRPO-fix) and CTPO consume TRL's advantages (0 on unscorable rows); OTB consumes
-the raw rewards (NaN on unscorable rows, `GroupOptTrainer._local_raw_rewards`) and drops those rows from the group
-before the baseline is formed (`otb_advantages`), which `test_otb_drops_unscorable_rows_from_the_baseline` checks
-against the same batch with those rows removed.
+Our side (every registered method is run): the base trainer, ECHO, DFPO (min_replace, GRPO-fix) and CTPO consume TRL's
+advantages (0 on unscorable rows); OTB consumes the raw rewards (NaN on unscorable rows,
+`GroupOptTrainer._local_raw_rewards`) and drops those rows from the group before the baseline is formed
+(`otb_advantages`), which `test_otb_drops_unscorable_rows_from_the_baseline` checks against the same batch with those
+rows removed.
 """
 
 from __future__ import annotations
@@ -21,17 +22,16 @@ import pytest
 import torch
 from transformers import set_seed
 
-from tests.helpers import clone_model, cpu_config_kwargs, tiny_dataset, tiny_model, tiny_tokenizer
-from trl_groupopt import (
-    CTPOConfig,
-    CTPOTrainer,
-    DFPOConfig,
-    DFPOTrainer,
-    ECHOConfig,
-    ECHOTrainer,
-    OTBConfig,
-    OTBTrainer,
+from tests.helpers import (
+    assert_registered,
+    clone_model,
+    cpu_config_kwargs,
+    method_trainer,
+    tiny_dataset,
+    tiny_model,
+    tiny_tokenizer,
 )
+from trl_groupopt import METHODS, OTBConfig, OTBTrainer
 
 NUM_GENERATIONS = 2
 GENERATION_ROWS = 16  # per_device_train_batch_size 4 x steps_per_generation 4
@@ -59,14 +59,13 @@ def all_none_reward(completions, **kwargs):
     return [None] * len(completions)
 
 
-TRAINERS = [
-    ("echo", ECHOTrainer, ECHOConfig, {}),
-    ("dfpo_min_replace", DFPOTrainer, DFPOConfig, {"epsilon": 0.05, "epsilon_high": 0.05}),
-    ("grpo_fix", DFPOTrainer, DFPOConfig, {"dfpo_transform": "symmetric_clip"}),
-    ("ctpo", CTPOTrainer, CTPOConfig, {}),
-    ("otb", OTBTrainer, OTBConfig, {}),
-]
-IDS = [t[0] for t in TRAINERS]
+#: registry name -> config overrides (DFPO's min_replace: clip bounds its off-policy ratios reach); every other
+#: registered method runs with its defaults.
+OVERRIDES = {"dfpo": {"epsilon": 0.05, "epsilon_high": 0.05}}
+
+
+def test_overrides_name_registered_methods():
+    assert_registered(OVERRIDES, "OVERRIDES")
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +74,14 @@ def tiny():
     return tokenizer, tiny_model(tokenizer, seed=11)
 
 
-def _train(trainer_cls, config_cls, output_dir, tiny, reward, max_steps=2, **overrides):
+def _train(method, output_dir, tiny, reward, max_steps=2):
     """Off-policy 2-step run (steps_per_generation 4 > accumulation 2) recording every micro-step's loss, every
     generation batch and (OTB) every advantage tensor."""
     tokenizer, model = tiny
-    args = config_cls(**cpu_config_kwargs(
-        output_dir, per_device_train_batch_size=4, num_generations=NUM_GENERATIONS, steps_per_generation=4,
-        gradient_accumulation_steps=2, max_steps=max_steps, logging_nan_inf_filter=False, disable_tqdm=True,
-        **overrides))  # fmt: skip
-    trainer = trainer_cls(clone_model(model), reward, args=args, train_dataset=tiny_dataset(16),
-                          processing_class=tokenizer)  # fmt: skip
+    trainer = method_trainer(
+        method, output_dir, clone_model(model), tokenizer, reward, num_examples=16, per_device_train_batch_size=4,
+        num_generations=NUM_GENERATIONS, steps_per_generation=4, gradient_accumulation_steps=2, max_steps=max_steps,
+        logging_nan_inf_filter=False, disable_tqdm=True, **OVERRIDES.get(method, {}))  # fmt: skip
     record = {"losses": [], "batches": [], "otb": []}
     compute_loss, generate = trainer._compute_loss, trainer._generate_and_score_completions
 
@@ -99,7 +96,7 @@ def _train(trainer_cls, config_cls, output_dir, tiny, reward, max_steps=2, **ove
         return output
 
     trainer._compute_loss, trainer._generate_and_score_completions = recording_compute_loss, recording_generate
-    if trainer_cls is OTBTrainer:
+    if isinstance(trainer, OTBTrainer):
         advantages_of = trainer.compute_advantages
 
         def recording_advantages(inputs, per_token_logps, mask):
@@ -116,11 +113,11 @@ def _train(trainer_cls, config_cls, output_dir, tiny, reward, max_steps=2, **ove
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,trainer_cls,config_cls,overrides", TRAINERS, ids=IDS)
-def test_unscorable_completions_train_cleanly(tmp_path, tiny, name, trainer_cls, config_cls, overrides):
+@pytest.mark.parametrize("method", list(METHODS))
+def test_unscorable_completions_train_cleanly(tmp_path, tiny, method):
     """None for a whole group and for every 3rd completion: losses, logs and parameters finite, parameters move,
     unscorable rows carry zero advantage (TRL) and, for OTB, zero token advantages from a NaN raw reward."""
-    trainer, record, before, after = _train(trainer_cls, config_cls, tmp_path, tiny, none_reward, **overrides)
+    trainer, record, before, after = _train(method, tmp_path, tiny, none_reward)
     assert len(record["losses"]) == 4 and all(torch.isfinite(loss) for loss in record["losses"]), record["losses"]
     assert all(torch.isfinite(p).all() for p in after.values())
     assert any(not torch.equal(before[n], after[n]) for n in before)
@@ -133,7 +130,7 @@ def test_unscorable_completions_train_cleanly(tmp_path, tiny, name, trainer_cls,
     assert batch["advantages"].shape == (GENERATION_ROWS,)
     assert torch.equal(batch["advantages"][unscorable], torch.zeros(int(unscorable.sum())))
     assert (batch["advantages"][~unscorable] != 0).any()
-    if trainer_cls is OTBTrainer:
+    if isinstance(trainer, OTBTrainer):
         assert torch.equal(torch.isnan(batch["rewards"]), unscorable)  # raw rewards: NaN exactly where unscored
         assert len(record["otb"]) == 4
         for rewards, advantages in record["otb"]:  # each micro-batch (whole groups, shuffled)
@@ -144,14 +141,12 @@ def test_unscorable_completions_train_cleanly(tmp_path, tiny, name, trainer_cls,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,trainer_cls,config_cls,overrides", TRAINERS, ids=IDS)
-def test_nan_reward_is_none_reward(tmp_path, tiny, name, trainer_cls, config_cls, overrides):
+@pytest.mark.parametrize("method", list(METHODS))
+def test_nan_reward_is_none_reward(tmp_path, tiny, method):
     """TRL turns None into NaN before building the reward tensor, so float('nan') from a reward function is an
     unscorable completion too: the run is bit-identical to the None run (not a NaN loss, not an error)."""
-    _, none_record, _, none_after = _train(trainer_cls, config_cls, tmp_path / "none", tiny, none_reward, max_steps=1,
-                                           **overrides)  # fmt: skip
-    _, nan_record, _, nan_after = _train(trainer_cls, config_cls, tmp_path / "nan", tiny, nan_reward, max_steps=1,
-                                         **overrides)  # fmt: skip
+    _, none_record, _, none_after = _train(method, tmp_path / "none", tiny, none_reward, max_steps=1)
+    _, nan_record, _, nan_after = _train(method, tmp_path / "nan", tiny, nan_reward, max_steps=1)
     assert torch.equal(torch.stack(nan_record["losses"]), torch.stack(none_record["losses"]))
     assert all(torch.isfinite(loss) for loss in nan_record["losses"])
     for n, value in none_after.items():
@@ -159,12 +154,11 @@ def test_nan_reward_is_none_reward(tmp_path, tiny, name, trainer_cls, config_cls
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,trainer_cls,config_cls,overrides", TRAINERS, ids=IDS)
-def test_all_unscorable_batch_is_a_no_op(tmp_path, tiny, name, trainer_cls, config_cls, overrides):
+@pytest.mark.parametrize("method", list(METHODS))
+def test_all_unscorable_batch_is_a_no_op(tmp_path, tiny, method):
     """Every completion unscorable: every advantage is 0, the loss is exactly 0 (beta=0) and AdamW leaves the
     parameters untouched; nothing becomes NaN."""
-    _, record, before, after = _train(trainer_cls, config_cls, tmp_path, tiny, all_none_reward, max_steps=1,
-                                      **overrides)  # fmt: skip
+    _, record, before, after = _train(method, tmp_path, tiny, all_none_reward, max_steps=1)
     assert all(loss.item() == 0.0 for loss in record["losses"]), record["losses"]
     assert torch.equal(record["batches"][0]["advantages"], torch.zeros(GENERATION_ROWS))
     for n, value in before.items():

@@ -12,12 +12,14 @@ from tests.helpers import (
     cpu_config_kwargs,
     inputs_with_policies,
     length_reward,
+    method_trainer,
     random_batch,
     tiny_dataset,
     tiny_model,
     tiny_tokenizer,
 )
 from trl_groupopt import (
+    METHODS,
     CTPOConfig,
     CTPOTrainer,
     DFPOConfig,
@@ -26,6 +28,7 @@ from trl_groupopt import (
     ECHOTrainer,
     OTBConfig,
     OTBTrainer,
+    get_method,
 )
 from trl_groupopt.objectives.otb import logit_gradient_energy
 
@@ -125,27 +128,21 @@ def test_otb_energy_comes_from_the_fused_forward(tiny):
     assert set(ours._metrics["train"]) >= {"otb/energy_mean", "otb/baseline_mean", "otb/adv_abs_mean"}
 
 
-E2E = [
-    ("echo", ECHOTrainer, ECHOConfig, {}, "echo/batch_ratio"),
-    ("echo_global", ECHOTrainer, ECHOConfig, {"batch_ratio_scope": "global"}, "echo/batch_clipped"),
-    ("dfpo_min_replace", DFPOTrainer, DFPOConfig, {}, "dfpo/asym_after"),
-    ("dfpo_orth_proj", DFPOTrainer, DFPOConfig, {"dfpo_transform": "orth_proj"}, "dfpo/shrink"),
-    ("dfpo_orth_proj_qp", DFPOTrainer, DFPOConfig, {"dfpo_transform": "orth_proj_qp"}, "dfpo/asym_before"),
-    ("grpo_fix", DFPOTrainer, DFPOConfig, {"dfpo_transform": "symmetric_clip"}, "clip_ratio/high_mean"),
-    ("ctpo", CTPOTrainer, CTPOConfig, {}, "ctpo/dual_clip"),
-    ("otb", OTBTrainer, OTBConfig, {}, "otb/energy_mean"),
-]
+#: Modes of a registered method that the 2-step run covers besides its defaults: id -> (method, overrides, metric).
+VARIANTS = {
+    "echo_global": ("echo", {"batch_ratio_scope": "global"}, "echo/batch_clipped"),
+    "dfpo_orth_proj": ("dfpo", {"dfpo_transform": "orth_proj"}, "dfpo/shrink"),
+    "dfpo_orth_proj_qp": ("dfpo", {"dfpo_transform": "orth_proj_qp"}, "dfpo/asym_before"),
+}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name,trainer_cls,config_cls,overrides,metric", E2E, ids=[e[0] for e in E2E])
-def test_two_step_training(tiny, name, trainer_cls, config_cls, overrides, metric):
+def _train_two_steps(tiny, method, overrides, metric):
     """2 optimizer steps, off-policy (steps_per_generation 4 > accumulation 2): parameters move, metrics logged."""
     tokenizer, model, tmp = tiny
-    args = config_cls(**cpu_config_kwargs(tmp / f"e2e-{name}", steps_per_generation=4, gradient_accumulation_steps=2,
-                                          **overrides))
-    trainer = trainer_cls(clone_model(model), length_reward, args=args, train_dataset=tiny_dataset(32),
-                          processing_class=tokenizer)
+    run = "-".join([method, *map(str, overrides.values())])
+    trainer = method_trainer(method, tmp / f"e2e-{run}", clone_model(model), tokenizer, num_examples=32,
+                             steps_per_generation=4, gradient_accumulation_steps=2, **overrides)  # fmt: skip
+    assert isinstance(trainer, get_method(method).trainer_class)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
@@ -153,3 +150,16 @@ def test_two_step_training(tiny, name, trainer_cls, config_cls, overrides, metri
     assert len(logged) == 2
     assert all(metric in entry and entry[metric] is not None for entry in logged), logged[-1].keys()
     assert all(torch.isfinite(torch.tensor(entry["loss"])) for entry in logged)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", list(METHODS))
+def test_two_step_training(tiny, method):
+    """Every registered method trains 2 steps with its defaults and logs its headline metric."""
+    _train_two_steps(tiny, method, {}, get_method(method).headline_metric)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_two_step_training_variants(tiny, variant):
+    _train_two_steps(tiny, *VARIANTS[variant])

@@ -8,8 +8,9 @@ What is true with TRL 1.16 / transformers 5.23 on CPU (measured by these tests):
   `RepeatSampler` replays the same prompt order from its own seeded generator, and TRL's `_buffered_inputs is None`
   branch generates at the first resumed micro-step, which is exactly where the uninterrupted run generates too. The
   resumed run samples the same completions and ends with the same parameters (bit-identical here; tolerance 1e-6),
-  also off-policy (steps_per_generation 4 > accumulation 2, behaviour log-probs recomputed), for the base trainer,
-  ECHO, DFPO (whole-group shuffle) and OTB (its fused-head energy wrapper survives the checkpoint load).
+  also off-policy (steps_per_generation 4 > accumulation 2, behaviour log-probs recomputed), for the base trainer and
+  every registered method (ECHO, DFPO with its whole-group shuffle, GRPO-fix, CTPO, OTB whose fused-head energy wrapper
+  survives the checkpoint load).
 * Checkpoint in the middle of a generation batch (steps_per_generation 4, accumulation 1, checkpoint at step 2):
   the resumed run is NOT the uninterrupted run. The generation buffer is not saved, so TRL regenerates at the first
   resumed step: the same prompts (the sampler repeats a generation batch `steps_per_generation` times) but completions
@@ -25,11 +26,9 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import set_seed
-from trl import GRPOConfig
 
-from tests.helpers import clone_model, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
-from trl_groupopt import DFPOConfig, DFPOTrainer, ECHOConfig, ECHOTrainer, OTBConfig, OTBTrainer
-from trl_groupopt.trainers.base import GroupOptTrainer
+from tests.helpers import assert_registered, clone_model, method_trainer, tiny_model, tiny_tokenizer
+from trl_groupopt import METHODS
 
 TOL = 1e-6
 SEED = 0
@@ -43,7 +42,7 @@ def tiny():
     return tokenizer, tiny_model(tokenizer, seed=7)
 
 
-def _train(trainer_cls, config_cls, output_dir, tiny, resume_from=None, **overrides):
+def _train(method, output_dir, tiny, resume_from=None, **overrides):
     """Build a trainer, record every generation it makes, train to step 4 (saving at step 2 unless resuming)."""
     tokenizer, model = tiny
     kwargs = dict(max_steps=4, per_device_train_batch_size=4, num_generations=2, save_strategy="steps", save_steps=2,
@@ -51,9 +50,7 @@ def _train(trainer_cls, config_cls, output_dir, tiny, resume_from=None, **overri
     if resume_from is not None:
         kwargs["save_strategy"] = "no"
     kwargs.update(overrides)
-    args = config_cls(**cpu_config_kwargs(output_dir, **kwargs))
-    trainer = trainer_cls(clone_model(model), length_reward, args=args, train_dataset=tiny_dataset(32),
-                          processing_class=tokenizer)  # fmt: skip
+    trainer = method_trainer(method, output_dir, clone_model(model), tokenizer, num_examples=32, **kwargs)
     generations = []
     generate = trainer._generate_and_score_completions
 
@@ -75,26 +72,27 @@ def _logged(trainer, step):
     return entry
 
 
-ALIGNED = [
-    ("grpo", GroupOptTrainer, GRPOConfig, {}),
-    ("echo", ECHOTrainer, ECHOConfig, {}),
-    ("dfpo", DFPOTrainer, DFPOConfig, {"epsilon": 0.05, "epsilon_high": 0.05}),
-    ("otb", OTBTrainer, OTBConfig, {}),
-]
+#: registry name -> config overrides for the resume run (DFPO: clip bounds its off-policy ratios reach); every other
+#: registered method runs with its defaults.
+OVERRIDES = {"dfpo": {"epsilon": 0.05, "epsilon_high": 0.05}}
 
 
-@pytest.mark.parametrize("name,trainer_cls,config_cls,overrides", ALIGNED, ids=[a[0] for a in ALIGNED])
-def test_resume_on_generation_boundary_is_exact(tmp_path, tiny, name, trainer_cls, config_cls, overrides):
+def test_overrides_name_registered_methods():
+    assert_registered(OVERRIDES, "OVERRIDES")
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_resume_on_generation_boundary_is_exact(tmp_path, tiny, method):
     """Off-policy (steps_per_generation 4 > accumulation 2): one generation per 2 optimizer steps, checkpoint-2 sits on
     a generation boundary. Resumed 2 -> 4 equals the uninterrupted 0 -> 4: same completions, losses, parameters."""
-    schedule = dict(steps_per_generation=4, gradient_accumulation_steps=2, **overrides)
-    full, full_params, full_gens = _train(trainer_cls, config_cls, tmp_path / "full", tiny, **schedule)
+    schedule = dict(steps_per_generation=4, gradient_accumulation_steps=2, **OVERRIDES.get(method, {}))
+    full, full_params, full_gens = _train(method, tmp_path / "full", tiny, **schedule)
     checkpoint = tmp_path / "full" / "checkpoint-2"
     assert checkpoint.is_dir() and (checkpoint / "rng_state.pth").is_file()
     assert [g["step"] for g in full_gens] == [0, 2]
 
-    resumed, resumed_params, resumed_gens = _train(trainer_cls, config_cls, tmp_path / "resumed", tiny,
-                                                   resume_from=checkpoint, **schedule)  # fmt: skip
+    resumed, resumed_params, resumed_gens = _train(method, tmp_path / "resumed", tiny, resume_from=checkpoint,
+                                                   **schedule)  # fmt: skip
     assert resumed.state.global_step == 4
     # TRL's `_buffered_inputs is None` branch generated once, at step 2, the same batch as the uninterrupted run.
     assert [g["step"] for g in resumed_gens] == [2]
@@ -104,7 +102,8 @@ def test_resume_on_generation_boundary_is_exact(tmp_path, tiny, name, trainer_cl
         a, b = _logged(full, step), _logged(resumed, step)
         assert a.keys() == b.keys() and "loss" in a
         assert {k: v for k, v in b.items() if k != "step_time"} == pytest.approx(
-            {k: v for k, v in a.items() if k != "step_time"}, abs=TOL)
+            {k: v for k, v in a.items() if k != "step_time"}, abs=TOL
+        )
     assert full_params.keys() == resumed_params.keys()
     for pname, value in full_params.items():
         torch.testing.assert_close(resumed_params[pname], value, atol=TOL, rtol=TOL, msg=pname)
@@ -114,23 +113,22 @@ def test_resume_on_generation_boundary_is_exact(tmp_path, tiny, name, trainer_cl
     at_two = load_file(str(checkpoint / "model.safetensors"))
     moved = any(not torch.equal(at_two[k], full_params[k]) for k in at_two if k in full_params)
     assert moved
-    if trainer_cls is DFPOTrainer:  # off-policy, the in-group re-weighting acted on the resumed steps
+    if method == "dfpo":  # off-policy, the in-group re-weighting acted on the resumed steps
         assert min(_logged(full, step)["dfpo/shrink"] for step in (3, 4)) < 1.0
-    if trainer_cls is OTBTrainer:  # the fused head still returns log sum p^2 after the checkpoint load: energy logged
+    if method == "otb":  # the fused head still returns log sum p^2 after the checkpoint load: energy logged
         assert resumed._training_energy is not None
         assert _logged(resumed, 4)["otb/energy_mean"] == pytest.approx(_logged(full, 4)["otb/energy_mean"], abs=TOL)
 
 
-@pytest.mark.parametrize("name,trainer_cls,config_cls", [("grpo", GroupOptTrainer, GRPOConfig),
-                                                         ("echo", ECHOTrainer, ECHOConfig)], ids=["grpo", "echo"])
-def test_resume_mid_generation_batch_regenerates(tmp_path, tiny, name, trainer_cls, config_cls):
+@pytest.mark.parametrize("method", ["grpo", "echo"])  # TRL's behaviour, pinned on the base and one method
+def test_resume_mid_generation_batch_regenerates(tmp_path, tiny, method):
     """steps_per_generation 4, accumulation 1: the uninterrupted run generates once for steps 1-4; checkpoint-2 is in
     the middle of that buffer. The buffer is not checkpointed, so the resumed run generates again at step 2 (same
     prompts, new completions from the step-2 policy) and ends elsewhere. Pinned: this is TRL's behaviour."""
     schedule = dict(steps_per_generation=4, gradient_accumulation_steps=1)
-    full, full_params, full_gens = _train(trainer_cls, config_cls, tmp_path / "full", tiny, **schedule)
+    full, full_params, full_gens = _train(method, tmp_path / "full", tiny, **schedule)
     assert [g["step"] for g in full_gens] == [0]
-    resumed, resumed_params, resumed_gens = _train(trainer_cls, config_cls, tmp_path / "resumed", tiny,
+    resumed, resumed_params, resumed_gens = _train(method, tmp_path / "resumed", tiny,
                                                    resume_from=tmp_path / "full" / "checkpoint-2", **schedule)  # fmt: skip
     assert resumed.state.global_step == 4
     assert [g["step"] for g in resumed_gens] == [2]  # an extra generation the uninterrupted run never made

@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import io
+import re
 import sys
 import tokenize
 import types
@@ -23,29 +25,22 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
-from tests.helpers import clone_model, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
-from trl_groupopt import (
-    METHODS,
-    CTPOConfig,
-    CTPOTrainer,
-    DFPOConfig,
-    DFPOTrainer,
-    ECHOConfig,
-    ECHOTrainer,
-    GroupOptTrainer,
-    OTBConfig,
-    OTBTrainer,
+from tests.helpers import (
+    BUILT_IN_METHODS,
+    assert_registered,
+    clone_model,
+    cpu_config_kwargs,
+    length_reward,
+    method_trainer,
+    tiny_dataset,
+    tiny_model,
+    tiny_tokenizer,
 )
+from trl_groupopt import METHODS, DFPOConfig, DFPOTrainer, ECHOConfig, ECHOTrainer, GroupOptTrainer, get_method
 from trl_groupopt.cli import parse
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "trl_groupopt"
-OUR_TRAINERS = (GroupOptTrainer, ECHOTrainer, DFPOTrainer, CTPOTrainer, OTBTrainer)
-METHOD_TRAINERS = {  # name -> (config class, trainer class, config overrides)
-    "echo": (ECHOConfig, ECHOTrainer, {}),
-    "dfpo_min_replace": (DFPOConfig, DFPOTrainer, {"dfpo_transform": "min_replace"}),
-    "ctpo": (CTPOConfig, CTPOTrainer, {}),
-    "otb": (OTBConfig, OTBTrainer, {}),
-}
+OUR_TRAINERS = sorted({spec.trainer_class for spec in METHODS.values()}, key=lambda c: c.__name__)
 
 
 @pytest.fixture(scope="module")
@@ -292,7 +287,7 @@ class FakeVLLM:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(METHOD_TRAINERS))
+@pytest.mark.parametrize("method", list(METHODS))
 def test_vllm_colocate_through_trl_backend(method, tokenizer, base_model, tmp_path, monkeypatch):
     """Each trainer with `use_vllm=True, vllm_mode="colocate"` trains 2 steps through TRL's real vLLM backend.
 
@@ -312,16 +307,14 @@ def test_vllm_colocate_through_trl_backend(method, tokenizer, base_model, tmp_pa
     architectures), tensor parallelism > 1, sleep mode, server mode's HTTP/NCCL transport (see the server test),
     and numerical agreement between a real vLLM and the trainer (the fake uses the same fp32 PyTorch model).
     """
-    config_cls, trainer_cls, overrides = METHOD_TRAINERS[method]
     fake = FakeVLLM(tiny_model(tokenizer, seed=123), tokenizer.eos_token_id)
     fake.install(monkeypatch)
-    args = config_cls(**cpu_config_kwargs(
-        tmp_path, use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
-        vllm_importance_sampling_correction=True, vllm_max_model_length=200, vllm_model_impl="transformers",
-        steps_per_generation=1, num_generations=2, **overrides,
-    ))  # fmt: skip
-    trainer = trainer_cls(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(16),
-                          processing_class=tokenizer)  # fmt: skip
+    trainer = method_trainer(
+        method, tmp_path, clone_model(base_model), tokenizer, num_examples=16, use_vllm=True, vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.3, vllm_importance_sampling_correction=True, vllm_max_model_length=200,
+        vllm_model_impl="transformers", steps_per_generation=1, num_generations=2,
+    )  # fmt: skip
+    args = trainer.args
 
     (llm_kwargs,) = fake.llm_kwargs
     assert llm_kwargs["gpu_memory_utilization"] == pytest.approx(0.3)
@@ -461,7 +454,7 @@ def text_hash_reward(completions, **kwargs) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(METHOD_TRAINERS))
+@pytest.mark.parametrize("method", list(METHODS))
 def test_lora_trains_only_the_adapter(method, tokenizer, base_model, tmp_path):
     """2 optimizer steps with `peft_config=LoraConfig(r=4, q_proj/v_proj)`: base weights bit-identical, adapters move.
 
@@ -469,11 +462,11 @@ def test_lora_trains_only_the_adapter(method, tokenizer, base_model, tmp_path):
     """
     from peft import LoraConfig, PeftModel
 
-    config_cls, trainer_cls, overrides = METHOD_TRAINERS[method]
-    args = config_cls(**cpu_config_kwargs(tmp_path, num_generations=2, steps_per_generation=2, **overrides))
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    trainer = trainer_cls(clone_model(base_model), text_hash_reward, args=args, train_dataset=tiny_dataset(16),
-                          processing_class=tokenizer, peft_config=peft_config)  # fmt: skip
+    args = get_method(method).make_config(**cpu_config_kwargs(tmp_path, num_generations=2, steps_per_generation=2))
+    trainer = get_method(method).trainer_class(
+        clone_model(base_model), text_hash_reward, args=args, train_dataset=tiny_dataset(16),
+        processing_class=tokenizer, peft_config=peft_config)  # fmt: skip
     assert isinstance(trainer.model, PeftModel)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}

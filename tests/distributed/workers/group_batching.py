@@ -9,11 +9,11 @@ import torch
 torch.set_num_threads(1)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
-from trl import GRPOConfig  # noqa: E402
+from trl import GRPOConfig
 
-from tests.distributed.harness import write_result  # noqa: E402
-from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
-from trl_groupopt.trainers.base import GroupOptTrainer  # noqa: E402
+from tests.distributed.harness import write_result
+from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
+from trl_groupopt.trainers.base import GroupOptTrainer
 
 
 class RecordingGroupTrainer(GroupOptTrainer):
@@ -37,12 +37,20 @@ def main():
     parser.add_argument("--world-size", type=int, required=True)
     cli = parser.parse_args()
     tokenizer = tiny_tokenizer()
-    args = GRPOConfig(**cpu_config_kwargs(
-        os.path.join(cli.out, "run"), per_device_train_batch_size=4, num_generations=2, steps_per_generation=4,
-        gradient_accumulation_steps=2, max_steps=2, max_completion_length=4,
-    ))
-    trainer = RecordingGroupTrainer(tiny_model(tokenizer), length_reward, args=args, train_dataset=tiny_dataset(32),
-                                    processing_class=tokenizer)
+    args = GRPOConfig(
+        **cpu_config_kwargs(
+            os.path.join(cli.out, "run"),
+            per_device_train_batch_size=4,
+            num_generations=2,
+            steps_per_generation=4,
+            gradient_accumulation_steps=2,
+            max_steps=2,
+            max_completion_length=4,
+        )
+    )
+    trainer = RecordingGroupTrainer(
+        tiny_model(tokenizer), length_reward, args=args, train_dataset=tiny_dataset(32), processing_class=tokenizer
+    )
     assert trainer.accelerator.num_processes == cli.world_size, trainer.accelerator.num_processes
     trainer.record = {"generations": [], "micro_batches": []}
     trainer.train()

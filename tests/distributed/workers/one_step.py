@@ -29,54 +29,48 @@ import torch
 torch.set_num_threads(1)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
-import trl  # noqa: E402
-from transformers import TrainerCallback, set_seed  # noqa: E402
-from trl import GRPOConfig  # noqa: E402
+import trl
+from transformers import TrainerCallback, set_seed
 
-from tests.distributed import batches  # noqa: E402
-from tests.distributed.harness import write_result  # noqa: E402
-from tests.helpers import _forward, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
-from trl_groupopt.trainers import (  # noqa: E402
-    CTPOConfig,
-    CTPOTrainer,
-    DFPOConfig,
-    DFPOTrainer,
-    ECHOConfig,
-    ECHOTrainer,
-    GroupOptTrainer,
-    OTBConfig,
-    OTBTrainer,
+from tests.distributed import batches
+from tests.distributed.harness import write_result
+from tests.helpers import (
+    _forward,
+    assert_registered,
+    length_reward,
+    method_config,
+    tiny_dataset,
+    tiny_model,
+    tiny_tokenizer,
 )
+from trl_groupopt import METHODS, get_method
 
 LEARNING_RATE = 0.5
 OTB_WEIGHT_NOISE = 0.05  # std of the behaviour policy's weight perturbation (OTB only)
 DFPO_EPS = dict(epsilon=0.05, epsilon_high=0.08)  # some sequence ratios clipped, some not ("mixed" scenario)
 
-# name -> (trainer class, config class, config overrides, off-policy scenario or "weights")
-CASES = {
-    "base/grpo": (GroupOptTrainer, GRPOConfig, dict(loss_type="grpo"), "mixed"),
-    "base/bnpo": (GroupOptTrainer, GRPOConfig, dict(loss_type="bnpo"), "mixed"),
-    "base/dr_grpo": (GroupOptTrainer, GRPOConfig, dict(loss_type="dr_grpo"), "mixed"),
-    "base/dapo": (GroupOptTrainer, GRPOConfig, dict(loss_type="dapo"), "mixed"),
-    "base/luspo": (
-        GroupOptTrainer,
-        GRPOConfig,
-        dict(loss_type="luspo", importance_sampling_level="sequence"),
-        "mixed",
-    ),
-    "echo/micro_batch/split": (ECHOTrainer, ECHOConfig, dict(batch_ratio_scope="micro_batch"), "split"),
-    "echo/micro_batch/unclipped": (ECHOTrainer, ECHOConfig, dict(batch_ratio_scope="micro_batch"), "unclipped"),
-    "echo/global/split": (ECHOTrainer, ECHOConfig, dict(batch_ratio_scope="global"), "split"),
-    "echo/global/shifted": (ECHOTrainer, ECHOConfig, dict(batch_ratio_scope="global"), "shifted"),
-    "echo/global/unclipped": (ECHOTrainer, ECHOConfig, dict(batch_ratio_scope="global"), "unclipped"),
-    "dfpo/min_replace": (DFPOTrainer, DFPOConfig, dict(dfpo_transform="min_replace", **DFPO_EPS), "mixed"),
-    "dfpo/orth_proj": (DFPOTrainer, DFPOConfig, dict(dfpo_transform="orth_proj", **DFPO_EPS), "mixed"),
-    "dfpo/orth_proj_qp": (DFPOTrainer, DFPOConfig, dict(dfpo_transform="orth_proj_qp", **DFPO_EPS), "mixed"),
-    "dfpo/none": (DFPOTrainer, DFPOConfig, dict(dfpo_transform="none", **DFPO_EPS), "mixed"),
-    "grpo_fix": (DFPOTrainer, DFPOConfig, dict(dfpo_transform="symmetric_clip"), "mixed"),
-    "ctpo": (CTPOTrainer, CTPOConfig, dict(), "mixed"),
-    "otb": (OTBTrainer, OTBConfig, dict(), "weights"),
-}
+#: registry name -> {case name: (config overrides, off-policy scenario or "weights")} for the methods checked in more
+#: than one configuration or scenario; every other registered method runs one case, named after it, with its defaults
+#: on the "mixed" log-ratios. Case names start with the registry name.
+VARIANTS = {
+    "grpo": {
+        f"grpo/{loss}": (dict(loss_type=loss, **({"importance_sampling_level": "sequence"} if loss == "luspo" else {})),
+                         "mixed")
+        for loss in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+    },
+    "echo": {
+        f"echo/{scope}/{scenario}": (dict(batch_ratio_scope=scope), scenario)
+        for scope, scenarios in (("micro_batch", ("split", "unclipped")), ("global", ("split", "shifted", "unclipped")))
+        for scenario in scenarios
+    },
+    "dfpo": {
+        f"dfpo/{t}": (dict(dfpo_transform=t, **DFPO_EPS), "mixed") for t in ("min_replace", "orth_proj", "orth_proj_qp", "none")
+    },
+    "otb": {"otb": (dict(), "weights")},  # OTB's energy must come from the behaviour policy's own forward
+}  # fmt: skip
+METHOD_CASES = {method: VARIANTS.get(method, {method: (dict(), "mixed")}) for method in METHODS}
+# name -> (registry name, config overrides, off-policy scenario or "weights")
+CASES = {name: (method, *case) for method, cases in METHOD_CASES.items() for name, case in cases.items()}
 
 
 def fixed_generation(self, inputs):
@@ -125,27 +119,26 @@ class GradRecorder(TrainerCallback):
 
 
 def run_case(name, cli, tokenizer, batch):
-    trainer_cls, config_cls, overrides, scenario = CASES[name]
+    method, overrides, scenario = CASES[name]
     world = cli.world_size
-    args = config_cls(
-        **cpu_config_kwargs(
-            os.path.join(cli.out, "run", name.replace("/", "_")),
-            per_device_train_batch_size=batches.NUM_ROWS // world,
-            num_generations=batches.GROUP_SIZE,
-            steps_per_generation=1,
-            gradient_accumulation_steps=1,
-            max_steps=1,
-            max_completion_length=batches.COMPLETION_LEN,
-            optim="sgd",
-            lr_scheduler_type="constant",
-            learning_rate=LEARNING_RATE,
-            warmup_steps=0,
-            weight_decay=0.0,
-            max_grad_norm=1e9,
-            **overrides,
-        )
+    args = method_config(
+        method,
+        os.path.join(cli.out, "run", name.replace("/", "_")),
+        per_device_train_batch_size=batches.NUM_ROWS // world,
+        num_generations=batches.GROUP_SIZE,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        max_steps=1,
+        max_completion_length=batches.COMPLETION_LEN,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        learning_rate=LEARNING_RATE,
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1e9,
+        **overrides,
     )
-    trainer = trainer_cls(
+    trainer = get_method(method).trainer_class(
         tiny_model(tokenizer, seed=1),
         length_reward,
         args=args,
@@ -197,6 +190,7 @@ def main():
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--cases", default=",".join(CASES))
     cli = parser.parse_args()
+    assert_registered(VARIANTS, "VARIANTS")
     trl.GRPOTrainer._generate_and_score_completions = fixed_generation  # the parent of our base's override
     tokenizer = tiny_tokenizer()
     batch = batches.group_batch(len(tokenizer), tokenizer.pad_token_id)
