@@ -10,11 +10,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import inspect
 import io
-import re
 import sys
 import tokenize
 import types
@@ -26,8 +24,6 @@ import torch
 from trl import GRPOTrainer
 
 from tests.helpers import (
-    BUILT_IN_METHODS,
-    assert_registered,
     clone_model,
     cpu_config_kwargs,
     length_reward,
