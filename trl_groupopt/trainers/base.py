@@ -164,6 +164,9 @@ class GroupOptTrainer(GRPOTrainer):
     requires_raw_rewards: ClassVar[bool] = False
     #: Whether TRL's `delta` (two-sided clip of the surrogate) has a meaning for this objective.
     supports_delta: ClassVar[bool] = True
+    #: The objective applies TRL's vLLM importance-sampling weights itself (passed in `inputs`); `_compute_loss` then
+    #: does not multiply them again (DFPO folds them into its in-group transform).
+    objective_applies_is_weights: ClassVar[bool] = False
 
     def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, *positional, **kwargs):
         if args is None:  # as TRL, but with this method's config and defaults
@@ -349,7 +352,7 @@ class GroupOptTrainer(GRPOTrainer):
         if self.top_entropy_quantile < 1.0:
             entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)  # (B, T)
             per_token_loss = per_token_loss * entropy_mask
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        if self.use_vllm and self.vllm_importance_sampling_correction and not self.objective_applies_is_weights:
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
         if self.beta != 0.0:
             per_token_kl = self._per_token_kl(per_token_logps, old_per_token_logps, inputs["ref_per_token_logps"], mask)
