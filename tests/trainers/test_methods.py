@@ -61,7 +61,9 @@ def test_dfpo_none_equals_trl_gspo(tiny):
     eps = dict(epsilon=0.05, epsilon_high=0.08)  # wide enough that some sequences are clipped and some are not
     trl = _build(GRPOTrainer, GRPOConfig, tmp / "gspo", model, tokenizer, importance_sampling_level="sequence",
                  loss_type="grpo", **eps)
-    ours = _build(DFPOTrainer, DFPOConfig, tmp / "dfpo", model, tokenizer, dfpo_transform="none", **eps)
+    # DFPO defaults to loss_type="dapo" (shared-token cancellation with ragged lengths): ask for GSPO's recipe
+    ours = _build(DFPOTrainer, DFPOConfig, tmp / "dfpo", model, tokenizer, dfpo_transform="none", loss_type="grpo",
+                  **eps)
     batch = random_batch(tokenizer, batch_size=6, group_size=2, seed=11, off_policy_scale=0.1, with_ref=False)
     results = [compute_loss_and_grads(t, inputs_with_policies(t, batch)) for t in (trl, ours)]
     _assert_same(*results)
