@@ -707,6 +707,34 @@ def test_dfpo_finite_masked_and_metrics_group_of_64(case, opts):
     _dfpo_finite(case, opts)
 
 
+@hsettings(40)
+@given(
+    case=dfpo_cases(),
+    transform=st.sampled_from(["orth_proj", "orth_proj_qp"]),
+    weights_kind=st.sampled_from(["none", "sequence", "token"]),
+    loss_type=st.sampled_from(["dapo", "grpo"]),
+)
+def test_dfpo_unclipped_with_is_weights(case, transform, weights_kind, loss_type):
+    """orthogonal_over="unclipped" with vLLM IS weights (some exactly 0, as TRL's mask modes): (a) and (c) hold,
+    and in float64 with a token-sum loss_type the cancellation residual is 0 up to rounding."""
+    tc = case.token
+    leaf = tc.leaf()
+    old, adv, mask = tc.inputs()
+    batch, length = tc.logp.shape
+    gen = torch.Generator().manual_seed(tc.seed + 5)
+    weights = None
+    if weights_kind != "none":
+        size = (batch, 1) if weights_kind == "sequence" else (batch, length)
+        weights = 3 * torch.rand(size, generator=gen) * (torch.rand(size, generator=gen) < 0.8)
+    out = dfpo_loss(leaf, old, adv, mask, case.group_ids, transform=transform, epsilon_low=0.2, epsilon_high=0.28,
+                    orthogonal_over="unclipped", importance_weights=weights, loss_type=loss_type)  # fmt: skip
+    check_loss_and_grad(out.per_token_loss, leaf, mask, zero_at_mask=False, out_dtype=compute_dtype_of(tc.dtype))
+    residual = out.metrics["dfpo/cancellation_residual"]
+    assert bool(torch.isnan(residual)) or 0 <= residual <= 1 + 1e-6
+    if tc.dtype == F64 and loss_type == "dapo" and not bool(torch.isnan(residual)):
+        assert residual < 1e-6, residual
+
+
 _ASYM_OVERFLOW = GroupCase(
     TokenCase(
         logp=torch.tensor([[50.0], [0.0]], dtype=F64),

@@ -189,3 +189,30 @@ def test_all_equal_rewards_contribute_nothing_on_the_embedded_policy(tmp_path):
             assert loss != 0 and any(bool((g != 0).any()) for g in grads.values())
         else:
             assert loss == 0 and all(bool((g == 0).all()) for g in grads.values()), transform
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"dfpo_transform": "min_replace", "dfpo_orthogonal_over": "unclipped"},
+         r"dfpo_orthogonal_over='unclipped' needs .* not dfpo_transform='min_replace' .* Use "
+         r"dfpo_transform='orth_proj' or 'orth_proj_qp', or dfpo_orthogonal_over='all'"),
+        ({"dfpo_transform": "none", "dfpo_orthogonal_over": "unclipped"}, r"not dfpo_transform='none'"),
+        ({"dfpo_transform": "symmetric_clip", "dfpo_orthogonal_over": "unclipped"}, r"not dfpo_transform='symmetric_clip'"),
+        ({"dfpo_orthogonal_over": "clipped"}, r"dfpo_orthogonal_over must be one of \('all', 'unclipped'\)"),
+    ],
+)  # fmt: skip
+def test_orthogonal_over_rejected_at_construction(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        DFPOConfig(**cpu_config_kwargs(tmp_path, **overrides))
+
+
+def test_config_defaults(tmp_path):
+    """DFPO and GRPO-fix default to loss_type='dapo' (shared-token cancellation with ragged lengths) and the
+    paper's constraint over the whole group; 'grpo' stays selectable."""
+    for transform in ("min_replace", "symmetric_clip"):
+        args = DFPOConfig(**cpu_config_kwargs(tmp_path, dfpo_transform=transform))
+        assert args.loss_type == "dapo" and args.dfpo_orthogonal_over == "all"
+    assert DFPOConfig(**cpu_config_kwargs(tmp_path, loss_type="grpo")).loss_type == "grpo"
+    args = DFPOConfig(**cpu_config_kwargs(tmp_path, dfpo_transform="orth_proj_qp", dfpo_orthogonal_over="unclipped"))
+    assert args.dfpo_orthogonal_over == "unclipped"
