@@ -512,7 +512,9 @@ def test_degenerate_inputs_are_finite(method, group_size, dtype):
     assert torch.isfinite(logp.grad.float()).all()
     assert torch.all(out.per_token_loss[:group_size] == 0)  # A = 0 contributes nothing
     for name, value in out.metrics.items():  # the residual is NaN when no group has two moving members
-        assert not torch.isinf(value).any() and (name == "dfpo/cancellation_residual" or torch.isfinite(value).all()), name
+        assert not torch.isinf(value).any() and (
+            name == "dfpo/cancellation_residual" or torch.isfinite(value).all()
+        ), name
 
 
 def test_dfpo_input_validation():
@@ -587,7 +589,9 @@ def test_symmetric_clip_loop_reference(adv_shape):
         assert torch.all(lp.grad[side & (r > 1 + eps)] == 0)
         assert torch.all(lp.grad[side & (r < 1 - eps)] != 0)  # no lower clip for either sign
     n = mask.sum()
-    assert reduce_metrics(out.metrics, mask)["clip_ratio/high"].item() == pytest.approx(((r > 1 + eps) & (adv_tok > 0) & valid).sum() / n)
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/high"].item() == pytest.approx(
+        ((r > 1 + eps) & (adv_tok > 0) & valid).sum() / n
+    )
     assert out.metrics["dfpo/sym_clip_ratio"].item() == pytest.approx(((r > 1 + eps) & valid).sum() / n)
     assert reduce_metrics(out.metrics, mask)["clip_ratio/low"].item() == 0.0
 

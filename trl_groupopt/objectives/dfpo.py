@@ -12,7 +12,7 @@ of a group::
 
 so sequence ``i`` gets the gradient ``-A_i s_til_i grad log s_i`` when unclipped and none when clipped, and every
 transform but ``"none"`` makes ``sum_{i in M} A_i s_til_i = 0``: the gradient of a token shared by the whole group
-cancels. ``M`` is the whole group (``orthogonal_over="all"``, the paper's constraint) or its members that carry
+cancels, under a loss_type that weighs every token alike (``"dapo"``, the default; not ``"grpo"``). ``M`` is the whole group (``orthogonal_over="all"``, the paper's constraint) or its members that carry
 gradient (``"unclipped"``), which keeps the cancellation exact under clipping. ``"none"`` is TRL's GSPO, loss and
 gradient. GRPO-fix (App. H, Eq. 79-80) is token-level ``-A clip(r, 0, 1 + eps_high)`` for both advantage signs.
 """
