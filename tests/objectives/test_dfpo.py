@@ -1,4 +1,4 @@
-"""Tests for DFPO (arXiv:2604.13088, App. A-D, H, K), see `trl_groupopt/objectives/dfpo.py`.
+"""Tests for DFPO (arXiv:2604.13088, App. A-D, H, K; docs/dfpo.md).
 
 References are independent of the implementation: plain Python loops in float64 over sequences,
 tokens and groups; the transforms are re-derived from the paper's formulas group by group
@@ -96,8 +96,9 @@ def scipy_qp(s: list[float], a: list[float]) -> np.ndarray:
 def ref_transform(s: list[float], a: list[float], method: str) -> list[float]:
     if method == "none":
         return list(s)
-    if method == "min_replace":
-        return [min(s)] * len(s)
+    if method == "min_replace":  # Eq. 50; a group without both advantage signs: 0 where A != 0 (docs/dfpo.md)
+        both = any(x > 0 for x in a) and any(x < 0 for x in a)
+        return [min(s) if both or x == 0 else 0.0 for x in a]
     if method == "orth_proj":
         return ref_orth_proj(s, a)
     if method == "orth_proj_qp":
@@ -136,7 +137,14 @@ def ref_dfpo(logp, old, adv, mask, gids, method, eps_low, eps_high):
         sb = s_i if chosen == s_i.item() else logp.new_tensor(c_i)
         s_bar_t.append(sb)
         s_bar_v.append(sb.item())
-    s_til = ref_group_transform(s_bar_v, [float(x) for x in adv], [int(g) for g in gids], method)
+    # a row without valid tokens carries no loss and is left out of its group (s_til = 0, "none": unchanged)
+    present = [i for i in range(batch) if mask[i].sum() > 0]
+    s_til = [s_bar_v[i] if method == "none" else 0.0 for i in range(batch)]
+    sub = ref_group_transform(
+        [s_bar_v[i] for i in present], [float(adv[i]) for i in present], [int(gids[i]) for i in present], method
+    )
+    for i, v in zip(present, sub):
+        s_til[i] = v
     losses = [-float(adv[i]) * (s_til[i] / s_bar_v[i]) * s_bar_t[i] for i in range(batch)]
     total = sum(losses[i] for i in range(batch) if mask[i].sum() > 0) / batch
     total.backward()
@@ -403,9 +411,12 @@ def test_none_equals_trl_gspo(adv_shape):
     low = ((coef < 1 - eps_low) & (adv < 0)).double().mean()
     high = ((coef > 1 + eps_high) & (adv > 0)).double().mean()
     assert low > 0 and high > 0
-    assert out.metrics["clip_ratio/low"].item() == pytest.approx(low.item())
-    assert out.metrics["clip_ratio/high"].item() == pytest.approx(high.item())
-    assert out.metrics["clip_ratio/region"].item() == pytest.approx((low + high).item())
+    # (B, 1) indicators, the ObjectiveOutput contract, reduced over sequences as TRL does
+    assert out.metrics["clip_ratio/low"].shape == (logp.shape[0], 1)
+    reduced = reduce_metrics(out.metrics, mask)
+    assert reduced["clip_ratio/low"].item() == pytest.approx(low.item())
+    assert reduced["clip_ratio/high"].item() == pytest.approx(high.item())
+    assert reduced["clip_ratio/region"].item() == pytest.approx((low + high).item())
 
 
 @pytest.mark.parametrize("method", TRANSFORMS)
@@ -424,10 +435,17 @@ def test_loop_reference_loss_grad_metrics(method):
     a, g = adv.tolist(), gids.tolist()
     assert out.metrics["dfpo/asym_before"].item() == pytest.approx(ref_asym(s_bar, a, g), rel=1e-6)
     assert out.metrics["dfpo/asym_after"].item() == pytest.approx(ref_asym(s_til, a, g), rel=1e-6, abs=1e-9)
-    shrink = sum(t / b for t, b in zip(s_til, s_bar)) / len(s_bar)
+    # shrink: over the present members of groups with both advantage signs
+    members: dict[int, list[int]] = defaultdict(list)
+    for i, gid in enumerate(g):
+        if mask[i].sum() > 0:
+            members[gid].append(i)
+    rows = [i for idx in members.values() if min(a[j] for j in idx) < 0 < max(a[j] for j in idx) for i in idx]
+    shrink = sum(s_til[i] / s_bar[i] for i in rows) / len(rows)
     assert out.metrics["dfpo/shrink"].item() == pytest.approx(shrink, rel=1e-6)
-    for v in out.metrics.values():
-        assert v.dtype == torch.float32 and v.dim() == 0 and not v.requires_grad
+    for name, v in out.metrics.items():
+        assert v.dtype == torch.float32 and not v.requires_grad
+        assert v.shape == ((len(a), 1) if name.startswith("clip_ratio/") else ()), name
     if method == "min_replace":
         assert out.metrics["dfpo/asym_after"] < out.metrics["dfpo/asym_before"]
         assert out.metrics["dfpo/shrink"] < 1
@@ -465,7 +483,7 @@ def test_clipped_sequences_get_no_gradient_and_s_til_is_constant(method):
     expected = -(adv * s_til).unsqueeze(1) / length / 8 * torch.ones(8, length, dtype=torch.float64)
     torch.testing.assert_close(logp.grad[~clipped], expected[~clipped], rtol=1e-10, atol=1e-14)
     assert torch.all(logp.grad[~clipped].abs() > 0) or method == "orth_proj_qp"
-    assert out.metrics["clip_ratio/region"].item() == pytest.approx(2 / 8)
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/region"].item() == pytest.approx(2 / 8)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -493,8 +511,10 @@ def test_degenerate_inputs_are_finite(method, group_size, dtype):
     assert torch.isfinite(total) and torch.isfinite(out.per_token_loss).all()
     assert torch.isfinite(logp.grad.float()).all()
     assert torch.all(out.per_token_loss[:group_size] == 0)  # A = 0 contributes nothing
-    for name, value in out.metrics.items():
-        assert torch.isfinite(value), name
+    for name, value in out.metrics.items():  # the residual is NaN when no group has two moving members
+        assert not torch.isinf(value).any() and (
+            name == "dfpo/cancellation_residual" or torch.isfinite(value).all()
+        ), name
 
 
 def test_dfpo_input_validation():
@@ -569,7 +589,9 @@ def test_symmetric_clip_loop_reference(adv_shape):
         assert torch.all(lp.grad[side & (r > 1 + eps)] == 0)
         assert torch.all(lp.grad[side & (r < 1 - eps)] != 0)  # no lower clip for either sign
     n = mask.sum()
-    assert reduce_metrics(out.metrics, mask)["clip_ratio/high"].item() == pytest.approx(((r > 1 + eps) & (adv_tok > 0) & valid).sum() / n)
+    assert reduce_metrics(out.metrics, mask)["clip_ratio/high"].item() == pytest.approx(
+        ((r > 1 + eps) & (adv_tok > 0) & valid).sum() / n
+    )
     assert out.metrics["dfpo/sym_clip_ratio"].item() == pytest.approx(((r > 1 + eps) & valid).sum() / n)
     assert reduce_metrics(out.metrics, mask)["clip_ratio/low"].item() == 0.0
 

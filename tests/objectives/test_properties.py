@@ -584,7 +584,10 @@ def check_transform(s_bar: torch.Tensor, adv: torch.Tensor, group_ids: torch.Ten
             o, sg, ag = out[rows].double(), s[rows].double(), a[rows].double()
             if method == "min_replace":
                 assert bool((o <= sg).all()), "min_replace > s_bar"
-                assert bool((o == sg.min()).all()), "min_replace is not the group minimum"
+                if bool((ag > 0).any() and (ag < 0).any()):
+                    assert bool((o == sg.min()).all()), "min_replace is not the group minimum"
+                else:  # no pair of opposite signs (all-equal rewards): 0 where A != 0, the minimum elsewhere
+                    assert bool((o == torch.where(ag != 0, 0.0, sg.min())).all()), "single-sign group not zeroed"
             if method in ("orth_proj", "orth_proj_qp"):
                 scale = float((ag.abs() * torch.maximum(sg, o)).sum())
                 residual = float((ag * o).sum())
@@ -674,11 +677,22 @@ def _dfpo_finite(case: GroupCase, opts: dict) -> None:
     check_loss_and_grad(out.per_token_loss, leaf, mask, zero_at_mask=False, out_dtype=compute_dtype_of(tc.dtype))
     # the Eq. 23 variances are checked for "never inf" in test_dfpo_asym_metrics_never_inf below
     asym = {k: v for k, v in out.metrics.items() if k.startswith("dfpo/asym")}
-    check_metrics({k: v for k, v in out.metrics.items() if k not in asym}, tc.logp.shape[0])
+    batch, length = tc.logp.shape
+    for name in ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region"):  # (B, 1) 0/1 indicators
+        value = out.metrics[name]
+        assert value.shape == (batch, 1) and value.dtype == F32 and not value.requires_grad, name
+        assert bool(((value == 0) | (value == 1)).all()), name
+    # common.clip_fraction counts sequences for (B, 1) indicators, but valid tokens when T == 1
+    n_valid = batch if length > 1 else int(mask.bool().sum())
+    check_metrics({k: v for k, v in reduce_metrics(out.metrics, mask).items() if k not in asym}, n_valid)
     for name, value in asym.items():
         assert value.dim() == 0 and value.dtype == F32 and not value.requires_grad, name
         assert not bool(torch.isnan(value)) and value >= 0, (name, value)  # B >= 1: defined
-    assert out.metrics["dfpo/shrink"] >= 0
+    for name in ("dfpo/shrink", "dfpo/cancellation_residual"):  # NaN when no group qualifies
+        value = out.metrics[name]
+        assert bool(torch.isnan(value)) or value >= 0, (name, value)
+    residual = out.metrics["dfpo/cancellation_residual"]
+    assert bool(torch.isnan(residual)) or residual <= 1 + 1e-6
 
 
 @hsettings(70)
@@ -691,6 +705,34 @@ def test_dfpo_finite_masked_and_metrics(case, opts):
 @given(case=dfpo_cases(big=True), opts=dfpo_options)
 def test_dfpo_finite_masked_and_metrics_group_of_64(case, opts):
     _dfpo_finite(case, opts)
+
+
+@hsettings(40)
+@given(
+    case=dfpo_cases(),
+    transform=st.sampled_from(["orth_proj", "orth_proj_qp"]),
+    weights_kind=st.sampled_from(["none", "sequence", "token"]),
+    loss_type=st.sampled_from(["dapo", "grpo"]),
+)
+def test_dfpo_unclipped_with_is_weights(case, transform, weights_kind, loss_type):
+    """orthogonal_over="unclipped" with vLLM IS weights (some exactly 0, as TRL's mask modes): (a) and (c) hold,
+    and in float64 with a token-sum loss_type the cancellation residual is 0 up to rounding."""
+    tc = case.token
+    leaf = tc.leaf()
+    old, adv, mask = tc.inputs()
+    batch, length = tc.logp.shape
+    gen = torch.Generator().manual_seed(tc.seed + 5)
+    weights = None
+    if weights_kind != "none":
+        size = (batch, 1) if weights_kind == "sequence" else (batch, length)
+        weights = 3 * torch.rand(size, generator=gen) * (torch.rand(size, generator=gen) < 0.8)
+    out = dfpo_loss(leaf, old, adv, mask, case.group_ids, transform=transform, epsilon_low=0.2, epsilon_high=0.28,
+                    orthogonal_over="unclipped", importance_weights=weights, loss_type=loss_type)  # fmt: skip
+    check_loss_and_grad(out.per_token_loss, leaf, mask, zero_at_mask=False, out_dtype=compute_dtype_of(tc.dtype))
+    residual = out.metrics["dfpo/cancellation_residual"]
+    assert bool(torch.isnan(residual)) or 0 <= residual <= 1 + 1e-6
+    if tc.dtype == F64 and loss_type == "dapo" and not bool(torch.isnan(residual)):
+        assert residual < 1e-6, residual
 
 
 _ASYM_OVERFLOW = GroupCase(
@@ -746,7 +788,9 @@ def test_dfpo_permutation_equivariant(case, opts, perm_kind, perm_seed):
     rtol = RTOL[tc.dtype]
     assert_close(out_p.per_token_loss, out.per_token_loss[perm], rtol, "loss")
     assert_close(grad_p, grad[perm], rtol, "grad")
-    for name in ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region", "dfpo/shrink"):
+    for name in ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region"):  # (B, 1) indicators move with rows
+        assert_close(out_p.metrics[name], out.metrics[name][perm], rtol, name)
+    for name in ("dfpo/shrink", "dfpo/cancellation_residual"):
         assert_close(out_p.metrics[name], out.metrics[name], rtol, name)
 
 

@@ -6,6 +6,7 @@ divide by zero: an empty mask (a row, a batch, a group with no valid token) redu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -76,11 +77,11 @@ def reduce_metrics(metrics: dict[str, Tensor], mask: Tensor) -> dict[str, Tensor
     return {name: clip_fraction(value, mask) if value.dim() == 2 else value for name, value in metrics.items()}
 
 
-def check_positive(**values: float) -> None:
-    """Raise unless every keyword value is > 0 (NaN rejected too)."""
+def check_positive(*, finite: bool = False, **values: float) -> None:
+    """Raise unless every keyword value is > 0 (NaN rejected too); with `finite=True`, +inf is rejected as well."""
     for name, value in values.items():
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value}")
+        if not value > 0 or (finite and not math.isfinite(value)):
+            raise ValueError(f"{name} must be {'a finite number ' if finite else ''}> 0, got {value!r}")
 
 
 def check_token_shapes(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> None:

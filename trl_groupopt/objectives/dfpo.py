@@ -1,93 +1,23 @@
 """DFPO: in-group re-weighting of GSPO's sequence weights, and GRPO-fix (symmetric clipping).
 
-Paper: "DFPO" (paper 001 in /work/shared/papers; Sec. 3-4, App. A-D, H, K). Equation numbers
-below are the paper's.
+Paper: Ding et al., arXiv:2604.13088 (App. B-D, H, K; equation numbers are the paper's). The derivation, the
+reading of each equation and every deviation from the paper are in ``docs/dfpo.md``. In short, per sequence ``i``
+of a group::
 
-DFPO on GSPO (App. B), per sequence ``i`` of a group of size ``G``::
+    s_i     = exp( (1/|y_i|) sum_t log r_it )                      (44)  GSPO ratio, with gradient
+    s_bar_i = min(s_i, clip(s_i)) if A_i >= 0 else max(...)        (46)-(47)  sign-aware post-clip
+    e_i     = s_bar_i * w_i                                        w_i: vLLM IS weight (1 without vLLM)
+    s_til   = T(sg(e), A) over the members M of each group         (50) min_replace, (52)-(55) orth_proj, (51) QP
+    loss_i  = -A_i * sg(s_til_i / s_bar_i) * s_bar_i               phi-form, App. C/K
 
-    s_i     = exp( (1/|y_i|) sum_t log r_it )                          (44)  GSPO ratio, with grad
-    c_i     = clip(s_i, 1 - eps_low, 1 + eps_high)                     (46)
-    s_bar_i = min(s_i, c_i) if A_i >= 0 else max(s_i, c_i)             (47)  sign-aware post-clip
-    J_GSPO  = 1/G sum_i A_i s_bar_i                                    (49)  == GSPO's (48) exactly
-    s_til   = T(sg(s_bar), A) within each group                        (50) / (51)-(55)
-    loss_i  = -A_i * sg(s_til_i / s_bar_i) * s_bar_i                   (App. C/K phi-form, (59)-(62))
-
-So the gradient of sequence ``i`` is ``-A_i s_til_i (1/|y_i|) sum_t grad log p_it`` when unclipped
-and 0 when clipped (GSPO's trust region is kept), and ``s_til`` never receives gradient (App. D,
-"stop-gradient"; the paper's "no stop-grad" ablation is worse, App. K.6). The value of ``loss_i``
-is ``-A_i s_til_i``. It is evaluated in log space as
-``-A_i * s_til_i * exp(log s_bar_i - sg(log s_bar_i))`` (the last factor is exactly 1 in value and
-carries ``d log s_bar_i``), which equals the SPEC form in value and gradient and never divides by
-an underflowed ``s_bar``. For ``transform="none"`` this is GSPO as TRL computes it
-(``importance_sampling_level="sequence"``, ``-min(coef_1 A, coef_2 A)``), loss and gradient.
-
-Transforms ``T`` (``group_transform``), all on the detached post-clip weights ``s_bar``:
-
-* ``"none"``: identity (plain GSPO).
-* ``"min_replace"``: ``s_til_i = min_j s_bar_j`` over the group (50).
-* ``"orth_proj"``: truncate-and-rebalance closed form (52)-(55)::
-
-      s+    = max(s_bar, floor)                                         (52)
-      delta = sum_i A_i s+_i                                            (53)
-      delta > 0: s_til_P = alpha s+_P,  alpha = sum_N (-A_i) s+_i / sum_P A_i s+_i   (54), (55)
-      delta < 0: s_til_N = beta  s+_N,  beta  = sum_P A_i s+_i / sum_N (-A_i) s+_i
-      delta = 0: s_til = s+
-
-  with ``P = {A_i > 0}``, ``N = {A_i < 0}``. Eq. (55) as printed has ``beta = -sum_P A_i s+_i /
-  sum_N (-A_i) s+_i``, which is negative; the value that restores ``sum_i A_i s_til_i = 0`` (and
-  lies in (0, 1] as the paper states) is the one above, and that is what is implemented (SPEC
-  section 3). ``alpha`` is as printed. Members with ``A_i = 0`` keep ``s+_i``; a group whose
-  advantages are all zero is left at ``s+`` (the ``delta = 0`` case of (54)), i.e. unchanged
-  wherever ``s_bar >= floor``.
-
-  Two cases the paper's claim "s_til >= eps 1 and A^T s_til = 0 by construction" does not cover,
-  resolved here so that both properties hold whenever they can:
-
-  - *Floor guard (mixed-sign groups).* ``alpha s+_i`` can fall below the floor when the other
-    side's mass is tiny (e.g. ``A = (10, -1)``, ``s+ = (1, 1e-6)`` gives ``alpha = 1e-7``). In such
-    a group the shrunk side is scaled by ``floor / min_side s+`` instead (its smallest member lands
-    on the floor) and the other side is scaled *up* by the factor that restores orthogonality.
-    Both sides stay proportional to ``s+`` and ``>= floor``. Groups where (54)-(55) already respect
-    the floor (every realistic group) get exactly (54)-(55).
-  - *Single-sign groups* (only positive, or only negative, non-zero advantages; impossible with
-    TRL's group-centred advantages). No ``v >= floor > 0`` satisfies ``A^T v = 0``. Eq. (54)-(55)
-    give ``alpha = 0`` (resp. ``beta = 0``): the non-zero-advantage members get ``s_til = 0`` (zero
-    gradient), which is also the exact projection (51). Members with ``A_i = 0`` keep ``s+``. So
-    here orthogonality holds and the floor does not.
-
-  Afterwards ``sum_i A_i s_til_i = 0`` up to rounding in every group, and ``s_til >= floor`` in
-  every group that has both signs or only zeros.
-* ``"orth_proj_qp"``: the exact non-negative projection (51),
-  ``argmin_v 1/2 ||v - s_bar||^2  s.t.  A^T v = 0, v >= 0``. KKT: ``v_i = max(s_bar_i - lam A_i, 0)``
-  with ``g(lam) = sum_i A_i v_i`` continuous, piecewise linear and non-increasing, with breakpoints
-  ``b_i = s_bar_i / A_i``. The root is found exactly: sort the breakpoints per group, evaluate
-  ``g`` at each from cumulative sums, take the first breakpoint with ``g <= 0`` and solve the
-  linear piece to its left. Vectorised over groups (a padded (K, G_max) view), no solver.
-
-GRPO-fix (App. H): token-level symmetric clipping, the same clip for both advantage signs::
-
-    phi(r) = clip(r, 0, 1 + eps_high)                                  (79)
-    J      = 1/G sum_i sum_t phi(r_it) A_i                             (80)
-
-Eq. (80) is the clip alone, not PPO's ``min(rA, clip(r) A)`` (App. H.3: "replace the per-token
-effective weight min(r A, clip(r) A) with A clip(r, 0, 1 + eps)"); so a token with ``r > 1 + eps``
-gets no gradient whatever the sign of ``A``, and one with ``r <= 1 + eps`` gets ``-A r grad log p``.
-``symmetric_clip_loss`` returns the (B, T) ``-A phi(r)``; the ``1/G sum_t`` normalisation is the
-trainer's ``loss_type``.
-
-Metrics. ``dfpo/asym_before`` / ``dfpo/asym_after``: Eq. (23) ``Asym = Var_i(w_i A_i)`` with
-``w = s_bar`` / ``w = s_til``, averaged over the groups of the micro-batch. The paper writes
-``Var_{i in {1..G}}`` over the finite set of the group's members without a correction, so the
-*population* variance (divide by ``G``) is used; a single-member group has ``Asym = 0``.
-``dfpo/shrink``: mean over sequences of ``s_til / s_bar`` (App. K's ``phi_i``, (87)). Clip fractions
-follow TRL's sequence-level semantics (fractions of all B sequences, as TRL's
-``global_masked_mean`` does for (B, 1) tensors): ``clip_ratio/low`` = ``s < 1 - eps_low`` with
-``A < 0``, ``clip_ratio/high`` = ``s > 1 + eps_high`` with ``A > 0``, ``clip_ratio/region`` = either.
+so sequence ``i`` gets the gradient ``-A_i s_til_i grad log s_i`` when unclipped and none when clipped, and every
+transform but ``"none"`` makes ``sum_{i in M} A_i s_til_i = 0``: the gradient of a token shared by the whole group
+cancels, under a loss_type that weighs every token alike (``"dapo"``, the default; not ``"grpo"``). ``M`` is the whole group (``orthogonal_over="all"``, the paper's constraint) or its members that carry
+gradient (``"unclipped"``), which keeps the cancellation exact under clipping. ``"none"`` is TRL's GSPO, loss and
+gradient. GRPO-fix (App. H, Eq. 79-80) is token-level ``-A clip(r, 0, 1 + eps_high)`` for both advantage signs.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
@@ -95,6 +25,7 @@ from torch import Tensor
 from .common import (
     ObjectiveOutput,
     as_token_advantages,
+    check_positive,
     check_token_shapes,
     compute_dtype,
     group_index,
@@ -102,13 +33,29 @@ from .common import (
     group_min,
     group_sum,
     log_importance_weights,
+    masked_mean,
     masked_sum,
     nan_if_empty,
 )
 
-__all__ = ["TRANSFORMS", "dfpo_loss", "group_dense_view", "group_transform", "symmetric_clip_loss"]
+__all__ = [
+    "ORTHOGONAL_OVER",
+    "TRANSFORMS",
+    "check_orthogonal_over",
+    "dfpo_loss",
+    "group_dense_view",
+    "group_transform",
+    "symmetric_clip_loss",
+]
 
+#: The in-group transforms of the post-clip weights (the one list of names; the trainer imports it).
 TRANSFORMS: tuple[str, ...] = ("none", "min_replace", "orth_proj", "orth_proj_qp")
+#: Which members of a group the orthogonality constraint ranges over (see `dfpo_loss`).
+ORTHOGONAL_OVER: tuple[str, ...] = ("all", "unclipped")
+#: The transforms that can enforce ``sum_i A_i s_til_i = 0`` over an arbitrary subset of a group.
+_SUBSET_TRANSFORMS: tuple[str, ...] = ("orth_proj", "orth_proj_qp")
+#: Aggregations whose per-token weight is one batch constant (``"grpo"`` weights sequence i by 1 / |y_i|).
+_TOKEN_SUM_LOSS_TYPES: tuple[str, ...] = ("bnpo", "dr_grpo", "dapo", "luspo")
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,11 +63,26 @@ TRANSFORMS: tuple[str, ...] = ("none", "min_replace", "orth_proj", "orth_proj_qp
 # --------------------------------------------------------------------------------------------
 
 
+def check_orthogonal_over(
+    transform: str, orthogonal_over: str, *, names: tuple[str, str] = ("transform", "orthogonal_over")
+) -> None:
+    """Raise, naming the fix, unless ``orthogonal_over`` is valid for ``transform`` (``names``: how the caller
+    calls the two settings, for the message).
 
-
-def _check_epsilon(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    ``"unclipped"`` needs a transform that can make ``sum_i A_i s_til_i = 0`` over any subset of a group: the
+    projections. ``min_replace`` gives ``min_j s_j * sum_{i in M} A_i``, zero only when the advantages of the
+    unclipped members sum to zero, which a clipped member breaks; ``"none"`` has no constraint to restrict.
+    """
+    transform_name, over_name = names
+    if orthogonal_over not in ORTHOGONAL_OVER:
+        raise ValueError(f"{over_name} must be one of {ORTHOGONAL_OVER}, got {orthogonal_over!r}.")
+    if orthogonal_over == "unclipped" and transform not in _SUBSET_TRANSFORMS:
+        raise ValueError(
+            f"{over_name}='unclipped' needs a transform that enforces sum_i A_i s_til_i = 0 over the unclipped "
+            f"members of a group ({', '.join(_SUBSET_TRANSFORMS)}), not {transform_name}={transform!r} (min_replace "
+            "only cancels when the advantages of those members sum to zero; 'none' has no constraint). Use "
+            f"{transform_name}='orth_proj' or 'orth_proj_qp', or {over_name}='all'."
+        )
 
 
 def _check_group_ids(group_ids: Tensor, batch: int) -> None:
@@ -128,8 +90,6 @@ def _check_group_ids(group_ids: Tensor, batch: int) -> None:
         raise ValueError(f"group_ids must be ({batch},), got shape {tuple(group_ids.shape)}")
     if group_ids.is_floating_point() or group_ids.is_complex() or group_ids.dtype == torch.bool:
         raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
-
-
 
 
 def group_dense_view(group_ids: Tensor) -> tuple[Tensor, Tensor, int, int]:
@@ -148,6 +108,23 @@ def group_dense_view(group_ids: Tensor) -> tuple[Tensor, Tensor, int, int]:
     slot[order] = torch.arange(batch, device=index.device) - starts[index[order]]
     max_size = int(counts.max().item()) if batch else 0
     return index, slot, num_groups, max_size
+
+
+def _both_signs(adv: Tensor, group_ids: Tensor) -> Tensor:
+    """(B,) bool: the element's group holds a positive and a negative advantage."""
+    has_pos = group_sum((adv > 0).to(adv.dtype), group_ids) > 0
+    has_neg = group_sum((adv < 0).to(adv.dtype), group_ids) > 0
+    return has_pos & has_neg
+
+
+def _mean_over_groups(values: Tensor, keep: Tensor, group_ids: Tensor) -> Tensor:
+    """0-dim mean over the groups with ``keep`` of a per-group value broadcast to (B,); NaN if no group is kept."""
+    size = group_sum(torch.ones_like(values), group_ids)  # (B,)
+    weight = torch.where(keep, 1.0 / size, torch.zeros_like(values))  # each kept group sums to 1
+    count = weight.sum()
+    return nan_if_empty(
+        torch.where(keep, values * weight, torch.zeros_like(values)).sum() / count.clamp(min=1e-30), count
+    )
 
 
 def _mean_group_variance(values: Tensor, group_ids: Tensor) -> Tensor:
@@ -173,7 +150,7 @@ def _mean_group_variance(values: Tensor, group_ids: Tensor) -> Tensor:
 
 
 def _orth_proj(s_bar: Tensor, adv: Tensor, group_ids: Tensor, floor: float) -> Tensor:
-    """Truncate-and-rebalance (Eq. 52-55, beta with the corrected sign), see module docstring."""
+    """Truncate-and-rebalance (Eq. 52-55, beta with the corrected sign) and the floor guard, see docs/dfpo.md."""
     zero = torch.zeros_like(s_bar)
     inf = torch.full_like(s_bar, float("inf"))
     tiny = torch.finfo(s_bar.dtype).tiny
@@ -216,7 +193,7 @@ def _orth_proj(s_bar: Tensor, adv: Tensor, group_ids: Tensor, floor: float) -> T
 
 
 def _orth_proj_qp(s_bar: Tensor, adv: Tensor, group_ids: Tensor) -> Tensor:
-    """Exact solution of Eq. 51 per group via the sorted KKT breakpoints (module docstring)."""
+    """Exact solution of Eq. 51 per group via the sorted KKT breakpoints (docs/dfpo.md)."""
     index, slot, num_groups, max_size = group_dense_view(group_ids)
     dtype, device = s_bar.dtype, s_bar.device
     inf = float("inf")
@@ -285,18 +262,25 @@ def group_transform(
     method: str,
     *,
     orth_floor: float = 1e-6,
+    members: Tensor | None = None,
 ) -> Tensor:
     """In-group transform of the post-clip sequence weights (Eq. 50, 51, 52-55). Detached.
 
     Args:
-        s_bar: (B,) post-clip weights ``s_bar`` (Eq. 47), positive. Gradient is never taken.
+        s_bar: (B,) post-clip weights (Eq. 47, times the IS weight in `dfpo_loss`), >= 0. Gradient is never taken.
         advantages: (B,) sequence advantages.
         group_ids: (B,) integer tensor; equal values mark one group (any sizes >= 1, any order).
-        method: one of ``TRANSFORMS`` (see the module docstring).
+        method: one of ``TRANSFORMS``.
         orth_floor: the floor ``eps`` of Eq. 52 for ``"orth_proj"`` (>= 0).
+        members: optional (B,) bool, the members the transform ranges over (default: all). The others are returned
+            unchanged and neither enter a group's minimum nor its constraint ``sum_i A_i s_til_i = 0``.
 
     Returns:
-        (B,) ``s_til``, detached, in float32 (half / bf16 inputs) or the input's float dtype.
+        (B,) ``s_til``, detached, in float32 (half / bf16 inputs) or the input's float dtype. For every method but
+        ``"none"``, a group whose members' advantages do not take both signs gets ``s_til = 0`` on its members with
+        ``A != 0``: no ``v >= 0`` but that satisfies ``A^T v = 0`` (``orth_proj`` and the QP give it by their
+        formulas; for ``min_replace`` it is a deviation, see docs/dfpo.md). With TRL's group-centred advantages
+        such a group is one whose rewards are all equal, whose advantages are float32 rounding noise.
     """
     if method not in TRANSFORMS:
         raise ValueError(f"unknown DFPO transform {method!r}; valid: {', '.join(TRANSFORMS)}")
@@ -305,27 +289,33 @@ def group_transform(
     if advantages.shape != s_bar.shape:
         raise ValueError(f"advantages must match s_bar {tuple(s_bar.shape)}, got {tuple(advantages.shape)}")
     _check_group_ids(group_ids, s_bar.shape[0])
-    if not (math.isfinite(orth_floor) and orth_floor >= 0):
+    if not (orth_floor >= 0 and orth_floor < float("inf")):
         raise ValueError(f"orth_floor must be a finite number >= 0, got {orth_floor!r}")
+    if members is not None and (members.shape != s_bar.shape or members.dtype != torch.bool):
+        raise ValueError(
+            f"members must be a ({s_bar.shape[0]},) bool tensor, got {members.dtype} {tuple(members.shape)}"
+        )
 
     dtype = compute_dtype(s_bar, advantages)
     s = s_bar.detach().to(dtype)  # (B,)
-    adv = advantages.detach().to(dtype)  # (B,)
     group_ids = group_ids.to(s.device)
     if s.numel() == 0 or method == "none":
         return s.clone()
+    members = torch.ones_like(s, dtype=torch.bool) if members is None else members.to(s.device)
+    adv = torch.where(members, advantages.detach().to(dtype), torch.zeros_like(s))  # (B,) non-members: no constraint
     if method == "min_replace":
-        return group_min(s, group_ids)  # (B,) Eq. 50
-    if method == "orth_proj":
-        return _orth_proj(s, adv, group_ids, float(orth_floor))  # (B,) Eq. 52-55
-    return _orth_proj_qp(s, adv, group_ids)  # (B,) Eq. 51
+        group_minimum = group_min(torch.where(members, s, torch.full_like(s, float("inf"))), group_ids)  # (B,) Eq. 50
+        out = torch.where(_both_signs(adv, group_ids) | (adv == 0), group_minimum, torch.zeros_like(s))
+    elif method == "orth_proj":
+        out = _orth_proj(s, adv, group_ids, float(orth_floor))  # (B,) Eq. 52-55
+    else:
+        out = _orth_proj_qp(s, adv, group_ids)  # (B,) Eq. 51
+    return torch.where(members, out, s)
 
 
 # --------------------------------------------------------------------------------------------
 # losses
 # --------------------------------------------------------------------------------------------
-
-
 
 
 def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
@@ -347,6 +337,24 @@ def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
     )
 
 
+def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
+    """(B,) one vLLM importance weight per sequence, detached; ones without weights.
+
+    TRL's weights are (B, 1) (``sequence_*`` modes) or (B, T) (``token_*`` modes). A (B, 1) loss times (B, T)
+    weights, aggregated by any ``loss_type``, weighs sequence ``i`` by the mean of its weights over its valid tokens,
+    so that mean is the sequence's weight (0 for a row without valid tokens).
+    """
+    batch, length = mask.shape
+    if weights is None:
+        return torch.ones(batch, dtype=mask.dtype, device=mask.device)
+    weights = weights.detach().to(mask.dtype)
+    if weights.dim() == 2 and weights.shape[0] == batch and weights.shape[1] == 1:
+        return weights.squeeze(1)
+    if weights.shape == (batch, length):
+        return masked_mean(weights, mask, dim=-1)
+    raise ValueError(f"importance_weights must be ({batch}, 1) or ({batch}, {length}), got {tuple(weights.shape)}")
+
+
 def dfpo_loss(
     per_token_logps: Tensor,
     old_per_token_logps: Tensor,
@@ -358,8 +366,11 @@ def dfpo_loss(
     epsilon_low: float,
     epsilon_high: float,
     orth_floor: float = 1e-6,
+    orthogonal_over: str = "all",
+    importance_weights: Tensor | None = None,
+    loss_type: str = "dapo",
 ) -> ObjectiveOutput:
-    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K). See the module docstring.
+    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K). See the module docstring and docs/dfpo.md.
 
     Args:
         per_token_logps: (B, T) log-probs of the sampled tokens under the current policy.
@@ -368,18 +379,39 @@ def dfpo_loss(
         mask: (B, T) completion mask (bool / int / float).
         group_ids: (B,) integer group ids (never inferred from position).
         transform: one of ``TRANSFORMS``.
-        epsilon_low, epsilon_high: GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` (> 0).
+        epsilon_low, epsilon_high: GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` (finite, > 0).
         orth_floor: the floor of Eq. 52 (``transform="orth_proj"``).
+        orthogonal_over: ``"all"``: the transform and its constraint range over every member of a group with a
+            valid token and a non-zero IS weight (the paper's Eq. 50-55; a clipped member counts with its clip
+            bound although it carries no gradient). ``"unclipped"``: over those members that are not clipped, i.e.
+            that carry gradient, so the shared-token gradient cancels under clipping too (``orth_proj`` and
+            ``orth_proj_qp`` only, see `check_orthogonal_over`); clipped members keep GSPO's constant value.
+        importance_weights: TRL's vLLM importance-sampling weights, (B, 1) or (B, T), or None. They are applied here
+            (the caller must not multiply them again): the transform acts on the effective weights ``s_bar_i w_i``,
+            ``w_i`` the sequence's weight (`_sequence_is_weights`), so the cancellation includes them. For
+            ``"none"`` they multiply GSPO's loss token by token, exactly as TRL does.
+        loss_type: the trainer's aggregation, used only for ``dfpo/cancellation_residual``: ``"grpo"`` weighs the
+            tokens of sequence ``i`` by ``1 / |y_i|``, the others (``"dapo"``, ``"luspo"``, ``"dr_grpo"``,
+            ``"bnpo"``) by one batch constant.
 
     Returns:
-        ObjectiveOutput with per_token_loss (B, 1) = ``-A_i s_til_i`` in value (gradient as the
-        module docstring), float32 for half / bf16 inputs; metrics ``dfpo/asym_before``,
-        ``dfpo/asym_after``, ``dfpo/shrink``, ``clip_ratio/low|high|region``.
+        ObjectiveOutput with per_token_loss (B, 1) = ``-A_i s_til_i`` in value (gradient as the module docstring;
+        (B, T) for ``"none"`` with (B, T) weights), float32 for half / bf16 inputs. Metrics:
+        ``clip_ratio/low|high|region``: (B, 1) 0/1 indicators with TRL's semantics (``s < 1 - eps_low`` with
+        ``A < 0``, ``s > 1 + eps_high`` with ``A > 0``, either). ``dfpo/asym_before`` / ``dfpo/asym_after``:
+        Eq. 23 ``Var_i(w_i A_i)`` (population variance) with ``w = s_bar w_IS`` / ``w = s_til``, mean over groups.
+        ``dfpo/shrink``: mean of ``s_til / (s_bar w_IS)`` (App. K's phi_i, Eq. 87) over the transformed members of
+        groups whose advantages take both signs. ``dfpo/cancellation_residual``: per group
+        ``|sum_i A_i c_i| / sum_i |A_i| c_i`` over the members with a non-zero gradient, ``c_i`` the effective
+        shared-token coefficient (``s_til_i``, times ``1 / |y_i|`` under ``"grpo"``), averaged over the groups with
+        at least two such members; 0 means a token shared by the whole group gets no gradient (NaN: no group).
     """
     if transform not in TRANSFORMS:
         raise ValueError(f"unknown DFPO transform {transform!r}; valid: {', '.join(TRANSFORMS)}")
-    _check_epsilon("epsilon_low", epsilon_low)
-    _check_epsilon("epsilon_high", epsilon_high)
+    check_orthogonal_over(transform, orthogonal_over)
+    check_positive(epsilon_low=epsilon_low, epsilon_high=epsilon_high, finite=True)
+    if loss_type != "grpo" and loss_type not in _TOKEN_SUM_LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {('grpo', *_TOKEN_SUM_LOSS_TYPES)}, got {loss_type!r}")
     check_token_shapes(per_token_logps, old_per_token_logps, mask)
     batch, length = per_token_logps.shape
     _check_group_ids(group_ids, batch)
@@ -406,35 +438,68 @@ def dfpo_loss(
         torch.full_like(s_det, upper),
         torch.where(clipped_low, torch.full_like(s_det, lower), s_det),
     )  # (B,) Eq. 47, values only
-
-    s_til = group_transform(s_bar, adv, group_ids, transform, orth_floor=orth_floor)  # (B,) sg
-
-    # exp(log s_bar - sg(log s_bar)): value exactly 1, gradient d log s for unclipped sequences,
-    # 0 for clipped ones, so loss = -A sg(s_til / s_bar) s_bar in value and gradient.
+    # exp(log s - sg(log s)): value exactly 1, gradient d log s for unclipped sequences, 0 for clipped ones.
     log_factor = torch.where(clipped, torch.zeros_like(log_s), log_s - log_s.detach())  # (B,)
-    per_seq_loss = -adv * s_til * torch.exp(log_factor)  # (B,)
-    per_token_loss = per_seq_loss.unsqueeze(-1)  # (B, 1)
+
+    is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)
+    effective = s_bar * is_weight  # (B,) the coefficient GSPO's gradient carries
+    present = (mask_f.sum(-1) > 0) & (is_weight > 0)  # (B,) rows that can carry loss at all
+    members = present & ~clipped if orthogonal_over == "unclipped" else present  # (B,) the constraint's set
+
+    if transform == "none":
+        s_til = effective  # (B,)
+        per_token_loss = (-adv * s_bar * torch.exp(log_factor)).unsqueeze(-1)  # (B, 1) TRL's -min(coef A, clip A)
+        if importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
+            per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
+    else:
+        transformed = group_transform(effective, adv, group_ids, transform, orth_floor=orth_floor, members=members)
+        # clipped members under "unclipped" keep GSPO's constant value; rows without loss get 0
+        s_til = torch.where(members, transformed, torch.where(present, effective, torch.zeros_like(effective)))
+        per_token_loss = (-adv * s_til * torch.exp(log_factor)).unsqueeze(-1)  # (B, 1) = -A sg(s_til/s_bar) s_bar
 
     with torch.no_grad():
-        count = torch.tensor(float(batch), device=s.device)
-        low_frac = ((s_det < lower) & (adv < 0)).to(dtype).sum()  # TRL: below bound with A < 0
-        high_frac = ((s_det > upper) & (adv > 0)).to(dtype).sum()  # TRL: above bound with A > 0
-        region_frac = (((s_det < lower) & (adv < 0)) | ((s_det > upper) & (adv > 0))).to(dtype).sum()
-        shrink = (s_til / s_bar.clamp_min(torch.finfo(dtype).tiny)).sum()  # (87) phi_i summed
-        if batch:
-            asym_before = _mean_group_variance(s_bar * adv, group_ids)
-            asym_after = _mean_group_variance(s_til * adv, group_ids)
-        else:
-            asym_before = asym_after = torch.tensor(float("nan"))
         metrics = {
-            "dfpo/asym_before": asym_before.detach().float(),
-            "dfpo/asym_after": asym_after.detach().float(),
-            "dfpo/shrink": nan_if_empty(shrink / count.clamp(min=1), count),
-            "clip_ratio/low": nan_if_empty(low_frac / count.clamp(min=1), count),
-            "clip_ratio/high": nan_if_empty(high_frac / count.clamp(min=1), count),
-            "clip_ratio/region": nan_if_empty(region_frac / count.clamp(min=1), count),
+            "clip_ratio/low": ((s_det < lower) & (adv < 0)).float().unsqueeze(-1),  # (B, 1) TRL's indicators
+            "clip_ratio/high": ((s_det > upper) & (adv > 0)).float().unsqueeze(-1),
+            "clip_ratio/region": (((s_det < lower) & (adv < 0)) | ((s_det > upper) & (adv > 0))).float().unsqueeze(-1),
         }
+        if batch:
+            metrics["dfpo/asym_before"] = _mean_group_variance(effective * adv, group_ids).float()
+            metrics["dfpo/asym_after"] = _mean_group_variance(s_til * adv, group_ids).float()
+            informative = members & _both_signs(torch.where(members, adv, torch.zeros_like(adv)), group_ids)
+            shrink = s_til / effective.clamp_min(torch.finfo(dtype).tiny)  # (B,) Eq. 87
+            count = informative.sum()
+            metrics["dfpo/shrink"] = nan_if_empty(
+                torch.where(informative, shrink, 0.0).sum() / count.clamp(min=1), count
+            )
+            metrics["dfpo/cancellation_residual"] = _cancellation_residual(
+                adv, s_til, present & ~clipped, mask_f.sum(-1), group_ids, loss_type
+            )
+        else:
+            for name in ("dfpo/asym_before", "dfpo/asym_after", "dfpo/shrink", "dfpo/cancellation_residual"):
+                metrics[name] = torch.tensor(float("nan"))
     return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
+
+
+def _cancellation_residual(
+    adv: Tensor, s_til: Tensor, carries: Tensor, lengths: Tensor, group_ids: Tensor, loss_type: str
+) -> Tensor:
+    """0-dim mean over groups of ``|sum_i A_i c_i| / sum_i |A_i| c_i`` (see `dfpo_loss`), in float64.
+
+    ``c_i`` is the coefficient of ``grad log p`` at a token of sequence ``i`` up to a batch constant: ``s_til_i``
+    (IS weight included) and, for ``loss_type="grpo"``, ``1 / |y_i|`` (the sequence mean of Eq. 44 is not undone
+    by a token sum). Only members with ``A_i c_i != 0`` that are unclipped and present count.
+    """
+    adv, s_til = adv.double(), s_til.double()
+    coef = s_til / lengths.double().clamp(min=1.0) if loss_type == "grpo" else s_til  # (B,)
+    moving = carries & (adv != 0) & (coef > 0)  # (B,) members whose gradient is not zero
+    zero = torch.zeros_like(adv)
+    signed = group_sum(torch.where(moving, adv * coef, zero), group_ids)  # (B,)
+    total = group_sum(torch.where(moving, adv.abs() * coef, zero), group_ids)  # (B,)
+    count = group_sum(moving.double(), group_ids)  # (B,)
+    keep = (count >= 2) & (total > 0)
+    residual = signed.abs() / total.clamp(min=torch.finfo(torch.float64).tiny)
+    return _mean_over_groups(residual, keep, group_ids)
 
 
 def symmetric_clip_loss(
@@ -444,26 +509,29 @@ def symmetric_clip_loss(
     mask: Tensor,
     *,
     epsilon_high: float,
+    importance_weights: Tensor | None = None,
 ) -> ObjectiveOutput:
     """GRPO-fix: token-level ``-A * clip(r, 0, 1 + eps_high)`` for both advantage signs (Eq. 79-80).
+
+    Eq. (80) is the clip alone, not PPO's ``min(rA, clip(r) A)`` (App. H.3), so a token with ``r > 1 + eps`` gets
+    no gradient whatever the sign of ``A``. The ``1/G sum_i sum_t`` of Eq. 80 is the trainer's ``loss_type``.
 
     Args:
         per_token_logps: (B, T) current log-probs of the sampled tokens.
         old_per_token_logps: (B, T) behaviour log-probs (treated as constant).
         advantages: (B,), (B, 1) or (B, T).
         mask: (B, T) completion mask.
-        epsilon_high: upper clip ``1 + eps_high`` (> 0). There is no lower clip (Eq. 79's 0 never
-            binds since ``r > 0``).
+        epsilon_high: upper clip ``1 + eps_high`` (finite, > 0). There is no lower clip (Eq. 79's 0 never binds).
+        importance_weights: TRL's vLLM IS weights, (B, 1) or (B, T), multiplied after the clip exactly as TRL does
+            (the caller must not multiply them again); None without vLLM.
 
     Returns:
-        ObjectiveOutput with per_token_loss (B, T) (before masking). Metrics, fractions of masked
-        tokens (NaN without a valid token): ``clip_ratio/high`` = ``r > 1 + eps_high`` with
-        ``A > 0`` (TRL's semantics, comparable with GRPO runs), ``clip_ratio/low`` = 0 (no lower
-        bound), ``clip_ratio/region`` = either, and ``dfpo/sym_clip_ratio`` = ``r > 1 + eps_high``
-        for any sign: every token whose gradient the symmetric clip removes (for ``A < 0`` PPO's
-        min would have kept it).
+        ObjectiveOutput with per_token_loss (B, T) (before masking). Metrics: ``clip_ratio/high`` = (B, T)
+        indicator of ``r > 1 + eps_high`` with ``A > 0`` (TRL's semantics), ``clip_ratio/low`` = 0 (no lower
+        bound), ``clip_ratio/region`` = either; ``dfpo/sym_clip_ratio`` = fraction of valid tokens with
+        ``r > 1 + eps_high`` for any sign (every token whose gradient the symmetric clip removes).
     """
-    _check_epsilon("epsilon_high", epsilon_high)
+    check_positive(epsilon_high=epsilon_high, finite=True)
     check_token_shapes(per_token_logps, old_per_token_logps, mask)
     batch, length = per_token_logps.shape
     adv = as_token_advantages(advantages)  # (B, 1) or (B, T)
@@ -483,11 +551,12 @@ def symmetric_clip_loss(
     upper = 1.0 + epsilon_high
     phi = torch.clamp(ratio, min=0.0, max=upper)  # (B, T) Eq. 79, same for both signs of A
     per_token_loss = -adv * phi  # (B, T) Eq. 80 (negated for minimisation)
+    if importance_weights is not None:  # mirrors GRPOTrainer._compute_loss: loss * importance_sampling_ratio
+        per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
 
     with torch.no_grad():
         above = (ratio > upper).to(dtype)  # (B, T)
-        adv_full = adv.expand_as(ratio)  # (B, T)
-        high = above * (adv_full > 0).to(dtype)  # (B, T)
+        high = above * (adv.expand_as(ratio) > 0).to(dtype)  # (B, T)
         count = mask_f.sum()
         metrics = {
             # per-token indicators (reduced token-weighted over processes by the trainer); no lower bound, low is 0

@@ -168,6 +168,9 @@ class GroupOptTrainer(GRPOTrainer):
     supports_delta: ClassVar[bool] = True
     #: The fix to name when the schedule is on-policy and this method's mechanism is then inert (None: it is not).
     inert_on_policy_fix: ClassVar[str | None] = None
+    #: The objective applies TRL's vLLM importance-sampling weights itself (passed in `inputs`); `_compute_loss` then
+    #: does not multiply them again (DFPO folds them into its in-group transform).
+    objective_applies_is_weights: ClassVar[bool] = False
 
     def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, *positional, **kwargs):
         if args is None:  # as TRL, but with this method's config and defaults
@@ -380,7 +383,7 @@ class GroupOptTrainer(GRPOTrainer):
         if self.top_entropy_quantile < 1.0:
             entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)  # (B, T)
             per_token_loss = per_token_loss * entropy_mask
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        if self.use_vllm and self.vllm_importance_sampling_correction and not self.objective_applies_is_weights:
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
         if self.beta != 0.0:
             per_token_kl = self._per_token_kl(per_token_logps, old_per_token_logps, inputs["ref_per_token_logps"], mask)

@@ -1,7 +1,7 @@
 """DFPO: in-group re-weighting on GSPO that restores token-gradient cancellation, and GRPO-fix.
 
-Paper: Ding et al., "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient
-Cancellation", arXiv:2604.13088. See `trl_groupopt.objectives.dfpo` for the equations.
+Paper: Ding et al., "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation",
+arXiv:2604.13088. The equations are in `trl_groupopt/objectives/dfpo.py` and docs/dfpo.md.
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from typing import Any
 from torch import Tensor
 from trl import GRPOConfig
 
-from ..objectives.common import ObjectiveOutput
-from ..objectives.dfpo import dfpo_loss, symmetric_clip_loss
+from ..objectives.common import ObjectiveOutput, check_positive
+from ..objectives.dfpo import TRANSFORMS, check_orthogonal_over, dfpo_loss, symmetric_clip_loss
 from ..registry import register_method
 from .base import GroupOptTrainer, TokenSafeConfigMixin
 
-DFPO_TRANSFORMS = ("none", "min_replace", "orth_proj", "orth_proj_qp")
 GRPO_FIX = "symmetric_clip"
 
 # GSPO's clip range (Zheng et al. 2025, Sec. 5.1); DFPO builds on GSPO and its paper sets no other value.
@@ -38,7 +37,7 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
 
     With on-policy data (`steps_per_generation == gradient_accumulation_steps`, `num_iterations == 1`, no vLLM IS
     correction) every GSPO ratio is exactly 1 and every transform is the identity: DFPO only differs from GSPO
-    off-policy.
+    off-policy. What the transforms guarantee, and under which settings, is in docs/dfpo.md.
 
     Parameters:
         dfpo_transform (`str`, *optional*, defaults to `"min_replace"`):
@@ -46,6 +45,12 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
             projection, Eq. 51), `"none"` (plain GSPO), or `"symmetric_clip"` (GRPO-fix).
         dfpo_orth_floor (`float`, *optional*, defaults to `1e-6`):
             Floor of the re-weighted ratios for `"orth_proj"` (Eq. 52).
+        dfpo_orthogonal_over (`str`, *optional*, defaults to `"all"`):
+            The members of a group the transform's constraint `sum_i A_i s_til_i = 0` ranges over. `"all"`: the whole
+            group, as in the paper (the algorithm it evaluated); a member on a clip bound carries no gradient but is
+            counted, so under clipping the shared-token gradient does not cancel. `"unclipped"`: the members that
+            carry gradient, so it cancels exactly under clipping too; only for `"orth_proj"` and `"orth_proj_qp"`
+            (`"min_replace"` cannot satisfy the constraint once a member is clipped; other transforms raise).
         epsilon (`float`, *optional*):
             Lower clip of the sequence ratio. Defaults to GSPO's `3e-4` (unused by GRPO-fix).
         epsilon_high (`float`, *optional*):
@@ -53,9 +58,13 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
         importance_sampling_level (`str`, *optional*):
             Fixed by the mode: `"sequence"` for the DFPO transforms, `"token"` for GRPO-fix (it only matters for
             `use_bias_correction_kl`); setting the other one raises.
-        loss_type (`str`, *optional*, defaults to `"grpo"`):
-            Mean over sequences of the per-sequence value, i.e. GSPO's `1/G sum_i`. (Eq. 80 of GRPO-fix sums the
-            tokens of a sequence; `loss_type="luspo"` gives that literal form.)
+        loss_type (`str`, *optional*, defaults to `"dapo"`):
+            Aggregation, for both modes. `"dapo"` (TRL's default) weighs every token by one batch constant, so the
+            gradients of a token shared by a group cancel whatever the completion lengths; for GRPO-fix it is
+            Eq. 80's token sum `1/G sum_i sum_t` up to that constant (`"luspo"` is Eq. 80 literally, but its step
+            grows with the completion length). `"luspo"`, `"dr_grpo"` and `"bnpo"` also cancel. `"grpo"` (GSPO's
+            recipe: mean over sequences) weighs sequence `i` by `1/|y_i|` and breaks the cancellation when
+            completions have different lengths; it stays selectable.
     """
 
     dfpo_transform: str = field(
@@ -63,18 +72,25 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
         metadata={"help": "min_replace | orth_proj | orth_proj_qp | none (GSPO) | symmetric_clip (GRPO-fix)."},
     )
     dfpo_orth_floor: float = field(default=1e-6, metadata={"help": "Floor of the orth_proj weights (Eq. 52)."})
+    dfpo_orthogonal_over: str = field(
+        default="all",
+        metadata={"help": "all (the paper's constraint) | unclipped (members carrying gradient; orth_proj(_qp))."},
+    )
     epsilon: float | None = field(default=None, metadata={"help": "Lower clip; default GSPO's 3e-4."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip; default 4e-4 (0.2 for GRPO-fix)."})
     importance_sampling_level: str | None = field(
         default=None, metadata={"help": "Fixed by dfpo_transform: 'sequence' (DFPO) or 'token' (GRPO-fix)."}
     )
-    loss_type: str = field(default="grpo", metadata={"help": "Aggregation; 'grpo' = GSPO's 1/G sum_i."})
+    loss_type: str = field(
+        default="dapo", metadata={"help": "Aggregation; 'dapo' keeps shared-token cancellation, 'grpo' breaks it."}
+    )
 
     def __post_init__(self):
-        if self.dfpo_transform not in (*DFPO_TRANSFORMS, GRPO_FIX):
-            raise ValueError(
-                f"dfpo_transform must be one of {(*DFPO_TRANSFORMS, GRPO_FIX)}, got {self.dfpo_transform!r}."
-            )
+        if self.dfpo_transform not in (*TRANSFORMS, GRPO_FIX):
+            raise ValueError(f"dfpo_transform must be one of {(*TRANSFORMS, GRPO_FIX)}, got {self.dfpo_transform!r}.")
+        check_orthogonal_over(
+            self.dfpo_transform, self.dfpo_orthogonal_over, names=("dfpo_transform", "dfpo_orthogonal_over")
+        )
         grpo_fix = self.dfpo_transform == GRPO_FIX
         level = "token" if grpo_fix else "sequence"
         if self.importance_sampling_level not in (None, level):
@@ -88,9 +104,7 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
         if self.epsilon_high is None:
             self.epsilon_high = GRPO_FIX_EPSILON_HIGH if grpo_fix else GSPO_EPSILON_HIGH
         super().__post_init__()
-        for name in ("epsilon", "epsilon_high", "dfpo_orth_floor"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
+        check_positive(epsilon=self.epsilon, epsilon_high=self.epsilon_high, dfpo_orth_floor=self.dfpo_orth_floor)
 
 
 class DFPOTrainer(GroupOptTrainer):
@@ -115,17 +129,35 @@ class DFPOTrainer(GroupOptTrainer):
         "DFPO's re-weighting (or GRPO-fix's clip) never acts: set steps_per_generation to a multiple k > 1 of "
         "gradient_accumulation_steps (or num_iterations > 1)."
     )
+    # dfpo_loss folds the vLLM IS weights into the in-group transform (so the cancellation includes them);
+    # symmetric_clip_loss multiplies them as TRL does. Either way the base must not multiply them again.
+    objective_applies_is_weights = True
 
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:
         # The transforms (and the asymmetry metrics, also under "none") look at whole groups; GRPO-fix does not.
         return getattr(args, "dfpo_transform", "min_replace") != GRPO_FIX
 
-    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
-                  inputs: dict[str, Any]) -> ObjectiveOutput:
+    def objective(
+        self,
+        per_token_logps: Tensor,
+        old_per_token_logps: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        inputs: dict[str, Any],
+    ) -> ObjectiveOutput:
+        # the same condition as the base's multiplication it replaces (GroupOptTrainer._compute_loss)
+        is_weights = (
+            inputs["importance_sampling_ratio"] if self.use_vllm and self.vllm_importance_sampling_correction else None
+        )
         if self.args.dfpo_transform == GRPO_FIX:
             return symmetric_clip_loss(
-                per_token_logps, old_per_token_logps, advantages, mask, epsilon_high=self.args.epsilon_high
+                per_token_logps,
+                old_per_token_logps,
+                advantages,
+                mask,
+                epsilon_high=self.args.epsilon_high,
+                importance_weights=is_weights,
             )
         return dfpo_loss(
             per_token_logps,
@@ -137,6 +169,9 @@ class DFPOTrainer(GroupOptTrainer):
             epsilon_low=self.args.epsilon,
             epsilon_high=self.args.epsilon_high,
             orth_floor=self.args.dfpo_orth_floor,
+            orthogonal_over=self.args.dfpo_orthogonal_over,
+            importance_weights=is_weights,
+            loss_type=self.loss_type,
         )
 
 
