@@ -87,7 +87,7 @@ def method_config(name: str, output_dir, **overrides):
     return get_method(name).make_config(**cpu_config_kwargs(output_dir, **overrides))
 
 
-def method_trainer(name: str, output_dir, model, tokenizer, reward_funcs=length_reward, num_examples: int = 16,
+def method_trainer(name: str, output_dir, model, tokenizer, reward_funcs=length_reward, num_examples: int = 32,
                    **overrides):  # fmt: skip
     """The registered method's trainer on `model` (used as is: clone it first to reuse it) and the tiny dataset."""
     args = method_config(name, output_dir, **overrides)

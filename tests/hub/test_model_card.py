@@ -6,6 +6,7 @@ package template, with honest metadata and no secret; TRL's own call sites and `
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -14,17 +15,17 @@ import pytest
 import yaml
 from trl import GRPOConfig
 
-from tests.helpers import clone_model, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
-from trl_groupopt import (
-    CTPOConfig,
-    CTPOTrainer,
-    DFPOConfig,
-    DFPOTrainer,
-    ECHOConfig,
-    ECHOTrainer,
-    OTBConfig,
-    OTBTrainer,
+from tests.helpers import (
+    BUILT_IN_METHODS,
+    clone_model,
+    cpu_config_kwargs,
+    length_reward,
+    method_trainer,
+    tiny_dataset,
+    tiny_model,
+    tiny_tokenizer,
 )
+from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, OTBConfig, OTBTrainer, get_method
 from trl_groupopt.model_card import (
     ARITHMETIC_QUESTION,
     GENERIC_QUESTION,
@@ -38,15 +39,16 @@ from trl_groupopt.model_card import (
     render_model_card,
     reward_summary,
 )
+from trl_groupopt.trainers.base import GroupOptTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
-METHOD_TRAINERS = {  # name -> (config class, trainer class, config overrides, a knob row the card must show)
-    "echo": (ECHOConfig, ECHOTrainer, {}, "| `batch_epsilon` | `0.2` | (method-specific) |"),
-    "dfpo_min_replace": (DFPOConfig, DFPOTrainer, {"dfpo_transform": "min_replace"},
-                         "| `dfpo_transform` | `min_replace` | (method-specific) |"),
-    "ctpo": (CTPOConfig, CTPOTrainer, {}, "| `ctpo_dual_clip` | `0.05` | (method-specific) |"),
-    "otb": (OTBConfig, OTBTrainer, {}, "| `otb_token_positions` | `valid` | (method-specific) |"),
-}  # fmt: skip
+CARD_KNOBS = {  # registry name -> one exact knob row (value formatted) the card must show, on top of the generic check
+    "echo": "| `batch_epsilon` | `0.2` | (method-specific) |",
+    "dfpo": "| `dfpo_transform` | `min_replace` | (method-specific) |",
+    "grpo_fix": "| `dfpo_transform` | `symmetric_clip` | (method-specific) |",
+    "ctpo": "| `ctpo_dual_clip` | `0.05` | (method-specific) |",
+    "otb": "| `otb_token_positions` | `valid` | (method-specific) |",
+}
 FAKE_TOKEN = "hf_" + "QwErTy0123456789" * 2 + "zz"  # shaped like a real access token (hf_ + 34 characters)
 
 
@@ -83,7 +85,8 @@ def test_template_is_package_data_and_has_no_copy():
     assert not copies, copies
     readme = (ROOT / "model_cards" / "README.md").read_text(encoding="utf-8")
     assert "trl_groupopt/templates/model_card.md" in readme
-    for _, trainer_cls, _, _ in METHOD_TRAINERS.values():
+    # The README's table documents the shipped methods (a new method's citation lives in its docs/<method>.md).
+    for trainer_cls in {get_method(m).trainer_class for m in BUILT_IN_METHODS} - {GroupOptTrainer}:
         assert f"`{_bibtex_key(trainer_cls._paper['citation'])}`" in readme, trainer_cls.__name__
 
 
@@ -102,18 +105,27 @@ def test_trl_sections_are_found_in_trls_card():
 
 
 # ------------------------------------------------------------------------------------------------ rendering
+@pytest.mark.parametrize("method", list(METHODS))
+def test_model_card_metadata(method):
+    """Every registered trainer names itself, tags the card and cites its paper in BibTeX."""
+    trainer_cls = get_method(method).trainer_class
+    assert trainer_cls._name and "trl-groupopt" in trainer_cls._tag_names
+    assert {"title", "id", "citation"} <= trainer_cls._paper.keys()
+    assert trainer_cls._paper["citation"].lstrip().startswith("@")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(METHOD_TRAINERS))
+@pytest.mark.parametrize("method", list(METHODS))
 def test_model_card_renders_method_knobs_rewards_and_citations(method, tokenizer, base_model, tmp_path, monkeypatch):
-    """Train 1 step, render: method name, a knob, the reward curve, the method's and TRL's BibTeX, and no token."""
+    """Train 1 step, render: method name, every knob of the method's own config, the reward curve, the method's and
+    TRL's BibTeX, and no token."""
     from trl_groupopt.model_card import create_model_card
 
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
-    config_cls, trainer_cls, overrides, knob_row = METHOD_TRAINERS[method]
-    args = config_cls(**cpu_config_kwargs(tmp_path / "run", num_generations=2, max_steps=1, hub_token=FAKE_TOKEN,
-                                          **overrides))  # fmt: skip
-    trainer = trainer_cls(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
-                          processing_class=tokenizer)  # fmt: skip
+    trainer_cls = get_method(method).trainer_class
+    trainer = method_trainer(method, tmp_path / "run", clone_model(base_model), tokenizer, num_generations=2,
+                             max_steps=1, hub_token=FAKE_TOKEN)  # fmt: skip
+    args = trainer.args
     trainer.train()
     card = render_model_card(trainer, dataset_name="openai/gsm8k", tags=["extra-tag"])
 
@@ -123,10 +135,18 @@ def test_model_card_renders_method_knobs_rewards_and_citations(method, tokenizer
     assert "base_model" not in meta and "a model initialised from a configuration" in card  # built from a config
     assert {*trainer_cls._tag_names, "extra-tag", "generated_from_trainer"} <= set(meta["tags"])
     assert f"trained with **{trainer_cls._name}** (`{trainer_cls.__name__}`)" in card
-    assert knob_row in card
+    grpo_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    knobs = [f.name for f in dataclasses.fields(args) if f.name not in grpo_fields and not f.name.startswith("_")]
+    for knob in knobs:  # every knob of the method's own config is listed, with its value
+        assert re.search(rf"\n\| `{knob}` \| `[^`\n]+` \| \(method-specific\) \|\n", card), knob
+    if method in CARD_KNOBS:
+        assert CARD_KNOBS[method] in card
     assert "| `max_completion_length` | `8` | `512` |" in card  # a GRPO setting that differs from the default
     assert "| `use_vllm` |" not in card  # ...and one that does not is left out
-    assert "| `steps_per_generation` |" not in card  # derived by GRPOConfig, never set here
+    if args.steps_per_generation == args.gradient_accumulation_steps:  # derived by GRPOConfig, never set: not listed
+        assert "| `steps_per_generation` |" not in card
+    else:  # the method's own off-policy default schedule (ECHO, CTPO) is a real setting: listed
+        assert f"| `steps_per_generation` | `{args.steps_per_generation}` | `1` |" in card
     (entry,) = [e for e in trainer.state.log_history if "reward" in e]
     reward = f"{entry['reward']:.4g}"
     assert f"| `reward` | {reward} (1) | {reward} (1) | {reward} (1) |" in card
@@ -148,7 +168,7 @@ def test_model_card_renders_method_knobs_rewards_and_citations(method, tokenizer
 def untrained(tokenizer, base_model, tmp_path_factory):
     """An ECHO trainer that never trained, for the metadata checks (its model's `_name_or_path` is changed per test)."""
     args = ECHOConfig(**cpu_config_kwargs(tmp_path_factory.mktemp("untrained"), num_generations=2))
-    return ECHOTrainer(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
+    return ECHOTrainer(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(32),
                        processing_class=tokenizer)  # fmt: skip
 
 
@@ -217,11 +237,11 @@ def test_model_card_redacts_token_shaped_values():
 def test_knobs_list_only_what_differs_from_grpo_defaults(tmp_path):
     """`steps_per_generation` is listed only when it differs from what GRPOConfig derives (accumulation steps)."""
     names = {
-        row["name"] for row in method_knobs(ECHOConfig(**cpu_config_kwargs(tmp_path, gradient_accumulation_steps=2)))
+        row["name"] for row in method_knobs(GRPOConfig(**cpu_config_kwargs(tmp_path, gradient_accumulation_steps=2)))
     }
     assert "steps_per_generation" not in names and "gradient_accumulation_steps" in names
     rows = {
-        row["name"]: row for row in method_knobs(ECHOConfig(**cpu_config_kwargs(tmp_path, steps_per_generation=4)))
+        row["name"]: row for row in method_knobs(GRPOConfig(**cpu_config_kwargs(tmp_path, steps_per_generation=4)))
     }
     assert rows["steps_per_generation"]["value"] == "4" and rows["steps_per_generation"]["default"] == "1"
 
@@ -233,7 +253,7 @@ def test_trl_checkpoint_and_save_model_write_our_card(tokenizer, base_model, tmp
     folder, and every saved model folder (the checkpoint's, `save_model`'s) holds it too. Fails without the hooks."""
     args = OTBConfig(**cpu_config_kwargs(tmp_path / "otb-run", num_generations=2, max_steps=1, save_strategy="steps",
                                          save_steps=1))  # fmt: skip
-    trainer = OTBTrainer(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
+    trainer = OTBTrainer(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(32),
                          processing_class=tokenizer)  # fmt: skip
     trainer.train()
     output_dir = Path(args.output_dir)

@@ -89,7 +89,7 @@ class Runs:
 
     def _trainer(self, config_cls, trainer_cls, args, **kwargs):
         model, tokenizer = self.policy
-        return trainer_cls(copy.deepcopy(model), length_reward, args=args, train_dataset=tiny_dataset(8),
+        return trainer_cls(copy.deepcopy(model), length_reward, args=args, train_dataset=tiny_dataset(32),
                            processing_class=tokenizer, **kwargs)  # fmt: skip
 
     def _method(self, key: str) -> dict:
@@ -252,7 +252,11 @@ def test_every_save_pushes_each_checkpoint(runs, hub):
     assert [c.summary for c in commits] == ["Training in progress, step 1", "Training in progress, step 2"]
     # the first push carries everything; later ones what changed (the server reports stored oids, as the Hub does)
     assert MODEL_FILES | TOKENIZER_FILES | {"README.md", "training_args.bin"} <= commits[0].files.keys()
-    assert {"model.safetensors", "README.md"} <= commits[1].files.keys()
+    assert "model.safetensors" in commits[1].files
+    # transformers uploads each checkpoint in the background from the output folder: when the next step's card is
+    # written before the previous upload reads it, that upload already carries it and the next skips it as unchanged.
+    if "README.md" not in commits[1].files:
+        assert "Optimizer steps: 2;" in commits[0].files["README.md"].decode()
     assert commits[0].files["model.safetensors"] != commits[1].files["model.safetensors"]
     for commit in commits:  # the card of that moment
         assert "Optimizer steps: " in commit.files["README.md"].decode()

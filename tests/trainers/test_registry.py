@@ -27,7 +27,8 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
-from tests.trainers import test_methods, test_user_layer, test_validation
+from tests.hub import test_model_card
+from tests.trainers import test_methods, test_validation
 from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, cli, get_method, register_method
 from trl_groupopt.objectives.common import (
     ObjectiveFn,
@@ -124,10 +125,10 @@ def _loss_types(tmp_path, monkeypatch):
 
 
 def _model_card(tmp_path, monkeypatch):
-    monkeypatch.setitem(test_user_layer.CARD_KNOBS, "toy", "| `toy_advantage_scale` | `2` | (method-specific) |")
+    monkeypatch.setitem(test_model_card.CARD_KNOBS, "toy", "| `toy_advantage_scale` | `2` | (method-specific) |")
     tokenizer = tiny_tokenizer()
-    test_user_layer.test_model_card_metadata("toy")
-    test_user_layer.test_model_card_renders_method_knobs_rewards_and_citations(
+    test_model_card.test_model_card_metadata("toy")
+    test_model_card.test_model_card_renders_method_knobs_rewards_and_citations(
         "toy", tokenizer, tiny_model(tokenizer, seed=5), tmp_path, monkeypatch
     )
 
