@@ -19,9 +19,14 @@ def _args(tmp_path, **overrides):
 
 
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
-def test_unsupported_loss_types_raise(tmp_path, loss_type):
+def test_surrogate_replacing_loss_types_raise_only_with_an_own_objective(tmp_path, loss_type):
+    class OwnObjective(GroupOptTrainer):
+        def objective(self, *args, **kwargs):
+            raise NotImplementedError
+
     with pytest.raises(ValueError, match="Use one of"):
-        GroupOptTrainer.validate_args(_args(tmp_path, loss_type=loss_type))
+        OwnObjective.validate_args(_args(tmp_path, loss_type=loss_type))
+    GroupOptTrainer.validate_args(_args(tmp_path, loss_type=loss_type))  # TRL's own loss (tests/trainers/test_dropin.py)
 
 
 def test_group_methods_need_whole_groups_per_micro_batch(tmp_path):
