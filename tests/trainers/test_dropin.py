@@ -61,6 +61,8 @@ TRAINERS = {  # name -> (trainer, config, overrides selecting the mode)
     "otb": (OTBTrainer, OTBConfig, {}),
 }
 NO_REWARD_SOURCE = "No reward source provided"
+# TRL flags environment_factory / rollout_func as experimental at every construction.
+pytestmark = pytest.mark.filterwarnings("ignore:You are using .* experimental feature:UserWarning")
 
 
 # ---------------------------------------------------------------- a tool-calling tokenizer, model and environment
