@@ -36,6 +36,7 @@ from transformers import set_seed  # noqa: E402
 from tests.distributed import batches  # noqa: E402
 from tests.distributed.harness import write_result  # noqa: E402
 from tests.helpers import _forward, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
+from trl_groupopt.trainers import OTBTrainer  # noqa: E402
 
 FSDP2_ARGS = dict(
     fsdp="full_shard",
@@ -164,7 +165,7 @@ def run_case(name, cli, tokenizer, batch):
 
     trainer._compute_loss = MethodType(recording_compute_loss, trainer)
     otb = {}
-    if hasattr(trainer, "_energy_capture"):  # OTB: keep the advantages (they carry the energy) and the energy
+    if isinstance(trainer, OTBTrainer):  # keep the advantages (they carry the energy) and the behaviour energy
         compute_advantages = trainer.compute_advantages
 
         def recording_compute_advantages(self, inputs, per_token_logps, mask):
