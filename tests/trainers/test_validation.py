@@ -202,14 +202,31 @@ def test_group_methods_need_two_generations(tmp_path, method, overrides):
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo", "not_a_loss"])
 @pytest.mark.parametrize("method", list(METHODS))
 def test_surrogate_replacing_loss_types_rejected_by_every_trainer(tmp_path, method, loss_type):
+    """A trainer with its own objective refuses TRL's surrogate-replacing loss types; the base trainer (TRL's GRPO)
+    hands them to TRL's own `_compute_loss` (trained in tests/trainers/test_dropin.py). Unknown names always fail."""
     trainer_cls = get_method(method).trainer_class
     args = _config(method, tmp_path, loss_type=loss_type)  # every config accepts it...
+    if loss_type != "not_a_loss" and not trainer_cls.has_own_objective:
+        trainer_cls.validate_args(args)
+        return
     _raises_at_construction(
         trainer_cls,
         args,
         rf"loss_type='{loss_type}' is not supported by {trainer_cls.__name__}: "
         r".*Use one of \('grpo', 'bnpo', 'dr_grpo', 'dapo', 'luspo'\)",
     )
+
+
+def test_surrogate_replacing_loss_types_raise_only_with_an_own_objective(tmp_path):
+    class OwnObjective(GroupOptTrainer):
+        def objective(self, *args, **kwargs):
+            raise NotImplementedError
+
+    assert OwnObjective.has_own_objective and not GroupOptTrainer.has_own_objective
+    for loss_type in ("cispo", "sapo", "vespo"):
+        with pytest.raises(ValueError, match="Use one of"):
+            OwnObjective.validate_args(_config("grpo", tmp_path, loss_type=loss_type))
+        GroupOptTrainer.validate_args(_config("grpo", tmp_path, loss_type=loss_type))
 
 
 @pytest.mark.parametrize("method", list(METHODS))

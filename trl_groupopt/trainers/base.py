@@ -12,7 +12,16 @@ One override of `_compute_loss` serves every method. It
    gradient-accumulation scaling), and logs TRL's metric names plus the objective's own metrics.
 
 With the default objective (TRL's clipped surrogate) this trainer *is* TRL's GRPO/GSPO/DAPO: the parity tests
-compare loss and gradients against `GRPOTrainer._compute_loss`.
+compare loss and gradients against `GRPOTrainer._compute_loss`. For TRL's surrogate-replacing loss types (cispo, sapo,
+vespo) the base trainer calls `GRPOTrainer._compute_loss` itself; method trainers, which have their own objective,
+reject them at construction.
+
+The constructor takes exactly `GRPOTrainer.__init__`'s arguments with its defaults (`reward_funcs=None`,
+`environment_factory`, `tools`, `rollout_func`, ...): rewards may come from the environment (`get_reward`), and with
+no reward source at all TRL raises its own "No reward source provided" error.
+
+TRL upgrade checklist: every block that mirrors TRL code carries a `# mirrors GRPOTrainer.<method> (trl 1.16.0)`
+comment; re-read those TRL methods and run `tests/trainers/test_base_parity.py` and `tests/trainers/test_dropin.py`.
 
 Methods that couple the sequences of a group (DFPO, OTB) set `requires_whole_groups = True`: every micro-batch
 then holds whole groups (TRL's row shuffle of the generation batch is replaced by a shuffle of whole groups) and
@@ -21,14 +30,17 @@ carries an explicit `group_ids` tensor, so no objective infers groups from posit
 
 from __future__ import annotations
 
+import inspect
 import textwrap
 import warnings
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import (
+    get_config_model_id,
     nanmax,
     nanmin,
     split_pixel_values_by_grid,
@@ -40,8 +52,9 @@ from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss, log_imp
 from ..registry import register_method
 
 # The loss types whose aggregation `_compute_loss` reproduces. TRL's cispo/sapo/vespo replace the surrogate itself,
-# so they cannot be combined with another objective.
+# so they cannot be combined with another objective: the base trainer hands them to TRL's own `_compute_loss`.
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+TRL_SURROGATE_LOSS_TYPES = ("cispo", "sapo", "vespo")
 _CLIP_METRICS = ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region")
 
 
@@ -52,6 +65,7 @@ def group_ids_for_local_batch(num_rows: int, num_generations: int, process_index
     contiguous slice of `num_rows` rows of the global generation batch (`process_slice` in
     `_generate_and_score_completions`), so the global row index divided by `num_generations` names the group.
     """
+    # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): `process_slice` of the gathered batch
     if num_rows % num_generations != 0:
         raise ValueError(
             f"A process holds {num_rows} completions, not a multiple of num_generations={num_generations}: "
@@ -67,6 +81,7 @@ def shuffle_whole_groups(batch: dict[str, Any], group_ids: Tensor, generator: to
     Replaces TRL's `shuffle_sequence_dict` (a row permutation that scatters groups across micro-batches).
     Tensors with a leading batch dimension and per-row lists are permuted; scalars and None pass through.
     """
+    # mirrors trl.trainer.utils.shuffle_sequence_dict (trl 1.16.0): which values are permuted and how
     unique_groups, inverse = torch.unique_consecutive(group_ids, return_inverse=True)
     num_groups = unique_groups.numel()
     if torch.unique(group_ids).numel() != num_groups:
@@ -120,6 +135,13 @@ def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: 
         )
 
 
+def _is_passthrough(function: Callable) -> bool:
+    """Whether `function` has the signature `(self, *args, **kwargs)`."""
+    kinds = [param.kind for param in inspect.signature(function).parameters.values()]
+    return kinds == [inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_POSITIONAL,
+                     inspect.Parameter.VAR_KEYWORD]  # fmt: skip
+
+
 class TokenSafeConfigMixin:
     """Mixed into every method config (put it first, and use `@dataclass(repr=False)`).
 
@@ -171,14 +193,63 @@ class GroupOptTrainer(GRPOTrainer):
     #: The objective applies TRL's vLLM importance-sampling weights itself (passed in `inputs`); `_compute_loss` then
     #: does not multiply them again (DFPO folds them into its in-group transform).
     objective_applies_is_weights: ClassVar[bool] = False
+    #: Whether this class changes TRL's policy loss or advantages (overrides `objective` or `compute_advantages`).
+    #: Derived per subclass unless set explicitly. Only a class without its own objective is TRL's GRPO and may hand
+    #: TRL's surrogate-replacing loss types (cispo, sapo, vespo) to `GRPOTrainer._compute_loss`.
+    has_own_objective: ClassVar[bool] = False
 
-    def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, *positional, **kwargs):
-        if args is None:  # as TRL, but with this method's config and defaults
-            model_name = (model if isinstance(model, str) else model.config._name_or_path).split("/")[-1]
-            args = self.config_class(f"{model_name}-{self._name.split()[0]}")
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "has_own_objective" not in cls.__dict__:
+            cls.has_own_objective = (
+                cls.objective is not GroupOptTrainer.objective
+                or cls.compute_advantages is not GroupOptTrainer.compute_advantages
+            )
+        # A subclass `__init__(self, *args, **kwargs)` forwards everything here: show GRPOTrainer's signature for it
+        # (help(), IDEs and `inspect.signature` then list the same parameters as for GRPOTrainer).
+        init = cls.__dict__.get("__init__")
+        if init is not None and _is_passthrough(init):
+            init.__signature__ = inspect.signature(GroupOptTrainer.__init__)
+
+    # mirrors GRPOTrainer.__init__ (trl 1.16.0): the same parameters, order and defaults, so any GRPOTrainer call works
+    def __init__(
+        self,
+        model,
+        reward_funcs: Any | list[Any] | None = None,
+        args: GRPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers: tuple[Any, Any] = (None, None),
+        quantization_config=None,
+        peft_config=None,
+        tools: list[Callable] | None = None,
+        rollout_func: Callable | None = None,
+        environment_factory: Callable | dict[str, Callable] | None = None,
+    ):
+        if args is None:  # mirrors GRPOTrainer.__init__ (trl 1.16.0), with this method's config and run name
+            model_name = model if isinstance(model, str) else get_config_model_id(model.config)
+            args = self.config_class(f"{model_name.split('/')[-1]}-{self._name.split()[0]}")
         self.validate_args(args)
         check_loss_routed_through_compute_loss(type(self), bool(args is not None and args.use_liger_kernel))
-        super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        super().__init__(
+            model,
+            reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            reward_processing_classes=reward_processing_classes,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            quantization_config=quantization_config,
+            peft_config=peft_config,
+            tools=tools,
+            rollout_func=rollout_func,
+            environment_factory=environment_factory,
+        )
         self.whole_groups = self.needs_whole_groups(self.args)
         self.warn_if_inert_on_policy()
 
@@ -216,10 +287,13 @@ class GroupOptTrainer(GRPOTrainer):
                 f"{cls.__name__} reads its settings from a {cls.config_class.__name__}, got a {type(args).__name__}: "
                 f"build the config with {cls.config_class.__name__}(...) (it accepts every GRPOConfig argument)."
             )
-        if args.loss_type not in SUPPORTED_LOSS_TYPES:
+        if args.loss_type in TRL_SURROGATE_LOSS_TYPES and not cls.has_own_objective:
+            pass  # TRL's own `_compute_loss` computes it (see `_compute_loss`)
+        elif args.loss_type not in SUPPORTED_LOSS_TYPES:
             raise ValueError(
                 f"loss_type={args.loss_type!r} is not supported by {cls.__name__}: TRL's cispo/sapo/vespo replace the "
-                f"policy surrogate itself. Use one of {SUPPORTED_LOSS_TYPES}."
+                f"policy surrogate itself (GroupOptTrainer with a GRPOConfig runs them with TRL's own loss). "
+                f"Use one of {SUPPORTED_LOSS_TYPES}."
             )
         if args.delta is not None and not cls.supports_delta:
             raise ValueError(f"delta={args.delta} has no meaning for {cls.__name__}'s objective; leave delta=None.")
@@ -288,12 +362,16 @@ class GroupOptTrainer(GRPOTrainer):
             output["group_ids"] = group_ids_for_local_batch(
                 num_rows, num_generations, self.accelerator.process_index, output["completion_ids"].device
             )
-            self._check_groups_share_prompts(output["prompt_ids"], num_generations)
+            if self.environment_factories is None:
+                self._check_groups_share_prompts(output["prompt_ids"], num_generations)
+            else:  # each rollout's `reset()` may extend its prompt: the group is the sampler's, the dataset row's
+                self._check_groups_share_rows([x.get("prompt") for x in inputs], num_generations)
         if self.requires_raw_rewards:
             output["rewards"] = self._local_raw_rewards(num_rows)
         return output
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Environment-owned rewards (`get_reward`) are one more column of TRL's (N_global, F) matrix, with weight 1.
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.requires_raw_rewards:
             self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
@@ -303,8 +381,10 @@ class GroupOptTrainer(GRPOTrainer):
         """(num_rows,) weighted sum of the reward functions for this process's rows; NaN where unscorable.
 
         The same combination TRL logs as `reward` (weights applied, NaN-skipping sum, NaN when every reward function
-        returned None), before any group centring or scaling.
+        returned None), before any group centring or scaling. Environment-owned rewards are included (TRL appends
+        them as a reward column with weight 1).
         """
+        # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): the `rewards` sum and `process_slice`
         rewards_per_func = self._raw_rewards_per_func
         weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
         rewards = (rewards_per_func * weights).nansum(dim=1)  # (N_global,)
@@ -322,10 +402,22 @@ class GroupOptTrainer(GRPOTrainer):
                 "process. Please report this with your accelerate and TRL versions."
             )
 
+    @staticmethod
+    def _check_groups_share_rows(prompts: list[Any], num_generations: int) -> None:
+        """As `_check_groups_share_prompts`, on the dataset rows' prompts, before an environment's `reset()` edits
+        them (rollouts of one row may then see different prompts, as in TRL)."""
+        for start in range(0, len(prompts), num_generations):
+            if any(p != prompts[start] for p in prompts[start : start + num_generations]):
+                raise RuntimeError(
+                    "Completions of one group come from different dataset rows: the sampler did not deliver whole "
+                    "groups to this process. Please report this with your accelerate and TRL versions."
+                )
+
     def _prepare_inputs(self, generation_batch):
         """TRL's `_prepare_inputs`, with a shuffle of whole groups in place of the row shuffle (group methods)."""
         if not self.whole_groups or not self.model.training:
             return super()._prepare_inputs(generation_batch)
+        # mirrors GRPOTrainer._prepare_inputs (trl 1.16.0), train branch; only the shuffle differs
         generate_every = self.args.steps_per_generation * self.num_iterations
         if self._step % generate_every == 0 or self._buffered_inputs is None:
             generation_batch = self._generate_and_score_completions(generation_batch)
@@ -338,6 +430,7 @@ class GroupOptTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ the loss
     def _forward_logps_and_entropies(self, model, inputs: dict[str, Any]):
         """Per-token log-probs, entropies and MoE aux loss of the completion, via TRL's own forward."""
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): its `_get_per_token_logps_and_entropies` call
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         multimodal_keys = (
@@ -355,6 +448,10 @@ class GroupOptTrainer(GRPOTrainer):
         )
 
     def _compute_loss(self, model, inputs):
+        if self.loss_type in TRL_SURROGATE_LOSS_TYPES and not self.has_own_objective:
+            return super()._compute_loss(model, inputs)  # TRL's cispo/sapo/vespo, warnings and metrics included
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): mask, old log-probs, OPSM, entropy mask, vLLM IS, KL,
+        # entropy bonus, aux loss and metric names, in TRL's order; only the surrogate and advantages are pluggable
         mode = "train" if self.model.training else "eval"
         completion_mask = inputs["completion_mask"]
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]  # (B, T)
@@ -408,6 +505,7 @@ class GroupOptTrainer(GRPOTrainer):
 
     def _per_token_kl(self, per_token_logps, old_per_token_logps, ref_per_token_logps, mask) -> Tensor:
         """k3 estimator of KL(pi_theta || pi_ref), TRL's form; times the IS weight with `use_bias_correction_kl`."""
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): `per_token_kl` and its bias correction
         delta = ref_per_token_logps - per_token_logps  # (B, T)
         per_token_kl = torch.exp(delta) - delta - 1  # (B, T)
         if self.args.use_bias_correction_kl:
@@ -419,6 +517,7 @@ class GroupOptTrainer(GRPOTrainer):
 
     def _aggregate(self, per_token_loss: Tensor, mask: Tensor, inputs, mode: str) -> tuple[Tensor, Tensor]:
         """TRL 1.16's `loss_type` aggregation and gradient-accumulation scaling. Returns (loss, policy_loss)."""
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `loss_type` branches (grpo, bnpo, dr_grpo, dapo, luspo)
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
         if self.loss_type == "grpo":
             loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
@@ -442,6 +541,7 @@ class GroupOptTrainer(GRPOTrainer):
 
     def _entropy_bonus(self, entropies: Tensor, effective_mask: Tensor, mode: str) -> Tensor:
         """coef * mean token entropy, TRL 1.16's static or adaptive entropy bonus (to be subtracted from the loss)."""
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `_entropy_bonus_enabled` block and adaptive controller
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
         # The coefficient from the end of the previous optimizer step: every micro-batch of a window applies the same.
@@ -467,6 +567,7 @@ class GroupOptTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ metrics
     def _global_masked_mean(self, values: Tensor, mask: Tensor) -> float:
         """Token-weighted mean over all processes ((B, 1) values: one per sequence), as TRL logs it."""
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): its local `global_masked_mean`
         if values.shape[1] == 1:
             local = torch.stack([values.sum(), torch.tensor(float(values.shape[0]), device=values.device)])
         else:
@@ -478,6 +579,7 @@ class GroupOptTrainer(GRPOTrainer):
         """Log an objective's metrics. Per-token (B, T) / per-sequence (B, 1) tensors are reduced as TRL reduces its
         clip indicators (global masked mean, and per-sequence min/max for `clip_ratio/low` / `high`); scalars are
         averaged over processes ignoring NaN. `clip_ratio/*` keys get TRL's names."""
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `clip_ratio/*` metrics (names, min/max over sequences)
         for name in sorted(metrics):  # same order on every rank: each reduction is a collective
             value = metrics[name].detach()
             if value.dim() == 2:
