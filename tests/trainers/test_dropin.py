@@ -175,7 +175,7 @@ def script_generation(model, tokenizer, seed: int = 0) -> None:
     model.generate = generate
 
 
-def env_dataset(num_rows: int = 8) -> Dataset:
+def env_dataset(num_rows: int = 16) -> Dataset:
     return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Count {i}."}] for i in range(num_rows)]})
 
 
@@ -217,7 +217,7 @@ def test_no_reward_source_raises_trls_error(tmp_path, name):
     trainer_cls = TRAINERS[name][0]
     tokenizer = tiny_tokenizer()
     with pytest.raises(ValueError, match=NO_REWARD_SOURCE):
-        trainer_cls(model=tiny_model(tokenizer), args=_config(name, tmp_path), train_dataset=tiny_dataset(8),
+        trainer_cls(model=tiny_model(tokenizer), args=_config(name, tmp_path), train_dataset=tiny_dataset(16),
                     processing_class=tokenizer)  # fmt: skip
     tokenizer = tool_tokenizer()  # an environment without `get_reward` is not a reward source either
     with pytest.raises(ValueError, match=NO_REWARD_SOURCE):
@@ -288,7 +288,7 @@ def test_environment_owned_reward_trains_two_steps(tmp_path, name):
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(logged) == 2 and all(torch.isfinite(torch.tensor(e["loss"])) for e in logged)
     assert any(e["rewards/CounterEnv/mean"] > 0 for e in logged)
-    assert sum(e["tools/call_frequency"] for e in logged) > 0
+    assert sum(e.get("tools/call_frequency", 0) for e in logged) > 0  # logged on generation steps
 
     for inputs in seen:
         # Multi-turn: the tool response tokens are inside the completion and masked out (tool_mask 0 there).
@@ -327,7 +327,7 @@ def test_rollout_func_with_env_mask(tmp_path, name):
         return {"prompt_ids": rows, "completion_ids": completions, "logprobs": logprobs, "env_mask": env_mask}
 
     trainer = trainer_cls(tiny_model(tokenizer), length_reward, args=_config(name, tmp_path),
-                          train_dataset=tiny_dataset(8), processing_class=tokenizer, rollout_func=rollout_func)  # fmt: skip
+                          train_dataset=tiny_dataset(16), processing_class=tokenizer, rollout_func=rollout_func)  # fmt: skip
     seen = _record_inputs(trainer)
     trainer.train()
     assert trainer.state.global_step == 2
@@ -342,7 +342,7 @@ def test_rollout_func_with_env_mask(tmp_path, name):
 def test_base_trains_with_trls_own_loss_types(tmp_path, loss_type):
     tokenizer = tiny_tokenizer()
     args = GRPOConfig(**cpu_config_kwargs(tmp_path, loss_type=loss_type))
-    trainer = GroupOptTrainer(tiny_model(tokenizer), length_reward, args=args, train_dataset=tiny_dataset(8),
+    trainer = GroupOptTrainer(tiny_model(tokenizer), length_reward, args=args, train_dataset=tiny_dataset(16),
                               processing_class=tokenizer)  # fmt: skip
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
@@ -360,7 +360,7 @@ def trl_and_base(tmp_path_factory):
     args = GRPOConfig(**cpu_config_kwargs(tmp_path_factory.mktemp("own_losses")))
     pair = []
     for trainer_cls in (GRPOTrainer, GroupOptTrainer):
-        trainer = trainer_cls(tiny_model(tokenizer, seed=1), length_reward, args=args, train_dataset=tiny_dataset(8),
+        trainer = trainer_cls(tiny_model(tokenizer, seed=1), length_reward, args=args, train_dataset=tiny_dataset(16),
                               processing_class=tokenizer)  # fmt: skip
         trainer.model.train()
         trainer.current_gradient_accumulation_steps = 1
@@ -397,7 +397,7 @@ def test_trls_warning_for_sequence_level_cispo(tmp_path, caplog):
     hf_logging.enable_propagation()
     try:
         with caplog.at_level(logging.WARNING):
-            GroupOptTrainer(tiny_model(tokenizer), length_reward, args=args, train_dataset=tiny_dataset(8),
+            GroupOptTrainer(tiny_model(tokenizer), length_reward, args=args, train_dataset=tiny_dataset(16),
                             processing_class=tokenizer)  # fmt: skip
     finally:
         hf_logging.disable_propagation()
