@@ -67,19 +67,19 @@ pytestmark = pytest.mark.filterwarnings("ignore:You are using .* experimental fe
 
 # ---------------------------------------------------------------- a tool-calling tokenizer, model and environment
 _WORDS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
+_CONTROL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
 
 
 def tool_tokenizer() -> PreTrainedTokenizerFast:
     """Character-level tokenizer with Qwen2.5's chat template (tool calling; TRL knows its response parser)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    symbols = _SPECIALS + _WORDS + [chr(c) for c in range(32, 127)] + ["\n"]
+    symbols = _CONTROL_TOKENS + _WORDS + [chr(c) for c in range(32, 127)] + ["\n"]
     tok = Tokenizer(models.WordLevel(vocab={s: i for i, s in enumerate(symbols)}, unk_token="<unk>"))
-    pattern = "|".join(re.escape(w) for w in sorted(_SPECIALS + _WORDS, key=len, reverse=True)) + r"|[\s\S]"
+    pattern = "|".join(re.escape(w) for w in sorted(_CONTROL_TOKENS + _WORDS, key=len, reverse=True)) + r"|[\s\S]"
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(_SPECIALS)
+    tok.add_special_tokens(_CONTROL_TOKENS)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token="<unk>",
         padding_side="left", chat_template=qwen2_5_chat_template, clean_up_tokenization_spaces=False,
