@@ -22,6 +22,7 @@ carries an explicit `group_ids` tensor, so no objective infers groups from posit
 from __future__ import annotations
 
 import textwrap
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -35,6 +36,7 @@ from trl.trainer.utils import (
     unsplit_pixel_values_by_grid,
 )
 
+from ..checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES, prepare_trainer_inputs, watch_all_none_rewards
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss, log_importance_weights
 from ..registry import register_method
 
@@ -119,6 +121,15 @@ def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: 
         )
 
 
+def device_supports_bf16(use_cpu: bool = False) -> bool:
+    """Whether bf16 mixed precision is both supported and worthwhile here: an accelerator with bf16 (Ampere+ GPU,
+    XPU, NPU...) that training will use. CPU bf16 is emulated and slower than fp32 on most CPUs, so it stays off."""
+    from transformers.utils import is_torch_bf16_gpu_available
+
+    return not use_cpu and is_torch_bf16_gpu_available()
+
+
+@dataclass(repr=False)
 class TokenSafeConfigMixin:
     """Mixed into every method config (put it first, and use `@dataclass(repr=False)`).
 
@@ -126,7 +137,31 @@ class TokenSafeConfigMixin:
     `push_to_hub` uploads, and `@dataclass` regenerates a field-by-field `__repr__` that shows `hub_token`. The pickled
     state drops every `*_token` field and `repr()` is the redacting `str()` of `TrainingArguments`; the live object
     keeps its token for pushing.
+
+    It also picks `bf16` for the device when the user leaves it unset (see `__post_init__`) and adds
+    `max_all_none_reward_batches` (read with a default, so plain `GRPOConfig`s work too).
     """
+
+    max_all_none_reward_batches: int = field(
+        default=DEFAULT_MAX_ALL_NONE_REWARD_BATCHES,
+        metadata={
+            "help": "Stop training after this many consecutive generation batches in which every reward function "
+            "returned None for every completion (each such batch warns, naming the functions and the columns)."
+        },
+    )
+
+    def __post_init__(self):
+        # TRL's `_BaseConfig.__post_init__` turns an unset bf16 into True, which transformers then rejects on a
+        # CPU-only machine ("Your setup doesn't support bf16/gpu"). Decide first: bf16 only where the device has it.
+        if self.bf16 is None:
+            self.bf16 = not self.fp16 and device_supports_bf16(self.use_cpu)
+        # TRL's default `gradient_checkpointing=True` is a deprecated alias in transformers 5 and warns on every
+        # config; resolve it to `activation_checkpointing` as `TrainingArguments.__post_init__` would, silently.
+        if getattr(self, "activation_checkpointing", False) is None and self.gradient_checkpointing is not None:
+            self.activation_checkpointing = self.gradient_checkpointing
+        if self.max_all_none_reward_batches < 1:
+            raise ValueError(f"max_all_none_reward_batches must be >= 1, got {self.max_all_none_reward_batches}.")
+        super().__post_init__()
 
     def __repr__(self) -> str:
         return str(self)
@@ -172,6 +207,9 @@ class GroupOptTrainer(GRPOTrainer):
             args = self.config_class(f"{model_name}-{self._name.split()[0]}")
         self.validate_args(args)
         check_loss_routed_through_compute_loss(type(self), bool(args is not None and args.use_liger_kernel))
+        # Data/reward checks at the door; reward functions come back wrapped so a non-number fails with their name.
+        train_dataset = positional[0] if positional else kwargs.get("train_dataset")
+        reward_funcs = prepare_trainer_inputs(reward_funcs, train_dataset, kwargs.get("environment_factory"))
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         self.whole_groups = self.needs_whole_groups(self.args)
 
@@ -262,6 +300,7 @@ class GroupOptTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        watch_all_none_rewards(self, rewards_per_func, inputs)  # warn, then stop, when no reward is ever returned
         if self.requires_raw_rewards:
             self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
         return rewards_per_func
