@@ -384,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(
                     "\nAdd --method NAME --help for the method's options, e.g. trl-groupopt train --method otb --help"
                 )
-                return
+                sys.exit(0)
             train_parser.error(f"--method is required; one of {', '.join(METHODS)}")
         train(known.method, rest)
     else:
