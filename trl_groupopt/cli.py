@@ -60,6 +60,7 @@ EMBEDDED_POLICY_DEFAULTS = dict(
     max_steps=60,
     save_strategy="no",
     activation_checkpointing=False,  # 1 M parameters: recomputation only costs time
+    ddp_find_unused_parameters=False,  # every parameter is used: skip DDP's extra graph traversal (and its warning)
 )
 
 #: The reward functions the script can use, by name (``--reward_funcs``).

@@ -108,10 +108,11 @@ def plot_reward_accuracy(
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
-    for key, label in (("reward", "reward (train)"), ("rewards/accuracy_reward/mean", "accuracy (train, sampled)")):
+    series = (("reward", "reward (train)", "o"), ("rewards/accuracy_reward/mean", "accuracy (train, sampled)", "x"))
+    for key, label, marker in series:
         points = [(e["step"], e[key]) for e in log_history if key in e and "step" in e]
         if points:
-            ax.plot(*zip(*points), marker="o", markersize=3, label=label)
+            ax.plot(*zip(*points), marker=marker, markersize=4, label=label)
     if heldout:
         ax.plot(*zip(*heldout), marker="s", linestyle="--", color="black", label="accuracy (held-out, greedy)")
     ax.set_xlabel("step")
