@@ -59,7 +59,7 @@ EMBEDDED_POLICY_DEFAULTS = dict(
     max_completion_length=48,  # the task's completions need <= 46 tokens
     max_steps=60,
     save_strategy="no",
-    activation_checkpointing=False,  # 1 M parameters: recomputation only costs time
+    gradient_checkpointing=False,  # 1 M parameters: recomputation only costs time
     ddp_find_unused_parameters=False,  # every parameter is used: skip DDP's extra graph traversal (and its warning)
 )
 
