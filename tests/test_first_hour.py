@@ -48,7 +48,9 @@ def test_method_help_lists_method_knobs_training_and_data_options(capsys):
     for option in ("--otb_handle_zero_tail", "--max_steps", "--learning_rate", "--dataset_name", "--dataset_format",
                    "--model_name_or_path", "--use_peft", "--max_all_none_reward_batches"):  # fmt: skip
         assert option in text, option
-    assert "(default: 60)" in text  # the demo's max_steps shows as the default
+    assert (
+        f"(default: {cli.EMBEDDED_POLICY_DEFAULTS['max_steps']})" in text
+    )  # the demo's max_steps shows as the default
     dfpo = _help(["train", "--method", "dfpo", "--help"], capsys)
     assert "--dfpo_transform" in dfpo
     echo = _help(["train", "--method", "echo", "--help"], capsys)

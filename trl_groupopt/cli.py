@@ -51,16 +51,19 @@ RUN_DEFAULTS = dict(
     seed=42,
 )
 
-#: The embedded tiny policy on the synthetic task (tuned so held-out greedy accuracy rises within 2 CPU minutes).
+#: The embedded tiny policy on the synthetic task. Measured (seeded, ECHO, accuracy reward only): the sampled
+#: accuracy rises from ~16% to ~30% in 20 steps and held-out greedy accuracy from 32.5% to 36.0%; longer runs or
+#: larger learning rates made this 1 M-parameter policy worse (5e-4: 32.5% -> 24% within 2 steps on 2 processes).
 EMBEDDED_POLICY_DEFAULTS = dict(
-    learning_rate=5e-4,
+    learning_rate=1e-4,
     lr_scheduler_type="constant",
     temperature=0.7,  # rollouts close to the greedy policy that is evaluated
     max_completion_length=48,  # the task's completions need <= 46 tokens
-    max_steps=60,
+    max_steps=20,
     save_strategy="no",
     gradient_checkpointing=False,  # 1 M parameters: recomputation only costs time
     ddp_find_unused_parameters=False,  # every parameter is used: skip DDP's extra graph traversal (and its warning)
+    logging_steps=2,
 )
 
 #: The reward functions the script can use, by name (``--reward_funcs``).
