@@ -105,6 +105,8 @@ def test_naming_a_model_keeps_the_run_defaults(tmp_path):
     assert args.bf16 is (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     _, args, _, demo = cli.parse("echo", ["--learning_rate", "1e-3"])
     assert demo and args.learning_rate == 1e-3 and args.max_steps == cli.EMBEDDED_POLICY_DEFAULTS["max_steps"]
+    _, args, _, _ = cli.parse("grpo_fix", [])  # a mode from the registry: its settings, then the demo's
+    assert args.dfpo_transform == "symmetric_clip" and args.max_steps == cli.EMBEDDED_POLICY_DEFAULTS["max_steps"]
 
 
 README_SNIPPET = """

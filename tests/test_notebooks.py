@@ -88,9 +88,10 @@ def test_notebook_smoke_run(method, tmp_path, monkeypatch):
 
 
 def _repo_status() -> list[str]:
-    """Every changed, untracked or ignored path (bytecode caches aside: other tests may write them meanwhile)."""
-    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--ignored"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    """Every changed, untracked or ignored path under notebooks/ (where the kernel runs) and at the top level
+    (bytecode caches aside; other directories are left out: concurrent tests and runs may write there)."""
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--ignored", "--", "notebooks",
+                          ":(glob)*"], cwd=ROOT, capture_output=True, text=True, check=True).stdout  # fmt: skip
     return sorted(line for line in out.splitlines() if "__pycache__" not in line and ".pytest_cache" not in line)
 
 
