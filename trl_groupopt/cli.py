@@ -136,7 +136,7 @@ def build_parser(method: str, argv: Sequence[str] = ()) -> TrlParser:
     """The method's full parser (script, method config and model arguments), its defaults layered as described in
     the module docstring for what argv names."""
     spec = get_method(method)
-    script_args, model_args = _preparse(argv)
+    _, model_args = _preparse(argv)
     embedded = uses_embedded_policy(model_args.model_name_or_path)
     parser = TrlParser(
         (DemoScriptArguments, spec.config_class, ModelConfig),
