@@ -15,6 +15,20 @@ Offline demo (no model argument: the embedded tiny policy on the synthetic arith
     accelerate launch examples/train_otb.py
     accelerate launch examples/train_otb.py --max_steps 3 --use_peft --lora_r 8 --lora_target_modules q_proj v_proj
 
+Two CPU processes (DDP over gloo; `accelerate launch --cpu --num_processes 2` would start only one):
+
+    torchrun --nproc_per_node 2 examples/train_otb.py
+
+It prints the held-out greedy accuracy before and after, a progress bar and one line per log step (reward, sampled
+accuracy, loss, the method's headline metric), and leaves in outputs/otb-demo the model, its card (README.md),
+trainer_state.json, results.json and reward_accuracy.png. `--help` lists every option (with the method's own).
+
+Your data, from a local file (.jsonl .json .parquet .csv) or the Hub, read as an explicit --dataset_format
+(prompt-answer: columns prompt, solution; gsm8k; math):
+
+    accelerate launch examples/train_otb.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \
+        --dataset_name my_data.jsonl --dataset_format prompt-answer --max_completion_length 256
+
 The paper's claim: OTB with N=4 completions per prompt matches a group-mean baseline with N=32.
 `benchmarks/sample_efficiency.py` tests it here (OTB N=4 against GRPO N=4 and N=16 at equal prompts). OTB needs
 whole groups in each micro-batch: per_device_train_batch_size must be a multiple of num_generations.
@@ -22,39 +36,39 @@ whole groups in each micro-batch: per_device_train_batch_size must be a multiple
 Single GPU, Qwen2.5-0.5B-Instruct on GSM8K:
 
     accelerate launch --config_file examples/accelerate_configs/single_gpu.yaml examples/train_otb.py \
-        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main --dataset_format gsm8k \
         --output_dir Qwen2.5-0.5B-OTB --learning_rate 1e-6 --bf16 --per_device_train_batch_size 8 \
         --max_completion_length 512 --num_generations 4 --otb_handle_zero_tail true
 
 Multi-GPU (8 processes, DDP):
 
     accelerate launch --config_file examples/accelerate_configs/multi_gpu.yaml examples/train_otb.py \
-        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main --dataset_format gsm8k \
         --output_dir Qwen2.5-0.5B-OTB --bf16 --learning_rate 1e-6 --per_device_train_batch_size 8
 
 DeepSpeed ZeRO-2:
 
     accelerate launch --config_file examples/accelerate_configs/deepspeed_zero2.yaml examples/train_otb.py \
-        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main --dataset_format gsm8k \
         --output_dir Qwen2.5-0.5B-OTB --bf16 --learning_rate 1e-6 --per_device_train_batch_size 8
 
 DeepSpeed ZeRO-3:
 
     accelerate launch --config_file examples/accelerate_configs/deepspeed_zero3.yaml examples/train_otb.py \
-        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main --dataset_format gsm8k \
         --output_dir Qwen2.5-0.5B-OTB --bf16 --learning_rate 1e-6 --per_device_train_batch_size 8
 
 FSDP2:
 
     accelerate launch --config_file examples/accelerate_configs/fsdp2.yaml examples/train_otb.py \
-        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main --dataset_format gsm8k \
         --output_dir Qwen2.5-0.5B-OTB --bf16 --learning_rate 1e-6 --per_device_train_batch_size 8
 
 vLLM in colocate mode with LoRA (generation shares the training GPUs; TRL's importance-sampling correction of the
 vLLM/trainer mismatch is applied on top of the objective):
 
     accelerate launch --config_file examples/accelerate_configs/single_gpu.yaml examples/train_otb.py \
-        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main \
+        --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k --dataset_config main --dataset_format gsm8k \
         --output_dir Qwen2.5-0.5B-OTB-LoRA --bf16 --learning_rate 1e-5 \
         --use_vllm --vllm_mode colocate --vllm_gpu_memory_utilization 0.3 --vllm_enable_sleep_mode \
         --use_peft --lora_r 16 --lora_alpha 32 --lora_target_modules q_proj k_proj v_proj o_proj \

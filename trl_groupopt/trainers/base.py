@@ -34,6 +34,7 @@ import inspect
 import textwrap
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -48,6 +49,7 @@ from trl.trainer.utils import (
     unsplit_pixel_values_by_grid,
 )
 
+from ..checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES, prepare_trainer_inputs, watch_all_none_rewards
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss, log_importance_weights
 from ..registry import register_method
 
@@ -142,6 +144,15 @@ def _is_passthrough(function: Callable) -> bool:
                      inspect.Parameter.VAR_KEYWORD]  # fmt: skip
 
 
+def device_supports_bf16(use_cpu: bool = False) -> bool:
+    """Whether bf16 mixed precision is both supported and worthwhile here: an accelerator with bf16 (Ampere+ GPU,
+    XPU, NPU...) that training will use. CPU bf16 is emulated and slower than fp32 on most CPUs, so it stays off."""
+    from transformers.utils import is_torch_bf16_gpu_available
+
+    return not use_cpu and is_torch_bf16_gpu_available()
+
+
+@dataclass(repr=False)
 class TokenSafeConfigMixin:
     """Mixed into every method config (put it first, and use `@dataclass(repr=False)`).
 
@@ -149,7 +160,31 @@ class TokenSafeConfigMixin:
     `push_to_hub` uploads, and `@dataclass` regenerates a field-by-field `__repr__` that shows `hub_token`. The pickled
     state drops every `*_token` field and `repr()` is the redacting `str()` of `TrainingArguments`; the live object
     keeps its token for pushing.
+
+    It also picks `bf16` for the device when the user leaves it unset (see `__post_init__`) and adds
+    `max_all_none_reward_batches` (read with a default, so plain `GRPOConfig`s work too).
     """
+
+    max_all_none_reward_batches: int = field(
+        default=DEFAULT_MAX_ALL_NONE_REWARD_BATCHES,
+        metadata={
+            "help": "Stop training after this many consecutive generation batches in which every reward function "
+            "returned None for every completion (each such batch warns, naming the functions and the columns)."
+        },
+    )
+
+    def __post_init__(self):
+        # TRL's `_BaseConfig.__post_init__` turns an unset bf16 into True, which transformers then rejects on a
+        # CPU-only machine ("Your setup doesn't support bf16/gpu"). Decide first: bf16 only where the device has it.
+        if self.bf16 is None:
+            self.bf16 = not self.fp16 and device_supports_bf16(self.use_cpu)
+        # TRL's default `gradient_checkpointing=True` is a deprecated alias in transformers 5 and warns on every
+        # config; resolve it to `activation_checkpointing` as `TrainingArguments.__post_init__` would, silently.
+        if getattr(self, "activation_checkpointing", False) is None and self.gradient_checkpointing is not None:
+            self.activation_checkpointing = self.gradient_checkpointing
+        if self.max_all_none_reward_batches < 1:
+            raise ValueError(f"max_all_none_reward_batches must be >= 1, got {self.max_all_none_reward_batches}.")
+        super().__post_init__()
 
     def __repr__(self) -> str:
         return str(self)
@@ -234,6 +269,8 @@ class GroupOptTrainer(GRPOTrainer):
             args = self.config_class(f"{model_name.split('/')[-1]}-{self._name.split()[0]}")
         self.validate_args(args)
         check_loss_routed_through_compute_loss(type(self), bool(args is not None and args.use_liger_kernel))
+        # Data/reward checks at the door; reward functions come back wrapped so a non-number fails with their name.
+        reward_funcs = prepare_trainer_inputs(reward_funcs, train_dataset, environment_factory)
         super().__init__(
             model,
             reward_funcs,
@@ -373,6 +410,7 @@ class GroupOptTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Environment-owned rewards (`get_reward`) are one more column of TRL's (N_global, F) matrix, with weight 1.
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        watch_all_none_rewards(self, rewards_per_func, inputs)  # warn, then stop, when no reward is ever returned
         if self.requires_raw_rewards:
             self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
         return rewards_per_func

@@ -1,0 +1,298 @@
+"""The first hour of a new user (issue 16), one test per item: help that shows every option, the README snippet on a
+CPU, errors at the door for bad data and bad rewards, all-None rewards, and what the demo leaves behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, OTBConfig, checks, cli
+from trl_groupopt.offline import EMBEDDED_POLICY_PATH, make_arithmetic_dataset
+from trl_groupopt.rewards import accuracy_reward, format_reward
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env():
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))  # fmt: skip
+    return env
+
+
+def _tiny_args(tmp_path, **kwargs) -> ECHOConfig:
+    settings = dict(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4, num_generations=2,
+                    max_completion_length=8, report_to="none", save_strategy="no", use_cpu=True,
+                    disable_tqdm=True, logging_steps=1)  # fmt: skip
+    settings.update(kwargs)
+    return ECHOConfig(**settings)
+
+
+# ------------------------------------------------------------------------------------------------ 2. --help
+def _help(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code in (0, None)
+    return capsys.readouterr().out
+
+
+def test_method_help_lists_method_knobs_training_and_data_options(capsys):
+    text = _help(["train", "--method", "otb", "--help"], capsys)
+    for option in ("--otb_handle_zero_tail", "--max_steps", "--learning_rate", "--dataset_name", "--dataset_format",
+                   "--model_name_or_path", "--use_peft", "--max_all_none_reward_batches"):  # fmt: skip
+        assert option in text, option
+    assert (
+        f"(default: {cli.EMBEDDED_POLICY_DEFAULTS['max_steps']})" in text
+    )  # the demo's max_steps shows as the default
+    dfpo = _help(["train", "--method", "dfpo", "--help"], capsys)
+    assert "--dfpo_transform" in dfpo
+    echo = _help(["train", "--method", "echo", "--help"], capsys)
+    assert "--batch_epsilon" in echo
+
+
+def test_top_level_help_lists_subcommands_and_every_method(capsys):
+    text = _help(["--help"], capsys)
+    assert "train" in text and "methods" in text
+    for name in METHODS:
+        assert name in text, name
+    text = _help(["train", "--help"], capsys)  # no method yet: the methods and how to get their options
+    assert "--method" in text and all(name in text for name in METHODS)
+
+
+def test_example_script_help_shows_method_knobs():
+    proc = subprocess.run([sys.executable, "examples/train_otb.py", "--help"], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--otb_handle_zero_tail" in proc.stdout and "--max_steps" in proc.stdout
+
+
+# ------------------------------------------------------------------------------------------------ 3. defaults
+def test_bf16_follows_the_device_unless_set(tmp_path):
+    from trl_groupopt.trainers.base import device_supports_bf16
+
+    assert ECHOConfig(str(tmp_path)).bf16 is device_supports_bf16(False)
+    assert ECHOConfig(str(tmp_path), use_cpu=True).bf16 is False
+    assert ECHOConfig(str(tmp_path), fp16=False, bf16=False).bf16 is False
+    if not torch.cuda.is_available():  # the README snippet's situation: no GPU, nothing set, no error
+        assert ECHOConfig(str(tmp_path)).bf16 is False
+
+
+def test_config_construction_has_no_future_warning(tmp_path, recwarn):
+    import warnings
+
+    warnings.simplefilter("always")
+    OTBConfig(str(tmp_path))
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)], [str(w.message) for w in recwarn]
+
+
+def test_naming_a_model_keeps_the_run_defaults(tmp_path):
+    model_dir = tmp_path / "my-model"
+    model_dir.mkdir()
+    _, args, model_args, demo = cli.parse("echo", ["--model_name_or_path", str(model_dir)])
+    assert not demo and model_args.model_name_or_path == str(model_dir)
+    for key, value in cli.RUN_DEFAULTS.items():
+        if key != "report_to":  # normalised to [] by TrainingArguments
+            assert getattr(args, key) == value, key
+    assert args.output_dir == os.path.join("outputs", "echo-my-model")
+    assert args.learning_rate != cli.EMBEDDED_POLICY_DEFAULTS["learning_rate"]  # the tiny policy's lr does not apply
+    assert args.bf16 is (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    _, args, _, demo = cli.parse("echo", ["--learning_rate", "1e-3"])
+    assert demo and args.learning_rate == 1e-3 and args.max_steps == cli.EMBEDDED_POLICY_DEFAULTS["max_steps"]
+    _, args, _, _ = cli.parse("grpo_fix", [])  # a mode from the registry: its settings, then the demo's
+    assert args.dfpo_transform == "symmetric_clip" and args.max_steps == cli.EMBEDDED_POLICY_DEFAULTS["max_steps"]
+
+
+README_SNIPPET = """
+import torch
+from trl_groupopt import ECHOConfig, ECHOTrainer
+from trl_groupopt.offline import EMBEDDED_POLICY_PATH, make_arithmetic_dataset
+from trl_groupopt.rewards import accuracy_reward
+
+torch.set_num_threads(1)  # on a CPU, a small model trains fastest on one thread (see "Threads on CPU")
+trainer = ECHOTrainer(
+    model=EMBEDDED_POLICY_PATH,  # the 1 M-parameter policy shipped in the package: no download
+    reward_funcs=accuracy_reward,
+    args=ECHOConfig(output_dir="tiny-ECHO", max_steps=5, per_device_train_batch_size=8, num_generations=4,
+                    max_completion_length=48),
+    train_dataset=make_arithmetic_dataset(200),
+)
+trainer.train()
+""".strip()
+
+
+@pytest.mark.slow
+def test_readme_snippet_runs_on_cpu(tmp_path):
+    """The README's runnable snippet, verbatim, in a fresh process with no GPU settings: bf16 is picked off."""
+    sources = [REPO / "README.md", REPO / "docs" / "_readme" / "firsthour.md"]
+    assert any(README_SNIPPET in p.read_text() for p in sources if p.exists()), "the README snippet drifted"
+    env = _env()
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run([sys.executable, "-c", README_SNIPPET], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (tmp_path / "tiny-ECHO").is_dir()
+
+
+# ------------------------------------------------------------------------------------------------ 4. bad data
+@pytest.fixture(scope="module")
+def arithmetic():
+    return make_arithmetic_dataset(8)
+
+
+def test_missing_prompt_column_names_the_fix():
+    data = Dataset.from_dict({"question": ["1+1?"], "answer": ["#### 2"]})
+    with pytest.raises(ValueError, match=r"no 'prompt' column.*'question'.*gsm8k_to_conversational"):
+        checks.check_train_dataset(data, [accuracy_reward])
+
+
+def test_malformed_conversational_prompt_is_rejected():
+    data = Dataset.from_dict({"prompt": [[{"text": "hi"}]], "solution": ["1"]})
+    with pytest.raises(ValueError, match="'role' and 'content'"):
+        checks.check_train_dataset(data, None)
+    data = Dataset.from_dict({"prompt": [3], "solution": ["1"]})
+    with pytest.raises(ValueError, match="string .standard format. or a list"):
+        checks.check_train_dataset(data, None)
+    checks.check_train_dataset(Dataset.from_dict({"prompt": ["Compute 1+1"]}), None)  # standard format is fine
+
+
+def test_reward_function_missing_its_column_names_the_column(arithmetic):
+    def needs_label(completions, label, **kwargs):
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match=r"'needs_label' needs the argument 'label'.*columns \['prompt'"):
+        checks.check_train_dataset(arithmetic, [accuracy_reward, needs_label])
+
+    def no_kwargs(completions, solution):
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match=r"'no_kwargs' does not accept \*\*kwargs"):
+        checks.check_train_dataset(arithmetic, no_kwargs)
+    checks.check_train_dataset(arithmetic, [accuracy_reward, format_reward])  # the library's rewards pass
+    checks.check_train_dataset(None, None)  # an environment may own data and rewards
+
+
+def test_trainer_construction_checks_before_loading_the_model(tmp_path):
+    data = Dataset.from_dict({"text": ["Compute 1+1"]})
+    with pytest.raises(ValueError, match="no 'prompt' column"):
+        ECHOTrainer(model="/does/not/exist", reward_funcs=accuracy_reward, args=_tiny_args(tmp_path),
+                    train_dataset=data)  # fmt: skip
+
+
+def test_non_numeric_reward_fails_with_the_function_name():
+    def stringly(completions, **kwargs):
+        return ["1.0" for _ in completions]
+
+    wrapped = checks.checked_reward_func(stringly)
+    assert wrapped.__name__ == "stringly"
+    with pytest.raises(TypeError, match=r"'stringly' returned str '1.0' for completion 0"):
+        wrapped(completions=["a", "b"], prompts=["p", "p"])
+    with pytest.raises(TypeError, match="'scalar' returned float"):
+        checks.check_reward_output("scalar", 1.0)
+    with pytest.raises(ValueError, match="'short' returned 1 rewards for 2 completions"):
+        checks.check_reward_output("short", [1.0], 2)
+    assert checks.checked_reward_func(accuracy_reward)(completions=["\\boxed{2}"], solution=["2"]) == [1.0]
+
+
+def test_local_files_load_by_path_with_an_explicit_format(tmp_path):
+    rows = [{"question": "What is 1+1?", "answer": "so #### 2"}, {"question": "2+2?", "answer": "#### 4"}]
+    jsonl = tmp_path / "gsm.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows))
+    Dataset.from_list(rows).to_csv(tmp_path / "gsm.csv", index=False)
+    Dataset.from_list(rows).to_parquet(tmp_path / "gsm.parquet")
+    for path in ("gsm.jsonl", "gsm.csv", "gsm.parquet"):
+        raw = cli.load_raw_dataset(str(tmp_path / path))
+        data = cli.to_prompt_solution(raw, "gsm8k")
+        assert data.column_names == ["prompt", "solution"] and data[0]["solution"] == "\\boxed{2}", path
+    raw = cli.load_raw_dataset(str(jsonl))
+    with pytest.raises(ValueError, match=r"needs the columns \['prompt', 'solution'\].*--dataset_format gsm8k"):
+        cli.to_prompt_solution(raw, "prompt-answer")  # never guessed: the error names the option
+    (tmp_path / "data.txt").write_text("x")
+    with pytest.raises(ValueError, match="unsupported extension"):
+        cli.load_raw_dataset(str(tmp_path / "data.txt"))
+    with pytest.raises(FileNotFoundError):
+        cli.load_raw_dataset(str(tmp_path / "missing.jsonl"))
+
+
+# ------------------------------------------------------------------------------------------------ 5. all-None rewards
+def test_all_none_watch_warns_then_raises():
+    watch = checks.AllNoneRewardWatch(limit=2)
+    nan = torch.full((4, 2), float("nan"))
+    with pytest.warns(UserWarning, match=r"\(always_none\).*\['solution'\]"):
+        watch.update(nan, ["always_none"], ["solution"])
+    watch.update(torch.tensor([[float("nan"), 1.0]] * 4), ["always_none"], ["solution"])  # a reward: count resets
+    assert watch.consecutive == 0
+    with pytest.warns(UserWarning):
+        watch.update(nan, ["always_none"], ["solution"])
+    with pytest.raises(RuntimeError, match="max_all_none_reward_batches"):
+        watch.update(nan, ["always_none"], ["solution"])
+    assert checks.all_none_limit(object()) == checks.DEFAULT_MAX_ALL_NONE_REWARD_BATCHES  # plain GRPOConfig
+    with pytest.raises(ValueError, match="max_all_none_reward_batches"):
+        ECHOConfig("x", max_all_none_reward_batches=0)
+
+
+@pytest.mark.slow
+def test_training_with_a_reward_that_is_always_none_stops_before_any_checkpoint(tmp_path, arithmetic):
+    def always_none(completions, **kwargs):
+        return [None] * len(completions)
+
+    args = _tiny_args(tmp_path, max_steps=5, save_strategy="steps", save_steps=3, max_all_none_reward_batches=2)
+    trainer = ECHOTrainer(model=EMBEDDED_POLICY_PATH, reward_funcs=always_none, args=args, train_dataset=arithmetic)
+    with pytest.warns(UserWarning, match="always_none"), pytest.raises(RuntimeError, match="No reward"):
+        trainer.train()
+    assert trainer.state.global_step < 3
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
+
+
+@pytest.mark.slow
+def test_non_numeric_reward_in_training_names_the_function(tmp_path, arithmetic):
+    def words(completions, **kwargs):
+        return ["good"] * len(completions)
+
+    trainer = ECHOTrainer(model=EMBEDDED_POLICY_PATH, reward_funcs=[accuracy_reward, words],
+                          args=_tiny_args(tmp_path), train_dataset=arithmetic)  # fmt: skip
+    assert trainer.reward_func_names == ["accuracy_reward", "words"]
+    with pytest.raises(TypeError, match="'words' returned str 'good'"):
+        trainer.train()
+
+
+# ------------------------------------------------------------------------------------------------ 7. the demo's output
+@pytest.mark.slow
+def test_demo_output_folder_has_model_card_state_plot_and_results(tmp_path, capsys):
+    out = tmp_path / "demo"
+    cli.train("echo", ["--max_steps", "2", "--logging_steps", "1", "--num_train_examples", "32",
+                       "--num_eval_examples", "8", "--output_dir", str(out)])  # fmt: skip
+    for name in ("model.safetensors", "config.json", "README.md", "trainer_state.json", "reward_accuracy.png",
+                 "results.json", "tokenizer.json"):  # fmt: skip
+        assert (out / name).is_file(), name
+    results = json.loads((out / "results.json").read_text())
+    assert results["steps"] == 2 and 0 <= results["accuracy_before"] <= 1 and 0 <= results["accuracy_after"] <= 1
+    assert results["wall_seconds"] > 0
+    assert (out / "reward_accuracy.png").stat().st_size > 5000  # axes, lines and markers, not a blank canvas
+    printed = capsys.readouterr().out
+    assert "step 1/2 | reward" in printed and "echo/batch_clipped" in printed  # readable lines, headline metric
+    assert "{'loss'" not in printed  # no raw dicts
+
+
+def test_failed_run_leaves_no_empty_output_folder(tmp_path, monkeypatch):
+    out = tmp_path / "never"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "hello"}) + "\n")
+    with pytest.raises(ValueError, match="--dataset_format"):
+        cli.train("echo", ["--dataset_name", str(bad), "--output_dir", str(out)])
+    assert not out.exists()
+
+    def boom(*args, **kwargs):  # fails after the trainer (and whatever it creates) exists
+        out.mkdir(exist_ok=True)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli.offline, "greedy_accuracy", boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        cli.train("echo", ["--num_train_examples", "16", "--output_dir", str(out)])
+    assert not out.exists()
