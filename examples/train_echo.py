@@ -2,7 +2,7 @@
 # requires-python = ">=3.10"
 # dependencies = [
 #     "trl-groupopt",
-#     "trl[vllm]>=1.16,<2",
+#     "trl[vllm]>=1.16,<1.17",
 # ]
 # ///
 """Train with ECHOTrainer: batch-level clipping of the geometric batch ratio with token-level importance sampling.

@@ -2,7 +2,7 @@
 # requires-python = ">=3.10"
 # dependencies = [
 #     "trl-groupopt",
-#     "trl[vllm]>=1.16,<2",
+#     "trl[vllm]>=1.16,<1.17",
 # ]
 # ///
 """Train with OTBTrainer: the optimal token baseline, weighted by the logit-gradient energy of each token.
