@@ -51,8 +51,6 @@ def setup_environment() -> None:
         os.environ.setdefault(key, value)
     # transformers 5 deprecations (gradient_checkpointing -> activation_checkpointing) raised inside TRL: not ours.
     warnings.filterwarnings("ignore", category=FutureWarning)
-    if str(REPO) not in sys.path:  # the package is not necessarily pip-installed
-        sys.path.insert(0, str(REPO))
 
 
 def set_cpu_affinity(spec: str | None) -> None:
@@ -129,6 +127,9 @@ def describe_device(device: str) -> dict[str, Any]:
 
 def command_line() -> str:
     """The command that produced a result, as a shell would re-run it."""
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main_spec is not None and main_spec.name.startswith("benchmarks."):  # `python -m benchmarks.x`
+        return shlex.join(["python", "-m", main_spec.name, *sys.argv[1:]])
     return shlex.join([os.path.basename(sys.executable), *sys.argv])
 
 

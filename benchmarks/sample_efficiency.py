@@ -49,8 +49,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from . import common
 
 GSPO_EPSILONS = dict(epsilon=3e-4, epsilon_high=4e-4)  # GSPO paper v2, Sec. 5.1
 # name -> (label, config class, trainer class, overrides); "trl." = trl.GRPOConfig / trl.GRPOTrainer.
