@@ -420,9 +420,14 @@ def availability(variant: Variant, args, device: str, dtype) -> str | None:
     return None
 
 
-def run_trainer(variant: Variant, args, device: str, dtype, tokenizer, dataset, probe: MemoryProbe,
-                workdir: str) -> dict:  # fmt: skip
-    """Build one trainer on a fresh copy of the model, train warmup + steps optimizer steps, return its timings."""
+def run_trainer(
+    variant: Variant, args, device: str, dtype, tokenizer, dataset, probe: MemoryProbe, workdir: str,
+    profile: bool = False,
+) -> dict:  # fmt: skip
+    """Build one trainer on a fresh copy of the model, train warmup + steps optimizer steps, return its timings.
+
+    With `profile`, the timed steps also run under `torch.profiler` and `record["ops"]` maps each op to its call
+    count and self CPU time (the input of `benchmarks.profile_step`)."""
     import torch
     from transformers import PrinterCallback, TrainerCallback
 
@@ -467,13 +472,22 @@ def run_trainer(variant: Variant, args, device: str, dtype, tokenizer, dataset, 
                 gc.collect()
                 record["static_bytes"] = probe.current()
                 probe.reset()
+                if profiler is not None:
+                    profiler.__enter__()
 
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
     trainer.add_callback(StepTimer())
     gc.disable()  # a collection inside one trainer's timed window and not another's is noise, not overhead
     try:
         trainer.train()
     finally:
         gc.enable()
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        record["ops"] = {
+            e.key: {"count": e.count, "self_cpu_us": e.self_cpu_time_total, "cpu_us": e.cpu_time_total}
+            for e in profiler.key_averages()
+        }
     old_per_token_logps = None
     if trainer._buffered_inputs:
         old_per_token_logps = trainer._buffered_inputs[0].get("old_per_token_logps")
