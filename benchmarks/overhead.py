@@ -98,12 +98,9 @@ def variants() -> list[Variant]:
     out = [Variant(BASELINE, None, {}, "TRL GRPOTrainer", NO_TARGET)]
     for key, spec in METHODS.items():
         name = "base" if key == "grpo" else key
-        label = (
-            "GroupOptTrainer (TRL objective)"
-            if key == "grpo"
-            else spec.trainer_class.__name__.replace("Trainer", "")
-            + (f" {dict(spec.config_defaults)}" if spec.config_defaults else "")
-        )
+        label = spec.trainer_class.__name__ + "".join(f" {k}={v}" for k, v in spec.config_defaults.items())
+        if key == "grpo":
+            label = "GroupOptTrainer (TRL's objective)"
         out.append(Variant(name, key, {}, label))
     out += [v for v in EXTRA_VARIANTS if v.method in METHODS]
     return out
@@ -133,7 +130,7 @@ GPU_DEFAULTS = dict(steps=20, warmup=4, min_repeats=2, max_repeats=4, max_minute
                     prompt_length=128, batch_size=8, num_generations=4, grad_accum=2, steps_per_generation=4,
                     model="qwen2.5-0.5b")  # fmt: skip
 SMOKE_DEFAULTS = dict(steps=2, warmup=2, min_repeats=1, max_repeats=1, max_minutes=5.0, shapes="0x24",
-                      prompt_length=16, batch_size=4, num_generations=4, grad_accum=2, steps_per_generation=4,
+                      prompt_length=16, batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2,
                       model="tiny")  # fmt: skip
 
 

@@ -203,9 +203,10 @@ def run_settings(regime: str, value: int, config_name: str, seed: int, settings:
     from trl_groupopt.cli import DEMO_DEFAULTS
 
     kwargs = dict(DEMO_DEFAULTS)
-    accumulation = kwargs["gradient_accumulation_steps"]
+    accumulation = settings["grad_accum"]
     kwargs.update(
         output_dir=output_dir,
+        gradient_accumulation_steps=accumulation,
         steps_per_generation=4 * accumulation,
         max_steps=settings["max_steps"],
         logging_steps=1,
@@ -601,9 +602,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--regimes", default=",".join(REGIMES), help="Comma-separated subset of " + ", ".join(REGIMES))
     parser.add_argument("--configs", help="Comma-separated subset of configurations (default: each regime's).")
     parser.add_argument("--seeds", type=int, default=5, help="Seeds per configuration (0..seeds-1).")
-    parser.add_argument("--max-steps", type=int, default=32, help="Optimizer steps per run (the same budget for all).")
+    parser.add_argument("--max-steps", type=int, default=16, help="Optimizer steps per run (the same budget for all).")
+    parser.add_argument(
+        "--grad-accum", type=int, default=1, help="Micro-batches (of 16 sequences) per optimizer step."
+    )
     parser.add_argument("--num-train", type=int, default=1000, help="Training prompts.")
-    parser.add_argument("--num-eval", type=int, default=100, help="Held-out prompts (greedy accuracy).")
+    parser.add_argument("--num-eval", type=int, default=64, help="Held-out prompts (greedy accuracy).")
     parser.add_argument("--long-completion-length", type=int, default=160, help="max_completion_length, long regime.")
     parser.add_argument("--workers", type=int, default=1, help="Parallel runs (processes, one torch thread each).")
     parser.add_argument("--cpu-affinity", help="Pin this process and its workers to these CPUs, e.g. 0-1 (Linux).")
@@ -626,7 +630,7 @@ def main(argv=None) -> dict[str, Any]:
     started = time.perf_counter()
     device = common.resolve_device(args.device) if args.device != "cpu" else "cpu"
     settings = dict(device=device, max_steps=args.max_steps, num_train=args.num_train, num_eval=args.num_eval,
-                    long_completion_length=args.long_completion_length)  # fmt: skip
+                    long_completion_length=args.long_completion_length, grad_accum=args.grad_accum)  # fmt: skip
     if device == "cpu":
         common.resolve_device("cpu")  # one torch thread in this process too
     regimes = {r: (SMOKE_REGIMES[r] if args.smoke else REGIMES[r]["values"]) for r in args.regime_list}
@@ -658,6 +662,7 @@ def main(argv=None) -> dict[str, Any]:
         "settings": {
             "seeds": args.seeds,
             "max_steps": args.max_steps,
+            "gradient_accumulation_steps": args.grad_accum,
             "num_train": args.num_train,
             "num_eval": args.num_eval,
             "long_completion_length": args.long_completion_length,
