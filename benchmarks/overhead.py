@@ -541,6 +541,8 @@ def summarise(records: dict[str, list[dict]], probe_kind: str, targets: dict[str
             "num_parameters": runs[0]["num_parameters"],
             "off_policy": runs[0]["off_policy"],
             "otb_energy_from_behaviour_forward": runs[0]["otb_energy_from_behaviour_forward"],
+            "run_s_per_repeat": [r.get("run_s") for r in runs],  # build + warm-up + timed steps
+            "run_cpu_s_per_repeat": [r.get("run_cpu_s") for r in runs],
         }
     base = out[BASELINE]
     for name, entry in out.items():
@@ -676,11 +678,12 @@ def main(argv=None) -> dict:
             order = runnable if repeat % 2 == 0 else list(reversed(runnable))  # ABBA against drift
             for key, sargs in shape_args.items():
                 for variant in order:
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     record = run_trainer(variant, sargs, device, dtype, tokenizer, dataset, probe, workdir)
+                    record["run_s"], record["run_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
                     records[key][variant.name].append(record)
                     print(f"  [{repeat + 1}] {key:<14} {variant.name:<26} {repeat_time_ms(record):9.1f} ms/step  "
-                          f"({time.perf_counter() - t0:.1f} s)", flush=True)  # fmt: skip
+                          f"({record['run_s']:.1f} s, {record['run_cpu_s']:.1f} s CPU)", flush=True)  # fmt: skip
             repeat_seconds.append(time.perf_counter() - t_repeat)
             payload = build_payload(args, device, dtype, probe, records, runnable, not_available, started,
                                     repeat_seconds, stop_reason)  # fmt: skip
