@@ -91,7 +91,7 @@ def test_claim_verdict_rule():
     assert stress.verdict(stats([0.10, 0.12, 0.08, 0.11, 0.09]), +1, "final_accuracy") == "reproduced"
     assert stress.verdict(stats([-0.10, -0.12, -0.08, -0.11, -0.09]), +1, "final_accuracy") == "not reproduced"
     # lower is better (a mechanism claim): negative differences reproduce it
-    assert stress.verdict(stats([-0.5, -0.4, -0.6]), -1, "otb_second_moment_ratio") == "reproduced"
+    assert stress.verdict(stats([-0.5, -0.4, -0.6]), -1, "log_ratio:a:b") == "reproduced"
     # an interval inside +-2 points: no effect of practical size
     assert stress.verdict(stats([0.001, -0.002, 0.0, 0.002, -0.001]), +1, "final_accuracy") == "not reproduced"
     assert stress.verdict(stats([0.2, -0.2, 0.1, -0.1, 0.0]), +1, "final_accuracy") == "inconclusive"
@@ -111,9 +111,9 @@ def test_long_chain_task_has_long_reasoning_and_disjoint_splits():
     train_exprs = {expression_of_prompt(p) for p in train["prompt"]}
     assert not train_exprs & {expression_of_prompt(p) for p in test["prompt"]}
     for expr in train_exprs:
-        assert 6 <= expr.count("+") + expr.count("-") <= 8
+        assert 8 <= expr.count("+") + expr.count("-") <= 10
     lengths = sorted(len(arithmetic_chain_of_thought(e)) for e in train_exprs)  # character tokenizer: chars ~ tokens
-    assert lengths[len(lengths) // 2] >= 90 and lengths[-1] <= stress.parse_args([]).long_completion_length
+    assert lengths[len(lengths) // 2] >= 100 and lengths[-1] <= stress.parse_args([]).long_completion_length
 
 
 # ------------------------------------------------------------------------------------------------ the scripts
