@@ -135,11 +135,16 @@ def as_token_advantages(advantages: Tensor) -> Tensor:
     raise ValueError(f"advantages must be (B,) or (B, T), got shape {tuple(advantages.shape)}")
 
 
-def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
-    """Map arbitrary integer group ids to dense indices 0..K-1. Returns (index (B,), K)."""
+def dense_group_index(group_ids: Tensor) -> Tensor:
+    """(B,) dense index 0..K-1 of each element's group, without reading K on the host (no `.item()` sync)."""
     if group_ids.dim() != 1:
         raise ValueError(f"group_ids must be (B,), got shape {tuple(group_ids.shape)}")
-    _, index = torch.unique(group_ids, return_inverse=True)
+    return torch.unique(group_ids, return_inverse=True)[1]
+
+
+def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
+    """Map arbitrary integer group ids to dense indices 0..K-1. Returns (index (B,), K); reading K syncs a GPU."""
+    index = dense_group_index(group_ids)
     num_groups = int(index.max().item()) + 1 if index.numel() else 0
     return index, num_groups
 
@@ -151,8 +156,9 @@ def group_reduce(values: Tensor, group_ids: Tensor, reduce: str) -> Tensor:
     """
     if values.shape != group_ids.shape:
         raise ValueError(f"values {tuple(values.shape)} and group_ids {tuple(group_ids.shape)} differ")
-    index, num_groups = group_index(group_ids)
-    out = values.new_zeros(num_groups)
+    index = dense_group_index(group_ids)
+    # B >= K slots: the unused ones stay 0 and are never read, and K need not be read on the host.
+    out = values.new_zeros(values.shape[0])
     out = out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)
     return out[index]
 
