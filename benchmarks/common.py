@@ -125,8 +125,11 @@ def describe_device(device: str) -> dict[str, Any]:
     return info
 
 
-def command_line() -> str:
-    """The command that produced a result, as a shell would re-run it."""
+def command_line(module: str | None = None, argv: Sequence[str] | None = None) -> str:
+    """The command that produced a result, as a shell would re-run it: `python -m <module> <argv>` when a script's
+    `main(argv)` was called in-process (tests), else this process's own command line."""
+    if module is not None and argv is not None:
+        return shlex.join(["python", "-m", module, *argv])
     main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if main_spec is not None and main_spec.name.startswith("benchmarks."):  # `python -m benchmarks.x`
         return shlex.join(["python", "-m", main_spec.name, *sys.argv[1:]])

@@ -185,6 +185,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cpu-affinity", help="Pin to these CPUs, e.g. 0-1 (Linux), when sharing the machine.")
     parser.add_argument("--plot-from", type=Path, help="Only re-draw the PNG from an existing JSON.")
     args = parser.parse_args(argv)
+    args.argv = None if argv is None else list(argv)  # recorded as the command when main() is called in-process
     if args.smoke and args.device == "auto":
         args.device = "cpu"
     if args.device == "auto" and not args.plot_from:
@@ -726,7 +727,7 @@ def build_payload(args, device, dtype, probe, records, runnable, not_available, 
     return {
         "benchmark": "overhead",
         "device": common.describe_device(device),
-        "command": common.command_line(),
+        "command": common.command_line("benchmarks.overhead", args.argv),
         "smoke": args.smoke,
         "settings": {
             "model": args.model,

@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
                             f" ({ops.get(k, {}).get('count', 0) - base['ops'].get(k, {}).get('count', 0):+.0f})"
                             for k in WATCHED)  # fmt: skip
         print(f"\n== {name}: {table['time_ms']:.1f} ms/step ({table['time_ms'] / base['time_ms']:.3f}x, indicative); "
-              f"aten calls/step {calls:.0f} ({calls - base_calls:+.0f}); {watched}")  # fmt: skip
+              f"aten calls/step {calls:.0f} ({calls - base_calls:+.0f}); {watched}", flush=True)  # fmt: skip
         if name == overhead.BASELINE:
             continue
         keys = set(ops) | set(base["ops"])

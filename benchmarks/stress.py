@@ -669,7 +669,7 @@ def main(argv=None) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "benchmark": "stress",
         "device": next((r["device_info"] for r in runs if "device_info" in r), None) or common.describe_device(device),
-        "command": common.command_line(),
+        "command": common.command_line("benchmarks.stress", argv),
         "smoke": args.smoke,
         "settings": {
             "seeds": args.seeds,

@@ -178,7 +178,7 @@ def test_stress_smoke(tmp_path):
     (tmp_path / "stress.json").write_text((tmp_path / "stress_smoke.json").read_text())  # report reads stress.json
     written = report.main(["--results-dir", str(tmp_path)])
     claims = (tmp_path / "claims.md").read_text()
-    assert tmp_path / "claims.md" in written and claims.count("\n| ") == len(stress.CLAIMS) + 1
+    assert tmp_path / "claims.md" in written and claims.count("\n| ") == len(stress.CLAIMS)
     assert "Verdict rule" in claims and "| staleness | 1 | `echo` |" in (tmp_path / "stress.md").read_text()
 
     rebuilt = stress.main(["--smoke", "--from-runs", str(tmp_path / "stress_smoke_runs.jsonl"),
