@@ -25,9 +25,11 @@ or `--max-repeats`, or the `--max-minutes` budget would be exceeded by one more 
 `time_ms / time_ms(trl_grpo)` over the pooled steps of all repeats; the JSON also holds the paired per-repeat ratios
 with their mean and 95% interval.
 
-Defaults. CPU (`--device cpu`): a tiny Qwen2 (hidden 32, 2 layers) with the vocabularies of Llama-2 (32,000) and
-Qwen2.5 (151,936), completions up to 256 / 128 tokens, fp32, one torch thread. GPU (`--device cuda`): Qwen2.5-0.5B's
-shapes with random weights, bf16, completions up to 512. `--smoke`: the task tokenizer's ~70-token vocabulary, 24
+Defaults. CPU (`--device cpu`): a tiny Qwen2 (hidden 32, 2 layers) with the vocabularies of Llama-2 (32,000,
+completions up to 128 tokens) and Qwen2.5 (151,936, up to 64), one group of 4 per micro-batch, one micro-batch per
+optimizer step and two per generation (off-policy), 2 warm-up + 2 timed steps per run, fp32, one torch thread: sized
+so that 2-4 repeats of all trainers fit the 14-minute budget on an idle 2-core machine. GPU (`--device cuda`):
+Qwen2.5-0.5B's shapes with random weights, bf16, completions up to 512. `--smoke`: the task tokenizer's ~70-token vocabulary, 24
 tokens, a few steps. Outputs: `overhead_<device>.json` and `.png` (`overhead_smoke.*` for --smoke); `python -m
 benchmarks.report` writes the README's markdown table from the JSON.
 
@@ -123,8 +125,8 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
             max_position_embeddings=1024, tie_word_embeddings=True)  # fmt: skip
 
 # shapes: "VOCABxCOMPLETION" (vocab 0 = the task tokenizer's own ~70 tokens)
-CPU_DEFAULTS = dict(steps=4, warmup=2, min_repeats=2, max_repeats=8, max_minutes=14.0, shapes="32000x256,151936x128",
-                    prompt_length=32, batch_size=8, num_generations=4, grad_accum=2, steps_per_generation=4,
+CPU_DEFAULTS = dict(steps=2, warmup=2, min_repeats=2, max_repeats=8, max_minutes=14.0, shapes="32000x128,151936x64",
+                    prompt_length=32, batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2,
                     model="tiny")  # fmt: skip
 GPU_DEFAULTS = dict(steps=20, warmup=4, min_repeats=2, max_repeats=4, max_minutes=9.0, shapes="151936x512",
                     prompt_length=128, batch_size=8, num_generations=4, grad_accum=2, steps_per_generation=4,
