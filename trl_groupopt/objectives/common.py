@@ -149,43 +149,45 @@ def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
     return index, num_groups
 
 
-def group_reduce(values: Tensor, group_ids: Tensor, reduce: str) -> Tensor:
+def group_reduce(values: Tensor, group_ids: Tensor, reduce: str, *, index: Tensor | None = None) -> Tensor:
     """Reduce (B,) `values` within each group and broadcast the result back to (B,).
 
-    `reduce` is one of "sum", "mean", "amin", "amax" (as `Tensor.scatter_reduce`).
+    `reduce` is one of "sum", "mean", "amin", "amax" (as `Tensor.scatter_reduce`). `index`: the precomputed
+    `dense_group_index(group_ids)`; pass it when reducing many values over the same groups (one sort, not one each).
     """
     if values.shape != group_ids.shape:
         raise ValueError(f"values {tuple(values.shape)} and group_ids {tuple(group_ids.shape)} differ")
-    index = dense_group_index(group_ids)
+    if index is None:
+        index = dense_group_index(group_ids)
     # B >= K slots: the unused ones stay 0 and are never read, and K need not be read on the host.
     out = values.new_zeros(values.shape[0])
     out = out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)
     return out[index]
 
 
-def group_sum(values: Tensor, group_ids: Tensor) -> Tensor:
+def group_sum(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
     """(B,) sum of each element's group."""
-    return group_reduce(values, group_ids, "sum")
+    return group_reduce(values, group_ids, "sum", index=index)
 
 
-def group_mean(values: Tensor, group_ids: Tensor) -> Tensor:
+def group_mean(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
     """(B,) mean of each element's group."""
-    return group_reduce(values, group_ids, "mean")
+    return group_reduce(values, group_ids, "mean", index=index)
 
 
-def group_min(values: Tensor, group_ids: Tensor) -> Tensor:
+def group_min(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
     """(B,) minimum of each element's group."""
-    return group_reduce(values, group_ids, "amin")
+    return group_reduce(values, group_ids, "amin", index=index)
 
 
-def group_max(values: Tensor, group_ids: Tensor) -> Tensor:
+def group_max(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
     """(B,) maximum of each element's group."""
-    return group_reduce(values, group_ids, "amax")
+    return group_reduce(values, group_ids, "amax", index=index)
 
 
-def group_size(group_ids: Tensor) -> Tensor:
+def group_size(group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
     """(B,) number of members in each element's group."""
-    return group_sum(torch.ones_like(group_ids, dtype=torch.float32), group_ids)
+    return group_sum(torch.ones_like(group_ids, dtype=torch.float32), group_ids, index=index)
 
 
 def log_importance_weights(log_ratio: Tensor, mask: Tensor, importance_sampling_level: str) -> Tensor:
