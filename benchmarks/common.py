@@ -51,8 +51,6 @@ def setup_environment() -> None:
         os.environ.setdefault(key, value)
     # transformers 5 deprecations (gradient_checkpointing -> activation_checkpointing) raised inside TRL: not ours.
     warnings.filterwarnings("ignore", category=FutureWarning)
-    if str(REPO) not in sys.path:  # the package is not necessarily pip-installed
-        sys.path.insert(0, str(REPO))
 
 
 def set_cpu_affinity(spec: str | None) -> None:
@@ -127,8 +125,14 @@ def describe_device(device: str) -> dict[str, Any]:
     return info
 
 
-def command_line() -> str:
-    """The command that produced a result, as a shell would re-run it."""
+def command_line(module: str | None = None, argv: Sequence[str] | None = None) -> str:
+    """The command that produced a result, as a shell would re-run it: `python -m <module> <argv>` when a script's
+    `main(argv)` was called in-process (tests), else this process's own command line."""
+    if module is not None and argv is not None:
+        return shlex.join(["python", "-m", module, *argv])
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main_spec is not None and main_spec.name.startswith("benchmarks."):  # `python -m benchmarks.x`
+        return shlex.join(["python", "-m", main_spec.name, *sys.argv[1:]])
     return shlex.join([os.path.basename(sys.executable), *sys.argv])
 
 

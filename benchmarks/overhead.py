@@ -1,40 +1,43 @@
-"""Training-step time and peak memory of TRL's GRPOTrainer and each trl-groupopt trainer, same process, same run.
+"""Optimizer-step time (and peak memory) of every trl-groupopt trainer against TRL's GRPOTrainer, same process.
 
 What is timed. Generation is identical across trainers (none of them touches it) and would dominate, so it is
 replaced: each trainer's `_generate_single_turn` (the sampling call inside TRL's `_generate`) returns a fixed,
-seeded batch of random completions (the same token ids for every trainer, a spread of lengths up to
-`--completion-length`, a quarter truncated without EOS). Everything after sampling runs unchanged through TRL's and
-our code: decoding, the reward function (a cheap deterministic one), advantages, our subclasses' scoring hooks
-(group ids, raw rewards), the behaviour-policy forward for `old_per_token_logps` (the schedule is off-policy by
-default, so OTB captures its energy there, as in real training), the group-preserving shuffle, and then the
-optimizer steps through `Trainer.train()`: `_compute_loss`, backward, gradient clipping, AdamW.
+seeded batch of random completions (the same token ids for every trainer, a spread of lengths up to the completion
+length, a quarter truncated without EOS). Everything after sampling runs unchanged through TRL's and our code:
+decoding, the reward function (a cheap deterministic one), advantages, our subclasses' scoring hooks (group ids, raw
+rewards), the behaviour-policy forward for `old_per_token_logps` (the schedule is off-policy, so OTB captures its
+energy there, as in real training), the group-preserving shuffle, and then the optimizer steps through
+`Trainer.train()`: `_compute_loss`, backward, gradient clipping, AdamW.
 
-One optimizer step = `--grad-accum` micro-batches. Each trainer runs `--warmup` steps, then `--steps` timed steps
-(both rounded up to whole generation cycles); a callback synchronises the device and reads the clock at each
-step's start and end, and a wrapper times `_generate_and_score_completions` (the scoring, once per generation
-cycle). Reported per trainer:
-- `time_ms`: median over the timed steps of the step time without scoring, plus the scoring time amortised per
-  step (total scoring / timed steps): the cost of one optimizer step with generation removed;
-- `train_time_ms` (the median without scoring) and `scoring_ms_per_step`, and their ratios;
-- `peak_memory_bytes`: on CUDA `torch.cuda.max_memory_allocated()` over the timed steps (reset after warm-up); on
-  CPU the process's peak resident set size over the timed steps (Linux `VmHWM`, reset by writing 5 to
-  `/proc/self/clear_refs`; where that is not allowed, `ru_maxrss`, which never resets: then only the first trainer's
-  number is its own). `memory_kind` in the JSON says which. On CPU the RSS is dominated by the Python process
-  (libraries), so the memory ratio there says little.
-- `activation_peak_bytes`: the peak minus the memory held at the start of the timed steps (model, optimizer
-  state), a more sensitive view of the per-step extra memory.
-With `--repeats R` the list of trainers runs R times in alternating order (ABBA), the steps of all repeats are
-pooled, and the baseline's repeat-to-repeat spread is reported as the noise floor.
+Which trainers. TRL's `GRPOTrainer` (the baseline, `trl_grpo`), then every method of the registry
+(`trl_groupopt.METHODS`; its "grpo" entry, our base trainer with TRL's objective, is reported as `base`), then the
+extra variants of `EXTRA_VARIANTS` (a data table: ECHO's "step" batch-ratio scope, the other DFPO transforms, CTPO's
+geometric-mean ratio, ...). A variant whose config field does not exist or whose value the config rejects is
+reported as "not available" with the config's message, never a crash.
 
-Default model (GPU): Qwen2.5-0.5B's shapes (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864,
-vocab 151,936, tied embeddings) built from config with random weights, bf16, TRL's bf16 autocast; prompts of
-`--prompt-length` tokens, completions up to `--completion-length` (512), 8 sequences per micro-batch, 2 micro-batches
-per step. `--smoke`: a tiny Qwen2 (hidden 32, 2 layers, the task tokenizer's ~70-token vocab) on CPU, a few steps.
+How. Each trainer runs `--warmup` untimed then `--steps` timed optimizer steps (rounded up to whole generation
+cycles) on a fresh copy of the same random weights. A callback reads the clock at each step's start and end; a
+wrapper times the scoring (once per generation cycle). `time_ms` = median step time without scoring + the scoring
+time amortised per step. One *repeat* runs every trainer once per shape (`--shapes`, vocabulary x completion length),
+in ABBA order (the list, then reversed); repeats continue until the noise floor (the spread (max - min) / median of
+TRL GRPOTrainer's own per-repeat time, every shape) is below `--noise-target` (2%) after at least `--min-repeats`,
+or `--max-repeats`, or the `--max-minutes` budget would be exceeded by one more repeat. The ratio of a trainer is
+`time_ms / time_ms(trl_grpo)` over the pooled steps of all repeats; the JSON also holds the paired per-repeat ratios
+with their mean and 95% interval.
 
-Usage:
-    python benchmarks/overhead.py --smoke --output-dir /tmp/bench          # CPU, < 1 min
-    python benchmarks/overhead.py                                         # GPU defaults
-    python benchmarks/overhead.py --plot-from benchmarks/results/overhead.json   # re-draw the PNG only
+Defaults. CPU (`--device cpu`): a tiny Qwen2 (hidden 32, 2 layers) with the vocabularies of Llama-2 (32,000,
+completions up to 128 tokens) and Qwen2.5 (151,936, up to 64), one group of 4 per micro-batch, one micro-batch per
+optimizer step and two per generation (off-policy), 2 warm-up + 2 timed steps per run, fp32, one torch thread: sized
+so that 2-4 repeats of all trainers fit the 14-minute budget on an idle 2-core machine. GPU (`--device cuda`):
+Qwen2.5-0.5B's shapes with random weights, bf16, completions up to 512. `--smoke`: the task tokenizer's ~70-token vocabulary, 24
+tokens, a few steps. Outputs: `overhead_<device>.json` and `.png` (`overhead_smoke.*` for --smoke); `python -m
+benchmarks.report` writes the README's markdown table from the JSON.
+
+Usage (from the repo root):
+    python -m benchmarks.overhead --smoke --output-dir /tmp/bench        # CPU, < 1 min
+    python -m benchmarks.overhead --device cpu                          # the committed CPU measurement
+    python -m benchmarks.overhead --device cuda                         # GPU
+    python -m benchmarks.overhead --plot-from benchmarks/results/overhead_cpu.json
 """
 
 from __future__ import annotations
@@ -45,36 +48,73 @@ import json
 import os
 import re
 import resource
-import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from . import common
 
-# name -> (label, config class name, trainer class name, config overrides). "trl": trl.GRPOConfig/GRPOTrainer.
-TRAINERS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
-    "grpo": ("TRL GRPOTrainer", "trl.GRPOConfig", "trl.GRPOTrainer", {}),
-    "groupopt_base": ("GroupOptTrainer (TRL objective)", "trl.GRPOConfig", "GroupOptTrainer", {}),
-    "echo": ("ECHO", "ECHOConfig", "ECHOTrainer", {}),
-    "dfpo_min_replace": ("DFPO min_replace", "DFPOConfig", "DFPOTrainer", {"dfpo_transform": "min_replace"}),
-    "dfpo_orth_proj": ("DFPO orth_proj", "DFPOConfig", "DFPOTrainer", {"dfpo_transform": "orth_proj"}),
-    "dfpo_orth_proj_qp": ("DFPO orth_proj_qp", "DFPOConfig", "DFPOTrainer", {"dfpo_transform": "orth_proj_qp"}),
-    "grpo_fix": ("GRPO-fix", "DFPOConfig", "DFPOTrainer", {"dfpo_transform": "symmetric_clip"}),
-    "ctpo": ("CTPO", "CTPOConfig", "CTPOTrainer", {}),
-    "otb": ("OTB", "OTBConfig", "OTBTrainer", {}),
+BASELINE = "trl_grpo"
+#: Time-ratio targets against TRL's GRPOTrainer, by registry method (issue 18). Variants inherit their method's.
+METHOD_TARGETS: dict[str, float] = {
+    "grpo": 1.01,
+    "echo": 1.03,
+    "dfpo": 1.03,
+    "grpo_fix": 1.03,
+    "ctpo": 1.03,
+    "otb": 1.05,
 }
-BASELINE = "grpo"
-# (time ratio, memory ratio) targets against TRL's GRPOTrainer.
-TARGETS: dict[str, tuple[float, float]] = {
-    **{
-        name: (1.02, 1.03)
-        for name in ("echo", "dfpo_min_replace", "dfpo_orth_proj", "dfpo_orth_proj_qp", "grpo_fix", "ctpo")
-    },  # fmt: skip
-    "otb": (1.05, 1.05),
-}
+NO_TARGET = object()  # a variant that is reported but not targeted
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One trainer configuration to time: a registry method (None = TRL's GRPOTrainer) plus config overrides."""
+
+    name: str
+    method: str | None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    label: str = ""
+    target: Any = None  # None: the method's target; NO_TARGET: reported only
+
+
+#: Configurations beside each registry method's defaults. A row whose knob is not in this checkout's config is
+#: reported "not available" (the knob arrives with another branch); add rows freely.
+EXTRA_VARIANTS: tuple[Variant, ...] = (
+    Variant("echo_step", "echo", {"batch_ratio_scope": "step"}, "ECHO, batch ratio over the optimizer step",
+            NO_TARGET),
+    Variant("dfpo_orth_proj", "dfpo", {"dfpo_transform": "orth_proj"}, "DFPO orth_proj"),
+    Variant("dfpo_orth_proj_unclipped", "dfpo", {"dfpo_transform": "orth_proj", "dfpo_orthogonal_over": "unclipped"},
+            "DFPO orth_proj over unclipped tokens"),
+    Variant("dfpo_orth_proj_qp", "dfpo", {"dfpo_transform": "orth_proj_qp"}, "DFPO orth_proj_qp (exact QP)"),
+    Variant("ctpo_geomean", "ctpo", {"ctpo_ratio_mode": "geomean"}, "CTPO, geometric-mean prefix ratio"),
+)  # fmt: skip
+
+
+def variants() -> list[Variant]:
+    """TRL's GRPOTrainer, every registered method with its defaults, then `EXTRA_VARIANTS` of registered methods."""
+    from trl_groupopt import METHODS
+
+    out = [Variant(BASELINE, None, {}, "TRL GRPOTrainer", NO_TARGET)]
+    for key, spec in METHODS.items():
+        name = "base" if key == "grpo" else key
+        label = spec.trainer_class.__name__ + "".join(f" {k}={v}" for k, v in spec.config_defaults.items())
+        if key == "grpo":
+            label = "GroupOptTrainer (TRL's objective)"
+        out.append(Variant(name, key, {}, label))
+    out += [v for v in EXTRA_VARIANTS if v.method in METHODS]
+    return out
+
+
+def target_of(variant: Variant) -> float | None:
+    if variant.target is NO_TARGET:
+        return None
+    if variant.target is not None:
+        return float(variant.target)
+    return METHOD_TARGETS.get(variant.method)
+
 
 QWEN25_05B = dict(  # Qwen/Qwen2.5-0.5B config.json shapes
     vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -84,87 +124,83 @@ QWEN25_05B = dict(  # Qwen/Qwen2.5-0.5B config.json shapes
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=1024, tie_word_embeddings=True)  # fmt: skip
 
-FULL_DEFAULTS = dict(steps=20, warmup=4, repeats=2, completion_length=512, prompt_length=128, batch_size=8,
-                     num_generations=4, grad_accum=2, steps_per_generation=4, model="qwen2.5-0.5b")  # fmt: skip
-SMOKE_DEFAULTS = dict(steps=4, warmup=2, repeats=1, completion_length=24, prompt_length=16, batch_size=4,
-                      num_generations=4, grad_accum=2, steps_per_generation=4, model="tiny")  # fmt: skip
+# shapes: "VOCABxCOMPLETION" (vocab 0 = the task tokenizer's own ~70 tokens)
+CPU_DEFAULTS = dict(steps=2, warmup=2, min_repeats=2, max_repeats=8, max_minutes=14.0, shapes="32000x128,151936x64",
+                    prompt_length=32, batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2,
+                    model="tiny")  # fmt: skip
+GPU_DEFAULTS = dict(steps=20, warmup=4, min_repeats=2, max_repeats=4, max_minutes=9.0, shapes="151936x512",
+                    prompt_length=128, batch_size=8, num_generations=4, grad_accum=2, steps_per_generation=4,
+                    model="qwen2.5-0.5b")  # fmt: skip
+SMOKE_DEFAULTS = dict(steps=2, warmup=2, min_repeats=1, max_repeats=1, max_minutes=5.0, shapes="0x24",
+                      prompt_length=16, batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2,
+                      model="tiny")  # fmt: skip
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    shapes = []
+    for part in text.split(","):
+        vocab, _, length = part.strip().lower().partition("x")
+        if not length:
+            raise ValueError(f"--shapes entries are VOCABxCOMPLETION (e.g. 32000x256), got {part!r}")
+        shapes.append((int(vocab), int(length)))
+    return shapes
+
+
+def shape_key(vocab: int, length: int) -> str:
+    return f"v{vocab or 'task'}_t{length}"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Training-step time and peak memory of TRL's GRPOTrainer vs each trl-groupopt trainer "
+        description="Optimizer-step time of TRL's GRPOTrainer vs every trl-groupopt trainer and variant "
         "(generation replaced by fixed random completions; see the module docstring).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--output-dir", type=Path, default=common.DEFAULT_OUTPUT_DIR, help="Where JSON and PNG go.")
-    parser.add_argument("--smoke", action="store_true", help="Tiny Qwen2 on CPU, a few steps (< 1 min).")
+    parser.add_argument("--smoke", action="store_true", help="Task-sized model and vocabulary on CPU (< 1 min).")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--trainers", help="Comma-separated subset of the variant names (default: all).")
+    parser.add_argument("--shapes", help="Comma-separated VOCABxCOMPLETION_LENGTH (default: per device).")
+    parser.add_argument("--steps", type=int, help="Timed optimizer steps per trainer run.")
+    parser.add_argument("--warmup", type=int, help="Untimed optimizer steps first.")
+    parser.add_argument("--min-repeats", type=int, help="Repeats (ABBA) before the noise rule may stop.")
+    parser.add_argument("--max-repeats", type=int, help="Repeats at most.")
     parser.add_argument(
-        "--trainers", default=",".join(TRAINERS), help="Comma-separated subset of: " + ", ".join(TRAINERS)
+        "--repeats", type=int, help="Exactly this many repeats (sets --min-repeats and --max-repeats)."
     )
+    parser.add_argument("--noise-target", type=float, default=0.02,
+                        help="Stop once TRL GRPOTrainer's per-repeat spread (max-min)/median is below this.")  # fmt: skip
+    parser.add_argument("--max-minutes", type=float, help="No repeat starts that would end past this budget.")
+    parser.add_argument("--model", choices=["qwen2.5-0.5b", "tiny"], help="Model shapes.")
+    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                        help="auto = bf16 on CUDA, fp32 on CPU.")  # fmt: skip
+    parser.add_argument("--prompt-length", type=int, help="Prompt length in tokens.")
+    parser.add_argument("--batch-size", type=int, help="per_device_train_batch_size: sequences per micro-batch.")
+    parser.add_argument("--num-generations", type=int, help="Group size G.")
+    parser.add_argument("--grad-accum", type=int, help="Micro-batches per optimizer step.")
     parser.add_argument(
-        "--steps",
-        type=int,
-        help=f"Timed optimizer steps (default {FULL_DEFAULTS['steps']}, smoke {SMOKE_DEFAULTS['steps']}).",
+        "--steps-per-generation", type=int, help="Micro-batches per generation (2x grad-accum: off-policy)."
     )
-    parser.add_argument(
-        "--warmup", type=int, help=f"Untimed optimizer steps first (default {FULL_DEFAULTS['warmup']})."
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        help=f"Runs of the whole trainer list, ABBA order (default {FULL_DEFAULTS['repeats']}, smoke 1).",
-    )
-    parser.add_argument(
-        "--model", choices=["qwen2.5-0.5b", "tiny"], help="Model shapes (default qwen2.5-0.5b; smoke tiny)."
-    )
-    parser.add_argument(
-        "--vocab-size",
-        type=int,
-        help="Override the model's vocabulary size (e.g. 151936 with --model tiny to test the big-vocabulary head cheaply).",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=["auto", "bfloat16", "float32"],
-        default="auto",
-        help="Model weights: auto = bf16 on CUDA, fp32 on CPU.",
-    )
-    parser.add_argument(
-        "--completion-length",
-        type=int,
-        help="max_completion_length; completions are random with lengths up to it (default 512).",
-    )
-    parser.add_argument("--prompt-length", type=int, help="Prompt length in tokens (default 128).")
-    parser.add_argument(
-        "--batch-size", type=int, help="per_device_train_batch_size: sequences per micro-batch (default 8)."
-    )
-    parser.add_argument("--num-generations", type=int, help="Group size G (default 4).")
-    parser.add_argument("--grad-accum", type=int, help="Micro-batches per optimizer step (default 2).")
-    parser.add_argument(
-        "--steps-per-generation", type=int, help="Micro-batches per generation (default 4: 2x grad-accum, off-policy)."
-    )
-    parser.add_argument(
-        "--gradient-checkpointing",
-        action="store_true",
-        help="TRL's default; off by default here, which makes the step shorter and any overhead more visible.",
-    )
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="TRL's default; off here, which shortens the step and makes any overhead more visible.")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cpu-affinity", help="Pin to these CPUs, e.g. 0-1 (Linux), when sharing the machine.")
-    parser.add_argument("--max-minutes", type=float, help="Skip further repeats once the next would end past this.")
-    parser.add_argument("--plot-from", type=Path, help="Only re-draw the PNG from an existing overhead.json.")
+    parser.add_argument("--plot-from", type=Path, help="Only re-draw the PNG from an existing JSON.")
     args = parser.parse_args(argv)
-    defaults = SMOKE_DEFAULTS if args.smoke else FULL_DEFAULTS
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    args.argv = None if argv is None else list(argv)  # recorded as the command when main() is called in-process
     if args.smoke and args.device == "auto":
         args.device = "cpu"
-    args.trainers = [t.strip() for t in args.trainers.split(",") if t.strip()]
-    unknown = [t for t in args.trainers if t not in TRAINERS]
-    if unknown:
-        parser.error(f"unknown trainer(s) {unknown}; choose from {list(TRAINERS)}")
-    if BASELINE not in args.trainers:
-        args.trainers.insert(0, BASELINE)  # every ratio is against TRL's GRPOTrainer
+    if args.device == "auto" and not args.plot_from:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    defaults = SMOKE_DEFAULTS if args.smoke else (GPU_DEFAULTS if args.device == "cuda" else CPU_DEFAULTS)
+    if args.repeats is not None:
+        args.min_repeats = args.max_repeats = args.repeats
+    for key, value in defaults.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    args.shape_list = parse_shapes(args.shapes)
     if args.batch_size % args.num_generations:
         parser.error("--batch-size must be a multiple of --num-generations (DFPO and OTB need whole groups).")
     # Whole generation cycles: the scoring (once per cycle) is then amortised exactly.
@@ -172,9 +208,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.cycle_steps = cycle
     args.warmup = -(-max(args.warmup, 1) // cycle) * cycle
     args.steps = -(-max(args.steps, 1) // cycle) * cycle
+    args.output_stem = "overhead_smoke" if args.smoke else f"overhead_{args.device}"
     return args
 
 
+# ------------------------------------------------------------------------------------------------ memory probes
 # ------------------------------------------------------------------------------------------------ memory probes
 def _vm_hwm_bytes() -> int | None:
     try:
@@ -328,34 +366,32 @@ def build_model(args, tokenizer, device: str, dtype):
     return copy.deepcopy(_TEMPLATES[key]).to(device)
 
 
-def classes(config_name: str, trainer_name: str):
-    import trl
+def classes(variant: Variant):
+    """(config factory, trainer class) of a variant: TRL's own for the baseline, else the registry's."""
+    if variant.method is None:
+        import trl
 
-    import trl_groupopt
+        return trl.GRPOConfig, trl.GRPOTrainer
+    from trl_groupopt import get_method
 
-    def resolve(name):
-        return getattr(trl, name.split(".", 1)[1]) if name.startswith("trl.") else getattr(trl_groupopt, name)
-
-    return resolve(config_name), resolve(trainer_name)
+    spec = get_method(variant.method)
+    return spec.make_config, spec.trainer_class
 
 
-def run_trainer(name: str, args, device: str, dtype, tokenizer, dataset, probe: MemoryProbe, workdir: str) -> dict:
-    """Build one trainer on a fresh copy of the model, train warmup + steps optimizer steps, return its timings."""
+def config_kwargs_for(variant: Variant, args, device: str, dtype, workdir: str) -> dict[str, Any]:
+    """The shared settings (the same for every trainer), then the variant's overrides."""
     import torch
-    from transformers import PrinterCallback, TrainerCallback
 
     from trl_groupopt.cli import DEMO_DEFAULTS
 
-    label, config_name, trainer_name, overrides = TRAINERS[name]
-    config_cls, trainer_cls = classes(config_name, trainer_name)
     total_steps = args.warmup + args.steps
-    config_kwargs = dict(
+    kwargs = dict(
         # from the demo: constant schedule, no KL, sampling temperature, quiet trainer
         **{
             k: DEMO_DEFAULTS[k]
             for k in ("lr_scheduler_type", "beta", "temperature", "save_strategy", "report_to", "disable_tqdm")
         },  # fmt: skip
-        output_dir=os.path.join(workdir, name),
+        output_dir=os.path.join(workdir, variant.name),
         learning_rate=1e-6,  # random weights: any small value; the same for all
         per_device_train_batch_size=args.batch_size,
         num_generations=args.num_generations,
@@ -370,9 +406,34 @@ def run_trainer(name: str, args, device: str, dtype, tokenizer, dataset, probe: 
         gradient_checkpointing=args.gradient_checkpointing,
         dataloader_num_workers=0,
     )
-    config_kwargs.update(overrides)
-    config = config_cls(**config_kwargs)
+    kwargs.update(variant.overrides)
+    return kwargs
 
+
+def availability(variant: Variant, args, device: str, dtype) -> str | None:
+    """None if this checkout can build the variant's config, else why not (unknown field, rejected value)."""
+    make_config, _ = classes(variant)
+    try:
+        make_config(**config_kwargs_for(variant, args, device, dtype, tempfile.gettempdir()))
+    except (TypeError, ValueError) as error:  # dataclass: unexpected keyword; __post_init__: rejected value
+        return f"not available: {type(error).__name__}: {error}".splitlines()[0][:300]
+    return None
+
+
+def run_trainer(
+    variant: Variant, args, device: str, dtype, tokenizer, dataset, probe: MemoryProbe, workdir: str,
+    profile: bool = False,
+) -> dict:  # fmt: skip
+    """Build one trainer on a fresh copy of the model, train warmup + steps optimizer steps, return its timings.
+
+    With `profile`, the timed steps also run under `torch.profiler` and `record["ops"]` maps each op to its call
+    count and self CPU time (the input of `benchmarks.profile_step`)."""
+    import torch
+    from transformers import PrinterCallback, TrainerCallback
+
+    make_config, trainer_cls = classes(variant)
+    config = make_config(**config_kwargs_for(variant, args, device, dtype, workdir))
+    gc.collect()
     allocated_before = probe.current()
     model = build_model(args, tokenizer, device, dtype)
     trainer = trainer_cls(model=model, reward_funcs=synthetic_reward, args=config, train_dataset=dataset,
@@ -411,9 +472,22 @@ def run_trainer(name: str, args, device: str, dtype, tokenizer, dataset, probe: 
                 gc.collect()
                 record["static_bytes"] = probe.current()
                 probe.reset()
+                if profiler is not None:
+                    profiler.__enter__()
 
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
     trainer.add_callback(StepTimer())
-    trainer.train()
+    gc.disable()  # a collection inside one trainer's timed window and not another's is noise, not overhead
+    try:
+        trainer.train()
+    finally:
+        gc.enable()
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        record["ops"] = {
+            e.key: {"count": e.count, "self_cpu_us": e.self_cpu_time_total, "cpu_us": e.cpu_time_total}
+            for e in profiler.key_averages()
+        }
     old_per_token_logps = None
     if trainer._buffered_inputs:
         old_per_token_logps = trainer._buffered_inputs[0].get("old_per_token_logps")
@@ -432,83 +506,86 @@ def run_trainer(name: str, args, device: str, dtype, tokenizer, dataset, probe: 
     return record
 
 
-def summarise(records: dict[str, list[dict]], probe_kind: str) -> dict[str, dict]:
-    """Pool the repeats of each trainer and compute the ratios to TRL's GRPOTrainer."""
+def repeat_time_ms(record: dict) -> float:
+    """One run's time per optimizer step: median step without scoring + scoring amortised per step."""
+    train_only = [a - b for a, b in zip(record["step_s"], record["scoring_s"])]
+    return 1e3 * (common.median(train_only) + sum(record["scoring_s"]) / len(record["scoring_s"]))
+
+
+def noise_floor(baseline_runs: list[dict]) -> float | None:
+    """(max - min) / median of TRL GRPOTrainer's per-repeat time: how much the baseline differs from itself."""
+    times = [repeat_time_ms(r) for r in baseline_runs]
+    if len(times) < 2:
+        return None
+    return (max(times) - min(times)) / common.median(times)
+
+
+def summarise(records: dict[str, list[dict]], probe_kind: str, targets: dict[str, float | None],
+              labels: dict[str, str]) -> dict[str, dict]:  # fmt: skip
+    """Pool the repeats of each trainer (one shape) and compute the ratios to TRL's GRPOTrainer."""
     out: dict[str, dict] = {}
     for name, runs in records.items():
         step = [s for r in runs for s in r["step_s"]]
         scoring = [s for r in runs for s in r["scoring_s"]]
-        train_only = [a - b for a, b in zip(step, scoring)]
-        train_ms = 1e3 * common.median(train_only)
+        train_ms = 1e3 * common.median([a - b for a, b in zip(step, scoring)])
         scoring_ms = 1e3 * sum(scoring) / len(scoring)
-        per_repeat = []
-        for r in runs:
-            t_only = [a - b for a, b in zip(r["step_s"], r["scoring_s"])]
-            per_repeat.append(1e3 * (common.median(t_only) + sum(r["scoring_s"]) / len(r["scoring_s"])))
         peak = max(r["peak_bytes"] or 0 for r in runs)
         static = max(r["static_bytes"] or 0 for r in runs)
         out[name] = {
-            "label": TRAINERS[name][0],
+            "label": labels[name],
             "time_ms": train_ms + scoring_ms,
             "train_time_ms": train_ms,
             "scoring_ms_per_step": scoring_ms,
-            "step_ms_mean_raw": 1e3 * sum(step) / len(step),
-            "time_ms_per_repeat": per_repeat,
+            "time_ms_per_repeat": [repeat_time_ms(r) for r in runs],
             "timed_steps": len(step),
             "peak_memory_bytes": peak,
-            "static_memory_bytes": static,
             "activation_peak_bytes": peak - static,
             "memory_kind": probe_kind,
             "num_parameters": runs[0]["num_parameters"],
             "off_policy": runs[0]["off_policy"],
-            "allocated_before_build_bytes": [r["allocated_before_build_bytes"] for r in runs],
+            "otb_energy_from_behaviour_forward": runs[0]["otb_energy_from_behaviour_forward"],
+            "run_s_per_repeat": [r.get("run_s") for r in runs],  # build + warm-up + timed steps
+            "run_cpu_s_per_repeat": [r.get("run_cpu_s") for r in runs],
         }
-        if name == "otb":
-            out[name]["otb_energy_from_behaviour_forward"] = runs[0]["otb_energy_from_behaviour_forward"]
     base = out[BASELINE]
     for name, entry in out.items():
         entry["time_ratio"] = entry["time_ms"] / base["time_ms"]
         entry["train_time_ratio"] = entry["train_time_ms"] / base["train_time_ms"]
-        entry["scoring_ratio"] = (
-            entry["scoring_ms_per_step"] / base["scoring_ms_per_step"] if base["scoring_ms_per_step"] else None
-        )
+        paired = [t / b for t, b in zip(entry["time_ms_per_repeat"], base["time_ms_per_repeat"])]
+        entry["time_ratio_per_repeat"] = paired
+        entry["time_ratio_paired"] = common.mean_ci(paired)
         entry["memory_ratio"] = (
             entry["peak_memory_bytes"] / base["peak_memory_bytes"] if base["peak_memory_bytes"] else None
         )
-        base_act = base["activation_peak_bytes"]
-        entry["activation_memory_ratio"] = entry["activation_peak_bytes"] / base_act if base_act > 0 else None
-        target = TARGETS.get(name)
-        entry["target_time_ratio"], entry["target_memory_ratio"] = target if target else (None, None)
-        if target:
-            entry["meets_time_target"] = entry["time_ratio"] <= target[0]
-            entry["meets_memory_target"] = entry["memory_ratio"] is not None and entry["memory_ratio"] <= target[1]
+        target = targets.get(name)
+        entry["target_time_ratio"] = target
+        entry["meets_time_target"] = None if target is None else entry["time_ratio"] <= target
     return out
 
 
-def print_results(results: dict[str, dict], smoke: bool) -> str:
+def print_results(payload: dict) -> str:
     rows = []
-    for name, e in results.items():
-        tt, tm = e["target_time_ratio"], e["target_memory_ratio"]
-
-        def verdict(ok):
-            return "" if ok is None else ("ok" if ok else "OVER")
-
-        rows.append([
-            name, f"{e['time_ms']:.1f}", f"{e['time_ratio']:.3f}x", f"<={tt:.2f}x {verdict(e.get('meets_time_target'))}" if tt else "-",
-            f"{e['train_time_ms']:.1f}", f"{e['train_time_ratio']:.3f}x", f"{e['scoring_ms_per_step']:.1f}",
-            common.format_bytes(e["peak_memory_bytes"]),
-            f"{e['memory_ratio']:.3f}x" if e["memory_ratio"] else "n/a",
-            f"<={tm:.2f}x {verdict(e.get('meets_memory_target'))}" if tm else "-",
-            f"{e['activation_memory_ratio']:.3f}x" if e["activation_memory_ratio"] else "n/a",
-        ])  # fmt: skip
+    for key, shape in payload["shapes"].items():
+        for name, e in shape["results"].items():
+            tt = e["target_time_ratio"]
+            verdict = "" if tt is None else ("ok" if e["meets_time_target"] else "OVER")
+            paired = e["time_ratio_paired"]
+            rows.append([key, name, f"{e['time_ms']:.1f}", f"{e['time_ratio']:.3f}x",
+                         f"{paired['mean']:.3f} ± {paired['ci95']:.3f}" if paired.get("ci95") is not None else "-",
+                         f"<={tt:.2f}x {verdict}" if tt else "-", f"{e['scoring_ms_per_step']:.1f}",
+                         common.format_bytes(e["peak_memory_bytes"])])  # fmt: skip
+        for name, why in payload["not_available"].items():
+            rows.append([key, name, "-", "n/a", "-", "-", "-", why[:60]])
     print()
     text = common.print_table(
-        ["trainer", "step ms", "x GRPO", "target", "train ms", "x GRPO", "scoring ms/step", "peak mem", "x GRPO",
-         "target", "act. mem x GRPO"],
-        rows,
-    )  # fmt: skip
-    if smoke:
-        print("(smoke run: tiny model on CPU; the ratios and targets are not meaningful here)")
+        ["shape", "trainer", "step ms", "x TRL GRPO", "paired (95% CI)", "target", "scoring ms/step", "peak mem"], rows
+    )
+    for key, shape in payload["shapes"].items():
+        nf = shape["noise_floor"]
+        print(f"noise floor {key}: TRL GRPOTrainer varied by "
+              + (f"{nf:.1%}" if nf is not None else "n/a (one repeat)") + " between repeats")  # fmt: skip
+    if payload["smoke"]:
+        print("(smoke run: task-sized model on CPU; the ratios and targets are not meaningful here)")
     return text
 
 
@@ -516,28 +593,27 @@ def plot(payload: dict, path: Path) -> Path | None:
     plt = common.pyplot()
     if plt is None:
         return None
-    results = payload["results"]
-    names = list(results)
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.1 * len(names) + 4), 4.5))
-    for ax, key, target_key, title in (
-        (axes[0], "time_ratio", "target_time_ratio", "optimizer-step time / TRL GRPOTrainer"),
-        (axes[1], "memory_ratio", "target_memory_ratio", f"peak memory / TRL GRPOTrainer ({results[names[0]]['memory_kind']})"),
-    ):  # fmt: skip
-        values = [results[n][key] or 0.0 for n in names]
+    shapes = payload["shapes"]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(max(8, 0.9 * len(next(iter(shapes.values()))["results"]) + 3)
+                                                      * len(shapes) / 1.5, 4.8), squeeze=False)  # fmt: skip
+    for ax, (key, shape) in zip(axes[0], shapes.items()):
+        results = shape["results"]
+        names = list(results)
+        values = [results[n]["time_ratio"] for n in names]
         colors = ["tab:gray" if n == BASELINE else "tab:blue" for n in names]
         ax.bar(range(len(names)), values, color=colors)
         for i, n in enumerate(names):
-            target = results[n].get(target_key)
+            target = results[n].get("target_time_ratio")
             if target:
                 ax.hlines(target, i - 0.4, i + 0.4, colors="tab:red", linestyles="--")
             ax.text(i, values[i], f"{values[i]:.3f}", ha="center", va="bottom", fontsize=7)
+        nf = shape["noise_floor"] or 0.0
+        ax.axhspan(1.0 - nf, 1.0 + nf, color="tab:gray", alpha=0.2, linewidth=0)
         ax.axhline(1.0, color="black", linewidth=0.8)
-        lo = min(values + [1.0]) - 0.05
-        hi = max(values + [1.05]) + 0.05
-        ax.set_ylim(max(0.0, lo), hi)
+        ax.set_ylim(max(0.0, min(values + [1.0 - nf]) - 0.03), max(values + [1.06, 1.0 + nf]) + 0.03)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
-        ax.set_title(title, fontsize=9)
+        ax.set_title(f"{key}: step time / TRL GRPOTrainer (grey band: noise floor {nf:.1%})", fontsize=9)
     fig.suptitle(f"trl-groupopt overhead ({payload['device']['description']}); red dashes: targets", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -550,7 +626,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.plot_from:
         payload = json.loads(args.plot_from.read_text())
-        out = plot(payload, args.output_dir / "overhead.png")
+        out = plot(payload, args.output_dir / (args.plot_from.stem + ".png"))
         print(f"wrote {out}")
         return payload
     common.set_cpu_affinity(args.cpu_affinity)
@@ -566,65 +642,99 @@ def main(argv=None) -> dict:
         args.dtype, torch.bfloat16 if device == "cuda" else torch.float32
     )
     tokenizer = build_tokenizer()
+    all_variants = variants()
+    if args.trainers:
+        wanted = {t.strip() for t in args.trainers.split(",") if t.strip()} | {BASELINE}
+        unknown = wanted - {v.name for v in all_variants}
+        if unknown:
+            raise SystemExit(f"unknown trainer(s) {sorted(unknown)}; choose from {[v.name for v in all_variants]}")
+        all_variants = [v for v in all_variants if v.name in wanted]
+    first_shape = argparse.Namespace(**{**vars(args), "completion_length": args.shape_list[0][1]})
+    not_available = {v.name: why for v in all_variants if (why := availability(v, first_shape, device, dtype))}
+    runnable = [v for v in all_variants if v.name not in not_available]
+    for name, why in not_available.items():
+        print(f"  {name}: {why}", flush=True)
     generation_batch = args.batch_size * args.steps_per_generation
     num_prompts = generation_batch // args.num_generations * -(-(args.warmup + args.steps) // args.cycle_steps) + 8
     dataset = make_prompts(max(num_prompts, 64), args.prompt_length, args.seed)
     probe = MemoryProbe(device)
-    print(f"device: {common.describe_device(device)['description']}; memory: {probe.kind}; trainers: {args.trainers}; "
-          f"{args.warmup} warm-up + {args.steps} timed steps x {args.repeats} repeat(s)", flush=True)  # fmt: skip
+    shape_args = {
+        shape_key(v, t): argparse.Namespace(**{**vars(args), "vocab_size": v or None, "completion_length": t})
+        for v, t in args.shape_list
+    }
+    print(f"device: {common.describe_device(device)['description']}; trainers: {[v.name for v in runnable]}; "
+          f"shapes: {list(shape_args)}; {args.warmup} warm-up + {args.steps} timed steps per run; "
+          f"{args.min_repeats}-{args.max_repeats} repeats until the noise floor < {args.noise_target:.0%} "
+          f"or {args.max_minutes} min", flush=True)  # fmt: skip
 
-    records: dict[str, list[dict]] = {name: [] for name in args.trainers}
+    records: dict[str, dict[str, list[dict]]] = {key: {v.name: [] for v in runnable} for key in shape_args}
     started = time.perf_counter()
-    run_seconds: list[float] = []
-    stopped_early = None
+    repeat_seconds: list[float] = []
+    stop_reason = None
     with tempfile.TemporaryDirectory(prefix="overhead-") as workdir:
-        for repeat in range(args.repeats):
-            order = args.trainers if repeat % 2 == 0 else list(reversed(args.trainers))  # ABBA against drift
-            for name in order:
-                elapsed = time.perf_counter() - started
-                expected = max(run_seconds) if run_seconds else 0.0
-                if args.max_minutes and run_seconds and elapsed + expected > 60 * args.max_minutes:
-                    stopped_early = f"stopped at repeat {repeat + 1} before {name}: --max-minutes {args.max_minutes}"
-                    break
-                t0 = time.perf_counter()
-                record = run_trainer(name, args, device, dtype, tokenizer, dataset, probe, workdir)
-                run_seconds.append(time.perf_counter() - t0)
-                records[name].append(record)
-                step_ms = 1e3 * common.median(record["step_s"])
-                print(f"  [{repeat + 1}/{args.repeats}] {name:<18} median step {step_ms:8.1f} ms  "
-                      f"peak {common.format_bytes(record['peak_bytes'])}  ({run_seconds[-1]:.1f} s)", flush=True)  # fmt: skip
-                # Written after every trainer: a run cut short by a time limit still leaves its numbers.
-                payload = build_payload(args, device, dtype, probe, records, started, stopped_early)
-                common.write_json(args.output_dir / "overhead.json", payload)
-            if stopped_early:
-                print(stopped_early, flush=True)
+        for repeat in range(args.max_repeats):
+            elapsed = time.perf_counter() - started
+            if repeat_seconds and elapsed + max(repeat_seconds) > 60 * args.max_minutes:
+                stop_reason = f"time budget: another repeat would end past --max-minutes {args.max_minutes}"
                 break
+            t_repeat = time.perf_counter()
+            order = runnable if repeat % 2 == 0 else list(reversed(runnable))  # ABBA against drift
+            for key, sargs in shape_args.items():
+                for variant in order:
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    record = run_trainer(variant, sargs, device, dtype, tokenizer, dataset, probe, workdir)
+                    record["run_s"], record["run_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+                    records[key][variant.name].append(record)
+                    print(f"  [{repeat + 1}] {key:<14} {variant.name:<26} {repeat_time_ms(record):9.1f} ms/step  "
+                          f"({record['run_s']:.1f} s, {record['run_cpu_s']:.1f} s CPU)", flush=True)  # fmt: skip
+            repeat_seconds.append(time.perf_counter() - t_repeat)
+            payload = build_payload(args, device, dtype, probe, records, runnable, not_available, started,
+                                    repeat_seconds, stop_reason)  # fmt: skip
+            common.write_json(args.output_dir / f"{args.output_stem}.json", payload)  # a cut-short run keeps numbers
+            floors = [shape["noise_floor"] for shape in payload["shapes"].values()]
+            print(f"  repeat {repeat + 1} done in {repeat_seconds[-1]:.0f} s; noise floor per shape: "
+                  + ", ".join("n/a" if f is None else f"{f:.1%}" for f in floors), flush=True)  # fmt: skip
+            if repeat + 1 >= args.min_repeats and all(f is not None and f < args.noise_target for f in floors):
+                stop_reason = f"noise floor below {args.noise_target:.0%} for every shape"
+                break
+        else:
+            stop_reason = f"--max-repeats {args.max_repeats} reached"
 
-    payload = build_payload(args, device, dtype, probe, records, started, stopped_early)
-    payload["table"] = print_results(payload["results"], args.smoke)
-    if payload["baseline_repeat_spread"] is not None:
-        print(f"noise floor: TRL GRPOTrainer's time varied by {payload['baseline_repeat_spread']:.1%} between repeats")
-    json_path = common.write_json(args.output_dir / "overhead.json", payload)
-    png_path = plot(payload, args.output_dir / "overhead.png")
+    payload = build_payload(args, device, dtype, probe, records, runnable, not_available, started, repeat_seconds,
+                            stop_reason)  # fmt: skip
+    payload["table"] = print_results(payload)
+    print(f"stopped: {stop_reason}")
+    json_path = common.write_json(args.output_dir / f"{args.output_stem}.json", payload)
+    png_path = plot(payload, args.output_dir / f"{args.output_stem}.png")
     print(f"wrote {json_path}" + (f" and {png_path}" if png_path else ""))
     return payload
 
 
-def build_payload(args, device, dtype, probe, records, started, stopped_early) -> dict:
-    done = {name: runs for name, runs in records.items() if runs}
-    results = summarise(done, probe.kind)
-    base_repeats = results[BASELINE]["time_ms_per_repeat"]
-    noise = (max(base_repeats) - min(base_repeats)) / common.median(base_repeats) if len(base_repeats) > 1 else None
+def build_payload(args, device, dtype, probe, records, runnable, not_available, started, repeat_seconds,
+                  stop_reason) -> dict:  # fmt: skip
+    targets = {v.name: target_of(v) for v in runnable}
+    labels = {v.name: v.label for v in runnable}
+    shapes = {}
+    for key, by_trainer in records.items():
+        done = {name: runs for name, runs in by_trainer.items() if runs}
+        if BASELINE not in done:
+            continue
+        vocab, length = args.shape_list[list(records).index(key)]
+        shapes[key] = {
+            "vocab_size": vocab or None,
+            "completion_length": length,
+            "noise_floor": noise_floor(done[BASELINE]),
+            "results": summarise(done, probe.kind, targets, labels),
+        }
     return {
         "benchmark": "overhead",
         "device": common.describe_device(device),
-        "command": common.command_line(),
+        "command": common.command_line("benchmarks.overhead", args.argv),
         "smoke": args.smoke,
         "settings": {
             "model": args.model,
             "dtype": str(dtype).replace("torch.", ""),
-            "vocab_size": args.vocab_size,
-            "completion_length": args.completion_length,
+            "shapes": args.shapes,
             "prompt_length": args.prompt_length,
             "per_device_train_batch_size": args.batch_size,
             "num_generations": args.num_generations,
@@ -633,22 +743,25 @@ def build_payload(args, device, dtype, probe, records, started, stopped_early) -
             "gradient_checkpointing": args.gradient_checkpointing,
             "warmup_steps": args.warmup,
             "timed_steps": args.steps,
-            "repeats_requested": args.repeats,
-            "repeats_done": {name: len(runs) for name, runs in records.items()},
+            "min_repeats": args.min_repeats,
+            "max_repeats": args.max_repeats,
+            "noise_target": args.noise_target,
+            "max_minutes": args.max_minutes,
             "seed": args.seed,
             "timed": "optimizer steps through Trainer.train() with generation replaced by fixed random completions; "
             "time_ms = median step time without scoring + scoring (behaviour forward, rewards, advantages) "
-            "amortised per step",
+            "amortised per step; ratio = time_ms / time_ms(trl_grpo), steps pooled over repeats",
+            "noise_floor": "(max - min) / median of TRL GRPOTrainer's per-repeat time_ms",
         },  # fmt: skip
         "baseline": BASELINE,
-        "baseline_repeat_spread": noise,
+        "variants": {v.name: {"method": v.method, "overrides": v.overrides, "label": v.label} for v in runnable},
+        "not_available": not_available,
+        "repeats_done": len(repeat_seconds),
+        "repeat_seconds": repeat_seconds,
+        "stop_reason": stop_reason,
         "memory_kind": probe.kind,
-        "stopped_early": stopped_early,
-        "missing_trainers": [name for name, runs in records.items() if not runs],
         "wall_s": time.perf_counter() - started,
-        "results": results,
-        # the acceptance format: every trainer's name maps to its entry (time_ratio, memory_ratio, ...) at the top
-        **results,
+        "shapes": shapes,
     }
 
 

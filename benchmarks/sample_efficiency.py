@@ -32,9 +32,9 @@ Runs go to a process pool (`--workers`, one torch thread each on CPU); each fini
 `--from-runs that.jsonl` rebuilds the JSON and plots from them without training.
 
 Usage:
-    python benchmarks/sample_efficiency.py --smoke --output-dir /tmp/bench        # 2 methods x 1 seed x 3 steps
-    python benchmarks/sample_efficiency.py --device cpu --workers 15              # the full grid on 16 cores
-    python benchmarks/sample_efficiency.py --from-runs benchmarks/results/sample_efficiency_runs.jsonl
+    python -m benchmarks.sample_efficiency --smoke --output-dir /tmp/bench        # 2 methods x 1 seed x 3 steps
+    python -m benchmarks.sample_efficiency --device cpu --workers 15              # the full grid on 16 cores
+    python -m benchmarks.sample_efficiency --from-runs benchmarks/results/sample_efficiency_runs.jsonl
 """
 
 from __future__ import annotations
@@ -42,15 +42,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from . import common
 
 GSPO_EPSILONS = dict(epsilon=3e-4, epsilon_high=4e-4)  # GSPO paper v2, Sec. 5.1
 # name -> (label, config class, trainer class, overrides); "trl." = trl.GRPOConfig / trl.GRPOTrainer.

@@ -1,44 +1,24 @@
-"""The benchmark scripts run: `--help`, and `--smoke` on CPU as subprocesses (JSON schema, PNGs), plus their
-statistics helpers (Jitter2 as printed in the DFPO paper's Eq. 20, the Student-t CI) against independent values.
+"""The benchmarks package: statistics helpers against independent values, the variant and claim tables, the long
+task, and every script's `--smoke` mode end to end (JSON schema, PNG, markdown tables).
 
-Smoke outputs go to pytest's tmp_path, never to benchmarks/results/. About 50 s on a 2-core machine.
+Smoke outputs go to pytest's tmp_path, never to benchmarks/results/. The smokes run in this process (no interpreter
+start-up per script): about 45 s on an idle 2-core machine.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import common, overhead, report, sample_efficiency, stress
+
 REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "benchmarks"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _load(name: str):
-    """Import a benchmarks/ module by path (benchmarks/ is not a package)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _run(script: str, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))  # fmt: skip
-    proc = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    return proc
 
 
 def _is_png(path: Path) -> bool:
@@ -47,7 +27,6 @@ def _is_png(path: Path) -> bool:
 
 # ------------------------------------------------------------------------------------------------ helpers (fast)
 def test_jitter2_matches_eq20_by_hand():
-    common = _load("common")
     # m = (0, 1, 0, 1): second differences m3 - 2 m2 + m1 = -2 and m4 - 2 m3 + m2 = 2 -> mean |.| = 2 over T - 2 = 2
     assert common.jitter2([0.0, 1.0, 0.0, 1.0]) == pytest.approx(2.0)
     # m = (1, 4, 9, 16, 25): second differences of squares are all 2
@@ -64,7 +43,6 @@ def test_jitter2_matches_eq20_by_hand():
 
 def test_mean_ci_matches_student_t():
     scipy_stats = pytest.importorskip("scipy.stats")
-    common = _load("common")
     for df in (1, 2, 3, 4, 9, 29):
         assert common.t_quantile_975(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=1e-3)
     values = [0.31, 0.42, 0.38]
@@ -81,91 +59,160 @@ def test_mean_ci_matches_student_t():
     assert common.first_step_reaching([0, 10], [0.2, 0.3], 0.45) is None
 
 
+def test_overhead_variants_cover_the_registry_and_reject_unknown_knobs():
+    from trl_groupopt import METHODS
+
+    names = [v.name for v in overhead.variants()]
+    assert names[0] == overhead.BASELINE and len(names) == len(set(names))
+    assert {"base" if m == "grpo" else m for m in METHODS} <= set(names)  # every registered method is timed
+    targets = {v.name: overhead.target_of(v) for v in overhead.variants()}
+    assert targets["base"] == 1.01 and targets["otb"] == 1.05 and targets["echo"] == 1.03
+    assert targets[overhead.BASELINE] is None and targets["echo_step"] is None  # reported, not targeted
+    args = overhead.parse_args(["--smoke"])
+    args.completion_length = 24
+    bogus = overhead.Variant("echo_bogus", "echo", {"no_such_knob": 1})
+    assert overhead.availability(bogus, args, "cpu", None).startswith("not available: TypeError")
+    rejected = overhead.Variant("echo_bad", "echo", {"batch_ratio_scope": "nonsense"})
+    assert overhead.availability(rejected, args, "cpu", None).startswith("not available: ValueError")
+    assert overhead.availability(overhead.Variant("echo", "echo"), args, "cpu", None) is None
+    assert overhead.parse_shapes("32000x256,151936x128") == [(32000, 256), (151936, 128)]
+
+
+def test_noise_floor_is_the_baselines_relative_spread():
+    runs = [{"step_s": [1.0, 1.0], "scoring_s": [0.0, 0.0]}, {"step_s": [1.1, 1.1], "scoring_s": [0.0, 0.0]}]
+    assert overhead.noise_floor(runs) == pytest.approx(0.1 / 1.05)
+    assert overhead.noise_floor(runs[:1]) is None
+
+
+def test_claim_verdict_rule():
+    def stats(values):
+        return common.mean_ci(values)
+
+    assert stress.verdict(stats([0.10, 0.12, 0.08, 0.11, 0.09]), +1, "final_accuracy") == "reproduced"
+    assert stress.verdict(stats([-0.10, -0.12, -0.08, -0.11, -0.09]), +1, "final_accuracy") == "not reproduced"
+    # lower is better (a mechanism claim): negative differences reproduce it
+    assert stress.verdict(stats([-0.5, -0.4, -0.6]), -1, "log_ratio:a:b") == "reproduced"
+    # an interval inside +-2 points: no effect of practical size
+    assert stress.verdict(stats([0.001, -0.002, 0.0, 0.002, -0.001]), +1, "final_accuracy") == "not reproduced"
+    assert stress.verdict(stats([0.2, -0.2, 0.1, -0.1, 0.0]), +1, "final_accuracy") == "inconclusive"
+    assert stress.verdict(stats([0.1]), +1, "final_accuracy") == "inconclusive"
+    assert stress.verdict(stats([]), +1, "final_accuracy") == "not run"
+    for claim in stress.CLAIMS:  # every claim points at a configuration its regime runs, at a value it runs
+        regime = stress.REGIMES[claim["regime"]]
+        assert claim["value"] in regime["values"] and claim["config"] in regime["configs"], claim["id"]
+        assert claim["baseline"] is None or claim["baseline"] in regime["configs"], claim["id"]
+
+
+def test_long_chain_task_has_long_reasoning_and_disjoint_splits():
+    from trl_groupopt.offline import arithmetic_chain_of_thought, expression_of_prompt
+
+    train = stress.long_chain_dataset(50, split="train")
+    test = stress.long_chain_dataset(20, split="test")
+    train_exprs = {expression_of_prompt(p) for p in train["prompt"]}
+    assert not train_exprs & {expression_of_prompt(p) for p in test["prompt"]}
+    for expr in train_exprs:
+        assert 8 <= expr.count("+") + expr.count("-") <= 10
+    lengths = sorted(len(arithmetic_chain_of_thought(e)) for e in train_exprs)  # character tokenizer: chars ~ tokens
+    assert lengths[len(lengths) // 2] >= 100 and lengths[-1] <= stress.parse_args([]).long_completion_length
+
+
 # ------------------------------------------------------------------------------------------------ the scripts
-@pytest.mark.parametrize("script", ["overhead.py", "sample_efficiency.py"])
-def test_help(script):
-    out = _run(script, "--help", timeout=60).stdout
-    for flag in ("--output-dir", "--smoke", "--device"):
-        assert flag in out
-    assert (
-        ("--steps" in out and "--warmup" in out)
-        if script == "overhead.py"
-        else ("--seeds" in out and "--eval-every" in out)
-    )
+@pytest.mark.parametrize("module", ["overhead", "stress", "sample_efficiency", "report"])
+def test_help_runs_as_module(module):
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--help" in proc.stdout
 
 
 @pytest.mark.slow
-def test_overhead_smoke(tmp_path):
-    overhead = _load("overhead")
-    proc = _run("overhead.py", "--smoke", "--output-dir", str(tmp_path))
-    payload = json.loads((tmp_path / "overhead.json").read_text())
-    assert payload["benchmark"] == "overhead" and payload["smoke"] is True
-    assert payload["device"]["type"] == "cpu" and payload["device"]["description"]
-    assert "overhead.py" in payload["command"] and "--smoke" in payload["command"]
-    assert payload["memory_kind"].startswith("cpu_")
-    results = payload["results"]
-    assert set(results) == set(overhead.TRAINERS)  # TRL's GRPOTrainer and every one of ours
-    assert all(payload[name] == results[name] for name in overhead.TRAINERS)  # also keyed by name at the top
+def test_overhead_smoke(tmp_path, capsys):
+    payload = overhead.main(["--smoke", "--output-dir", str(tmp_path)])
+    assert json.loads((tmp_path / "overhead_smoke.json").read_text())["benchmark"] == "overhead"
+    assert payload["smoke"] is True and payload["device"]["type"] == "cpu" and payload["device"]["description"]
+    assert "benchmarks.overhead" in payload["command"] and "--smoke" in payload["command"]
+    (shape,) = payload["shapes"].values()
+    results = shape["results"]
+    expected = {v.name for v in overhead.variants()} - set(payload["not_available"])
+    assert set(results) == expected and {"base", "echo", "otb", "ctpo", "dfpo", "grpo_fix"} <= expected
     for name, entry in results.items():
-        for key in ("time_ms", "time_ratio", "train_time_ms", "train_time_ratio", "scoring_ms_per_step",
-                    "peak_memory_bytes", "memory_ratio", "timed_steps"):  # fmt: skip
+        for key in ("time_ms", "time_ratio", "train_time_ms", "scoring_ms_per_step", "peak_memory_bytes"):
             assert isinstance(entry[key], (int, float)) and entry[key] > 0, (name, key, entry[key])
-        assert entry["timed_steps"] >= payload["settings"]["timed_steps"]
         assert entry["time_ms"] == pytest.approx(entry["train_time_ms"] + entry["scoring_ms_per_step"])
         assert entry["off_policy"] is True  # the behaviour forward (old_per_token_logps) ran, as in real training
-        assert entry["target_time_ratio"] == (overhead.TARGETS[name][0] if name in overhead.TARGETS else None)
-    assert results["grpo"]["time_ratio"] == pytest.approx(1.0) and results["grpo"]["memory_ratio"] == pytest.approx(
-        1.0
-    )
-    assert results["echo"]["time_ratio"] == pytest.approx(results["echo"]["time_ms"] / results["grpo"]["time_ms"])
+    assert results["trl_grpo"]["time_ratio"] == pytest.approx(1.0)
+    assert results["echo"]["time_ratio"] == pytest.approx(results["echo"]["time_ms"] / results["trl_grpo"]["time_ms"])
     assert results["otb"]["otb_energy_from_behaviour_forward"] is True
     assert results["otb"]["target_time_ratio"] == 1.05
-    assert _is_png(tmp_path / "overhead.png")
-    assert "x GRPO" in proc.stdout and "otb" in proc.stdout  # the printed table
+    for name, why in payload["not_available"].items():  # knobs of other branches: reported, not crashed
+        assert why.startswith("not available"), (name, why)
+    assert _is_png(tmp_path / "overhead_smoke.png")
+    assert "x TRL GRPO" in capsys.readouterr().out  # the printed table
+    markdown = report.overhead_markdown(payload)
+    assert "| `otb` " in markdown and "noise floor" in markdown
 
-    # --plot-from re-draws the PNG from the JSON alone
-    (tmp_path / "overhead.png").unlink()
-    overhead.main(["--plot-from", str(tmp_path / "overhead.json"), "--output-dir", str(tmp_path)])
-    assert _is_png(tmp_path / "overhead.png")
+    (tmp_path / "overhead_smoke.png").unlink()  # --plot-from re-draws the PNG from the JSON alone
+    overhead.main(["--plot-from", str(tmp_path / "overhead_smoke.json"), "--output-dir", str(tmp_path)])
+    assert _is_png(tmp_path / "overhead_smoke.png")
+
+
+@pytest.mark.slow
+def test_stress_smoke(tmp_path):
+    payload = stress.main(["--smoke", "--output-dir", str(tmp_path)])
+    assert payload["benchmark"] == "stress" and payload["smoke"] is True and payload["failed_runs"] == []
+    summary = payload["summary"]
+    assert set(summary) == set(stress.REGIMES)  # every regime ran
+    echo = summary["staleness"]["1"]["echo"]
+    assert 0.0 <= echo["final_accuracy"]["mean"] <= 1.0 and echo["seeds"] == [0]
+    assert "echo/batch_clipped" in echo["mechanism"]  # the mechanism metric was read from the log history
+    otb = summary["group_size"]["2"]["otb"]
+    assert {"otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"} <= set(otb["mechanism"])
+    assert "ctpo/dual_clip" in summary["long"]["1"]["ctpo"]["mechanism"]
+    runs = [json.loads(line) for line in (tmp_path / "stress_smoke_runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 4 and all(r["cpu_s"] > 0 for r in runs)
+    long_run = next(r for r in runs if r["regime"] == "long")
+    assert long_run["completion_length"]["values"][0] > 30  # the long task's completions are long
+    assert len(payload["claims"]) == len(stress.CLAIMS)
+    assert _is_png(tmp_path / "stress_smoke.png")
+
+    (tmp_path / "stress.json").write_text((tmp_path / "stress_smoke.json").read_text())  # report reads stress.json
+    written = report.main(["--results-dir", str(tmp_path)])
+    claims = (tmp_path / "claims.md").read_text()
+    assert tmp_path / "claims.md" in written and claims.count("\n| ") == len(stress.CLAIMS)
+    assert "Verdict rule" in claims and "| staleness | 1 | `echo` |" in (tmp_path / "stress.md").read_text()
+
+    rebuilt = stress.main(["--smoke", "--from-runs", str(tmp_path / "stress_smoke_runs.jsonl"),
+                           "--output-dir", str(tmp_path / "rebuilt")])  # fmt: skip
+    assert rebuilt["summary"] == payload["summary"]
 
 
 @pytest.mark.slow
 def test_sample_efficiency_smoke(tmp_path):
-    se = _load("sample_efficiency")
-    _run("sample_efficiency.py", "--smoke", "--output-dir", str(tmp_path))
-    payload = json.loads((tmp_path / "sample_efficiency.json").read_text())
+    payload = sample_efficiency.main(["--smoke", "--output-dir", str(tmp_path)])
     assert payload["benchmark"] == "sample_efficiency" and payload["smoke"] is True
-    assert payload["device"]["type"] == "cpu" and "sample_efficiency.py" in payload["command"]
-    assert "Eq. 20" in payload["jitter2_definition"]
-    shared = payload["settings"]["shared_config"]
-    assert shared["steps_per_generation"] == 4 * shared["gradient_accumulation_steps"]  # off-policy, 4x
-    assert payload["failed_runs"] == []
+    assert "Eq. 20" in payload["jitter2_definition"] and payload["failed_runs"] == []
     methods = payload["summary"]["methods"]
-    assert set(methods) == set(se.SMOKE_METHODS)
-    grpo_final = methods["grpo"]["final_accuracy"]["per_seed"]
-    assert payload["summary"]["threshold_accuracy"] == pytest.approx(sum(grpo_final) / len(grpo_final))
+    assert set(methods) == set(sample_efficiency.SMOKE_METHODS)
     for name, entry in methods.items():
-        assert entry["seeds"] == [0]
-        for key in ("final_accuracy", "jitter2_reward", "steps_to_threshold", "initial_accuracy"):
-            assert {"mean", "ci95", "n"} <= set(entry[key]), (name, key)
         (accuracy,) = entry["curves"]["accuracy"]
-        assert accuracy["steps"] == [0, 3] and all(0.0 <= a <= 1.0 for a in accuracy["values"])
-        (reward,) = entry["curves"]["reward"]
-        assert reward["steps"] and reward["steps"][0] == 1  # logged at the first step of each generation batch
-        (entropy,) = entry["curves"]["entropy"]
-        assert entropy["steps"] == [1, 2, 3] and all(v > 0 for v in entropy["values"])
-        assert entry["final_accuracy"]["per_seed"] == [accuracy["values"][-1]]
-        assert entry["steps_to_threshold"]["of"] == 1
-    # both methods start from the same policy: identical greedy accuracy at step 0
-    assert (
-        methods["grpo"]["curves"]["accuracy"][0]["values"][0] == methods["otb"]["curves"]["accuracy"][0]["values"][0]
-    )
+        assert accuracy["steps"] == [0, 3] and all(0.0 <= a <= 1.0 for a in accuracy["values"]), name
     assert _is_png(tmp_path / "sample_efficiency.png")
-    runs_path = tmp_path / "sample_efficiency_runs.jsonl"
-    assert len(runs_path.read_text().splitlines()) == 2
 
-    # --from-runs rebuilds the same summary without training
-    rebuilt_dir = tmp_path / "rebuilt"
-    rebuilt = se.main(["--smoke", "--from-runs", str(runs_path), "--output-dir", str(rebuilt_dir)])
-    assert rebuilt["summary"]["threshold_accuracy"] == pytest.approx(payload["summary"]["threshold_accuracy"])
-    assert _is_png(rebuilt_dir / "sample_efficiency.png")
+
+def test_group_reductions_with_a_precomputed_index_match():
+    """The overhead fix in `objectives.common`: a precomputed dense index (one sort for many reductions) and no host
+    read of the group count give the same reductions, for sparse, unordered group ids too."""
+    import torch
+
+    from trl_groupopt.objectives import common as oc
+
+    group_ids = torch.tensor([7, 7, 3, 3, 3, 100, 7])
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 9.0])
+    index = oc.dense_group_index(group_ids)
+    expected = {"sum": [12.0, 12.0, 12.0, 12.0, 12.0, 6.0, 12.0], "amax": [9.0, 9.0, 5.0, 5.0, 5.0, 6.0, 9.0]}
+    for reduce, want in expected.items():
+        assert oc.group_reduce(values, group_ids, reduce).tolist() == want
+        assert oc.group_reduce(values, group_ids, reduce, index=index).tolist() == want
+    assert oc.group_mean(values, group_ids, index=index).tolist() == pytest.approx([4.0, 4.0, 4.0, 4.0, 4.0, 6.0, 4.0])
+    assert oc.group_size(group_ids, index=index).tolist() == [3.0, 3.0, 3.0, 3.0, 3.0, 1.0, 3.0]
+    assert oc.group_index(group_ids)[1] == 3

@@ -136,51 +136,59 @@ def as_token_advantages(advantages: Tensor) -> Tensor:
     raise ValueError(f"advantages must be (B,) or (B, T), got shape {tuple(advantages.shape)}")
 
 
-def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
-    """Map arbitrary integer group ids to dense indices 0..K-1. Returns (index (B,), K)."""
+def dense_group_index(group_ids: Tensor) -> Tensor:
+    """(B,) dense index 0..K-1 of each element's group, without reading K on the host (no `.item()` sync)."""
     if group_ids.dim() != 1:
         raise ValueError(f"group_ids must be (B,), got shape {tuple(group_ids.shape)}")
-    _, index = torch.unique(group_ids, return_inverse=True)
+    return torch.unique(group_ids, return_inverse=True)[1]
+
+
+def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
+    """Map arbitrary integer group ids to dense indices 0..K-1. Returns (index (B,), K); reading K syncs a GPU."""
+    index = dense_group_index(group_ids)
     num_groups = int(index.max().item()) + 1 if index.numel() else 0
     return index, num_groups
 
 
-def group_reduce(values: Tensor, group_ids: Tensor, reduce: str) -> Tensor:
+def group_reduce(values: Tensor, group_ids: Tensor, reduce: str, *, index: Tensor | None = None) -> Tensor:
     """Reduce (B,) `values` within each group and broadcast the result back to (B,).
 
-    `reduce` is one of "sum", "mean", "amin", "amax" (as `Tensor.scatter_reduce`).
+    `reduce` is one of "sum", "mean", "amin", "amax" (as `Tensor.scatter_reduce`). `index`: the precomputed
+    `dense_group_index(group_ids)`; pass it when reducing many values over the same groups (one sort, not one each).
     """
     if values.shape != group_ids.shape:
         raise ValueError(f"values {tuple(values.shape)} and group_ids {tuple(group_ids.shape)} differ")
-    index, num_groups = group_index(group_ids)
-    out = values.new_zeros(num_groups)
+    if index is None:
+        index = dense_group_index(group_ids)
+    # B >= K slots: the unused ones stay 0 and are never read, and K need not be read on the host.
+    out = values.new_zeros(values.shape[0])
     out = out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)
     return out[index]
 
 
-def group_sum(values: Tensor, group_ids: Tensor) -> Tensor:
+def group_sum(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
     """(B,) sum of each element's group."""
-    return group_reduce(values, group_ids, "sum")
+    return group_reduce(values, group_ids, "sum", index=index)
 
 
-def group_mean(values: Tensor, group_ids: Tensor) -> Tensor:
+def group_mean(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
     """(B,) mean of each element's group."""
-    return group_reduce(values, group_ids, "mean")
+    return group_reduce(values, group_ids, "mean", index=index)
 
 
-def group_min(values: Tensor, group_ids: Tensor) -> Tensor:
+def group_min(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
     """(B,) minimum of each element's group."""
-    return group_reduce(values, group_ids, "amin")
+    return group_reduce(values, group_ids, "amin", index=index)
 
 
-def group_max(values: Tensor, group_ids: Tensor) -> Tensor:
+def group_max(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
     """(B,) maximum of each element's group."""
-    return group_reduce(values, group_ids, "amax")
+    return group_reduce(values, group_ids, "amax", index=index)
 
 
-def group_size(group_ids: Tensor) -> Tensor:
+def group_size(group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
     """(B,) number of members in each element's group."""
-    return group_sum(torch.ones_like(group_ids, dtype=torch.float32), group_ids)
+    return group_sum(torch.ones_like(group_ids, dtype=torch.float32), group_ids, index=index)
 
 
 def log_importance_weights(log_ratio: Tensor, mask: Tensor, importance_sampling_level: str) -> Tensor:

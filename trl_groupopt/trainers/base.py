@@ -42,8 +42,6 @@ from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import (
     get_config_model_id,
-    nanmax,
-    nanmin,
     split_pixel_values_by_grid,
     split_tensor_dict,
     unsplit_pixel_values_by_grid,
@@ -535,10 +533,9 @@ class GroupOptTrainer(GRPOTrainer):
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
         # ---- metrics, with TRL's names
-        if self.beta != 0.0:
-            self._metrics[mode]["kl"].append(self._global_masked_mean(per_token_kl, mask))
-        self._metrics[mode]["entropy"].append(self._global_masked_mean(entropies, mask))
-        self._log_objective_metrics(out.metrics, mask, mode)
+        shared = {"entropy": entropies, **({"kl": per_token_kl} if self.beta != 0.0 else {})}  # (B, T) each
+        self._log_objective_metrics({**out.metrics, **shared}, mask, mode)
+        self._flush_metrics()  # this micro-batch's metrics (and any a hook queued): one collective, one sync
         return loss
 
     def _per_token_kl(self, per_token_logps, old_per_token_logps, ref_per_token_logps, mask) -> Tensor:
@@ -603,36 +600,70 @@ class GroupOptTrainer(GRPOTrainer):
         return apply_coef * entropy_loss
 
     # ------------------------------------------------------------------ metrics
+    @staticmethod
+    def _masked_stats(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Local (sum, count) of a token-weighted mean ((B, 1) values: one per sequence, mask unused), as TRL."""
+        if values.shape[1] == 1:
+            return values.sum(), values.new_tensor(float(values.shape[0]))
+        mask = mask.to(values.dtype)
+        return (values * mask).sum(), mask.sum()
+
     def _global_masked_mean(self, values: Tensor, mask: Tensor) -> float:
         """Token-weighted mean over all processes ((B, 1) values: one per sequence), as TRL logs it."""
         # mirrors GRPOTrainer._compute_loss (trl 1.16.0): its local `global_masked_mean`
-        if values.shape[1] == 1:
-            local = torch.stack([values.sum(), torch.tensor(float(values.shape[0]), device=values.device)])
-        else:
-            local = torch.stack([(values * mask).sum(), mask.sum().float()])
-        totals = self.accelerator.reduce(local.float(), reduction="sum")
+        totals = self.accelerator.reduce(torch.stack(self._masked_stats(values.float(), mask)), reduction="sum")
         return (totals[0] / totals[1].clamp(min=1.0)).item()
 
     def _log_objective_metrics(self, metrics: dict[str, Tensor], mask: Tensor, mode: str) -> None:
-        """Log an objective's metrics. Per-token (B, T) / per-sequence (B, 1) tensors are reduced as TRL reduces its
-        clip indicators (global masked mean, and per-sequence min/max for `clip_ratio/low` / `high`); scalars are
-        averaged over processes ignoring NaN. `clip_ratio/*` keys get TRL's names."""
-        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `clip_ratio/*` metrics (names, min/max over sequences)
-        for name in sorted(metrics):  # same order on every rank: each reduction is a collective
-            value = metrics[name].detach()
-            if value.dim() == 2:
-                logged = name + "_mean" if name in _CLIP_METRICS else name
-                self._metrics[mode][logged].append(self._global_masked_mean(value.float(), mask))
-                if name in ("clip_ratio/low", "clip_ratio/high"):
-                    per_sequence = value.squeeze(1) if value.shape[1] == 1 else (value * mask).sum(-1) / mask.sum(-1)
-                    gathered = self.accelerator.gather(per_sequence.float())
-                    extreme = nanmin(gathered) if name.endswith("low") else nanmax(gathered)
-                    self._metrics[mode][name + ("_min" if name.endswith("low") else "_max")].append(extreme.item())
-            else:
-                logged = name + "_mean" if name in _CLIP_METRICS else name
-                gathered = self.accelerator.gather(value.float().reshape(1).to(self.accelerator.device))
-                self._metrics[mode][logged].append(gathered.nanmean().item())
+        """Queue an objective's metrics for `_flush_metrics`, which `_compute_loss` calls once at its end.
 
+        Per-token (B, T) / per-sequence (B, 1) tensors are reduced as TRL reduces its clip indicators (global masked
+        mean, and per-sequence min/max for `clip_ratio/low` / `high`); scalars are averaged over processes ignoring
+        NaN. `clip_ratio/*` keys get TRL's names. Queued, so that every metric of a micro-batch costs one collective
+        and one host sync in all (TRL: one of each per metric, which stalls a GPU a dozen times per micro-batch).
+        """
+        self.__dict__.setdefault("_queued_objective_metrics", []).append((metrics, mask, mode))
+
+    def _flush_metrics(self) -> None:
+        """Reduce every queued metric over processes with ONE gather and ONE `.tolist()`, and log the results."""
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `clip_ratio/*` metrics (names, nanmin/nanmax over
+        # sequences) and `global_masked_mean`, batched into one collective
+        pending, self._queued_objective_metrics = self.__dict__.get("_queued_objective_metrics", []), []
+        columns: list[tuple[str, str, str]] = []  # (mode, logged name, reduction: mean | nanmean | min | max)
+        local: list[Tensor] = []  # two entries per column
+        for metrics, mask, mode in pending:
+            for name in sorted(metrics):  # the same order on every rank: the columns of one gathered tensor
+                value = metrics[name].detach().float()
+                logged = name + "_mean" if name in _CLIP_METRICS else name
+                if value.dim() == 2:
+                    local += self._masked_stats(value, mask)
+                    columns.append((mode, logged, "mean"))
+                    if name in ("clip_ratio/low", "clip_ratio/high"):
+                        per_sequence = value.squeeze(1) if value.shape[1] == 1 else (value * mask).sum(-1) / mask.sum(-1)
+                        low = name.endswith("low")
+                        fill = torch.full_like(per_sequence, float("inf") if low else float("-inf"))
+                        per_sequence = torch.where(torch.isnan(per_sequence), fill, per_sequence)  # TRL's nanmin/max
+                        extreme = per_sequence.amin() if low else per_sequence.amax()
+                        local += [extreme, extreme]
+                        columns.append((mode, name + ("_min" if low else "_max"), "min" if low else "max"))
+                else:
+                    value = value.reshape(())
+                    finite = ~torch.isnan(value)
+                    local += [torch.where(finite, value, torch.zeros_like(value)), finite.float()]
+                    columns.append((mode, logged, "nanmean"))
+        if not columns:
+            return
+        device = self.accelerator.device
+        stats = torch.stack([t.to(device) for t in local]).view(1, len(columns), 2)  # (1, K, 2)
+        gathered = self.accelerator.gather(stats)  # (P, K, 2)
+        sums, mins, maxs = gathered.sum(0), gathered.amin(0), gathered.amax(0)  # (K, 2) each
+        mean = sums[:, 0] / sums[:, 1].clamp(min=1.0)  # TRL: 0 for an empty mask
+        nanmean = torch.where(sums[:, 1] > 0, mean, torch.full_like(mean, float("nan")))  # gather().nanmean()
+        kinds = {"mean": mean, "nanmean": nanmean, "min": mins[:, 0], "max": maxs[:, 0]}
+        table = torch.stack([kinds[kind] for kind in ("mean", "nanmean", "min", "max")]).tolist()  # the one sync
+        for k, (mode, logged, kind) in enumerate(columns):
+            value = table[("mean", "nanmean", "min", "max").index(kind)][k]
+            self._metrics[mode][logged].append(float("nan") if value in (float("inf"), float("-inf")) else value)
 
 register_method(
     "grpo",
