@@ -36,6 +36,7 @@ from transformers import set_seed  # noqa: E402
 from tests.distributed import batches  # noqa: E402
 from tests.distributed.harness import write_result  # noqa: E402
 from tests.helpers import _forward, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
+from trl_groupopt import get_method  # noqa: E402
 from trl_groupopt.trainers import OTBTrainer  # noqa: E402
 
 FSDP2_ARGS = dict(
@@ -49,7 +50,6 @@ FSDP2_ARGS = dict(
 )
 LORA = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 # The base trainer and every method, in the sharding-invariant configurations of test_sharding_invariance.py.
-CASES = ["base/grpo", "base/dapo", "echo/global/split", "dfpo/min_replace", "grpo_fix", "ctpo", "otb"]
 LORA_CASES = {"lora/otb": "otb"}  # LoRA (PEFT) + FSDP2: OTB, whose energy capture wraps the PEFT base model
 
 
@@ -100,10 +100,11 @@ def reshard(model) -> None:
 
 def run_case(name, cli, tokenizer, batch):
     method = LORA_CASES.get(name, name)
-    trainer_cls, config_cls, overrides, scenario = one_step.CASES[method]
+    method, overrides, scenario = one_step.CASES[method]
+    trainer_cls = get_method(method).trainer_class
     world = cli.world_size
     fsdp = FSDP2_ARGS if world > 1 else {}
-    args = config_cls(
+    args = get_method(method).make_config(
         **cpu_config_kwargs(
             os.path.join(cli.out, "run", name.replace("/", "_")),
             per_device_train_batch_size=batches.NUM_ROWS // world,
@@ -172,8 +173,8 @@ def run_case(name, cli, tokenizer, batch):
             advantages = compute_advantages(inputs, per_token_logps, mask)
             order = torch.sort(inputs["group_ids"], stable=True).indices  # undo the shuffle of whole groups
             otb.update(group_ids=inputs["group_ids"][order], advantages=advantages.detach()[order])
-            if "otb_energy" in inputs:
-                otb["energy"] = inputs["otb_energy"][order]
+            if "old_per_token_energy" in inputs:
+                otb["energy"] = inputs["old_per_token_energy"][order]
             return advantages
 
         trainer.compute_advantages = MethodType(recording_compute_advantages, trainer)
@@ -210,7 +211,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--cases", default=",".join(CASES + list(LORA_CASES)))
+    parser.add_argument("--cases", required=True, help="comma-separated one_step case names and LORA_CASES keys")
     cli = parser.parse_args()
     if cli.world_size > 1:
         force_fsdp_on_cpu()
