@@ -1,16 +1,19 @@
 """Markdown tables for the README, generated from the committed JSON results (no hand-typed numbers).
 
     python -m benchmarks.report                      # benchmarks/results/*.json -> benchmarks/results/*.md
-    python -m benchmarks.report --results-dir /tmp/bench
+    python -m benchmarks.report --results-dir outputs/bench
+    python -m benchmarks.report --readme README.md   # also splice the tables into README.md's generated blocks
 
 Writes, for each input that exists: `overhead_cpu.md` (from `overhead_cpu.json`), `overhead_cuda.md` (from
-`overhead_cuda.json`), `claims.md` and `stress.md` (from `stress.json`). The README includes these files verbatim.
+`overhead_cuda.json`), `claims.md` and `stress.md` (from `stress.json`). With `--readme`, each block of the README
+between `<!-- BEGIN GENERATED: benchmarks/results/NAME.md -->` and `<!-- END GENERATED -->` is replaced by that file.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +92,30 @@ def stress_markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_GENERATED = re.compile(r"(<!-- BEGIN GENERATED: benchmarks/results/([\w.]+\.md) -->\n)(.*?)(<!-- END GENERATED -->)", re.S)
+
+
+def splice_readme(readme: Path, results_dir: Path) -> list[str]:
+    """Replace each generated block of `readme` by the current file it names; returns the names replaced."""
+    replaced = []
+
+    def fill(match: re.Match) -> str:
+        source = results_dir / match.group(2)
+        if not source.exists():
+            return match.group(0)
+        replaced.append(match.group(2))
+        return match.group(1) + source.read_text().rstrip() + "\n" + match.group(4)
+
+    readme.write_text(_GENERATED.sub(fill, readme.read_text()))
+    return replaced
+
+
 def main(argv=None) -> list[Path]:
     from .stress import claims_markdown
 
     parser = argparse.ArgumentParser(description="README tables from the benchmark JSON files.")
     parser.add_argument("--results-dir", type=Path, default=common.DEFAULT_OUTPUT_DIR)
+    parser.add_argument("--readme", type=Path, default=None, help="splice the tables into this README's blocks")
     args = parser.parse_args(argv)
     written = []
     for device in ("cpu", "cuda"):
@@ -112,6 +134,8 @@ def main(argv=None) -> list[Path]:
         print(f"wrote {path}")
     if not written:
         print(f"nothing to do: no overhead_cpu.json, overhead_cuda.json or stress.json in {args.results_dir}")
+    if args.readme is not None:
+        print(f"{args.readme}: replaced {splice_readme(args.readme, args.results_dir) or 'no block'}")
     return written
 
 
