@@ -35,6 +35,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
 from . import adapters, offline, rewards, trainers  # noqa: F401  (importing trainers registers the methods)
+from .model_card import SYNTHETIC_DATASET_NAME
 from .registry import METHODS, get_method
 from .reporting import ReadableProgressCallback, plot_reward_accuracy, write_results
 from .trainers.base import GroupOptTrainer
@@ -65,6 +66,9 @@ EMBEDDED_POLICY_DEFAULTS = dict(
     ddp_find_unused_parameters=False,  # every parameter is used: skip DDP's extra graph traversal (and its warning)
     logging_steps=2,
 )
+
+#: Everything the embedded-policy demo sets; the benchmarks start from it so their runs compare with the demo's.
+DEMO_DEFAULTS = {**RUN_DEFAULTS, **EMBEDDED_POLICY_DEFAULTS, "bf16": False, "disable_tqdm": True}
 
 #: The reward functions the script can use, by name (``--reward_funcs``).
 REWARD_FUNCS = {"accuracy_reward": rewards.accuracy_reward, "format_reward": rewards.format_reward}
@@ -311,7 +315,8 @@ def _train(method, script_args, training_args, model_args, demo) -> GroupOptTrai
     if evaluate:
         after = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
         say(f"held-out greedy accuracy ({len(eval_dataset)} prompts): {before:.1%} -> {after:.1%}")
-    dataset_name = script_args.dataset_name
+    # The card describes the synthetic task when no dataset was named (model_card.SYNTHETIC_DATASET_NAME).
+    dataset_name = script_args.dataset_name or SYNTHETIC_DATASET_NAME
     trainer.save_model(training_args.output_dir)
     if main:
         trainer.create_model_card(dataset_name=dataset_name)  # after save_model: replaces PEFT's template card

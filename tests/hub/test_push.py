@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from transformers import TrainerCallback
 from trl import GRPOConfig
 
 from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset
@@ -76,6 +77,17 @@ def _config(config_cls, output_dir: Path, repo_id: str, **overrides):
     return config_cls(**kwargs)
 
 
+class WaitForPush(TrainerCallback):
+    """Wait for each checkpoint's background upload before training on. transformers uploads a checkpoint from the
+    output folder while training continues, skips a save whose predecessor is still uploading, and may upload a file
+    that the next save is rewriting: with this wait every save is pushed, whole, as a user with a slower step sees."""
+
+    trainer = None  # set once the trainer exists
+
+    def on_save(self, args, state, control, **kwargs):
+        self.trainer._finish_current_push()
+
+
 class Runs:
     """One trained-and-pushed run per key, made on first use and shared by the module's tests."""
 
@@ -107,7 +119,9 @@ class Runs:
         repo_id = "test-user/otb-every-save"
         args = _config(OTBConfig, self.root / "every-save", repo_id, save_strategy="steps", save_steps=1,
                        hub_strategy="every_save", hub_always_push=True)  # fmt: skip
-        trainer = self._trainer(OTBConfig, OTBTrainer, args)
+        wait = WaitForPush()
+        trainer = self._trainer(OTBConfig, OTBTrainer, args, callbacks=[wait])
+        wait.trainer = trainer
         trainer.train()
         trainer._finish_current_push()  # the checkpoint pushes run in the background
         return {"trainer": trainer, "repo_id": repo_id, "dataset_name": None}
