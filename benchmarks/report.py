@@ -92,7 +92,9 @@ def stress_markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_GENERATED = re.compile(r"(<!-- BEGIN GENERATED: benchmarks/results/([\w.]+\.md) -->\n)(.*?)(<!-- END GENERATED -->)", re.S)
+_GENERATED = re.compile(
+    r"(<!-- BEGIN GENERATED: benchmarks/results/([\w.]+\.md) -->\n)(.*?)(<!-- END GENERATED -->)", re.S
+)
 
 
 def splice_readme(readme: Path, results_dir: Path) -> list[str]:

@@ -81,7 +81,12 @@ def test_tokenizer_round_trip_on_task_text(tok):
         assert tok.decode(ids) == s
     # Multi-character words are single tokens; everything else is one token per character.
     assert tok.convert_ids_to_tokens(tok("Compute \\boxed{12}", add_special_tokens=False)["input_ids"]) == [
-        "Compute", " ", "\\boxed{", "1", "2", "}",
+        "Compute",
+        " ",
+        "\\boxed{",
+        "1",
+        "2",
+        "}",
     ]
 
 
@@ -230,7 +235,9 @@ def test_gsm8k_adapter():
     from datasets import Dataset
 
     mapped = Dataset.from_list([GSM8K_ROW, GSM8K_ROW]).map(
-        gsm8k_to_conversational, fn_kwargs={"system_prompt": BOXED_SYSTEM_PROMPT}, remove_columns=["question", "answer"]
+        gsm8k_to_conversational,
+        fn_kwargs={"system_prompt": BOXED_SYSTEM_PROMPT},
+        remove_columns=["question", "answer"],
     )
     assert mapped.column_names == ["prompt", "solution"] and mapped[1]["solution"] == "\\boxed{72}"
 
@@ -255,8 +262,15 @@ def test_math_adapter():
 def test_artifact_files_and_size():
     root = Path(EMBEDDED_POLICY_PATH)
     files = {f.name: f.stat().st_size for f in root.iterdir() if f.is_file()}
-    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                 "tokenizer_config.json", "chat_template.jinja", "README.md"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "README.md",
+    ):
         assert name in files, name
     assert sum(files.values()) <= 8 * 1024 * 1024
     cfg = json.loads((root / "tokenizer_config.json").read_text())

@@ -116,6 +116,8 @@ def format_reward(completions: Sequence[str | Sequence[dict[str, Any]]], **kwarg
         if ok:
             start = text.index(BOXED) + len(BOXED)
             end = closing_brace(text, start)
-            ok = end is not None and text[start:end].strip() != "" and all(ch in _TRAILING_OK for ch in text[end + 1 :])
+            ok = (
+                end is not None and text[start:end].strip() != "" and all(ch in _TRAILING_OK for ch in text[end + 1 :])
+            )
         rewards.append(1.0 if ok else 0.0)
     return rewards

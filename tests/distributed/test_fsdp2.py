@@ -38,8 +38,9 @@ def runs(tmp_path_factory):
 
     def run(world_size):
         out = root / f"world{world_size}"
-        results = launch("fsdp2_step.py", world_size, out, "--world-size", str(world_size), "--cases", ",".join(CASES),
-                         timeout=900)
+        results = launch(
+            "fsdp2_step.py", world_size, out, "--world-size", str(world_size), "--cases", ",".join(CASES), timeout=900
+        )
         tensors = [torch.load(out / f"rank{rank}_tensors.pt") for rank in range(world_size)]
         return results, tensors
 

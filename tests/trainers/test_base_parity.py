@@ -32,10 +32,12 @@ def trainer_pair(tmp_path_factory):
     model = tiny_model(tokenizer, seed=1)
     args = GRPOConfig(**cpu_config_kwargs(tmp_path_factory.mktemp("parity"), steps_per_generation=2))
     dataset = tiny_dataset(8)
-    trl_trainer = GRPOTrainer(clone_model(model), length_reward, args=args, train_dataset=dataset,
-                              processing_class=tokenizer)
-    our_trainer = GroupOptTrainer(clone_model(model), length_reward, args=args, train_dataset=dataset,
-                                  processing_class=tokenizer)
+    trl_trainer = GRPOTrainer(
+        clone_model(model), length_reward, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
+    our_trainer = GroupOptTrainer(
+        clone_model(model), length_reward, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
     for trainer in (trl_trainer, our_trainer):
         trainer.model.train()
         trainer.current_gradient_accumulation_steps = 1
@@ -57,8 +59,9 @@ CASES = list(itertools.product(["grpo", "dapo", "bnpo", "dr_grpo"], ["token", "s
 def test_base_equals_trl(trainer_pair, loss_type, level, beta):
     tokenizer, trl_trainer, our_trainer = trainer_pair
     batch = random_batch(tokenizer, batch_size=6, seed=CASES.index((loss_type, level, beta)))
-    settings = dict(loss_type=loss_type, importance_sampling_level=level, beta=beta, epsilon_low=0.2,
-                    epsilon_high=0.28)
+    settings = dict(
+        loss_type=loss_type, importance_sampling_level=level, beta=beta, epsilon_low=0.2, epsilon_high=0.28
+    )
     results = []
     for trainer in (trl_trainer, our_trainer):
         _configure(trainer, **settings)
@@ -93,19 +96,38 @@ def test_base_equals_trl(trainer_pair, loss_type, level, beta):
 def test_base_equals_trl_with_extras(trainer_pair, extras):
     tokenizer, trl_trainer, our_trainer = trainer_pair
     batch = random_batch(tokenizer, batch_size=6, seed=7)
-    settings = dict(loss_type="dapo", importance_sampling_level="token", beta=0.0, epsilon_low=0.2, epsilon_high=0.2,
-                    off_policy_mask_threshold=None, top_entropy_quantile=1.0, delta=None,
-                    use_bias_correction_kl=False, steps_per_generation=2, current_gradient_accumulation_steps=1,
-                    entropy_coef=0.0, _entropy_bonus_enabled=False)
+    settings = dict(
+        loss_type="dapo",
+        importance_sampling_level="token",
+        beta=0.0,
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+        off_policy_mask_threshold=None,
+        top_entropy_quantile=1.0,
+        delta=None,
+        use_bias_correction_kl=False,
+        steps_per_generation=2,
+        current_gradient_accumulation_steps=1,
+        entropy_coef=0.0,
+        _entropy_bonus_enabled=False,
+    )
     settings.update(extras)
     results = []
     for trainer in (trl_trainer, our_trainer):
         _configure(trainer, **settings)
         results.append(compute_loss_and_grads(trainer, inputs_with_policies(trainer, batch)))
     for trainer in (trl_trainer, our_trainer):  # restore the shared defaults for the other tests
-        _configure(trainer, off_policy_mask_threshold=None, top_entropy_quantile=1.0, delta=None,
-                   use_bias_correction_kl=False, steps_per_generation=2, current_gradient_accumulation_steps=1,
-                   entropy_coef=0.0, _entropy_bonus_enabled=False)
+        _configure(
+            trainer,
+            off_policy_mask_threshold=None,
+            top_entropy_quantile=1.0,
+            delta=None,
+            use_bias_correction_kl=False,
+            steps_per_generation=2,
+            current_gradient_accumulation_steps=1,
+            entropy_coef=0.0,
+            _entropy_bonus_enabled=False,
+        )
     (trl_loss, trl_grads, trl_metrics), (our_loss, our_grads, our_metrics) = results
     torch.testing.assert_close(our_loss, trl_loss, atol=TOL, rtol=TOL)
     for name in trl_grads:

@@ -250,7 +250,9 @@ def test_keyword_arguments_reach_grpo_trainer(tmp_path, name):
     assert trainer.optimizer is optimizer and trainer.lr_scheduler is scheduler
     assert callback in trainer.callback_handler.callbacks
     assert trainer.processing_class is tokenizer and [t.__name__ for t in trainer.tools] == ["add"]
-    assert [getattr(f, "__wrapped__", f) for f in trainer.reward_funcs] == [length_reward]  # checked wrapper (checks.py)
+    assert [getattr(f, "__wrapped__", f) for f in trainer.reward_funcs] == [
+        length_reward
+    ]  # checked wrapper (checks.py)
 
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer = trainer_cls(model=tool_model(tokenizer), reward_funcs=length_reward, args=_config(name, tmp_path),

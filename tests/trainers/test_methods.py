@@ -39,8 +39,9 @@ TOL = 1e-6
 
 def _build(trainer_cls, config_cls, tmp_path, model, tokenizer, **overrides):
     args = config_cls(**cpu_config_kwargs(tmp_path, per_device_train_batch_size=4, num_generations=2, **overrides))
-    trainer = trainer_cls(clone_model(model), length_reward, args=args, train_dataset=tiny_dataset(8),
-                          processing_class=tokenizer)
+    trainer = trainer_cls(
+        clone_model(model), length_reward, args=args, train_dataset=tiny_dataset(8), processing_class=tokenizer
+    )
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     return trainer
@@ -64,11 +65,20 @@ def test_dfpo_none_equals_trl_gspo(tiny):
     """dfpo_transform='none' is TRL's GSPO (sequence-level IS, loss_type grpo): same loss and gradients."""
     tokenizer, model, tmp = tiny
     eps = dict(epsilon=0.05, epsilon_high=0.08)  # wide enough that some sequences are clipped and some are not
-    trl = _build(GRPOTrainer, GRPOConfig, tmp / "gspo", model, tokenizer, importance_sampling_level="sequence",
-                 loss_type="grpo", **eps)
+    trl = _build(
+        GRPOTrainer,
+        GRPOConfig,
+        tmp / "gspo",
+        model,
+        tokenizer,
+        importance_sampling_level="sequence",
+        loss_type="grpo",
+        **eps,
+    )
     # DFPO defaults to loss_type="dapo" (shared-token cancellation with ragged lengths): ask for GSPO's recipe
-    ours = _build(DFPOTrainer, DFPOConfig, tmp / "dfpo", model, tokenizer, dfpo_transform="none", loss_type="grpo",
-                  **eps)
+    ours = _build(
+        DFPOTrainer, DFPOConfig, tmp / "dfpo", model, tokenizer, dfpo_transform="none", loss_type="grpo", **eps
+    )
     batch = random_batch(tokenizer, batch_size=6, group_size=2, seed=11, off_policy_scale=0.1, with_ref=False)
     results = [compute_loss_and_grads(t, inputs_with_policies(t, batch)) for t in (trl, ours)]
     _assert_same(*results)
@@ -103,8 +113,9 @@ def test_echo_loss_value_is_dapo_when_unclipped_but_gradient_is_coupled(tiny):
     tokenizer, model, tmp = tiny
     wide = dict(epsilon=0.9, epsilon_high=10.0)
     trl = _build(GRPOTrainer, GRPOConfig, tmp / "dapo", model, tokenizer, loss_type="dapo", **wide)
-    ours = _build(ECHOTrainer, ECHOConfig, tmp / "echo", model, tokenizer, batch_epsilon=0.9, steps_per_generation=1,
-                  **wide)
+    ours = _build(
+        ECHOTrainer, ECHOConfig, tmp / "echo", model, tokenizer, batch_epsilon=0.9, steps_per_generation=1, **wide
+    )
     batch = random_batch(tokenizer, batch_size=6, seed=14, off_policy_scale=0.05, with_ref=False)
     (loss_a, grads_a, _), (loss_b, grads_b, metrics) = [
         compute_loss_and_grads(t, inputs_with_policies(t, batch)) for t in (trl, ours)

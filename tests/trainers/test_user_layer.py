@@ -110,7 +110,9 @@ def test_generate_and_score_delegates_to_trl(trainer_cls):
     assert GroupOptTrainer in definers  # the base adds group_ids / rewards
     for klass in definers:
         source = inspect.getsource(vars(klass)[DELEGATING_METHOD])
-        assert f"super().{DELEGATING_METHOD}(" in source, f"{klass.__qualname__} does not call TRL's {DELEGATING_METHOD}"
+        assert f"super().{DELEGATING_METHOD}(" in source, (
+            f"{klass.__qualname__} does not call TRL's {DELEGATING_METHOD}"
+        )
 
 
 def test_package_code_never_touches_the_vllm_backend():
@@ -245,7 +247,9 @@ class FakeVLLM:
                     completion = types.SimpleNamespace(
                         token_ids=tokens, logprobs=[{t: _Logprob(lp - fake.logp_bias)} for t, lp in zip(tokens, logps)]
                     )
-                    outputs.append(types.SimpleNamespace(prompt_token_ids=prompt["prompt_token_ids"], outputs=[completion]))
+                    outputs.append(
+                        types.SimpleNamespace(prompt_token_ids=prompt["prompt_token_ids"], outputs=[completion])
+                    )
                 return outputs
 
             def reset_prefix_cache(self):
@@ -399,7 +403,9 @@ class FakeVLLMClient:
         for prompt in prompts:
             out["prompt_ids"].append(prompt)
             for _ in range(n):
-                tokens, logps = _sample(self.engine_model, prompt, max_tokens, temperature, self.eos_id, self.generator)
+                tokens, logps = _sample(
+                    self.engine_model, prompt, max_tokens, temperature, self.eos_id, self.generator
+                )
                 out["completion_ids"].append(tokens)
                 out["logprobs"].append([[lp] for lp in logps])
                 out["logprob_token_ids"].append([[t] for t in tokens])

@@ -60,7 +60,9 @@ def greedy_accuracy(
     model.eval()
     device = next(model.parameters()).device
     gen_kwargs = (
-        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if do_sample else {"do_sample": False}
+        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        if do_sample
+        else {"do_sample": False}
     )
     completions: list[str] = []
     prompts = list(dataset["prompt"])

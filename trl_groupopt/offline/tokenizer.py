@@ -13,12 +13,7 @@ SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
 # Multi-character words that get one token each (the answer wrapper and the task's verb).
 WORD_TOKENS = ["\\boxed{", "Compute"]
-CHAR_TOKENS = (
-    list("0123456789")
-    + list("+-*/=.,:?()[]{}^$\\")
-    + [" ", "\n"]
-    + list("abcdefghijklmnopqrstuvwxyz")
-)
+CHAR_TOKENS = list("0123456789") + list("+-*/=.,:?()[]{}^$\\") + [" ", "\n"] + list("abcdefghijklmnopqrstuvwxyz")
 
 # Jinja chat template: bos, one line per system/user turn, assistant turn closed by eos; with
 # add_generation_prompt the rendered prompt ends at the assistant marker, so it is an exact token

@@ -519,7 +519,9 @@ class GroupOptTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_importance_sampling_correction and not self.objective_applies_is_weights:
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
         if self.beta != 0.0:
-            per_token_kl = self._per_token_kl(per_token_logps, old_per_token_logps, inputs["ref_per_token_logps"], mask)
+            per_token_kl = self._per_token_kl(
+                per_token_logps, old_per_token_logps, inputs["ref_per_token_logps"], mask
+            )
             per_token_loss = per_token_loss + self.beta * per_token_kl
 
         loss, policy_loss = self._aggregate(per_token_loss, mask, inputs, mode)
@@ -585,14 +587,20 @@ class GroupOptTrainer(GRPOTrainer):
             apply_coef = 0.0
         if self.use_adaptive_entropy and mode == "train":
             stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
-            self._entropy_window_stats = stats if self._entropy_window_stats is None else self._entropy_window_stats + stats
+            self._entropy_window_stats = (
+                stats if self._entropy_window_stats is None else self._entropy_window_stats + stats
+            )
             if self.accelerator.sync_gradients:  # optimizer-step boundary: window-global entropy over all ranks
                 totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
                 world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
                 if world_entropy <= self.args.entropy_target:
-                    self.entropy_coef = min(self.entropy_coef + self.args.entropy_coef_delta, self.args.entropy_coef_max)
+                    self.entropy_coef = min(
+                        self.entropy_coef + self.args.entropy_coef_delta, self.args.entropy_coef_max
+                    )
                 else:
-                    self.entropy_coef = max(self.entropy_coef - self.args.entropy_coef_delta, self.args.entropy_coef_min)
+                    self.entropy_coef = max(
+                        self.entropy_coef - self.args.entropy_coef_delta, self.args.entropy_coef_min
+                    )
                 self._last_world_entropy = world_entropy
                 self._entropy_window_stats = None
         if mode == "train" and self.accelerator.sync_gradients:
@@ -639,7 +647,9 @@ class GroupOptTrainer(GRPOTrainer):
                     local += self._masked_stats(value, mask)
                     columns.append((mode, logged, "mean"))
                     if name in ("clip_ratio/low", "clip_ratio/high"):
-                        per_sequence = value.squeeze(1) if value.shape[1] == 1 else (value * mask).sum(-1) / mask.sum(-1)
+                        per_sequence = (
+                            value.squeeze(1) if value.shape[1] == 1 else (value * mask).sum(-1) / mask.sum(-1)
+                        )
                         low = name.endswith("low")
                         fill = torch.full_like(per_sequence, float("inf") if low else float("-inf"))
                         per_sequence = torch.where(torch.isnan(per_sequence), fill, per_sequence)  # TRL's nanmin/max
@@ -664,6 +674,7 @@ class GroupOptTrainer(GRPOTrainer):
         for k, (mode, logged, kind) in enumerate(columns):
             value = table[("mean", "nanmean", "min", "max").index(kind)][k]
             self._metrics[mode][logged].append(float("nan") if value in (float("inf"), float("-inf")) else value)
+
 
 register_method(
     "grpo",
