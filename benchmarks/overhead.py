@@ -34,7 +34,7 @@ tokens, a few steps. Outputs: `overhead_<device>.json` and `.png` (`overhead_smo
 benchmarks.report` writes the README's markdown table from the JSON.
 
 Usage (from the repo root):
-    python -m benchmarks.overhead --smoke --output-dir /tmp/bench        # CPU, < 1 min
+    python -m benchmarks.overhead --smoke --output-dir outputs/bench        # CPU, < 1 min
     python -m benchmarks.overhead --device cpu                          # the committed CPU measurement
     python -m benchmarks.overhead --device cuda                         # GPU
     python -m benchmarks.overhead --plot-from benchmarks/results/overhead_cpu.json

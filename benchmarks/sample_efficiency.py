@@ -32,7 +32,7 @@ Runs go to a process pool (`--workers`, one torch thread each on CPU); each fini
 `--from-runs that.jsonl` rebuilds the JSON and plots from them without training.
 
 Usage:
-    python -m benchmarks.sample_efficiency --smoke --output-dir /tmp/bench        # 2 methods x 1 seed x 3 steps
+    python -m benchmarks.sample_efficiency --smoke --output-dir outputs/bench        # 2 methods x 1 seed x 3 steps
     python -m benchmarks.sample_efficiency --device cpu --workers 15              # the full grid on 16 cores
     python -m benchmarks.sample_efficiency --from-runs benchmarks/results/sample_efficiency_runs.jsonl
 """

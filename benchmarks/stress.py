@@ -32,7 +32,7 @@ samples), the difference method - baseline with its 95% interval, and a verdict 
 `python -m benchmarks.report` writes `claims.md` from `stress.json`.
 
 Usage (from the repo root):
-    python -m benchmarks.stress --smoke --output-dir /tmp/bench                # seconds
+    python -m benchmarks.stress --smoke --output-dir outputs/bench                # seconds
     python -m benchmarks.stress --workers 2                                    # the committed run
     python -m benchmarks.stress --from-runs benchmarks/results/stress_runs.jsonl   # re-summarise, no training
 """
