@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CONTROL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 # Role markers of the chat template: single tokens, registered as additional special tokens so
 # `decode(..., skip_special_tokens=True)` drops them like any chat model's markers.
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
@@ -32,7 +32,7 @@ CHAT_TEMPLATE = (
 
 
 def _vocabulary() -> dict[str, int]:
-    tokens = SPECIAL_TOKENS + ROLE_TOKENS + WORD_TOKENS + CHAR_TOKENS
+    tokens = CONTROL_TOKENS + ROLE_TOKENS + WORD_TOKENS + CHAR_TOKENS
     if len(set(tokens)) != len(tokens):  # a duplicate would silently alias two ids
         raise ValueError("duplicate token in the tiny vocabulary")
     return {tok: i for i, tok in enumerate(tokens)}
@@ -58,12 +58,12 @@ def build_tokenizer():
 
     vocab = _vocabulary()
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    words = SPECIAL_TOKENS + ROLE_TOKENS + WORD_TOKENS
+    words = CONTROL_TOKENS + ROLE_TOKENS + WORD_TOKENS
     pattern = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r"|[\s\S]"
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     tok.decoder = decoders.Fuse()
     # Specials and role markers are matched before pre-tokenization and marked special.
-    tok.add_special_tokens(SPECIAL_TOKENS + ROLE_TOKENS)
+    tok.add_special_tokens(CONTROL_TOKENS + ROLE_TOKENS)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<bos>",
