@@ -7,7 +7,7 @@ unchanged, and `--help` lists them all with the method's own fields.
 Defaults compose in layers (each layer only fills what the ones above left unset):
 
 1. the command line, 2. the `--config` YAML file,
-3. :data:`EMBEDDED_POLICY_DEFAULTS`: only with the embedded tiny policy (no `--model_name_or_path`): its learning
+3. :data:`EMBEDDED_POLICY_DEFAULTS` (and :data:`EMBEDDED_POLICY_METHOD_DEFAULTS`): only with the embedded tiny policy (no `--model_name_or_path`): its learning
    rate, sampling temperature, completion length and run length,
 4. :data:`RUN_DEFAULTS` for every run, named model or not: the off-policy schedule (`steps_per_generation` >
    `gradient_accumulation_steps`, so the clipping methods act), logging, CPU when there is no GPU,
@@ -54,7 +54,7 @@ RUN_DEFAULTS = dict(
 #: The embedded tiny policy on the synthetic task. Its greedy decoding boxes only about half of its answers (the asset's
 #: README.md), so RL on the accuracy reward alone learns to box the answers it already computes right: measured
 #: (seeded, one CPU thread) held-out greedy accuracy rises from 18.0% to 29.5-33% in 80 steps for ECHO, DFPO,
-#: CTPO and GRPO-fix, in ~80-105 s of CPU time (OTB stays at ~18%). Learning rates above ~2e-4 made this
+#: CTPO and GRPO-fix (OTB at its own lr below: 34.5%), in ~85-105 s of CPU time. Learning rates above ~2e-4 made this
 #: 1 M-parameter policy worse.
 EMBEDDED_POLICY_DEFAULTS = dict(
     learning_rate=1e-4,
@@ -67,6 +67,11 @@ EMBEDDED_POLICY_DEFAULTS = dict(
     ddp_find_unused_parameters=False,  # every parameter is used: skip DDP's extra graph traversal (and its warning)
     logging_steps=2,
 )
+
+#: Per-method additions to :data:`EMBEDDED_POLICY_DEFAULTS`. OTB's advantages are raw rewards minus its token
+#: baseline (no std normalisation): measured, lr 1e-4 left its held-out accuracy flat (18.0% -> 17.5%) and 2e-4 / 3e-4
+#: collapsed it, while 5e-5 gave 18.0% -> 34.5%.
+EMBEDDED_POLICY_METHOD_DEFAULTS: dict[str, dict] = {"otb": dict(learning_rate=5e-5)}
 
 #: The reward functions the script can use, by name (``--reward_funcs``).
 REWARD_FUNCS = {"accuracy_reward": rewards.accuracy_reward, "format_reward": rewards.format_reward}
@@ -153,6 +158,7 @@ def build_parser(method: str, argv: Sequence[str] = ()) -> TrlParser:
     )
     if embedded:
         parser.set_defaults(**EMBEDDED_POLICY_DEFAULTS, model_name_or_path=offline.EMBEDDED_POLICY_PATH)
+        parser.set_defaults(**EMBEDDED_POLICY_METHOD_DEFAULTS.get(method, {}))
     return parser
 
 
