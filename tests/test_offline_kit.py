@@ -310,7 +310,8 @@ def test_embedded_policy_greedy_sample(policy):
     # Greedy decoding follows the SFT format: steps "a+b=c." then a boxed or bare answer.
     step = re.compile(r"^(-?\d+[+-]\d+=-?\d+\. )+(\\boxed\{-?\d+\}|-?\d+)$")
     assert sum(bool(step.match(c)) for c in comps) >= 16, comps
-    # Shipped policy: 5/20 right and 19/20 boxed on this sample (32.5% / 90% on all 200); the
-    # bounds leave room for argmax flips on other CPUs.
+    # Shipped policy: 5/20 right and 10/20 boxed on this sample (18% / 48% on all 200: greedy decoding
+    # boxes about half its answers, the headroom the demo's RL learns); the bounds leave room for
+    # argmax flips on other CPUs.
     assert 0.0 < res["accuracy"] < 1.0, comps
-    assert res["format_rate"] >= 0.5, comps
+    assert 0.25 <= res["format_rate"] <= 0.75, comps
