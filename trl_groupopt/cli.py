@@ -38,7 +38,7 @@ from . import adapters, offline, rewards, trainers  # noqa: F401  (importing tra
 from .model_card import SYNTHETIC_DATASET_NAME
 from .registry import METHODS, get_method
 from .reporting import ReadableProgressCallback, plot_reward_accuracy, write_results
-from .trainers.base import GroupOptTrainer
+from .trainers.base import GroupOptTrainer, device_supports_bf16
 
 #: Every run, whatever the model: an off-policy schedule sized for one small device, readable logs.
 RUN_DEFAULTS = dict(
@@ -155,10 +155,14 @@ def build_parser(method: str, argv: Sequence[str] = ()) -> TrlParser:
         description=f"Train with {spec.trainer_class.__name__} ({spec.paper}). {spec.summary}".strip(),
     )
     parser.set_defaults(**spec.config_defaults)  # a mode's settings (GRPO-fix); the command line still wins
+    use_cpu = not (torch.cuda.is_available() or _has_other_accelerator())
     parser.set_defaults(
         **RUN_DEFAULTS,
         output_dir=default_output_dir(method, model_args.model_name_or_path),
-        use_cpu=not (torch.cuda.is_available() or _has_other_accelerator()),
+        use_cpu=use_cpu,
+        # the method configs pick bf16 by device themselves; TRL's GRPOConfig (the base trainer) would train in bf16
+        # autocast on a CPU, several times slower than fp32
+        bf16=device_supports_bf16(use_cpu),
     )
     if embedded:
         parser.set_defaults(**EMBEDDED_POLICY_DEFAULTS, model_name_or_path=offline.EMBEDDED_POLICY_PATH)
