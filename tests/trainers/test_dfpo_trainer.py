@@ -163,8 +163,11 @@ def test_residual_and_clip_metrics_logged_on_the_embedded_policy(tmp_path):
             "clip_ratio/region_mean",
         ):
             assert key in entry, sorted(entry)
-        residual = entry["dfpo/cancellation_residual"]
-        assert residual is not None and 0 <= residual < 1e-5  # float32 rounding of an exact cancellation
+    # NaN (logged as None) on a step where no group had two moving completions; exact cancellation everywhere else
+    residuals = [entry["dfpo/cancellation_residual"] for entry in logged]
+    measured = [r for r in residuals if r is not None and r == r]
+    assert measured, residuals
+    assert all(0 <= r < 1e-5 for r in measured), residuals  # float32 rounding of an exact cancellation
 
 
 def test_all_equal_rewards_contribute_nothing_on_the_embedded_policy(tmp_path):
