@@ -1,4 +1,4 @@
-"""Optimizer-step time (and peak memory) of every trl-groupopt trainer against TRL's GRPOTrainer, same process.
+"""Optimizer-step time (on CUDA also activation memory) of every trl-groupopt trainer against TRL's GRPOTrainer.
 
 What is timed. Generation is identical across trainers (none of them touches it) and would dominate, so it is
 replaced: each trainer's `_generate_single_turn` (the sampling call inside TRL's `_generate`) returns a fixed,
@@ -11,31 +11,39 @@ energy there, as in real training), the group-preserving shuffle, and then the o
 
 Which trainers. TRL's `GRPOTrainer` (the baseline, `trl_grpo`), then every method of the registry
 (`trl_groupopt.METHODS`; its "grpo" entry, our base trainer with TRL's objective, is reported as `base`), then the
-extra variants of `EXTRA_VARIANTS` (a data table: ECHO's "step" batch-ratio scope, the other DFPO transforms, CTPO's
-geometric-mean ratio, ...). A variant whose config field does not exist or whose value the config rejects is
-reported as "not available" with the config's message, never a crash.
+extra variants of `EXTRA_VARIANTS` (a data table: ECHO's "micro_batch" batch-ratio scope, the other DFPO transforms,
+CTPO's geometric-mean ratio, ...), then `trl_grpo_again`, TRL's GRPOTrainer a second time: the A/A control. A
+variant whose config field does not exist or whose value the config rejects is reported as "not available" with the
+config's message, never a crash.
 
-How. Each trainer runs `--warmup` untimed then `--steps` timed optimizer steps (rounded up to whole generation
-cycles) on a fresh copy of the same random weights. A callback reads the clock at each step's start and end; a
-wrapper times the scoring (once per generation cycle). `time_ms` = median step time without scoring + the scoring
-time amortised per step. One *repeat* runs every trainer once per shape (`--shapes`, vocabulary x completion length),
-in ABBA order (the list, then reversed); repeats continue until the noise floor (the spread (max - min) / median of
-TRL GRPOTrainer's own per-repeat time, every shape) is below `--noise-target` (2%) after at least `--min-repeats`,
-or `--max-repeats`, or the `--max-minutes` budget would be exceeded by one more repeat. The ratio of a trainer is
-`time_ms / time_ms(trl_grpo)` over the pooled steps of all repeats; the JSON also holds the paired per-repeat ratios
-with their mean and 95% interval.
+How. One *run* builds every trainer on a fresh copy of the same random weights and trains them all at once, each in
+its own thread, in lockstep (`Lockstep`): exactly one trainer runs at a time, one optimizer step per turn, and the
+order is reversed every round (ABBA per step). Step k of every trainer thus sees the same batch and runs within one
+round of the others' step k, so a slow drift of a shared machine cancels in the paired ratio. `--warmup` steps are
+untimed, then `--steps` are timed (rounded up to whole generation cycles); a callback reads the clock at each step's
+start and end. The ratio of a trainer is `exp(mean log(cycle time / TRL GRPOTrainer's same cycle))` over every timed
+generation cycle (its steps, scoring included) of every run, with its 95% Student-t interval. The *noise floor* is
+how far from 1 the A/A control's interval reaches: the smallest difference the run can resolve. Runs repeat once
+per shape (`--shapes`, vocabulary x completion length), alternating the starting order, until the noise floor is
+below `--noise-target` (2%) for every shape after at least `--min-repeats`, or `--max-repeats`, or the
+`--max-minutes` budget would be exceeded by one more repeat. `time_ms` (median step without scoring + scoring
+amortised per step) is printed for reading; the ratios do not use it. On CUDA the activation peak of each trainer's
+timed steps is recorded (peak allocated minus allocated at the step's start); on the CPU one process holds every
+trainer, so no per-trainer memory is measured.
 
 Defaults. CPU (`--device cpu`): a tiny Qwen2 (hidden 32, 2 layers) with the vocabularies of Llama-2 (32,000,
 completions up to 128 tokens) and Qwen2.5 (151,936, up to 64), one group of 4 per micro-batch, one micro-batch per
-optimizer step and two per generation (off-policy), 2 warm-up + 2 timed steps per run, fp32, one torch thread: sized
-so that 2-4 repeats of all trainers fit the 14-minute budget on an idle 2-core machine. GPU (`--device cuda`):
-Qwen2.5-0.5B's shapes with random weights, bf16, completions up to 512. `--smoke`: the task tokenizer's ~70-token vocabulary, 24
-tokens, a few steps. Outputs: `overhead_<device>.json` and `.png` (`overhead_smoke.*` for --smoke); `python -m
-benchmarks.report` writes the README's markdown table from the JSON.
+optimizer step and two per generation (off-policy), 2 warm-up + 16 timed steps per run, fp32, one torch thread. GPU
+(`--device cuda`): Qwen2.5-0.5B's shapes with random weights, bf16, completions up to 512. `--smoke`: the task
+tokenizer's ~70-token vocabulary, 24 tokens, a few steps. Outputs: `overhead_<device>.json` and `.png`
+(`overhead_smoke.*` for --smoke); `python -m benchmarks.report` writes the README's markdown table from the JSON.
+On glibc, `GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296`
+keeps the allocator from returning and re-faulting the large logits buffers every step (system time, noise); the
+JSON records it.
 
 Usage (from the repo root):
     python -m benchmarks.overhead --smoke --output-dir outputs/bench        # CPU, < 1 min
-    python -m benchmarks.overhead --device cpu                          # the committed CPU measurement
+    GLIBC_TUNABLES=... python -m benchmarks.overhead --device cpu --max-minutes 50   # the committed CPU measurement
     python -m benchmarks.overhead --device cuda                         # GPU
     python -m benchmarks.overhead --plot-from benchmarks/results/overhead_cpu.json
 """
@@ -45,10 +53,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
-import re
-import resource
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +65,8 @@ from typing import Any
 from . import common
 
 BASELINE = "trl_grpo"
+#: A second TRL GRPOTrainer timed in every round: its ratio to the first is the noise floor (`noise_floor`).
+CONTROL = "trl_grpo_again"
 #: Time-ratio targets against TRL's GRPOTrainer, by registry method (issue 18). Variants inherit their method's.
 METHOD_TARGETS: dict[str, float] = {
     "grpo": 1.01,
@@ -111,6 +121,8 @@ def variants() -> list[Variant]:
         else:
             out.append(Variant(name, key, {}, label))
     out += [v for v in EXTRA_VARIANTS if v.method in METHODS]
+    # Last in the list, so ABBA puts it at the other end of each round from the baseline.
+    out.append(Variant(CONTROL, None, {}, "TRL GRPOTrainer again (A/A control: the noise floor)", NO_TARGET))
     return out
 
 
@@ -131,13 +143,13 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
             max_position_embeddings=1024, tie_word_embeddings=True)  # fmt: skip
 
 # shapes: "VOCABxCOMPLETION" (vocab 0 = the task tokenizer's own ~70 tokens)
-CPU_DEFAULTS = dict(steps=2, warmup=2, min_repeats=2, max_repeats=8, max_minutes=14.0, shapes="32000x128,151936x64",
+CPU_DEFAULTS = dict(steps=16, warmup=2, min_repeats=2, max_repeats=20, max_minutes=50.0, shapes="32000x128,151936x64",
                     prompt_length=32, batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2,
                     model="tiny")  # fmt: skip
 GPU_DEFAULTS = dict(steps=20, warmup=4, min_repeats=2, max_repeats=4, max_minutes=9.0, shapes="151936x512",
                     prompt_length=128, batch_size=8, num_generations=4, grad_accum=2, steps_per_generation=4,
                     model="qwen2.5-0.5b")  # fmt: skip
-SMOKE_DEFAULTS = dict(steps=2, warmup=2, min_repeats=1, max_repeats=1, max_minutes=5.0, shapes="0x24",
+SMOKE_DEFAULTS = dict(steps=4, warmup=2, min_repeats=1, max_repeats=1, max_minutes=5.0, shapes="0x24",
                       prompt_length=16, batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2,
                       model="tiny")  # fmt: skip
 
@@ -175,7 +187,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--repeats", type=int, help="Exactly this many repeats (sets --min-repeats and --max-repeats)."
     )
     parser.add_argument("--noise-target", type=float, default=0.02,
-                        help="Stop once TRL GRPOTrainer's per-repeat spread (max-min)/median is below this.")  # fmt: skip
+                        help="Stop once the A/A control's 95%% interval lies within 1 +- this.")  # fmt: skip
     parser.add_argument("--max-minutes", type=float, help="No repeat starts that would end past this budget.")
     parser.add_argument("--model", choices=["qwen2.5-0.5b", "tiny"], help="Model shapes.")
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
@@ -216,65 +228,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.steps = -(-max(args.steps, 1) // cycle) * cycle
     args.output_stem = "overhead_smoke" if args.smoke else f"overhead_{args.device}"
     return args
-
-
-# ------------------------------------------------------------------------------------------------ memory probes
-# ------------------------------------------------------------------------------------------------ memory probes
-def _vm_hwm_bytes() -> int | None:
-    try:
-        text = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    match = re.search(r"VmHWM:\s+(\d+)\s+kB", text)
-    return int(match.group(1)) * 1024 if match else None
-
-
-class MemoryProbe:
-    """Peak memory over a window: CUDA allocator peak, or the CPU process's peak RSS."""
-
-    def __init__(self, device: str):
-        self.device = device
-        if device == "cuda":
-            self.kind = "cuda_max_memory_allocated"
-        elif _vm_hwm_bytes() is not None and self._clear_refs():
-            self.kind = "cpu_peak_rss_vmhwm_reset"
-        else:
-            self.kind = "cpu_ru_maxrss_not_resettable"
-
-    @staticmethod
-    def _clear_refs() -> bool:
-        try:
-            with open("/proc/self/clear_refs", "w") as handle:
-                handle.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-            return True
-        except OSError:
-            return False
-
-    def current(self) -> int:
-        if self.device == "cuda":
-            import torch
-
-            return torch.cuda.memory_allocated()
-        text = Path("/proc/self/status").read_text() if os.path.exists("/proc/self/status") else ""
-        match = re.search(r"VmRSS:\s+(\d+)\s+kB", text)
-        return int(match.group(1)) * 1024 if match else 0
-
-    def reset(self) -> None:
-        if self.device == "cuda":
-            import torch
-
-            torch.cuda.reset_peak_memory_stats()
-        elif self.kind == "cpu_peak_rss_vmhwm_reset":
-            self._clear_refs()
-
-    def peak(self) -> int:
-        if self.device == "cuda":
-            import torch
-
-            return torch.cuda.max_memory_allocated()
-        if self.kind == "cpu_peak_rss_vmhwm_reset":
-            return _vm_hwm_bytes() or 0
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
 
 
 # ------------------------------------------------------------------------------------------------ the workload
@@ -426,28 +379,65 @@ def availability(variant: Variant, args, device: str, dtype) -> str | None:
     return None
 
 
-def run_trainer(
-    variant: Variant, args, device: str, dtype, tokenizer, dataset, probe: MemoryProbe, workdir: str,
-    profile: bool = False,
-) -> dict:  # fmt: skip
-    """Build one trainer on a fresh copy of the model, train warmup + steps optimizer steps, return its timings.
+class Lockstep:
+    """Turns for the trainers' threads: exactly one runs at a time, one optimizer step per turn, in `order`, which is
+    reversed after every round (ABBA per step). Every trainer's step k therefore runs within one round of the others'
+    step k, so a slow drift of the machine (other tenants of the host, clock changes) affects the paired steps alike
+    and cancels in their ratio, which sequential whole runs cannot do."""
 
-    With `profile`, the timed steps also run under `torch.profiler` and `record["ops"]` maps each op to its call
-    count and self CPU time (the input of `benchmarks.profile_step`)."""
-    import torch
-    from transformers import PrinterCallback, TrainerCallback
+    def __init__(self, names: list[str], on_round=None):
+        self.order = list(names)
+        self.pos = 0
+        self.started = False
+        self.on_round = on_round  # called between rounds, when no trainer is inside a step
+        self.cond = threading.Condition()
+
+    def start(self) -> None:
+        with self.cond:
+            self.started = True
+            self.cond.notify_all()
+
+    def acquire(self, name: str) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.started and self.order[self.pos] == name)
+
+    def release(self, name: str) -> None:
+        with self.cond:
+            self.pos += 1
+            self._wrap()
+
+    def leave(self, name: str) -> None:
+        """`name` takes no more turns (its training ended, or failed): the others go on without it."""
+        with self.cond:
+            if name not in self.order:
+                return
+            index = self.order.index(name)
+            del self.order[index]
+            if index < self.pos:
+                self.pos -= 1
+            self._wrap()
+
+    def _wrap(self) -> None:
+        if self.order and self.pos >= len(self.order):
+            self.pos = 0
+            self.order.reverse()
+            if self.on_round is not None:
+                self.on_round()
+        self.cond.notify_all()
+
+
+def build_trainer(variant: Variant, args, device: str, dtype, tokenizer, dataset, workdir: str):
+    """One trainer on a fresh copy of the model, generation replaced by the fixed sampler, scoring timed."""
+    from transformers import PrinterCallback
 
     make_config, trainer_cls = classes(variant)
     config = make_config(**config_kwargs_for(variant, args, device, dtype, workdir))
-    gc.collect()
-    allocated_before = probe.current()
     model = build_model(args, tokenizer, device, dtype)
     trainer = trainer_cls(model=model, reward_funcs=synthetic_reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer)  # fmt: skip
     trainer._generate_single_turn = make_fake_sampler(tokenizer, args.completion_length, args.seed)
     trainer.remove_callback(PrinterCallback)  # the end-of-training metrics dict: noise in this benchmark's output
-
-    record: dict[str, Any] = {"step_s": [], "scoring_s": [], "static_bytes": None, "peak_bytes": None}
+    record: dict[str, Any] = {"step_s": [], "scoring_s": [], "activation_peak_bytes": None}
     pending = {"scoring": 0.0, "t0": 0.0}
     score = trainer._generate_and_score_completions  # bound: the most derived class's method
 
@@ -460,56 +450,118 @@ def run_trainer(
         return out
 
     trainer._generate_and_score_completions = timed_scoring
+    record["_pending"] = pending
+    return trainer, record
+
+
+def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, dataset, workdir: str,
+                 profile: bool = False) -> dict[str, dict]:  # fmt: skip
+    """Train every variant for warmup + steps optimizer steps, in lockstep (`Lockstep`), and return their timings:
+    `step_s` / `scoring_s` per timed step (step k of every trainer sees the same batch), and on CUDA the activation
+    peak (peak allocated during a timed step minus allocated at its start; on CPU one process holds every trainer,
+    so no per-trainer memory is measured).
+
+    With `profile` (one variant only), the timed steps run under `torch.profiler` and `record["ops"]` maps each op
+    to its call count and self CPU time (the input of `benchmarks.profile_step`)."""
+    import torch
+    from transformers import TrainerCallback
+
+    if profile and len(variants) != 1:
+        raise ValueError("profile one variant at a time")
+    built = {v.name: build_trainer(v, args, device, dtype, tokenizer, dataset, workdir) for v in variants}
+    lockstep = Lockstep(list(built), on_round=gc.collect)
+    ready = {name: threading.Event() for name in built}
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
 
     class StepTimer(TrainerCallback):
+        def __init__(self, name: str, record: dict):
+            self.name, self.record, self.pending = name, record, record["_pending"]
+
+        def on_train_begin(self, _args, state, control, **kwargs):
+            ready[self.name].set()
+            lockstep.acquire(self.name)  # from here on this thread runs only in its turns
+
         def on_step_begin(self, _args, state, control, **kwargs):
             common.synchronize(device)
-            pending["scoring"] = 0.0
-            pending["t0"] = time.perf_counter()
+            self.pending["scoring"] = 0.0
+            self.start_bytes = torch.cuda.memory_allocated() if device == "cuda" else None
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            self.pending["t0"] = time.perf_counter()
 
         def on_step_end(self, _args, state, control, **kwargs):
             common.synchronize(device)
-            elapsed = time.perf_counter() - pending["t0"]
+            elapsed = time.perf_counter() - self.pending["t0"]
             if state.global_step > args.warmup:
-                record["step_s"].append(elapsed)
-                record["scoring_s"].append(pending["scoring"])
-                record["peak_bytes"] = probe.peak()
-            elif state.global_step == args.warmup:  # the timed window starts now
-                gc.collect()
-                record["static_bytes"] = probe.current()
-                probe.reset()
-                if profiler is not None:
-                    profiler.__enter__()
+                self.record["step_s"].append(elapsed)
+                self.record["scoring_s"].append(self.pending["scoring"])
+                if device == "cuda":
+                    peak = torch.cuda.max_memory_allocated() - self.start_bytes
+                    self.record["activation_peak_bytes"] = max(self.record["activation_peak_bytes"] or 0, peak)
+            elif state.global_step == args.warmup and profiler is not None:
+                profiler.__enter__()
+            if state.global_step < state.max_steps:  # the last turn ends in on_train_end, after train()'s wrap-up
+                lockstep.release(self.name)
+                lockstep.acquire(self.name)
 
-    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
-    trainer.add_callback(StepTimer())
-    gc.disable()  # a collection inside one trainer's timed window and not another's is noise, not overhead
+        def on_train_end(self, _args, state, control, **kwargs):
+            lockstep.leave(self.name)
+
+    errors: dict[str, BaseException] = {}
+
+    def train(name: str, trainer) -> None:
+        try:
+            trainer.train()
+        except BaseException as error:  # noqa: BLE001 - re-raised in the main thread below
+            errors[name] = error
+            ready[name].set()
+        finally:
+            lockstep.leave(name)
+
+    threads = []
+    for name, (trainer, record) in built.items():
+        trainer.add_callback(StepTimer(name, record))
+    gc.collect()
+    gc.disable()  # collections run between rounds only (Lockstep.on_round), never inside a timed step
     try:
-        trainer.train()
+        if len(built) == 1:  # in this thread: torch.profiler must start and stop in one thread
+            lockstep.start()
+            ((name, (trainer, _)),) = built.items()
+            train(name, trainer)
+        else:
+            for name, (trainer, _) in built.items():
+                thread = threading.Thread(target=train, args=(name, trainer), name=f"overhead-{name}", daemon=True)
+                thread.start()
+                ready[name].wait()  # set-ups one at a time: none overlaps another's (untimed, but CPU-bound)
+                threads.append(thread)
+            lockstep.start()
+            for thread in threads:
+                thread.join()
     finally:
         gc.enable()
+    if errors:
+        name, error = next(iter(errors.items()))
+        raise RuntimeError(f"trainer {name!r} failed in the overhead benchmark") from error
     if profiler is not None:
         profiler.__exit__(None, None, None)
-        record["ops"] = {
-            e.key: {"count": e.count, "self_cpu_us": e.self_cpu_time_total, "cpu_us": e.cpu_time_total}
-            for e in profiler.key_averages()
-        }
-    old_per_token_logps = None
-    if trainer._buffered_inputs:
-        old_per_token_logps = trainer._buffered_inputs[0].get("old_per_token_logps")
-    record.update(
-        off_policy=old_per_token_logps is not None,
-        otb_energy_from_behaviour_forward=bool(
-            trainer._buffered_inputs and "old_per_token_energy" in trainer._buffered_inputs[0]
-        ),
-        num_parameters=sum(p.numel() for p in model.parameters()),
-        allocated_before_build_bytes=allocated_before,
-    )
-    del trainer, model  # the scoring wrapper and the trainer form a cycle: gc.collect() below frees both
+    records = {}
+    for name, (trainer, record) in built.items():
+        record.pop("_pending")
+        if profiler is not None:
+            record["ops"] = {e.key: {"count": e.count, "self_cpu_us": e.self_cpu_time_total,
+                                     "cpu_us": e.cpu_time_total} for e in profiler.key_averages()}  # fmt: skip
+        buffered = trainer._buffered_inputs[0] if trainer._buffered_inputs else {}
+        record.update(
+            off_policy=buffered.get("old_per_token_logps") is not None,
+            otb_energy_from_behaviour_forward="old_per_token_energy" in buffered,
+            num_parameters=sum(p.numel() for p in trainer.model.parameters()),
+        )
+        records[name] = record
+    del built, threads  # the scoring wrappers and the trainers form cycles: gc.collect() below frees them
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
-    return record
+    return records
 
 
 def repeat_time_ms(record: dict) -> float:
@@ -518,25 +570,52 @@ def repeat_time_ms(record: dict) -> float:
     return 1e3 * (common.median(train_only) + sum(record["scoring_s"]) / len(record["scoring_s"]))
 
 
-def noise_floor(baseline_runs: list[dict]) -> float | None:
-    """(max - min) / median of TRL GRPOTrainer's per-repeat time: how much the baseline differs from itself."""
-    times = [repeat_time_ms(r) for r in baseline_runs]
-    if len(times) < 2:
-        return None
-    return (max(times) - min(times)) / common.median(times)
+def cycle_log_ratios(runs: list[dict], baseline_runs: list[dict], cycle: int) -> list[float]:
+    """log(time of a trainer's generation cycle / the baseline's same cycle), over every timed cycle of every repeat.
+
+    A cycle (`steps_per_generation / gradient_accumulation_steps` optimizer steps) holds one scoring call, so its
+    time is the whole cost of those steps; cycle k of two trainers in one repeat ran the same batches within one
+    lockstep round of each other, so the pair is as close in time and content as the design allows."""
+    out = []
+    for run, base in zip(runs, baseline_runs):
+        a, b = run["step_s"], base["step_s"]
+        for k in range(0, min(len(a), len(b)) - cycle + 1, cycle):
+            out.append(math.log(sum(a[k : k + cycle]) / sum(b[k : k + cycle])))
+    return out
 
 
-def summarise(records: dict[str, list[dict]], probe_kind: str, targets: dict[str, float | None],
-              labels: dict[str, str]) -> dict[str, dict]:  # fmt: skip
-    """Pool the repeats of each trainer (one shape) and compute the ratios to TRL's GRPOTrainer."""
+def ratio_estimate(log_ratios: list[float]) -> dict[str, Any]:
+    """exp of the mean log ratio with its 95% Student-t interval: a geometric-mean time ratio."""
+    stats = common.mean_ci(log_ratios)
+    out = {"n_cycles": stats["n"], "ratio": None, "low": None, "high": None}
+    if stats["mean"] is not None:
+        out["ratio"] = math.exp(stats["mean"])
+    if stats["low"] is not None:
+        out["low"], out["high"] = math.exp(stats["low"]), math.exp(stats["high"])
+    return out
+
+
+def noise_floor(control: dict[str, Any]) -> float | None:
+    """How far from 1 a trainer identical to the baseline is measured: the larger distance from 1 of the bounds of
+    the A/A control's 95% interval (`CONTROL`, a second TRL GRPOTrainer timed in every round). None without one."""
+    low, high = control["time_ratio_ci95"]
+    return None if low is None else max(high - 1.0, 1.0 - low)
+
+
+def summarise(records: dict[str, list[dict]], targets: dict[str, float | None], labels: dict[str, str],
+              cycle: int) -> dict[str, dict]:  # fmt: skip
+    """Pool the repeats of each trainer (one shape) and compute the paired time ratios to TRL's GRPOTrainer."""
     out: dict[str, dict] = {}
+    base_runs = records[BASELINE]
     for name, runs in records.items():
         step = [s for r in runs for s in r["step_s"]]
         scoring = [s for r in runs for s in r["scoring_s"]]
         train_ms = 1e3 * common.median([a - b for a, b in zip(step, scoring)])
         scoring_ms = 1e3 * sum(scoring) / len(scoring)
-        peak = max(r["peak_bytes"] or 0 for r in runs)
-        static = max(r["static_bytes"] or 0 for r in runs)
+        estimate = ratio_estimate(cycle_log_ratios(runs, base_runs, cycle))
+        per_repeat = [ratio_estimate(cycle_log_ratios([r], [b], cycle))["ratio"] for r, b in zip(runs, base_runs)]
+        target = targets.get(name)
+        peaks = [r["activation_peak_bytes"] for r in runs if r.get("activation_peak_bytes") is not None]
         out[name] = {
             "label": labels[name],
             "time_ms": train_ms + scoring_ms,
@@ -544,28 +623,22 @@ def summarise(records: dict[str, list[dict]], probe_kind: str, targets: dict[str
             "scoring_ms_per_step": scoring_ms,
             "time_ms_per_repeat": [repeat_time_ms(r) for r in runs],
             "timed_steps": len(step),
-            "peak_memory_bytes": peak,
-            "activation_peak_bytes": peak - static,
-            "memory_kind": probe_kind,
+            "time_ratio": estimate["ratio"],
+            "time_ratio_ci95": [estimate["low"], estimate["high"]],
+            "paired_cycles": estimate["n_cycles"],
+            "time_ratio_per_repeat": per_repeat,
+            "activation_peak_bytes": max(peaks) if peaks else None,
             "num_parameters": runs[0]["num_parameters"],
             "off_policy": runs[0]["off_policy"],
             "otb_energy_from_behaviour_forward": runs[0]["otb_energy_from_behaviour_forward"],
-            "run_s_per_repeat": [r.get("run_s") for r in runs],  # build + warm-up + timed steps
-            "run_cpu_s_per_repeat": [r.get("run_cpu_s") for r in runs],
+            "target_time_ratio": target,
+            "meets_time_target": None if target is None else estimate["ratio"] <= target,
+            "target_cleared_at_95": None if target is None or estimate["high"] is None else estimate["high"] <= target,
         }
-    base = out[BASELINE]
-    for name, entry in out.items():
-        entry["time_ratio"] = entry["time_ms"] / base["time_ms"]
-        entry["train_time_ratio"] = entry["train_time_ms"] / base["train_time_ms"]
-        paired = [t / b for t, b in zip(entry["time_ms_per_repeat"], base["time_ms_per_repeat"])]
-        entry["time_ratio_per_repeat"] = paired
-        entry["time_ratio_paired"] = common.mean_ci(paired)
-        entry["memory_ratio"] = (
-            entry["peak_memory_bytes"] / base["peak_memory_bytes"] if base["peak_memory_bytes"] else None
-        )
-        target = targets.get(name)
-        entry["target_time_ratio"] = target
-        entry["meets_time_target"] = None if target is None else entry["time_ratio"] <= target
+    base_peak = out[BASELINE]["activation_peak_bytes"]
+    for entry in out.values():
+        peak = entry["activation_peak_bytes"]
+        entry["activation_memory_ratio"] = peak / base_peak if peak and base_peak else None
     return out
 
 
@@ -575,21 +648,21 @@ def print_results(payload: dict) -> str:
         for name, e in shape["results"].items():
             tt = e["target_time_ratio"]
             verdict = "" if tt is None else ("ok" if e["meets_time_target"] else "OVER")
-            paired = e["time_ratio_paired"]
+            low, high = e["time_ratio_ci95"]
             rows.append([key, name, f"{e['time_ms']:.1f}", f"{e['time_ratio']:.3f}x",
-                         f"{paired['mean']:.3f} ± {paired['ci95']:.3f}" if paired.get("ci95") is not None else "-",
+                         f"[{low:.3f}, {high:.3f}]" if low is not None else "-",
                          f"<={tt:.2f}x {verdict}" if tt else "-", f"{e['scoring_ms_per_step']:.1f}",
-                         common.format_bytes(e["peak_memory_bytes"])])  # fmt: skip
+                         common.format_bytes(e["activation_peak_bytes"])])  # fmt: skip
         for name, why in payload["not_available"].items():
             rows.append([key, name, "-", "n/a", "-", "-", "-", why[:60]])
     print()
     text = common.print_table(
-        ["shape", "trainer", "step ms", "x TRL GRPO", "paired (95% CI)", "target", "scoring ms/step", "peak mem"], rows
+        ["shape", "trainer", "step ms", "x TRL GRPO", "95% CI", "target", "scoring ms/step", "activation peak"], rows
     )
     for key, shape in payload["shapes"].items():
         nf = shape["noise_floor"]
-        print(f"noise floor {key}: TRL GRPOTrainer varied by "
-              + (f"{nf:.1%}" if nf is not None else "n/a (one repeat)") + " between repeats")  # fmt: skip
+        print(f"noise floor {key}: a second TRL GRPOTrainer is measured within "
+              + (f"+-{nf:.1%}" if nf is not None else "n/a (too few cycles)") + " of the first")  # fmt: skip
     if payload["smoke"]:
         print("(smoke run: task-sized model on CPU; the ratios and targets are not meaningful here)")
     return text
@@ -606,8 +679,10 @@ def plot(payload: dict, path: Path) -> Path | None:
         results = shape["results"]
         names = list(results)
         values = [results[n]["time_ratio"] for n in names]
-        colors = ["tab:gray" if n == BASELINE else "tab:blue" for n in names]
-        ax.bar(range(len(names)), values, color=colors)
+        errors = [[v - (results[n]["time_ratio_ci95"][0] or v) for n, v in zip(names, values)],
+                  [(results[n]["time_ratio_ci95"][1] or v) - v for n, v in zip(names, values)]]  # fmt: skip
+        colors = ["tab:gray" if n in (BASELINE, CONTROL) else "tab:blue" for n in names]
+        ax.bar(range(len(names)), values, color=colors, yerr=errors, capsize=2)
         for i, n in enumerate(names):
             target = results[n].get("target_time_ratio")
             if target:
@@ -616,10 +691,11 @@ def plot(payload: dict, path: Path) -> Path | None:
         nf = shape["noise_floor"] or 0.0
         ax.axhspan(1.0 - nf, 1.0 + nf, color="tab:gray", alpha=0.2, linewidth=0)
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_ylim(max(0.0, min(values + [1.0 - nf]) - 0.03), max(values + [1.06, 1.0 + nf]) + 0.03)
+        tops = [v + e for v, e in zip(values, errors[1])]
+        ax.set_ylim(max(0.0, min(values + [1.0 - nf]) - 0.05), max(tops + [1.06, 1.0 + nf]) + 0.03)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
-        ax.set_title(f"{key}: step time / TRL GRPOTrainer (grey band: noise floor {nf:.1%})", fontsize=9)
+        ax.set_title(f"{key}: step time / TRL GRPOTrainer, 95% CI (grey band: noise floor +-{nf:.1%})", fontsize=9)
     fig.suptitle(f"trl-groupopt overhead ({payload['device']['description']}); red dashes: targets", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -650,7 +726,7 @@ def main(argv=None) -> dict:
     tokenizer = build_tokenizer()
     all_variants = variants()
     if args.trainers:
-        wanted = {t.strip() for t in args.trainers.split(",") if t.strip()} | {BASELINE}
+        wanted = {t.strip() for t in args.trainers.split(",") if t.strip()} | {BASELINE, CONTROL}
         unknown = wanted - {v.name for v in all_variants}
         if unknown:
             raise SystemExit(f"unknown trainer(s) {sorted(unknown)}; choose from {[v.name for v in all_variants]}")
@@ -663,14 +739,13 @@ def main(argv=None) -> dict:
     generation_batch = args.batch_size * args.steps_per_generation
     num_prompts = generation_batch // args.num_generations * -(-(args.warmup + args.steps) // args.cycle_steps) + 8
     dataset = make_prompts(max(num_prompts, 64), args.prompt_length, args.seed)
-    probe = MemoryProbe(device)
     shape_args = {
         shape_key(v, t): argparse.Namespace(**{**vars(args), "vocab_size": v or None, "completion_length": t})
         for v, t in args.shape_list
     }
     print(f"device: {common.describe_device(device)['description']}; trainers: {[v.name for v in runnable]}; "
-          f"shapes: {list(shape_args)}; {args.warmup} warm-up + {args.steps} timed steps per run; "
-          f"{args.min_repeats}-{args.max_repeats} repeats until the noise floor < {args.noise_target:.0%} "
+          f"shapes: {list(shape_args)}; {args.warmup} warm-up + {args.steps} timed steps per run, all trainers in "
+          f"lockstep; {args.min_repeats}-{args.max_repeats} repeats until the noise floor < {args.noise_target:.0%} "
           f"or {args.max_minutes} min", flush=True)  # fmt: skip
 
     records: dict[str, dict[str, list[dict]]] = {key: {v.name: [] for v in runnable} for key in shape_args}
@@ -684,18 +759,18 @@ def main(argv=None) -> dict:
                 stop_reason = f"time budget: another repeat would end past --max-minutes {args.max_minutes}"
                 break
             t_repeat = time.perf_counter()
-            order = runnable if repeat % 2 == 0 else list(reversed(runnable))  # ABBA against drift
+            # Repeats alternate the starting order too, so no trainer is always first in a round.
+            order = runnable if repeat % 2 == 0 else list(reversed(runnable))
             for key, sargs in shape_args.items():
-                for variant in order:
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    record = run_trainer(variant, sargs, device, dtype, tokenizer, dataset, probe, workdir)
-                    record["run_s"], record["run_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
-                    records[key][variant.name].append(record)
-                    print(f"  [{repeat + 1}] {key:<14} {variant.name:<26} {repeat_time_ms(record):9.1f} ms/step  "
-                          f"({record['run_s']:.1f} s, {record['run_cpu_s']:.1f} s CPU)", flush=True)  # fmt: skip
+                t0 = time.perf_counter()
+                by_name = run_trainers(order, sargs, device, dtype, tokenizer, dataset, workdir)
+                for name, record in by_name.items():
+                    records[key][name].append(record)
+                print(f"  [{repeat + 1}] {key}: {time.perf_counter() - t0:.0f} s; ms/step "
+                      + ", ".join(f"{n} {repeat_time_ms(r):.0f}" for n, r in by_name.items()), flush=True)  # fmt: skip
             repeat_seconds.append(time.perf_counter() - t_repeat)
-            payload = build_payload(args, device, dtype, probe, records, runnable, not_available, started,
-                                    repeat_seconds, stop_reason)  # fmt: skip
+            payload = build_payload(args, device, dtype, records, runnable, not_available, started, repeat_seconds,
+                                    stop_reason)  # fmt: skip
             common.write_json(args.output_dir / f"{args.output_stem}.json", payload)  # a cut-short run keeps numbers
             floors = [shape["noise_floor"] for shape in payload["shapes"].values()]
             print(f"  repeat {repeat + 1} done in {repeat_seconds[-1]:.0f} s; noise floor per shape: "
@@ -706,7 +781,7 @@ def main(argv=None) -> dict:
         else:
             stop_reason = f"--max-repeats {args.max_repeats} reached"
 
-    payload = build_payload(args, device, dtype, probe, records, runnable, not_available, started, repeat_seconds,
+    payload = build_payload(args, device, dtype, records, runnable, not_available, started, repeat_seconds,
                             stop_reason)  # fmt: skip
     payload["table"] = print_results(payload)
     print(f"stopped: {stop_reason}")
@@ -716,7 +791,7 @@ def main(argv=None) -> dict:
     return payload
 
 
-def build_payload(args, device, dtype, probe, records, runnable, not_available, started, repeat_seconds,
+def build_payload(args, device, dtype, records, runnable, not_available, started, repeat_seconds,
                   stop_reason) -> dict:  # fmt: skip
     targets = {v.name: target_of(v) for v in runnable}
     labels = {v.name: v.label for v in runnable}
@@ -726,16 +801,18 @@ def build_payload(args, device, dtype, probe, records, runnable, not_available, 
         if BASELINE not in done:
             continue
         vocab, length = args.shape_list[list(records).index(key)]
+        results = summarise(done, targets, labels, args.cycle_steps)
         shapes[key] = {
             "vocab_size": vocab or None,
             "completion_length": length,
-            "noise_floor": noise_floor(done[BASELINE]),
-            "results": summarise(done, probe.kind, targets, labels),
+            "noise_floor": noise_floor(results[CONTROL]) if CONTROL in results else None,
+            "results": results,
         }
     return {
         "benchmark": "overhead",
         "device": common.describe_device(device),
         "command": common.command_line("benchmarks.overhead", args.argv),
+        "environment": {k: os.environ[k] for k in ("GLIBC_TUNABLES", "OMP_NUM_THREADS") if k in os.environ},
         "smoke": args.smoke,
         "settings": {
             "model": args.model,
@@ -749,23 +826,28 @@ def build_payload(args, device, dtype, probe, records, runnable, not_available, 
             "gradient_checkpointing": args.gradient_checkpointing,
             "warmup_steps": args.warmup,
             "timed_steps": args.steps,
+            "cycle_steps": args.cycle_steps,
             "min_repeats": args.min_repeats,
             "max_repeats": args.max_repeats,
             "noise_target": args.noise_target,
             "max_minutes": args.max_minutes,
             "seed": args.seed,
-            "timed": "optimizer steps through Trainer.train() with generation replaced by fixed random completions; "
-            "time_ms = median step time without scoring + scoring (behaviour forward, rewards, advantages) "
-            "amortised per step; ratio = time_ms / time_ms(trl_grpo), steps pooled over repeats",
-            "noise_floor": "(max - min) / median of TRL GRPOTrainer's per-repeat time_ms",
+            "timed": "optimizer steps through Trainer.train() with generation replaced by fixed random completions, "
+            "every trainer in its own thread in lockstep (one step per turn, ABBA order per round); "
+            "time_ratio = exp(mean over generation cycles and repeats of log(cycle time / TRL GRPOTrainer's same "
+            "cycle)) with its 95% Student-t interval; time_ms = median step time without scoring + scoring "
+            "amortised per step (for reading only)",
+            "noise_floor": f"max distance from 1 of the 95% interval of {CONTROL} (a second TRL GRPOTrainer) / "
+            f"{BASELINE}",
         },  # fmt: skip
         "baseline": BASELINE,
+        "control": CONTROL,
         "variants": {v.name: {"method": v.method, "overrides": v.overrides, "label": v.label} for v in runnable},
         "not_available": not_available,
         "repeats_done": len(repeat_seconds),
         "repeat_seconds": repeat_seconds,
         "stop_reason": stop_reason,
-        "memory_kind": probe.kind,
+        "memory_kind": "cuda activation peak per timed step" if device == "cuda" else "not measured on CPU",
         "wall_s": time.perf_counter() - started,
         "shapes": shapes,
     }

@@ -43,12 +43,11 @@ def main(argv=None) -> dict:
     sargs = argparse.Namespace(**{**vars(args), "vocab_size": vocab or None, "completion_length": length})
     chosen = [v for v in chosen if overhead.availability(v, sargs, device, dtype) is None]
     dataset = overhead.make_prompts(64, args.prompt_length, args.seed)
-    probe = overhead.MemoryProbe(device)
     tables: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="profile-") as workdir:
         for variant in chosen:
-            record = overhead.run_trainer(variant, sargs, device, dtype, tokenizer, dataset, probe, workdir,
-                                          profile=True)  # fmt: skip
+            (record,) = overhead.run_trainers([variant], sargs, device, dtype, tokenizer, dataset, workdir,
+                                              profile=True).values()  # fmt: skip
             steps = len(record["step_s"])
             tables[variant.name] = {
                 "time_ms": overhead.repeat_time_ms(record),

@@ -12,7 +12,9 @@ GSPO's epsilons 3e-4 / 4e-4, `loss_type="grpo"`) are the baselines. Regimes (`RE
 - staleness: 1, 4 and 16 optimizer steps per generation (`steps_per_generation = k x gradient_accumulation_steps`):
   the later micro-batches of a generation batch are trained k - 1 optimizer steps after the policy sampled them.
   ECHO (micro_batch and step scopes), CTPO (cumprod, geomean), DFPO (min_replace, orth_proj over all / unclipped
-  tokens), GRPO-fix, against GRPO and GSPO.
+  tokens), GRPO-fix, against GRPO and GSPO. Each optimizer step's 16 sequences come as 2 micro-batches of 8
+  (`micro_batches` in `REGIMES`): with one micro-batch per step ECHO's two batch-ratio scopes would be the same
+  computation.
 - group size: N = 2, 4, 8, 16 completions per prompt at a fixed 16 sequences per micro-batch (so 8, 4, 2, 1 prompts):
   OTB vs GRPO, DFPO vs GSPO.
 - long completions: the task with 8-10 operations (`long_chain_dataset`, correct completions of ~90-140 tokens,
@@ -83,8 +85,9 @@ CONFIGS: dict[str, Config] = {
 # regime -> the knob it varies, its values, and the configurations run at every value.
 REGIMES: dict[str, dict[str, Any]] = {
     "staleness": {
-        "knob": "optimizer steps per generation",
+        "knob": "optimizer steps per generation (2 micro-batches of 8 per step)",
         "values": [1, 4, 16],
+        "micro_batches": 2,  # per optimizer step, so ECHO's "step" and "micro_batch" scopes differ
         "configs": [
             "grpo",
             "gspo",
@@ -208,9 +211,11 @@ def run_settings(regime: str, value: int, config_name: str, seed: int, settings:
     from trl_groupopt.cli import DEMO_DEFAULTS
 
     kwargs = dict(DEMO_DEFAULTS)
-    accumulation = settings["grad_accum"]
+    split = REGIMES[regime].get("micro_batches", 1)  # the same sequences per step, in `split` micro-batches
+    accumulation = settings["grad_accum"] * split
     kwargs.update(
         output_dir=output_dir,
+        per_device_train_batch_size=DEMO_DEFAULTS["per_device_train_batch_size"] // split,
         gradient_accumulation_steps=accumulation,
         steps_per_generation=4 * accumulation,
         max_steps=settings["max_steps"],
@@ -680,7 +685,13 @@ def main(argv=None) -> dict[str, Any]:
             "long_completion_length": args.long_completion_length,
             "workers": args.workers,
             "regimes": {
-                r: {"knob": REGIMES[r]["knob"], "values": v, "configs": configs[r]} for r, v in regimes.items()
+                r: {
+                    "knob": REGIMES[r]["knob"],
+                    "values": v,
+                    "configs": configs[r],
+                    "micro_batches_per_step": REGIMES[r].get("micro_batches", 1),
+                }
+                for r, v in regimes.items()
             },
             "configs": {name: {"method": c.method, "overrides": c.overrides} for name, c in CONFIGS.items()},
             "policy": "trl_groupopt.offline.EMBEDDED_POLICY_PATH",

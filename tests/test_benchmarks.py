@@ -78,10 +78,54 @@ def test_overhead_variants_cover_the_registry_and_reject_unknown_knobs():
     assert overhead.parse_shapes("32000x256,151936x128") == [(32000, 256), (151936, 128)]
 
 
-def test_noise_floor_is_the_baselines_relative_spread():
-    runs = [{"step_s": [1.0, 1.0], "scoring_s": [0.0, 0.0]}, {"step_s": [1.1, 1.1], "scoring_s": [0.0, 0.0]}]
-    assert overhead.noise_floor(runs) == pytest.approx(0.1 / 1.05)
-    assert overhead.noise_floor(runs[:1]) is None
+def test_paired_cycle_ratio_and_noise_floor():
+    # cycles of 2 steps; the trainer is 10% slower on every cycle of both repeats, whatever the machine's drift
+    base = [{"step_s": [1.0, 2.0, 3.0, 1.0]}, {"step_s": [2.0, 2.0, 1.0, 1.0]}]
+    slow = [{"step_s": [1.1 * x for x in run["step_s"]]} for run in base]
+    logs = overhead.cycle_log_ratios(slow, base, cycle=2)
+    assert logs == pytest.approx([math.log(1.1)] * 4)
+    estimate = overhead.ratio_estimate(logs)
+    assert estimate["ratio"] == pytest.approx(1.1) and estimate["n_cycles"] == 4
+    assert estimate["low"] == pytest.approx(1.1) and estimate["high"] == pytest.approx(1.1)
+    # A/A control: cycle ratios 0.98 and 1.02 -> interval around 1; the floor is its farther bound's distance
+    control = overhead.ratio_estimate([math.log(0.98), math.log(1.02), math.log(0.99), math.log(1.01)])
+    floor = overhead.noise_floor({"time_ratio_ci95": [control["low"], control["high"]]})
+    assert floor == pytest.approx(max(control["high"] - 1, 1 - control["low"])) and 0.01 < floor < 0.05
+    assert overhead.noise_floor({"time_ratio_ci95": [None, None]}) is None
+    assert overhead.ratio_estimate([])["ratio"] is None
+
+
+def test_lockstep_runs_one_thread_at_a_time_in_abba_rounds():
+    import threading
+
+    names = ["a", "b", "c"]
+    rounds: list[int] = []
+    lockstep = overhead.Lockstep(names, on_round=lambda: rounds.append(len(trace)))
+    trace: list[str] = []
+    inside = {"n": 0, "max": 0}
+
+    def worker(name: str, turns: int) -> None:
+        lockstep.acquire(name)
+        for turn in range(turns):
+            inside["n"] += 1
+            inside["max"] = max(inside["max"], inside["n"])
+            trace.append(name)
+            inside["n"] -= 1
+            if turn < turns - 1:
+                lockstep.release(name)
+                lockstep.acquire(name)
+        lockstep.leave(name)
+
+    threads = [threading.Thread(target=worker, args=(n, 3 if n != "b" else 2)) for n in names]
+    for thread in threads:
+        thread.start()
+    lockstep.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    # ABBA per round; "b" leaves after its 2nd turn and the others go on without it
+    assert trace == ["a", "b", "c", "c", "b", "a", "a", "c"]
+    assert inside["max"] == 1 and rounds[:2] == [3, 6]
 
 
 def test_claim_verdict_rule():
@@ -101,6 +145,17 @@ def test_claim_verdict_rule():
         regime = stress.REGIMES[claim["regime"]]
         assert claim["value"] in regime["values"] and claim["config"] in regime["configs"], claim["id"]
         assert claim["baseline"] is None or claim["baseline"] in regime["configs"], claim["id"]
+
+
+def test_staleness_regime_splits_each_step_so_echo_scopes_differ(tmp_path):
+    # With one micro-batch per optimizer step ECHO's "step" and "micro_batch" scopes are one computation; the
+    # staleness regime keeps 16 sequences per step in 2 micro-batches, the other regimes keep one.
+    settings = dict(device="cpu", max_steps=16, grad_accum=1, long_completion_length=160)
+    stale = stress.run_settings("staleness", 16, "echo_step", 0, settings, str(tmp_path))
+    assert (stale["per_device_train_batch_size"], stale["gradient_accumulation_steps"]) == (8, 2)
+    assert stale["steps_per_generation"] == 32 and stale["batch_ratio_scope"] == "step"
+    groups = stress.run_settings("group_size", 2, "otb", 0, settings, str(tmp_path))
+    assert (groups["per_device_train_batch_size"], groups["gradient_accumulation_steps"]) == (16, 1)
 
 
 def test_long_chain_task_has_long_reasoning_and_disjoint_splits():
@@ -135,13 +190,17 @@ def test_overhead_smoke(tmp_path, capsys):
     results = shape["results"]
     expected = {v.name for v in overhead.variants()} - set(payload["not_available"])
     assert set(results) == expected and {"base", "echo", "otb", "ctpo", "dfpo", "grpo_fix"} <= expected
+    assert overhead.CONTROL in results and shape["noise_floor"] is not None  # the A/A control has an interval
     for name, entry in results.items():
-        for key in ("time_ms", "time_ratio", "train_time_ms", "scoring_ms_per_step", "peak_memory_bytes"):
+        for key in ("time_ms", "time_ratio", "train_time_ms", "scoring_ms_per_step"):
             assert isinstance(entry[key], (int, float)) and entry[key] > 0, (name, key, entry[key])
         assert entry["time_ms"] == pytest.approx(entry["train_time_ms"] + entry["scoring_ms_per_step"])
         assert entry["off_policy"] is True  # the behaviour forward (old_per_token_logps) ran, as in real training
+        assert entry["timed_steps"] == 4 and entry["paired_cycles"] == 2  # every trainer ran every timed step
+        low, high = entry["time_ratio_ci95"]
+        assert low <= entry["time_ratio"] <= high
     assert results["trl_grpo"]["time_ratio"] == pytest.approx(1.0)
-    assert results["echo"]["time_ratio"] == pytest.approx(results["echo"]["time_ms"] / results["trl_grpo"]["time_ms"])
+    assert shape["noise_floor"] == pytest.approx(overhead.noise_floor(results[overhead.CONTROL]))
     assert results["otb"]["otb_energy_from_behaviour_forward"] is True
     assert results["otb"]["target_time_ratio"] == 1.05
     for name, why in payload["not_available"].items():  # knobs of other branches: reported, not crashed
