@@ -7,6 +7,7 @@ A worker receives `--out DIR` and must write `DIR/rank{RANK}.json`; it should as
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import socket
@@ -57,3 +58,23 @@ def write_result(out_dir: str | Path, result: dict) -> None:
     """Called by workers: write this rank's result."""
     rank = int(os.environ.get("RANK", "0"))
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def launch_worlds(worker: str, root: Path, *args: str, timeout: int = 900) -> dict[int, tuple[list[dict], list]]:
+    """Run `worker` on 1 and on 2 processes at once; {world size: (per-rank JSON results, per-rank tensors)}. The
+    worker writes its tensors to `rank{RANK}_tensors.pt` besides its JSON result."""
+    import torch
+
+    def run(world_size: int):
+        out = Path(root) / f"world{world_size}"
+        results = launch(worker, world_size, out, "--world-size", str(world_size), *args, timeout=timeout)
+        return results, [torch.load(out / f"rank{rank}_tensors.pt") for rank in range(world_size)]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip((1, 2), pool.map(run, (1, 2))))
+
+
+def case_of(runs: dict, world_size: int, name: str, rank: int = 0) -> tuple[dict, dict]:
+    """One case's (JSON result, tensors) on one rank of a `launch_worlds` run."""
+    results, tensors = runs[world_size]
+    return results[rank]["cases"][name], tensors[rank][name]

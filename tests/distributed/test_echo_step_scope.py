@@ -9,13 +9,11 @@ the split ("split" log-ratios: each micro-batch's R differs), so it is checked t
 
 from __future__ import annotations
 
-import concurrent.futures
-
 import pytest
 import torch
 
 from tests.distributed import batches
-from tests.distributed.harness import launch
+from tests.distributed.harness import launch_worlds
 
 ATOL, RTOL = 1e-6, 1e-5
 pytestmark = pytest.mark.slow  # two torchrun launches
@@ -23,17 +21,7 @@ pytestmark = pytest.mark.slow  # two torchrun launches
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("echo_step")
-
-    def run(world_size):
-        out = root / f"world{world_size}"
-        results = launch("echo_step.py", world_size, out, "--world-size", str(world_size), timeout=600)
-        tensors = [torch.load(out / f"rank{rank}_tensors.pt") for rank in range(world_size)]
-        return results, tensors
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        one, two = pool.map(run, (1, 2))
-    return {1: one, 2: two}
+    return launch_worlds("echo_step.py", tmp_path_factory.mktemp("echo_step"), timeout=600)
 
 
 def _max_diff(a: dict, b: dict) -> float:

@@ -12,12 +12,10 @@ and baseline (the energy is captured from TRL's fused LM head inside FSDP2's all
 
 from __future__ import annotations
 
-import concurrent.futures
-
 import pytest
 import torch
 
-from tests.distributed.harness import launch
+from tests.distributed.harness import case_of, launch_worlds
 from trl_groupopt import METHODS
 
 pytestmark = pytest.mark.distributed
@@ -34,44 +32,27 @@ OTB_METRICS = ("otb/energy_mean", "otb/baseline_mean", "otb/adv_abs_mean", "otb/
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{world_size: (per-rank JSON results, per-rank tensors)}; world 1 plain, world 2 FSDP2."""
-    root = tmp_path_factory.mktemp("fsdp2")
-
-    def run(world_size):
-        out = root / f"world{world_size}"
-        results = launch(
-            "fsdp2_step.py", world_size, out, "--world-size", str(world_size), "--cases", ",".join(CASES), timeout=900
-        )
-        tensors = [torch.load(out / f"rank{rank}_tensors.pt") for rank in range(world_size)]
-        return results, tensors
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {world_size: pool.submit(run, world_size) for world_size in (1, 2)}
-        return {world_size: future.result() for world_size, future in futures.items()}
-
-
-def _case(runs, world_size, name, rank=0):
-    results, tensors = runs[world_size]
-    return results[rank]["cases"][name], tensors[rank][name]
+    return launch_worlds("fsdp2_step.py", tmp_path_factory.mktemp("fsdp2"), "--cases", ",".join(CASES))
 
 
 def test_two_processes_are_sharded_by_fsdp2(runs):
     """The 2-process run really is FSDP2: DTensor parameters sharded on dim 0, each rank holding about half."""
     for name in CASES:
         for rank in range(2):
-            sharding = _case(runs, 2, name, rank)[0]["sharding"]
+            sharding = case_of(runs, 2, name, rank)[0]["sharding"]
             assert sharding["distributed_type"] == "DistributedType.FSDP", (name, sharding)
             assert sharding["model_class"].startswith("FSDP"), (name, sharding)
             assert sharding["dtensor_params"] == sharding["trainable_params"] > 0, (name, sharding)
             assert sharding["sharded_dim0"], (name, sharding)
             assert sharding["local_numel"] < 0.6 * sharding["full_numel"], (name, sharding)
-        one = _case(runs, 1, name)[0]["sharding"]
+        one = case_of(runs, 1, name)[0]["sharding"]
         assert one["dtensor_params"] == 0 and one["distributed_type"] != "DistributedType.FSDP", (name, one)
-    assert _case(runs, 2, "lora/otb")[0]["sharding"]["model_class"] == "FSDPPeftModelForCausalLM"
+    assert case_of(runs, 2, "lora/otb")[0]["sharding"]["model_class"] == "FSDPPeftModelForCausalLM"
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_fsdp2_step_equals_one_process(runs, name):
-    (one, one_tensors), (two, two_tensors) = _case(runs, 1, name), _case(runs, 2, name)
+    (one, one_tensors), (two, two_tensors) = case_of(runs, 1, name), case_of(runs, 2, name)
     assert two["logged"]["loss"] == pytest.approx(one["logged"]["loss"], abs=ATOL, rel=RTOL)
     assert two["logged"]["grad_norm"] == pytest.approx(one["logged"]["grad_norm"], abs=ATOL, rel=RTOL)
     for what in ("grads", "params"):
@@ -84,7 +65,7 @@ def test_fsdp2_step_equals_one_process(runs, name):
     assert max(g.abs().max().item() for g in grads.values()) > 1e-2, name
     for n in params:
         torch.testing.assert_close(params[n], initial[n] - LEARNING_RATE * grads[n], atol=1e-7, rtol=0)
-    other = _case(runs, 2, name, rank=1)[1]
+    other = case_of(runs, 2, name, rank=1)[1]
     for n in two_tensors["params"]:
         assert torch.equal(other["params"][n], two_tensors["params"][n]), (name, n)
 
@@ -94,8 +75,8 @@ def test_otb_energy_under_fsdp2_equals_one_process(runs, name):
     """OTB's energy comes from TRL's fused LM head, run inside FSDP2's all-gathered forward (with LoRA: of the PEFT
     base model). The per-token energy of the behaviour forward and the OTB advantages built from it (rows of both
     ranks, in global group order) equal the 1-process run's."""
-    one = _case(runs, 1, name)[1]["otb"]
-    two = [_case(runs, 2, name, rank)[1]["otb"] for rank in range(2)]
+    one = case_of(runs, 1, name)[1]["otb"]
+    two = [case_of(runs, 2, name, rank)[1]["otb"] for rank in range(2)]
     assert torch.equal(torch.cat([t["group_ids"] for t in two]), one["group_ids"])
     keys = ["advantages"] + (["energy"] if "energy" in one else [])
     for key in keys:

@@ -23,13 +23,11 @@ objective returns its clip indicators per token or per sequence and the base red
 
 from __future__ import annotations
 
-import concurrent.futures
-
 import pytest
 import torch
 
 from tests.distributed import batches
-from tests.distributed.harness import launch
+from tests.distributed.harness import case_of, launch_worlds
 from tests.distributed.workers import one_step
 from trl_groupopt import METHODS
 
@@ -52,22 +50,7 @@ def test_cases_cover_the_registry():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{world_size: (per-rank JSON results, per-rank tensors)}, both launches running concurrently."""
-    root = tmp_path_factory.mktemp("one_step")
-
-    def run(world_size):
-        out = root / f"world{world_size}"
-        results = launch("one_step.py", world_size, out, "--world-size", str(world_size), timeout=600)
-        tensors = [torch.load(out / f"rank{rank}_tensors.pt") for rank in range(world_size)]
-        return results, tensors
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {world_size: pool.submit(run, world_size) for world_size in (1, 2)}
-        return {world_size: future.result() for world_size, future in futures.items()}
-
-
-def _case(runs, world_size, name, rank=0):
-    results, tensors = runs[world_size]
-    return results[rank]["cases"][name], tensors[rank][name]
+    return launch_worlds("one_step.py", tmp_path_factory.mktemp("one_step"), timeout=600)
 
 
 def _max_abs_diff(a: dict, b: dict) -> float:
@@ -92,7 +75,7 @@ def test_every_configuration_ran(runs):
 def test_ranks_hold_identical_parameters(runs):
     """DDP sanity: after the step both ranks hold bit-identical parameters and gradients."""
     for name in INVARIANT + NOT_INVARIANT:
-        (_, rank0), (_, rank1) = _case(runs, 2, name, 0), _case(runs, 2, name, 1)
+        (_, rank0), (_, rank1) = case_of(runs, 2, name, 0), case_of(runs, 2, name, 1)
         assert _max_abs_diff(rank0["params"], rank1["params"]) == 0.0, name
         assert _max_abs_diff(rank0["grads"], rank1["grads"]) == 0.0, name
 
@@ -102,7 +85,7 @@ def test_step_is_a_real_sgd_step_with_clipping(runs, name):
     """The checks below can fail: the gradient is not small, the update is exactly `-lr * grad` (SGD, no momentum,
     no clipping by norm), and the token/sequence clip acts (except in the scenarios built to avoid it)."""
     for world_size in (1, 2):
-        result, tensors = _case(runs, world_size, name)
+        result, tensors = case_of(runs, world_size, name)
         grads, params, initial = tensors["grads"], tensors["params"], tensors["initial"]
         assert max(g.abs().max().item() for g in grads.values()) > 1e-2, name
         for n in params:
@@ -113,14 +96,14 @@ def test_step_is_a_real_sgd_step_with_clipping(runs, name):
 
 @pytest.mark.parametrize("name", INVARIANT)
 def test_two_processes_equal_one_process_over_the_union(runs, name):
-    one, one_tensors = _case(runs, 1, name)
-    two, two_tensors = _case(runs, 2, name)
+    one, one_tensors = case_of(runs, 1, name)
+    two, two_tensors = case_of(runs, 2, name)
     assert two["logged"]["loss"] == pytest.approx(one["logged"]["loss"], abs=ATOL, rel=RTOL)
     assert two["logged"]["grad_norm"] == pytest.approx(one["logged"]["grad_norm"], abs=ATOL, rel=RTOL)
     _assert_tensors_close(one_tensors["grads"], two_tensors["grads"], f"{name} gradient")
     _assert_tensors_close(one_tensors["params"], two_tensors["params"], f"{name} parameters")
     # the logged loss is the processes' mean of their local losses (Trainer's all-gather + mean)
-    locals_ = [_case(runs, 2, name, rank)[0]["local_loss"] for rank in range(2)]
+    locals_ = [case_of(runs, 2, name, rank)[0]["local_loss"] for rank in range(2)]
     assert two["logged"]["loss"] == pytest.approx(sum(locals_) / 2, abs=1e-7)
 
 
@@ -128,8 +111,8 @@ def test_echo_global_scope_batch_ratio_is_the_unions(runs):
     """In "global" scope every process logs the union's R and clip decision; the scenarios clip R as designed."""
     expected_clipped = {"echo/global/split": 0.0, "echo/global/shifted": 1.0, "echo/global/unclipped": 0.0}
     for name, clipped in expected_clipped.items():
-        one, _ = _case(runs, 1, name)
-        two, _ = _case(runs, 2, name)
+        one, _ = case_of(runs, 1, name)
+        two, _ = case_of(runs, 2, name)
         assert one["logged"]["echo/batch_clipped"] == two["logged"]["echo/batch_clipped"] == clipped, name
         assert two["logged"]["echo/batch_ratio"] == pytest.approx(one["logged"]["echo/batch_ratio"], rel=1e-6)
 
@@ -137,12 +120,12 @@ def test_echo_global_scope_batch_ratio_is_the_unions(runs):
 def test_bnpo_is_not_sharding_invariant_local_token_normaliser(runs):
     """bnpo divides by the LOCAL token count; DDP then averages the processes: the 2-process loss is
     (S0/N0 + S1/N1) / 2, the union's (S0 + S1) / (N0 + N1). The halves hold different token counts here."""
-    one, one_tensors = _case(runs, 1, "grpo/bnpo")
-    two, two_tensors = _case(runs, 2, "grpo/bnpo")
+    one, one_tensors = case_of(runs, 1, "grpo/bnpo")
+    two, two_tensors = case_of(runs, 2, "grpo/bnpo")
     mask = batches.group_batch(64, 0)["completion_mask"]  # token counts do not depend on the vocabulary
     counts = [mask[: batches.HALF].sum().item(), mask[batches.HALF :].sum().item()]
     assert counts[0] != counts[1]
-    local = [_case(runs, 2, "grpo/bnpo", rank)[0]["local_loss"] for rank in range(2)]  # S_k / N_k
+    local = [case_of(runs, 2, "grpo/bnpo", rank)[0]["local_loss"] for rank in range(2)]  # S_k / N_k
     sums = [loss * count for loss, count in zip(local, counts)]
     assert two["logged"]["loss"] == pytest.approx(sum(local) / 2, abs=1e-7)
     assert one["logged"]["loss"] == pytest.approx(sum(sums) / sum(counts), abs=ATOL, rel=RTOL)  # the reason, exactly
@@ -158,22 +141,22 @@ def test_echo_micro_batch_scope_is_not_sharding_invariant(runs):
     the gradient still differs: Eq. 34's coupling term is L_k / N_k of each process instead of the union's L / N.
     In one process the two scopes are the same computation.
     """
-    one, one_tensors = _case(runs, 1, "echo/micro_batch/split")
-    two, two_tensors = _case(runs, 2, "echo/micro_batch/split")
+    one, one_tensors = case_of(runs, 1, "echo/micro_batch/split")
+    two, two_tensors = case_of(runs, 2, "echo/micro_batch/split")
     assert one["logged"]["echo/batch_clipped"] == 0.0 and two["logged"]["echo/batch_clipped"] == 1.0
     assert abs(two["logged"]["loss"] - one["logged"]["loss"]) > 1e-3
     assert _max_abs_diff(one_tensors["grads"], two_tensors["grads"]) > 1e-2
 
-    one, one_tensors = _case(runs, 1, "echo/micro_batch/unclipped")
-    two, two_tensors = _case(runs, 2, "echo/micro_batch/unclipped")
+    one, one_tensors = case_of(runs, 1, "echo/micro_batch/unclipped")
+    two, two_tensors = case_of(runs, 2, "echo/micro_batch/unclipped")
     assert one["logged"]["echo/batch_clipped"] == two["logged"]["echo/batch_clipped"] == 0.0
     assert two["logged"]["loss"] == pytest.approx(one["logged"]["loss"], abs=ATOL, rel=RTOL)
     assert _max_abs_diff(one_tensors["grads"], two_tensors["grads"]) > 1e-4
 
     for scenario in ("split", "unclipped"):
         (micro, micro_tensors), (glob, glob_tensors) = (
-            _case(runs, 1, f"echo/micro_batch/{scenario}"),
-            _case(runs, 1, f"echo/global/{scenario}"),
+            case_of(runs, 1, f"echo/micro_batch/{scenario}"),
+            case_of(runs, 1, f"echo/global/{scenario}"),
         )
         assert micro["logged"]["loss"] == glob["logged"]["loss"]
         assert _max_abs_diff(micro_tensors["grads"], glob_tensors["grads"]) == 0.0
@@ -188,7 +171,7 @@ def test_logged_clip_fractions_are_sharding_invariant(runs, name):
     sharding when the losses do not. Every objective returns per-token (or, DFPO, per-sequence over equal
     per-process sequence counts) clip indicators reduced with `_global_masked_mean`; the processes hold different
     token counts here (49 vs 29 tokens, see `batches.group_batch`), so unweighted averaging would fail."""
-    one, _ = _case(runs, 1, name)
-    two, _ = _case(runs, 2, name)
+    one, _ = case_of(runs, 1, name)
+    two, _ = case_of(runs, 2, name)
     for key in CLIP_KEYS:
         assert two["logged"][key] == pytest.approx(one["logged"][key], abs=1e-6), (name, key)

@@ -30,31 +30,28 @@ from trl import GRPOConfig
 from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset
 from tests.hub.conftest import FAKE_TOKEN
 from trl_groupopt import (
-    CTPOConfig,
-    CTPOTrainer,
-    DFPOConfig,
+    METHODS,
     DFPOTrainer,
     ECHOConfig,
     ECHOTrainer,
-    GroupOptTrainer,
     OTBConfig,
     OTBTrainer,
+    get_method,
 )
 from trl_groupopt.model_card import ARITHMETIC_QUESTION, SYNTHETIC_DATASET_NAME, render_model_card
 from trl_groupopt.offline import load_embedded_policy
 
 pytestmark = pytest.mark.slow
 
-#: name -> (config class, trainer class, config overrides, a knob row the card must show)
-METHODS = {
-    "echo": (ECHOConfig, ECHOTrainer, {}, "| `batch_epsilon` | `0.2` | (method-specific) |"),
-    "dfpo": (DFPOConfig, DFPOTrainer, {}, "| `dfpo_transform` | `min_replace` | (method-specific) |"),
-    "grpo-fix": (DFPOConfig, DFPOTrainer, {"dfpo_transform": "symmetric_clip"},
-                 "| `dfpo_transform` | `symmetric_clip` | (method-specific) |"),
-    "ctpo": (CTPOConfig, CTPOTrainer, {}, "| `ctpo_dual_clip` | `0.05` | (method-specific) |"),
-    "otb": (OTBConfig, OTBTrainer, {}, "| `otb_token_positions` | `valid` | (method-specific) |"),
-    "base": (GRPOConfig, GroupOptTrainer, {}, "| `max_completion_length` | `8` | `512` |"),
-}  # fmt: skip
+#: registry name -> a knob row the card must show (every registered method needs one: test_every_method_is_pushed)
+CARD_ROWS = {
+    "echo": "| `batch_epsilon` | `0.2` | (method-specific) |",
+    "dfpo": "| `dfpo_transform` | `min_replace` | (method-specific) |",
+    "grpo_fix": "| `dfpo_transform` | `symmetric_clip` | (method-specific) |",
+    "ctpo": "| `ctpo_dual_clip` | `0.05` | (method-specific) |",
+    "otb": "| `otb_token_positions` | `valid` | (method-specific) |",
+    "grpo": "| `max_completion_length` | `8` | `512` |",
+}
 TOKEN_SHAPED = re.compile(rb"hf_[A-Za-z0-9]{30,}")
 MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors"}
 ADAPTER_FILES = {"adapter_config.json", "adapter_model.safetensors"}
@@ -107,9 +104,10 @@ class Runs:
     def _method(self, key: str) -> dict:
         """`method:<name>`: 2 steps, then `trainer.push_to_hub(dataset_name=...)` as the demo does."""
         name = key.split(":")[1]
-        config_cls, trainer_cls, overrides, _ = METHODS[name]
-        repo_id = f"test-user/{name}-run"
-        trainer = self._trainer(config_cls, trainer_cls, _config(config_cls, self.root / name, repo_id, **overrides))
+        spec = get_method(name)
+        repo_id = f"test-user/{name.replace('_', '-')}-run"
+        args = _config(spec.config_class, self.root / name, repo_id, **spec.config_defaults)
+        trainer = self._trainer(spec.config_class, spec.trainer_class, args)
         trainer.train()
         trainer.push_to_hub(dataset_name=SYNTHETIC_DATASET_NAME)
         return {"trainer": trainer, "repo_id": repo_id, "dataset_name": SYNTHETIC_DATASET_NAME}
@@ -244,6 +242,10 @@ def run_quick_start(hub, card: str, repo_id: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ the tests
+def test_every_method_is_pushed():
+    assert set(CARD_ROWS) == set(METHODS)
+
+
 @pytest.mark.parametrize("name", list(METHODS))
 def test_method_trainer_push(name, runs, hub):
     run = runs.get(f"method:{name}")
@@ -253,7 +255,7 @@ def test_method_trainer_push(name, runs, hub):
     assert commit.summary == "End of training"
     assert not any(path.startswith("checkpoint-") for path in hub.files(repo_id))
     card = hub.files(repo_id)["README.md"].decode()
-    check_card(run, card, METHODS[name][3])
+    check_card(run, card, CARD_ROWS[name])
     check_model(hub, repo_id, trainer)
     check_no_token(hub)
     assert not hub.errors, hub.errors

@@ -40,25 +40,14 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
+from trl_groupopt import METHODS
 from trl_groupopt.trainers import (
-    CTPOConfig,
-    CTPOTrainer,
-    DFPOConfig,
-    DFPOTrainer,
-    ECHOConfig,
-    ECHOTrainer,
     GroupOptTrainer,
-    OTBConfig,
-    OTBTrainer,
 )
 
-TRAINERS = {  # name -> (trainer, config, overrides selecting the mode)
-    "base": (GroupOptTrainer, GRPOConfig, {}),
-    "echo": (ECHOTrainer, ECHOConfig, {}),
-    "dfpo": (DFPOTrainer, DFPOConfig, {}),
-    "grpo_fix": (DFPOTrainer, DFPOConfig, {"dfpo_transform": "symmetric_clip"}),
-    "ctpo": (CTPOTrainer, CTPOConfig, {}),
-    "otb": (OTBTrainer, OTBConfig, {}),
+#: registry name -> (trainer, config, overrides selecting the mode), for every registered method
+TRAINERS = {
+    name: (spec.trainer_class, spec.config_class, dict(spec.config_defaults)) for name, spec in METHODS.items()
 }
 NO_REWARD_SOURCE = "No reward source provided"
 # TRL flags environment_factory / rollout_func as experimental at every construction.
@@ -307,7 +296,7 @@ def test_environment_owned_reward_trains_two_steps(tmp_path, name):
             torch.testing.assert_close(inputs["rewards"], torch.tensor(expected))
 
 
-@pytest.mark.parametrize("name", ["base", "otb"])
+@pytest.mark.parametrize("name", ["grpo", "otb"])
 def test_rollout_func_with_env_mask(tmp_path, name):
     """TRL's `rollout_func` path: the rollout returns its own token ids and an `env_mask` (TRL's tool_mask)."""
     trainer_cls = TRAINERS[name][0]
@@ -406,7 +395,7 @@ def test_trls_warning_for_sequence_level_cispo(tmp_path, caplog):
     assert "the `'cispo'` loss sums per-token contributions" in caplog.text
 
 
-@pytest.mark.parametrize("name", sorted(set(TRAINERS) - {"base"}))
+@pytest.mark.parametrize("name", sorted(set(TRAINERS) - {"grpo"}))
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
 def test_methods_keep_rejecting_trls_own_loss_types(tmp_path, name, loss_type):
     trainer_cls = TRAINERS[name][0]

@@ -376,3 +376,16 @@ def test_trl_surrogate_settings_checked_at_first_loss(tmp_path, method):
 def test_echo_rejects_non_token_importance_sampling_level(tmp_path, level):
     with pytest.raises(ValueError, match=r"importance_sampling_level='token'"):
         _config("echo", tmp_path, importance_sampling_level=level)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_training_set_smaller_than_one_generation_batch_raises(tmp_path, method):
+    # TRL's RepeatSampler drops incomplete generation batches: with 3 prompts and a generation batch of 4 prompts
+    # (8 sequences x 2 steps per generation / groups of 4) TRL would train zero steps without a word.
+    args = _config(method, tmp_path, per_device_train_batch_size=8, num_generations=4, steps_per_generation=2)
+    trainer_cls = get_method(method).trainer_class
+    with pytest.raises(ValueError, match=r"holds 3 prompts but one generation batch needs 4 .*zero steps"):
+        trainer_cls(tiny_model(tiny_tokenizer()), length_reward, args=args, train_dataset=tiny_dataset(3),
+                    processing_class=tiny_tokenizer())  # fmt: skip
+    trainer_cls(tiny_model(tiny_tokenizer()), length_reward, args=args, train_dataset=tiny_dataset(4),
+                processing_class=tiny_tokenizer())  # fmt: skip

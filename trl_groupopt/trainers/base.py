@@ -50,6 +50,7 @@ from trl.trainer.utils import (
 from ..checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES, prepare_trainer_inputs, watch_all_none_rewards
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss, log_importance_weights
 from ..registry import register_method
+from .schedule import check_dataset_holds_a_generation_batch
 
 # The loss types whose aggregation `_compute_loss` reproduces. TRL's cispo/sapo/vespo replace the surrogate itself,
 # so they cannot be combined with another objective: the base trainer hands them to TRL's own `_compute_loss`.
@@ -286,6 +287,7 @@ class GroupOptTrainer(GRPOTrainer):
             environment_factory=environment_factory,
         )
         self.whole_groups = self.needs_whole_groups(self.args)
+        check_dataset_holds_a_generation_batch(self.args, self.train_dataset)
         self.warn_if_inert_on_policy()
 
     def warn_if_inert_on_policy(self) -> None:

@@ -19,7 +19,7 @@ from ..objectives.common import ObjectiveOutput
 from ..objectives.ctpo import RATIO_MODES, ctpo_loss
 from ..registry import register_method
 from .base import GroupOptTrainer, TokenSafeConfigMixin
-from .schedule import check_dataset_holds_a_generation_batch, default_off_policy_schedule
+from .schedule import default_off_policy_schedule
 
 # The authors' schedule (ctpo.sh): a 512-prompt rollout trained in mini-batches of 32 prompts, 16 steps per rollout.
 CTPO_UPDATES_PER_ROLLOUT = 16
@@ -142,10 +142,6 @@ class CTPOTrainer(GroupOptTrainer):
         "(CTPOConfig then uses 16 optimizer steps per rollout), or set steps_per_generation to a multiple k > 1 of "
         "gradient_accumulation_steps (or num_iterations > 1)."
     )
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        check_dataset_holds_a_generation_batch(self.args, self.train_dataset)
 
     def objective(
         self,

@@ -20,7 +20,7 @@ from ..objectives.common import ObjectiveOutput
 from ..objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss
 from ..registry import register_method
 from .base import GroupOptTrainer, TokenSafeConfigMixin
-from .schedule import check_dataset_holds_a_generation_batch, default_off_policy_schedule
+from .schedule import default_off_policy_schedule
 
 BATCH_RATIO_SCOPES = ("step", "global", "micro_batch")
 # Loss types whose normaliser is one constant shared by every micro-batch and process: the only ones for which the
@@ -191,7 +191,6 @@ class ECHOTrainer(GroupOptTrainer):
         # ({(global_step, micro-step) it serves}, echo_loss's totals) of the current optimizer step ("step" scope)
         self._step_totals: tuple[set[tuple[int, int]], dict[str, Tensor]] | None = None
         super().__init__(*args, **kwargs)
-        check_dataset_holds_a_generation_batch(self.args, self.train_dataset)
 
     @staticmethod
     def _loss_mask(inputs: dict[str, Any]) -> Tensor:

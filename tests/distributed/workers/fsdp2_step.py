@@ -35,7 +35,7 @@ from transformers import set_seed  # noqa: E402
 
 from tests.distributed import batches  # noqa: E402
 from tests.distributed.harness import write_result  # noqa: E402
-from tests.helpers import _forward, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
+from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
 from trl_groupopt import get_method  # noqa: E402
 from trl_groupopt.trainers import OTBTrainer  # noqa: E402
 
@@ -144,27 +144,7 @@ def run_case(name, cli, tokenizer, batch):
             for n, p in trainer.model.named_parameters():
                 if "lora_B" in n:
                     p.normal_(0.0, 0.1)
-    fixed = {"batch": batch, "old_per_token_logps": None, "weight_noise": None}
-    if scenario == "weights":
-        g = torch.Generator().manual_seed(5)
-        fixed["weight_noise"] = [
-            one_step.OTB_WEIGHT_NOISE * torch.randn(p.shape, generator=g) for p in trainer.model.parameters()
-        ]
-    else:
-        with torch.no_grad():
-            logps, _, _ = _forward(trainer, trainer.model, batch)
-        fixed["old_per_token_logps"] = (logps - batches.log_ratios(scenario)).detach()
-    trainer._fixed = fixed
-
-    local_losses = []
-    compute_loss = trainer._compute_loss
-
-    def recording_compute_loss(self, model, inputs):
-        loss = compute_loss(model, inputs)
-        local_losses.append(loss.item())
-        return loss
-
-    trainer._compute_loss = MethodType(recording_compute_loss, trainer)
+    local_losses = one_step.install_fixed_batch(trainer, batch, scenario)
     otb = {}
     if isinstance(trainer, OTBTrainer):  # keep the advantages (they carry the energy) and the behaviour energy
         compute_advantages = trainer.compute_advantages

@@ -118,6 +118,34 @@ class GradRecorder(TrainerCallback):
         self.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def install_fixed_batch(trainer, batch, scenario) -> list[float]:
+    """Make `trainer` train on `batch` (via `fixed_generation`) with the behaviour policy of `scenario` (log-ratios
+    of `batches.log_ratios`, or perturbed weights for "weights"), and record each micro-batch's local loss into the
+    returned list."""
+    fixed = {"batch": batch, "old_per_token_logps": None, "weight_noise": None}
+    if scenario == "weights":
+        g = torch.Generator().manual_seed(5)
+        fixed["weight_noise"] = [
+            OTB_WEIGHT_NOISE * torch.randn(p.shape, generator=g) for p in trainer.model.parameters()
+        ]
+    else:
+        with torch.no_grad():  # initial log-probs over the WHOLE global batch, identical on every rank
+            logps, _, _ = _forward(trainer, trainer.model, batch)
+        fixed["old_per_token_logps"] = (logps - batches.log_ratios(scenario)).detach()
+    trainer._fixed = fixed
+
+    local_losses: list[float] = []
+    compute_loss = trainer._compute_loss
+
+    def recording_compute_loss(self, model, inputs):
+        loss = compute_loss(model, inputs)
+        local_losses.append(loss.item())
+        return loss
+
+    trainer._compute_loss = MethodType(recording_compute_loss, trainer)
+    return local_losses
+
+
 def run_case(name, cli, tokenizer, batch):
     method, overrides, scenario = CASES[name]
     world = cli.world_size
@@ -146,27 +174,7 @@ def run_case(name, cli, tokenizer, batch):
         processing_class=tokenizer,
     )
     assert trainer.accelerator.num_processes == world, trainer.accelerator.num_processes
-    fixed = {"batch": batch, "old_per_token_logps": None, "weight_noise": None}
-    if scenario == "weights":
-        g = torch.Generator().manual_seed(5)
-        fixed["weight_noise"] = [
-            OTB_WEIGHT_NOISE * torch.randn(p.shape, generator=g) for p in trainer.model.parameters()
-        ]
-    else:
-        with torch.no_grad():  # initial log-probs over the WHOLE global batch, identical on every rank
-            logps, _, _ = _forward(trainer, trainer.model, batch)
-        fixed["old_per_token_logps"] = (logps - batches.log_ratios(scenario)).detach()
-    trainer._fixed = fixed
-
-    local_losses = []
-    compute_loss = trainer._compute_loss
-
-    def recording_compute_loss(self, model, inputs):
-        loss = compute_loss(model, inputs)
-        local_losses.append(loss.item())
-        return loss
-
-    trainer._compute_loss = MethodType(recording_compute_loss, trainer)
+    local_losses = install_fixed_batch(trainer, batch, scenario)
     recorder = GradRecorder()
     trainer.add_callback(recorder)
     initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
