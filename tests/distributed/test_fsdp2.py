@@ -26,7 +26,8 @@ LEARNING_RATE = 0.5  # workers/one_step.py
 #: a method not named here runs its default case, named after it.
 FSDP_CASES = {"grpo": ["grpo/grpo", "grpo/dapo"], "echo": ["echo/global/split"], "dfpo": ["dfpo/min_replace"]}
 CASES = [case for method in METHODS for case in FSDP_CASES.get(method, [method])] + ["lora/otb"]
-OTB_METRICS = ("otb/energy_mean", "otb/baseline_mean", "otb/adv_abs_mean", "otb/grad_second_moment")
+OTB_METRICS = ("otb/energy_mean", "otb/baseline_mean", "otb/adv_abs_mean", "otb/grad_second_moment",
+               "otb/grad_second_moment_group_mean_baseline")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +87,15 @@ def test_otb_energy_under_fsdp2_equals_one_process(runs, name):
     # the advantages are not the group-mean baseline's (constant per row): the token baseline varies along t
     mask = one["advantages"] != 0
     assert (one["advantages"].max(dim=1).values - one["advantages"].min(dim=1).values)[mask.any(dim=1)].max() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["otb", "lora/otb"])
+def test_otb_logged_metrics_are_token_weighted_over_processes(runs, name):
+    """OTB's logged means are over every process's tokens: the 2-process run logs the 1-process run's values (a mean
+    of per-process means would not: the two ranks hold different numbers of completion tokens)."""
+    one = case_of(runs, 1, name)[0]["logged"]
+    for rank in range(2):
+        two = case_of(runs, 2, name, rank)[0]["logged"]
+        for key in OTB_METRICS:
+            assert abs(one[key]) > 0, key
+            assert two[key] == pytest.approx(one[key], abs=ATOL, rel=RTOL), (name, rank, key)

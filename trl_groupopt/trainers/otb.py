@@ -24,7 +24,7 @@ from torch import Tensor
 from trl import GRPOConfig
 from trl.trainer.utils import add_fused_lm_head
 
-from ..objectives.common import check_positive, group_mean, masked_mean
+from ..objectives.common import check_positive, group_mean
 from ..objectives.otb import TOKEN_POSITIONS, energy_from_log_probs, otb_advantages
 from ..registry import register_method
 from .base import GroupOptTrainer, TokenSafeConfigMixin
@@ -256,20 +256,23 @@ class OTBTrainer(GroupOptTrainer):
         return advantages
 
     def _log_otb_metrics(self, rewards, energy, advantages, mask, group_ids) -> None:
+        """Token-weighted means over every process's scored tokens (the base's `_flush_metrics` reduces (B, T)
+        metrics as TRL's `global_masked_mean`), so 2 processes log what 1 process logs for the same batch."""
         mode = "train" if self.model.training else "eval"
-        valid = mask * (~torch.isnan(rewards)).unsqueeze(1)  # (B, T)
+        valid = (mask * (~torch.isnan(rewards)).unsqueeze(1)).bool()  # (B, T)
         returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
         baseline = returns - advantages  # (B, T) b_t where valid
         # Variance proxy: E[A^2 ||grad log p||^2] (the token gradient's second moment) vs the group-mean baseline's.
         group_adv = (returns.squeeze(1) - group_mean(returns.squeeze(1), group_ids)).unsqueeze(1)  # (B, 1)
-        metrics = {
-            "otb/energy_mean": masked_mean(energy, valid),
-            "otb/baseline_mean": masked_mean(baseline, valid),
-            "otb/adv_abs_mean": masked_mean(advantages.abs(), valid),
-            "otb/grad_second_moment": masked_mean(advantages**2 * energy, valid),
-            "otb/grad_second_moment_group_mean_baseline": masked_mean(group_adv**2 * energy, valid),
-        }
-        self._log_objective_metrics({k: v.detach() for k, v in metrics.items()}, mask, mode)
+        per_token = {
+            "otb/energy_mean": energy,
+            "otb/baseline_mean": baseline,
+            "otb/adv_abs_mean": advantages.abs(),
+            "otb/grad_second_moment": advantages**2 * energy,
+            "otb/grad_second_moment_group_mean_baseline": group_adv**2 * energy,
+        }  # (B, T) each; zero where not valid, so padding's non-finite values never reach a sum
+        metrics = {k: torch.where(valid, v.detach(), torch.zeros_like(v)) for k, v in per_token.items()}
+        self._log_objective_metrics(metrics, valid.to(energy.dtype), mode)
 
 
 register_method(
