@@ -23,7 +23,10 @@ round of the others' step k, so a slow drift of a shared machine cancels in the 
 untimed, then `--steps` are timed (rounded up to whole generation cycles); a callback reads the clock at each step's
 start and end. The ratio of a trainer is `exp(mean log(cycle time / TRL GRPOTrainer's same cycle))` over every timed
 generation cycle (its steps, scoring included) of every run, with its 95% Student-t interval. The *noise floor* is
-how far from 1 the A/A control's interval reaches: the smallest difference the run can resolve. Runs repeat once
+how far from 1 the A/A control's interval reaches: the smallest difference the run can resolve. Every trainer of a
+run is resident at once; `--group-size` (GPU default 3: Qwen2.5-0.5B with AdamW is ~6 GB a trainer) splits the
+trainers into several runs, each with the baseline and the control, and a ratio pairs a trainer with the baseline of
+its own run. Runs repeat once
 per shape (`--shapes`, vocabulary x completion length), alternating the starting order, until the noise floor is
 below `--noise-target` (2%) for every shape after at least `--min-repeats`, or `--max-repeats`, or the
 `--max-minutes` budget would be exceeded by one more repeat. `time_ms` (median step without scoring + scoring
@@ -143,13 +146,13 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
             max_position_embeddings=1024, tie_word_embeddings=True)  # fmt: skip
 
 # shapes: "VOCABxCOMPLETION" (vocab 0 = the task tokenizer's own ~70 tokens)
-CPU_DEFAULTS = dict(steps=16, warmup=2, min_repeats=2, max_repeats=20, max_minutes=50.0, shapes="32000x128,151936x64",
-                    prompt_length=32, batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2,
-                    model="tiny")  # fmt: skip
-GPU_DEFAULTS = dict(steps=20, warmup=4, min_repeats=2, max_repeats=4, max_minutes=9.0, shapes="151936x512",
-                    prompt_length=128, batch_size=8, num_generations=4, grad_accum=2, steps_per_generation=4,
-                    model="qwen2.5-0.5b")  # fmt: skip
-SMOKE_DEFAULTS = dict(steps=4, warmup=2, min_repeats=1, max_repeats=1, max_minutes=5.0, shapes="0x24",
+CPU_DEFAULTS = dict(steps=16, warmup=2, min_repeats=2, max_repeats=20, max_minutes=50.0, group_size=0,
+                    shapes="32000x128,151936x64", prompt_length=32, batch_size=4, num_generations=4, grad_accum=1,
+                    steps_per_generation=2, model="tiny")  # fmt: skip
+GPU_DEFAULTS = dict(steps=20, warmup=4, min_repeats=2, max_repeats=4, max_minutes=9.0, group_size=3,
+                    shapes="151936x512", prompt_length=128, batch_size=8, num_generations=4, grad_accum=2,
+                    steps_per_generation=4, model="qwen2.5-0.5b")  # fmt: skip
+SMOKE_DEFAULTS = dict(steps=4, warmup=2, min_repeats=1, max_repeats=1, max_minutes=5.0, group_size=4, shapes="0x24",
                       prompt_length=16, batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2,
                       model="tiny")  # fmt: skip
 
@@ -186,6 +189,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--repeats", type=int, help="Exactly this many repeats (sets --min-repeats and --max-repeats)."
     )
+    parser.add_argument("--group-size", type=int,
+                        help="Trainers per lockstep run besides TRL GRPOTrainer and the A/A control (0: all at once; "
+                             "a GPU holds every trainer of a run at once).")  # fmt: skip
     parser.add_argument("--noise-target", type=float, default=0.02,
                         help="Stop once the A/A control's 95%% interval lies within 1 +- this.")  # fmt: skip
     parser.add_argument("--max-minutes", type=float, help="No repeat starts that would end past this budget.")
@@ -564,21 +570,32 @@ def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, d
     return records
 
 
+def lockstep_groups(order: list[Variant], group_size: int) -> list[list[Variant]]:
+    """The lockstep runs of one repeat: every trainer besides the baseline and the control in chunks of
+    `group_size` (0: all in one run), each run holding the baseline and the control too, in `order`."""
+    fixed = {BASELINE, CONTROL}
+    others = [v for v in order if v.name not in fixed]
+    size = group_size or max(1, len(others))
+    chunks = [others[i : i + size] for i in range(0, len(others), size)] or [[]]
+    return [[v for v in order if v.name in fixed or v in chunk] for chunk in chunks]
+
+
 def repeat_time_ms(record: dict) -> float:
     """One run's time per optimizer step: median step without scoring + scoring amortised per step."""
     train_only = [a - b for a, b in zip(record["step_s"], record["scoring_s"])]
     return 1e3 * (common.median(train_only) + sum(record["scoring_s"]) / len(record["scoring_s"]))
 
 
-def cycle_log_ratios(runs: list[dict], baseline_runs: list[dict], cycle: int) -> list[float]:
-    """log(time of a trainer's generation cycle / the baseline's same cycle), over every timed cycle of every repeat.
+def cycle_log_ratios(runs: list[dict], cycle: int) -> list[float]:
+    """log(time of a trainer's generation cycle / the baseline's same cycle in the same lockstep run), over every
+    timed cycle of every run (`run["baseline_step_s"]`: the baseline's step times in that run).
 
     A cycle (`steps_per_generation / gradient_accumulation_steps` optimizer steps) holds one scoring call, so its
-    time is the whole cost of those steps; cycle k of two trainers in one repeat ran the same batches within one
-    lockstep round of each other, so the pair is as close in time and content as the design allows."""
+    time is the whole cost of those steps; cycle k of two trainers in one run saw the same batches and ran within
+    one lockstep round of each other, so the pair is as close in time and content as the design allows."""
     out = []
-    for run, base in zip(runs, baseline_runs):
-        a, b = run["step_s"], base["step_s"]
+    for run in runs:
+        a, b = run["step_s"], run["baseline_step_s"]
         for k in range(0, min(len(a), len(b)) - cycle + 1, cycle):
             out.append(math.log(sum(a[k : k + cycle]) / sum(b[k : k + cycle])))
     return out
@@ -606,14 +623,13 @@ def summarise(records: dict[str, list[dict]], targets: dict[str, float | None], 
               cycle: int) -> dict[str, dict]:  # fmt: skip
     """Pool the repeats of each trainer (one shape) and compute the paired time ratios to TRL's GRPOTrainer."""
     out: dict[str, dict] = {}
-    base_runs = records[BASELINE]
     for name, runs in records.items():
         step = [s for r in runs for s in r["step_s"]]
         scoring = [s for r in runs for s in r["scoring_s"]]
         train_ms = 1e3 * common.median([a - b for a, b in zip(step, scoring)])
         scoring_ms = 1e3 * sum(scoring) / len(scoring)
-        estimate = ratio_estimate(cycle_log_ratios(runs, base_runs, cycle))
-        per_repeat = [ratio_estimate(cycle_log_ratios([r], [b], cycle))["ratio"] for r, b in zip(runs, base_runs)]
+        estimate = ratio_estimate(cycle_log_ratios(runs, cycle))
+        per_repeat = [ratio_estimate(cycle_log_ratios([run], cycle))["ratio"] for run in runs]
         target = targets.get(name)
         peaks = [r["activation_peak_bytes"] for r in runs if r.get("activation_peak_bytes") is not None]
         out[name] = {
@@ -626,7 +642,7 @@ def summarise(records: dict[str, list[dict]], targets: dict[str, float | None], 
             "time_ratio": estimate["ratio"],
             "time_ratio_ci95": [estimate["low"], estimate["high"]],
             "paired_cycles": estimate["n_cycles"],
-            "time_ratio_per_repeat": per_repeat,
+            "time_ratio_per_run": per_repeat,
             "activation_peak_bytes": max(peaks) if peaks else None,
             "num_parameters": runs[0]["num_parameters"],
             "off_policy": runs[0]["off_policy"],
@@ -762,12 +778,14 @@ def main(argv=None) -> dict:
             # Repeats alternate the starting order too, so no trainer is always first in a round.
             order = runnable if repeat % 2 == 0 else list(reversed(runnable))
             for key, sargs in shape_args.items():
-                t0 = time.perf_counter()
-                by_name = run_trainers(order, sargs, device, dtype, tokenizer, dataset, workdir)
-                for name, record in by_name.items():
-                    records[key][name].append(record)
-                print(f"  [{repeat + 1}] {key}: {time.perf_counter() - t0:.0f} s; ms/step "
-                      + ", ".join(f"{n} {repeat_time_ms(r):.0f}" for n, r in by_name.items()), flush=True)  # fmt: skip
+                for group in lockstep_groups(order, args.group_size):
+                    t0 = time.perf_counter()
+                    by_name = run_trainers(group, sargs, device, dtype, tokenizer, dataset, workdir)
+                    for name, record in by_name.items():
+                        record["baseline_step_s"] = by_name[BASELINE]["step_s"]  # the pair of every ratio
+                        records[key][name].append(record)
+                    print(f"  [{repeat + 1}] {key}: {time.perf_counter() - t0:.0f} s; ms/step "
+                          + ", ".join(f"{n} {repeat_time_ms(r):.0f}" for n, r in by_name.items()), flush=True)  # fmt: skip
             repeat_seconds.append(time.perf_counter() - t_repeat)
             payload = build_payload(args, device, dtype, records, runnable, not_available, started, repeat_seconds,
                                     stop_reason)  # fmt: skip
@@ -827,6 +845,7 @@ def build_payload(args, device, dtype, records, runnable, not_available, started
             "warmup_steps": args.warmup,
             "timed_steps": args.steps,
             "cycle_steps": args.cycle_steps,
+            "group_size": args.group_size,
             "min_repeats": args.min_repeats,
             "max_repeats": args.max_repeats,
             "noise_target": args.noise_target,

@@ -80,9 +80,9 @@ def test_overhead_variants_cover_the_registry_and_reject_unknown_knobs():
 
 def test_paired_cycle_ratio_and_noise_floor():
     # cycles of 2 steps; the trainer is 10% slower on every cycle of both repeats, whatever the machine's drift
-    base = [{"step_s": [1.0, 2.0, 3.0, 1.0]}, {"step_s": [2.0, 2.0, 1.0, 1.0]}]
-    slow = [{"step_s": [1.1 * x for x in run["step_s"]]} for run in base]
-    logs = overhead.cycle_log_ratios(slow, base, cycle=2)
+    base = [[1.0, 2.0, 3.0, 1.0], [2.0, 2.0, 1.0, 1.0]]
+    slow = [{"step_s": [1.1 * x for x in steps], "baseline_step_s": steps} for steps in base]
+    logs = overhead.cycle_log_ratios(slow, cycle=2)
     assert logs == pytest.approx([math.log(1.1)] * 4)
     estimate = overhead.ratio_estimate(logs)
     assert estimate["ratio"] == pytest.approx(1.1) and estimate["n_cycles"] == 4
@@ -93,6 +93,21 @@ def test_paired_cycle_ratio_and_noise_floor():
     assert floor == pytest.approx(max(control["high"] - 1, 1 - control["low"])) and 0.01 < floor < 0.05
     assert overhead.noise_floor({"time_ratio_ci95": [None, None]}) is None
     assert overhead.ratio_estimate([])["ratio"] is None
+
+
+def test_lockstep_groups_each_hold_the_baseline_and_the_control():
+    order = overhead.variants()
+    names = [v.name for v in order]
+    (whole,) = overhead.lockstep_groups(order, 0)
+    assert [v.name for v in whole] == names
+    groups = overhead.lockstep_groups(order, 3)
+    others = [n for n in names if n not in (overhead.BASELINE, overhead.CONTROL)]
+    assert len(groups) == -(-len(others) // 3)
+    for group in groups:
+        group_names = [v.name for v in group]
+        assert {overhead.BASELINE, overhead.CONTROL} <= set(group_names) and len(group_names) <= 5
+        assert group_names == [n for n in names if n in group_names]  # the given order (ABBA across repeats)
+    assert sorted(n for g in groups for n in (v.name for v in g) if n in others) == sorted(others)
 
 
 def test_lockstep_runs_one_thread_at_a_time_in_abba_rounds():
@@ -196,7 +211,10 @@ def test_overhead_smoke(tmp_path, capsys):
             assert isinstance(entry[key], (int, float)) and entry[key] > 0, (name, key, entry[key])
         assert entry["time_ms"] == pytest.approx(entry["train_time_ms"] + entry["scoring_ms_per_step"])
         assert entry["off_policy"] is True  # the behaviour forward (old_per_token_logps) ran, as in real training
-        assert entry["timed_steps"] == 4 and entry["paired_cycles"] == 2  # every trainer ran every timed step
+        # every trainer ran every timed step; the smoke runs lockstep groups of 4 (+ baseline and control), so those
+        # two ran once per group
+        runs = 1 if name not in (overhead.BASELINE, overhead.CONTROL) else -(-(len(results) - 2) // 4)
+        assert entry["timed_steps"] == 4 * runs and entry["paired_cycles"] == 2 * runs, name
         low, high = entry["time_ratio_ci95"]
         assert low <= entry["time_ratio"] <= high
     assert results["trl_grpo"]["time_ratio"] == pytest.approx(1.0)
@@ -256,6 +274,8 @@ def test_sample_efficiency_smoke(tmp_path):
         (accuracy,) = entry["curves"]["accuracy"]
         assert accuracy["steps"] == [0, 3] and all(0.0 <= a <= 1.0 for a in accuracy["values"]), name
     assert _is_png(tmp_path / "sample_efficiency.png")
+    markdown = report.sample_efficiency_markdown(payload)  # the README's table, from the JSON alone
+    assert markdown.count("\n| ") == 1 + len(methods) and "| TRL GRPO | 4 |" in markdown
 
 
 def test_group_reductions_with_a_precomputed_index_match():
