@@ -40,13 +40,12 @@ optimizer step and two per generation (off-policy), 2 warm-up + 16 timed steps p
 (`--device cuda`): Qwen2.5-0.5B's shapes with random weights, bf16, completions up to 512. `--smoke`: the task
 tokenizer's ~70-token vocabulary, 24 tokens, a few steps. Outputs: `overhead_<device>.json` and `.png`
 (`overhead_smoke.*` for --smoke); `python -m benchmarks.report` writes the README's markdown table from the JSON.
-On glibc, `GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296`
-keeps the allocator from returning and re-faulting the large logits buffers every step (system time, noise); the
-JSON records it.
+On Linux/glibc, `python -m benchmarks.overhead` re-runs itself with `ALLOCATOR_TUNABLES` (one malloc arena for the
+trainers' threads, large buffers kept, huge pages) unless GLIBC_TUNABLES already sets them; the JSON records it.
 
 Usage (from the repo root):
     python -m benchmarks.overhead --smoke --output-dir outputs/bench        # CPU, < 1 min
-    GLIBC_TUNABLES=... python -m benchmarks.overhead --device cpu --max-minutes 50   # the committed CPU measurement
+    python -m benchmarks.overhead --device cpu --max-minutes 45       # the committed CPU measurement
     python -m benchmarks.overhead --device cuda                         # GPU
     python -m benchmarks.overhead --plot-from benchmarks/results/overhead_cpu.json
 """
@@ -872,5 +871,32 @@ def build_payload(args, device, dtype, records, runnable, not_available, started
     }
 
 
+#: glibc malloc settings for this benchmark (Linux): one arena, so the trainers' threads allocate from the main heap
+#: (a thread arena serves no chunk above 64 MiB: every logits buffer would be mmap'd and page-faulted anew each step,
+#: measured 2-4x slower scoring in a thread than in the main thread), large buffers kept instead of returned and
+#: re-faulted, transparent huge pages. Fixed at process start, hence `reexec_with_allocator_settings`.
+ALLOCATOR_TUNABLES = (
+    "glibc.malloc.arena_max=1:glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:"
+    "glibc.malloc.trim_threshold=4294967296"
+)
+
+
+def reexec_with_allocator_settings() -> None:
+    """Re-run this command with `ALLOCATOR_TUNABLES` when GLIBC_TUNABLES does not set them (Linux, glibc only)."""
+    import platform
+    import sys
+
+    if (
+        platform.system() != "Linux"
+        or platform.libc_ver()[0] != "glibc"
+        or "arena_max" in os.environ.get("GLIBC_TUNABLES", "")
+    ):
+        return
+    print(f"re-running with GLIBC_TUNABLES={ALLOCATOR_TUNABLES} (see benchmarks.overhead.ALLOCATOR_TUNABLES)")
+    env = {**os.environ, "GLIBC_TUNABLES": ALLOCATOR_TUNABLES}
+    os.execve(sys.executable, [sys.executable, "-m", "benchmarks.overhead", *sys.argv[1:]], env)
+
+
 if __name__ == "__main__":
+    reexec_with_allocator_settings()
     main()
