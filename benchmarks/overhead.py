@@ -875,7 +875,7 @@ def build_payload(args, device, dtype, records, runnable, not_available, started
 
 #: glibc malloc settings for this benchmark (Linux): one arena, so the trainers' threads allocate from the main heap
 #: (a thread arena serves no chunk above 64 MiB: every logits buffer would be mmap'd and page-faulted anew each step,
-#: measured 2-4x slower scoring in a thread than in the main thread), large buffers kept instead of returned and
+#: measured 2.5-4.7x slower scoring in a thread than in the main thread), large buffers kept instead of returned and
 #: re-faulted, transparent huge pages. Fixed at process start, hence `reexec_with_allocator_settings`.
 ALLOCATOR_TUNABLES = (
     "glibc.malloc.arena_max=1:glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=4294967296:"
