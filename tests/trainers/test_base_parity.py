@@ -78,6 +78,19 @@ def test_base_equals_trl(trainer_pair, loss_type, level, beta):
         assert our_metrics[name] == pytest.approx(values, abs=1e-6, nan_ok=True), name
 
 
+#: The trainer attributes the extras below switch on, at the values every test starts from (and is restored to).
+EXTRAS_OFF = dict(
+    off_policy_mask_threshold=None,
+    top_entropy_quantile=1.0,
+    delta=None,
+    use_bias_correction_kl=False,
+    steps_per_generation=2,
+    current_gradient_accumulation_steps=1,
+    entropy_coef=0.0,
+    _entropy_bonus_enabled=False,
+)
+
+
 @pytest.mark.parametrize(
     "extras",
     [
@@ -97,19 +110,7 @@ def test_base_equals_trl_with_extras(trainer_pair, extras):
     tokenizer, trl_trainer, our_trainer = trainer_pair
     batch = random_batch(tokenizer, batch_size=6, seed=7)
     settings = dict(
-        loss_type="dapo",
-        importance_sampling_level="token",
-        beta=0.0,
-        epsilon_low=0.2,
-        epsilon_high=0.2,
-        off_policy_mask_threshold=None,
-        top_entropy_quantile=1.0,
-        delta=None,
-        use_bias_correction_kl=False,
-        steps_per_generation=2,
-        current_gradient_accumulation_steps=1,
-        entropy_coef=0.0,
-        _entropy_bonus_enabled=False,
+        loss_type="dapo", importance_sampling_level="token", beta=0.0, epsilon_low=0.2, epsilon_high=0.2, **EXTRAS_OFF
     )
     settings.update(extras)
     results = []
@@ -117,17 +118,7 @@ def test_base_equals_trl_with_extras(trainer_pair, extras):
         _configure(trainer, **settings)
         results.append(compute_loss_and_grads(trainer, inputs_with_policies(trainer, batch)))
     for trainer in (trl_trainer, our_trainer):  # restore the shared defaults for the other tests
-        _configure(
-            trainer,
-            off_policy_mask_threshold=None,
-            top_entropy_quantile=1.0,
-            delta=None,
-            use_bias_correction_kl=False,
-            steps_per_generation=2,
-            current_gradient_accumulation_steps=1,
-            entropy_coef=0.0,
-            _entropy_bonus_enabled=False,
-        )
+        _configure(trainer, **EXTRAS_OFF)
     (trl_loss, trl_grads, trl_metrics), (our_loss, our_grads, our_metrics) = results
     torch.testing.assert_close(our_loss, trl_loss, atol=TOL, rtol=TOL)
     for name in trl_grads:
