@@ -27,9 +27,10 @@ how far from 1 the A/A control's interval reaches: the smallest difference the r
 run is resident at once; `--group-size` (GPU default 3: Qwen2.5-0.5B with AdamW is ~6 GB a trainer) splits the
 trainers into several runs, each with the baseline and the control, and a ratio pairs a trainer with the baseline of
 its own run. Runs repeat once
-per shape (`--shapes`, vocabulary x completion length), alternating the starting order, until the noise floor is
-below `--noise-target` (2%) for every shape after at least `--min-repeats`, or `--max-repeats`, or the
-`--max-minutes` budget would be exceeded by one more repeat. `time_ms` (median step without scoring + scoring
+per shape (`--shapes`, vocabulary x completion length), alternating the starting order, after at least
+`--min-repeats`, until each shape's noise floor is below `--noise-target` (2%; a shape that got there is not repeated
+any more, its time goes to the others), or `--max-repeats`, or the `--max-minutes` budget would be exceeded by one
+more repeat. `time_ms` (median step without scoring + scoring
 amortised per step) is printed for reading; the ratios do not use it. On CUDA the activation peak of each trainer's
 timed steps is recorded (peak allocated minus allocated at the step's start); on the CPU one process holds every
 trainer, so no per-trainer memory is measured.
@@ -45,7 +46,7 @@ trainers' threads, large buffers kept, huge pages) unless GLIBC_TUNABLES already
 
 Usage (from the repo root):
     python -m benchmarks.overhead --smoke --output-dir outputs/bench        # CPU, < 1 min
-    python -m benchmarks.overhead --device cpu --max-minutes 45       # the committed CPU measurement
+    python -m benchmarks.overhead --device cpu --max-minutes 100      # the committed CPU measurement
     python -m benchmarks.overhead --device cuda                         # GPU
     python -m benchmarks.overhead --plot-from benchmarks/results/overhead_cpu.json
 """
@@ -768,17 +769,21 @@ def main(argv=None) -> dict:
     records: dict[str, dict[str, list[dict]]] = {key: {v.name: [] for v in runnable} for key in shape_args}
     started = time.perf_counter()
     repeat_seconds: list[float] = []
+    shape_seconds: dict[str, list[float]] = {key: [] for key in shape_args}  # one entry per repeat of that shape
+    resolved: set[str] = set()  # shapes whose noise floor is below the target: not repeated any more
     stop_reason = None
     with tempfile.TemporaryDirectory(prefix="overhead-") as workdir:
         for repeat in range(args.max_repeats):
             elapsed = time.perf_counter() - started
-            if repeat_seconds and elapsed + max(repeat_seconds) > 60 * args.max_minutes:
+            pending = [key for key in shape_args if key not in resolved]
+            if repeat_seconds and elapsed + sum(max(shape_seconds[key]) for key in pending) > 60 * args.max_minutes:
                 stop_reason = f"time budget: another repeat would end past --max-minutes {args.max_minutes}"
                 break
             t_repeat = time.perf_counter()
             # Repeats alternate the starting order too, so no trainer is always first in a round.
             order = runnable if repeat % 2 == 0 else list(reversed(runnable))
-            for key, sargs in shape_args.items():
+            for key in pending:
+                sargs, t_shape = shape_args[key], time.perf_counter()
                 for group in lockstep_groups(order, args.group_size):
                     t0 = time.perf_counter()
                     by_name = run_trainers(group, sargs, device, dtype, tokenizer, dataset, workdir)
@@ -787,21 +792,25 @@ def main(argv=None) -> dict:
                         records[key][name].append(record)
                     print(f"  [{repeat + 1}] {key}: {time.perf_counter() - t0:.0f} s; ms/step "
                           + ", ".join(f"{n} {repeat_time_ms(r):.0f}" for n, r in by_name.items()), flush=True)  # fmt: skip
+                shape_seconds[key].append(time.perf_counter() - t_shape)
             repeat_seconds.append(time.perf_counter() - t_repeat)
             payload = build_payload(args, device, dtype, records, runnable, not_available, started, repeat_seconds,
-                                    stop_reason)  # fmt: skip
+                                    stop_reason, shape_seconds)  # fmt: skip
             common.write_json(args.output_dir / f"{args.output_stem}.json", payload)  # a cut-short run keeps numbers
-            floors = [shape["noise_floor"] for shape in payload["shapes"].values()]
+            floors = {key: shape["noise_floor"] for key, shape in payload["shapes"].items()}
             print(f"  repeat {repeat + 1} done in {repeat_seconds[-1]:.0f} s; noise floor per shape: "
-                  + ", ".join("n/a" if f is None else f"{f:.1%}" for f in floors), flush=True)  # fmt: skip
-            if repeat + 1 >= args.min_repeats and all(f is not None and f < args.noise_target for f in floors):
+                  + ", ".join(f"{key} " + ("n/a" if f is None else f"{f:.1%}") for key, f in floors.items()),
+                  flush=True)  # fmt: skip
+            if repeat + 1 >= args.min_repeats:  # a shape whose floor is below the target gives its time to the others
+                resolved |= {key for key, f in floors.items() if f is not None and f < args.noise_target}
+            if resolved >= set(shape_args):
                 stop_reason = f"noise floor below {args.noise_target:.0%} for every shape"
                 break
         else:
             stop_reason = f"--max-repeats {args.max_repeats} reached"
 
     payload = build_payload(args, device, dtype, records, runnable, not_available, started, repeat_seconds,
-                            stop_reason)  # fmt: skip
+                            stop_reason, shape_seconds)  # fmt: skip
     payload["table"] = print_results(payload)
     print(f"stopped: {stop_reason}")
     json_path = common.write_json(args.output_dir / f"{args.output_stem}.json", payload)
@@ -811,7 +820,7 @@ def main(argv=None) -> dict:
 
 
 def build_payload(args, device, dtype, records, runnable, not_available, started, repeat_seconds,
-                  stop_reason) -> dict:  # fmt: skip
+                  stop_reason, shape_seconds) -> dict:  # fmt: skip
     targets = {v.name: target_of(v) for v in runnable}
     labels = {v.name: v.label for v in runnable}
     shapes = {}
@@ -825,6 +834,8 @@ def build_payload(args, device, dtype, records, runnable, not_available, started
             "vocab_size": vocab or None,
             "completion_length": length,
             "noise_floor": noise_floor(results[CONTROL]) if CONTROL in results else None,
+            "repeats": len(shape_seconds[key]),
+            "repeat_seconds": shape_seconds[key],
             "results": results,
         }
     return {

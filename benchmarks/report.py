@@ -31,8 +31,7 @@ def overhead_markdown(payload: dict[str, Any]) -> str:
         f"tokens, {s['per_device_train_batch_size']} sequences per micro-batch (groups of {s['num_generations']}), "
         f"{s['gradient_accumulation_steps']} micro-batches per step, {s['steps_per_generation']} per generation "
         f"(off-policy); every trainer in lockstep, {s['warmup_steps']} warm-up + {s['timed_steps']} timed steps per "
-        f"run; {payload['repeats_done']} runs per shape ({payload['stop_reason']}); total "
-        f"{payload['wall_s'] / 60:.1f} min.",
+        f"run; {payload['repeats_done']} repeats ({payload['stop_reason']}); total {payload['wall_s'] / 60:.1f} min.",
         "",
         "Ratio: geometric mean over paired generation cycles of (trainer's cycle time / TRL GRPOTrainer's same "
         "cycle), with its 95% interval. Noise floor: how far from 1 the interval of `trl_grpo_again` (TRL's "
@@ -44,7 +43,8 @@ def overhead_markdown(payload: dict[str, Any]) -> str:
         vocab = shape["vocab_size"] or "task (~70)"
         lines += [
             f"**Vocabulary {vocab}, completions up to {shape['completion_length']} tokens** — noise floor: "
-            + (f"±{nf:.1%}" if nf is not None else "n/a (too few cycles)"),
+            + (f"±{nf:.1%}" if nf is not None else "n/a (too few cycles)")
+            + (f"; {shape['repeats']} runs" if "repeats" in shape else ""),
             "",
             "| trainer | step time (ms) | x TRL GRPOTrainer [95% CI] | paired cycles | target | |",
             "|---|---:|---|---:|---:|---|",

@@ -11,10 +11,21 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
+from trl.trainer.utils import FusedCausalLMOutput
 
-from tests.helpers import clone_model, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
+from tests.helpers import (
+    clone_model,
+    compute_loss_and_grads,
+    cpu_config_kwargs,
+    length_reward,
+    tiny_dataset,
+    tiny_model,
+    tiny_tokenizer,
+)
 from trl_groupopt import OTBConfig, OTBTrainer
 from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages
 
@@ -238,6 +249,43 @@ def test_energy_record_does_not_depend_on_the_module_object(tmp_path, tool_token
                                atol=1e-5)  # fmt: skip
     with pytest.raises(RuntimeError, match="no energy"):  # records are consumed: nothing stale is ever reused
         trainer._take_energy(logps, "test")
+
+
+def test_off_policy_training_forward_runs_trl_head_without_the_energy(tmp_path, tool_tokenizer, base_model):
+    """Off-policy the advantages use the behaviour forward's energy (`old_per_token_energy`), so the training forward
+    runs TRL's own head, without `log_sum_sq_probs`: the same loss and gradients as with the energy computed there.
+    The behaviour forward and the on-policy training forward (whose energy is used) still compute it."""
+    trainer = OTBTrainer(
+        model=clone_model(base_model), reward_funcs=length_reward, args=_config(tmp_path, "skip"),
+        train_dataset=tiny_dataset(8), processing_class=tool_tokenizer,
+    )  # fmt: skip
+    with_energy = []  # one entry per fused-head forward: did it compute `log_sum_sq_probs`?
+    trainer._head_module.register_forward_hook(
+        lambda module, args, out: (
+            with_energy.append(out.log_sum_sq_probs is not None) if isinstance(out, FusedCausalLMOutput) else None
+        )
+    )
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    batch = trainer._generate_and_score_completions(_rows(trainer))
+    assert "old_per_token_energy" in batch and with_energy == [True, True]  # the behaviour forward, 2 chunks of 4
+
+    with_energy.clear()
+    loss, grads, metrics = compute_loss_and_grads(trainer, batch)
+    assert with_energy == [False] and trainer._training_energy is None
+    trainer._lm_head_without_energy = contextlib.nullcontext  # the energy computed in the training forward too
+    loss_e, grads_e, metrics_e = compute_loss_and_grads(trainer, batch)
+    assert with_energy == [False, True]
+    torch.testing.assert_close(loss, loss_e, rtol=0, atol=0)
+    assert grads.keys() == grads_e.keys() and grads
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_e[name], rtol=0, atol=0, msg=name)
+    assert metrics == metrics_e and metrics["otb/energy_mean"][0] > 0
+
+    with_energy.clear()  # on-policy (no behaviour forward): the training forward's energy is the one used
+    on_policy = {k: v for k, v in batch.items() if k not in ("old_per_token_logps", "old_per_token_energy")}
+    compute_loss_and_grads(trainer, on_policy)
+    assert with_energy == [True] and trainer._training_energy is not None
 
 
 def test_lora_behaviour_energy_is_the_adapted_policy_not_the_reference(tmp_path, tool_tokenizer, base_model):

@@ -116,7 +116,6 @@ def test_resume_on_generation_boundary_is_exact(tmp_path, tiny, method):
     if method == "dfpo":  # off-policy, the in-group re-weighting acted on the resumed steps
         assert min(_logged(full, step)["dfpo/shrink"] for step in (3, 4)) < 1.0
     if method == "otb":  # the fused head still returns log sum p^2 after the checkpoint load: energy logged
-        assert resumed._training_energy is not None
         assert _logged(resumed, 4)["otb/energy_mean"] == pytest.approx(_logged(full, 4)["otb/energy_mean"], abs=TOL)
 
 

@@ -9,12 +9,16 @@ overrides `_get_per_token_logps_and_entropies` so that every call records the en
 no second forward, never a (B, T, V) tensor, no gradient through the energy, no module hook. The behaviour-policy
 forward (run by TRL for `old_per_token_logps` when training is off-policy) puts its energy in the batch as
 `old_per_token_energy`, the policy that sampled the completions, as verl does; on-policy TRL skips that forward and the
-training forward's energy is used directly, which is then the same policy's.
+training forward's energy is used directly, which is then the same policy's. Off-policy the training forward's energy
+would be unused, so that forward runs TRL's own head (log-probs and entropy only), which saves the energy's extra
+log-sum-exp over the vocabulary.
 """
 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -168,12 +172,16 @@ class OTBTrainer(GroupOptTrainer):
         super().__init__(*args, **kwargs)
         # TRL's fused head computes only `log_probs` and `entropy`; re-patch it (TRL's public helper, applied on top of
         # TRL's own patch, to the module TRL patched) so that it also returns `log_sum_sq_probs` from the same tiles.
+        # TRL's head is kept for the forwards whose energy is unused (`_lm_head_without_energy`).
+        self._head_module = self.model.get_base_model() if is_peft_model(self.model) else self.model
+        self._trl_head_forward = self._head_module.forward
         add_fused_lm_head(
-            self.model.get_base_model() if is_peft_model(self.model) else self.model,
+            self._head_module,
             temperature=self.temperature,
             cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
             outputs=("log_probs", "entropy", "log_sum_sq_probs"),
         )
+        self._otb_head_forward = self._head_module.forward
         self._energy_records: list[_EnergyRecord] = []
         self._training_energy: Tensor | None = None
 
@@ -226,8 +234,22 @@ class OTBTrainer(GroupOptTrainer):
         self._energy_records = []  # e.g. the reference forward's record
         return output
 
+    @contextmanager
+    def _lm_head_without_energy(self) -> Iterator[None]:
+        """TRL's own fused head (log-probs and entropy, no `log_sum_sq_probs`) for the forwards inside."""
+        self._head_module.forward = self._trl_head_forward
+        try:
+            yield
+        finally:
+            self._head_module.forward = self._otb_head_forward
+
     def _forward_logps_and_entropies(self, model, inputs):
         self._energy_records = []
+        if "old_per_token_energy" in inputs:  # off-policy: the advantages use the behaviour policy's energy
+            with self._lm_head_without_energy():
+                output = super()._forward_logps_and_entropies(model, inputs)
+            self._energy_records, self._training_energy = [], None
+            return output
         per_token_logps, entropies, aux_loss = super()._forward_logps_and_entropies(model, inputs)
         self._training_energy = self._take_energy(per_token_logps, "training")
         return per_token_logps, entropies, aux_loss
