@@ -46,7 +46,7 @@ trainers' threads, large buffers kept, huge pages) unless GLIBC_TUNABLES already
 
 Usage (from the repo root):
     python -m benchmarks.overhead --smoke --output-dir outputs/bench        # CPU, < 1 min
-    python -m benchmarks.overhead --device cpu --max-minutes 100      # the committed CPU measurement
+    python -m benchmarks.overhead --device cpu --max-minutes 110      # the committed CPU measurement
     python -m benchmarks.overhead --device cuda                         # GPU
     python -m benchmarks.overhead --plot-from benchmarks/results/overhead_cpu.json
 """
@@ -435,7 +435,8 @@ class Lockstep:
 
 
 def build_trainer(variant: Variant, args, device: str, dtype, tokenizer, dataset, workdir: str):
-    """One trainer on a fresh copy of the model, generation replaced by the fixed sampler, scoring timed."""
+    """One trainer on a fresh copy of the model, generation replaced by the fixed sampler, scoring timed: returns
+    the trainer, its (empty) timing record and `pending`, the current step's scoring time and start clock."""
     from transformers import PrinterCallback
 
     make_config, trainer_cls = classes(variant)
@@ -458,8 +459,7 @@ def build_trainer(variant: Variant, args, device: str, dtype, tokenizer, dataset
         return out
 
     trainer._generate_and_score_completions = timed_scoring
-    record["_pending"] = pending
-    return trainer, record
+    return trainer, record, pending
 
 
 def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, dataset, workdir: str,
@@ -482,8 +482,8 @@ def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, d
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
 
     class StepTimer(TrainerCallback):
-        def __init__(self, name: str, record: dict):
-            self.name, self.record, self.pending = name, record, record["_pending"]
+        def __init__(self, name: str, record: dict, pending: dict):
+            self.name, self.record, self.pending = name, record, pending
 
         def on_train_begin(self, _args, state, control, **kwargs):
             ready[self.name].set()
@@ -527,17 +527,17 @@ def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, d
             lockstep.leave(name)
 
     threads = []
-    for name, (trainer, record) in built.items():
-        trainer.add_callback(StepTimer(name, record))
+    for name, (trainer, record, pending) in built.items():
+        trainer.add_callback(StepTimer(name, record, pending))
     gc.collect()
     gc.disable()  # collections run between rounds only (Lockstep.on_round), never inside a timed step
     try:
         if len(built) == 1:  # in this thread: torch.profiler must start and stop in one thread
             lockstep.start()
-            ((name, (trainer, _)),) = built.items()
+            ((name, (trainer, _, _)),) = built.items()
             train(name, trainer)
         else:
-            for name, (trainer, _) in built.items():
+            for name, (trainer, _, _) in built.items():
                 thread = threading.Thread(target=train, args=(name, trainer), name=f"overhead-{name}", daemon=True)
                 thread.start()
                 ready[name].wait()  # set-ups one at a time: none overlaps another's (untimed, but CPU-bound)
@@ -553,8 +553,7 @@ def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, d
     if profiler is not None:
         profiler.__exit__(None, None, None)
     records = {}
-    for name, (trainer, record) in built.items():
-        record.pop("_pending")
+    for name, (trainer, record, _) in built.items():
         if profiler is not None:
             record["ops"] = {e.key: {"count": e.count, "self_cpu_us": e.self_cpu_time_total,
                                      "cpu_us": e.cpu_time_total} for e in profiler.key_averages()}  # fmt: skip
