@@ -55,9 +55,19 @@ def launch(worker: str | Path, nproc: int, out_dir: Path, *args: str, timeout: i
 
 
 def write_result(out_dir: str | Path, result: dict) -> None:
-    """Called by workers: write this rank's result."""
+    """Called by workers, last: write this rank's result, then end the process group.
+
+    Ending it explicitly (after a barrier, so no rank leaves while another still runs a collective) joins gloo's
+    threads; left to interpreter exit, a still-joinable one occasionally aborts the process ("terminate called
+    without an active exception", SIGABRT) after the work is done.
+    """
+    import torch.distributed as dist
+
     rank = int(os.environ.get("RANK", "0"))
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def launch_worlds(worker: str, root: Path, *args: str, timeout: int = 900) -> dict[int, tuple[list[dict], list]]:
