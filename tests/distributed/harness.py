@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -54,12 +55,14 @@ def launch(worker: str | Path, nproc: int, out_dir: Path, *args: str, timeout: i
     return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in range(nproc)]
 
 
-def write_result(out_dir: str | Path, result: dict) -> None:
-    """Called by workers, last: write this rank's result, then end the process group.
+def write_result(out_dir: str | Path, result: dict) -> NoReturn:
+    """Called by workers, last: write this rank's result, wait for every rank, and end the process at once.
 
-    Ending it explicitly (after a barrier, so no rank leaves while another still runs a collective) joins gloo's
-    threads; left to interpreter exit, a still-joinable one occasionally aborts the process ("terminate called
-    without an active exception", SIGABRT) after the work is done.
+    The barrier keeps a rank from leaving while another still runs a collective. Then `os._exit`: no Python or C++
+    teardown runs. Teardown deadlocked or aborted after the work was done: freeing DDP's reducer (GIL held) destroys
+    the last ProcessGroupGloo, whose destructor joins gloo's worker thread while that thread waits for the GIL to free
+    a finished all-gather's tensor (a hang until the launch timeout; py-spy showed both stacks), and a gloo thread
+    left joinable at interpreter exit aborts the process ("terminate called without an active exception", SIGABRT).
     """
     import torch.distributed as dist
 
@@ -67,7 +70,9 @@ def write_result(out_dir: str | Path, result: dict) -> None:
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def launch_worlds(worker: str, root: Path, *args: str, timeout: int = 900) -> dict[int, tuple[list[dict], list]]:
