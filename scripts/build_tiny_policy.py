@@ -1,4 +1,4 @@
-"""Build the embedded tiny policy shipped in trl_groupopt/assets/tiny_policy.
+"""Build the embedded tiny policies shipped in trl_groupopt/assets/tiny_policy and tiny_policy_long.
 
 Builds the tokenizer in code (trl_groupopt.offline.build_tokenizer), SFT-pretrains a 1.06 M-parameter
 LlamaForCausalLM (hidden 128, intermediate 512, 4 layers, 4 heads, tied embeddings, fp32) on the
@@ -14,7 +14,13 @@ about half its answers: the format headroom the 80-step demo learns. The artifac
 training curve moves by hundreds of steps with small code changes and need not be bit-identical on other CPUs, so CI
 never rebuilds it.
 
+The long-chain policy (``--variant long``) continues the shipped policy (``--init-from``) on the long-chain variant of
+the task (``trl_groupopt.offline.LONG_CHAIN``: 8-12 operations on operands 1..20, completions of 71-143 tokens), every
+target boxed, so that the benchmarks' long-completion regime starts from a policy that writes the whole chain and is
+right some of the time; its settings are in its asset card.
+
     python scripts/build_tiny_policy.py                       # writes trl_groupopt/assets/tiny_policy
+    python scripts/build_tiny_policy.py --variant long        # writes trl_groupopt/assets/tiny_policy_long
     python scripts/build_tiny_policy.py --out outputs/policy --log-json outputs/build.json
     python scripts/eval_policy.py                             # re-measures the shipped artifact
 """
@@ -41,7 +47,7 @@ torch.set_num_threads(1)  # 2 threads on a 2-core shared machine ran 50x slower
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trl_groupopt.offline import (  # noqa: E402
-    EMBEDDED_POLICY_PATH,
+    VARIANTS,
     arithmetic_chain_of_thought,
     arithmetic_problems,
     build_tokenizer,
@@ -51,10 +57,30 @@ from trl_groupopt.offline import (  # noqa: E402
     save_tokenizer,
 )
 
+# `--variant long` defaults (the long-chain policy's build, see its asset card): continue the shipped default policy
+# on long chains, every target boxed (the long regime tests the chain, not the format), no unbox stage, and stop near
+# 30% greedy accuracy.
+LONG_BUILD_DEFAULTS = dict(
+    init_from=VARIANTS["default"].policy,
+    unboxed_fraction=0.0,
+    unbox_steps=0,
+    lr=1e-3,
+    warmup_steps=20,
+    steps=1500,
+    eval_every=50,
+    acc_min=0.12,
+    acc_target=0.30,
+    acc_stop=0.30,
+)
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=EMBEDDED_POLICY_PATH, help="output directory")
+    p.add_argument("--variant", choices=list(VARIANTS), default="default", help="task variant to train on")
+    p.add_argument("--out", help="output directory (default: the variant's shipped asset folder)")
+    p.add_argument(
+        "--init-from", help="continue from this saved policy (its config and weights) instead of a fresh one"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=2000, help="length of the cosine schedule")
     p.add_argument("--batch-size", type=int, default=64)
@@ -62,7 +88,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=50)
     p.add_argument("--unboxed-fraction", type=float, default=0.4)
     p.add_argument("--num-test", type=int, default=200)
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=int, help="greedy evaluation length (default: the variant's)")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-every-near", type=int, default=25, help="eval interval once accuracy >= --near")
     p.add_argument("--near", type=float, default=0.05, help="accuracy from which to evaluate more often")
@@ -75,7 +101,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--unbox-lr", type=float, default=1e-4)
     p.add_argument("--log-json", default=None, help="write the training/eval log here")
     p.add_argument("--candidates-dir", default=None, help="also write every kept checkpoint here, as step-<N>/")
-    return p.parse_args()
+    if p.parse_known_args()[0].variant == "long":
+        p.set_defaults(**LONG_BUILD_DEFAULTS)
+    args = p.parse_args()
+    variant = VARIANTS[args.variant]
+    args.task = dict(variant.task)
+    args.out = args.out or variant.policy
+    args.max_new_tokens = args.max_new_tokens or variant.max_new_tokens
+    return args
 
 
 def save_policy(model, tok, out: Path) -> None:
@@ -140,7 +173,7 @@ def unbox_stage(model, tok, args: argparse.Namespace) -> list[tuple[int, float]]
     demo-length run. A few steps at ``--unbox-fraction`` ~0.55 make the box a per-prompt coin flip for greedy decoding
     (format ~50%) while keeping the arithmetic: RL then learns to box the answers it already gets right. Fresh problems
     (seed + 7), a fresh AdamW at a constant ``--unbox-lr``. Returns the losses."""
-    exprs = arithmetic_problems(args.unbox_steps * args.batch_size, seed=args.seed + 7, split="train")
+    exprs = arithmetic_problems(args.unbox_steps * args.batch_size, seed=args.seed + 7, split="train", **args.task)
     fmt_rng = random.Random(args.seed + 8)
     opt = torch.optim.AdamW(model.parameters(), lr=args.unbox_lr, betas=(0.9, 0.95), weight_decay=0.01)
     model.train()
@@ -158,29 +191,38 @@ def main() -> None:
     t0 = time.time()
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     tok = build_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
+    if args.init_from:  # continue a saved policy: same architecture, its weights
+        model = AutoModelForCausalLM.from_pretrained(args.init_from, local_files_only=True).float()
+        if model.config.vocab_size != len(tok):
+            raise SystemExit(f"{args.init_from} has vocabulary {model.config.vocab_size}, the tokenizer {len(tok)}")
+    config = (
+        None
+        if args.init_from
+        else LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=128,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
     )
-    model = LlamaForCausalLM(config).float()
+    if config is not None:
+        model = LlamaForCausalLM(config).float()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params: {n_params:,}  vocab: {len(tok)}", flush=True)
 
     # SFT data: one fresh problem per example (no repeats), ~40% with a bare (unboxed) answer.
     n_train = args.steps * args.batch_size
-    exprs = arithmetic_problems(n_train, seed=args.seed, split="train")
+    exprs = arithmetic_problems(n_train, seed=args.seed, split="train", **args.task)
     fmt_rng = random.Random(args.seed + 1)
     boxed = [fmt_rng.random() >= args.unboxed_fraction for _ in exprs]
     prompts = [
@@ -209,7 +251,7 @@ def main() -> None:
         flush=True,
     )
 
-    test_ds = make_arithmetic_dataset(args.num_test, seed=args.seed, split="test")
+    test_ds = make_arithmetic_dataset(args.num_test, seed=args.seed, split="test", **args.task)
 
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
 

@@ -1,11 +1,13 @@
 """Greedy accuracy of a policy directory on the held-out split of the arithmetic task.
 
-Decodes the first ``--num-test`` test prompts of ``make_arithmetic_dataset(split="test")``
+Decodes the first ``--num-test`` test prompts of ``make_arithmetic_dataset(split="test")`` (of the ``--variant``'s
+task: ``long`` is the long-chain variant, evaluated on the long-chain policy by default)
 greedily (``--max-new-tokens``, left padding) and scores them with
 ``trl_groupopt.rewards.accuracy_reward`` (math-verify; the answer must be in ``\\boxed{}``) and
 ``format_reward``. Offline; one CPU thread.
 
     python scripts/eval_policy.py                                  # the shipped tiny policy
+    python scripts/eval_policy.py --variant long --sampled-runs 4  # the long-chain policy on the long-chain task
     python scripts/eval_policy.py --policy out/echo-run --json eval.json --sampled-runs 4
 """
 
@@ -28,7 +30,7 @@ torch.set_num_threads(1)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trl_groupopt.offline import (  # noqa: E402
-    EMBEDDED_POLICY_PATH,
+    VARIANTS,
     greedy_accuracy,
     load_embedded_policy,
     make_arithmetic_dataset,
@@ -37,10 +39,11 @@ from trl_groupopt.offline import (  # noqa: E402
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--policy", default=EMBEDDED_POLICY_PATH, help="model + tokenizer directory")
+    p.add_argument("--variant", choices=list(VARIANTS), default="default", help="task variant of the test prompts")
+    p.add_argument("--policy", help="model + tokenizer directory (default: the variant's shipped policy)")
     p.add_argument("--num-test", type=int, default=200)
     p.add_argument("--seed", type=int, default=0, help="seed of the test split")
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=int, help="decoding length (default: the variant's)")
     p.add_argument("--batch-size", type=int, default=200)
     p.add_argument(
         "--sampled-runs",
@@ -51,10 +54,13 @@ def main() -> None:
     p.add_argument("--show", type=int, default=0, help="print this many completions")
     p.add_argument("--json", default=None, help="write the result here")
     args = p.parse_args()
+    variant = VARIANTS[args.variant]
+    args.policy = args.policy or variant.policy
+    args.max_new_tokens = args.max_new_tokens or variant.max_new_tokens
 
     t0 = time.time()
     model, tokenizer = load_embedded_policy(args.policy)
-    ds = make_arithmetic_dataset(args.num_test, seed=args.seed, split="test")
+    ds = make_arithmetic_dataset(args.num_test, seed=args.seed, split="test", **variant.task)
     res = greedy_accuracy(
         model, tokenizer, ds, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, return_completions=True
     )
@@ -79,6 +85,7 @@ def main() -> None:
         res["sampled_runs"] = args.sampled_runs
     res.update(
         policy=str(args.policy),
+        variant=args.variant,
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         num_parameters=sum(p.numel() for p in model.parameters()),

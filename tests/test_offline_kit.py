@@ -16,7 +16,10 @@ import torch
 
 from trl_groupopt.adapters import BOXED_SYSTEM_PROMPT, gsm8k_to_conversational, math_to_conversational
 from trl_groupopt.offline import (
+    EMBEDDED_LONG_POLICY_PATH,
     EMBEDDED_POLICY_PATH,
+    LONG_CHAIN,
+    LONG_CHAIN_MAX_COMPLETION_LENGTH,
     arithmetic_chain_of_thought,
     arithmetic_problems,
     build_tokenizer,
@@ -160,6 +163,31 @@ def test_dataset_determinism_and_disjoint_splits():
         make_arithmetic_dataset(3, split="validation")
 
 
+def test_default_variant_problems_are_unchanged():
+    # The variant arguments must not move the default lists: the shipped policy, the demo and every committed
+    # benchmark result were measured on them.
+    assert arithmetic_problems(3) == ["38+24+16-46", "9-39-1-9", "28-9+1+44"]
+    assert arithmetic_problems(3) == arithmetic_problems(3, operations=(2, 3), operands=(1, 50))
+
+
+def test_long_chain_variant_has_long_reasoning_and_disjoint_splits(tok):
+    train = make_arithmetic_dataset(300, seed=0, split="train", **LONG_CHAIN)
+    test = make_arithmetic_dataset(100, seed=0, split="test", **LONG_CHAIN)
+    exprs = [p[0]["content"][len("Compute ") :] for p in train["prompt"]]
+    assert not set(exprs) & {p[0]["content"][len("Compute ") :] for p in test["prompt"]}
+    assert not set(exprs) & set(arithmetic_problems(2000, seed=0))  # a different problem set from the default's
+    lo_ops, hi_ops = LONG_CHAIN["operations"]
+    assert {len(re.findall(r"\d+", e)) - 1 for e in exprs} == set(range(lo_ops, hi_ops + 1))
+    assert all(1 <= int(x) <= LONG_CHAIN["operands"][1] for e in exprs for x in re.findall(r"\d+", e))
+    assert train["answer"] == [eval(e) for e in exprs]  # noqa: S307
+    targets = [arithmetic_chain_of_thought(e) + tok.eos_token for e in exprs]
+    lengths = sorted(len(ids) for ids in tok(targets, add_special_tokens=False)["input_ids"])
+    # completions of 100+ tokens, and max_completion_length never truncates a correct one
+    assert lengths[len(lengths) // 2] >= 100 and lengths[-1] <= LONG_CHAIN_MAX_COMPLETION_LENGTH
+    with pytest.raises(ValueError, match="operands"):
+        arithmetic_problems(3, operands=(0, 20))
+
+
 def test_chain_of_thought():
     assert arithmetic_chain_of_thought("12+7-30") == "12+7=19. 19-30=-11. \\boxed{-11}"
     assert arithmetic_chain_of_thought("12+7-30", boxed=False) == "12+7=19. 19-30=-11. -11"
@@ -259,8 +287,9 @@ def test_math_adapter():
 # ----------------------------------------------------------------------------- embedded policy
 
 
-def test_artifact_files_and_size():
-    root = Path(EMBEDDED_POLICY_PATH)
+@pytest.mark.parametrize("path", [EMBEDDED_POLICY_PATH, EMBEDDED_LONG_POLICY_PATH], ids=["default", "long"])
+def test_artifact_files_and_size(path):
+    root = Path(path)
     files = {f.name: f.stat().st_size for f in root.iterdir() if f.is_file()}
     for name in (
         "config.json",
@@ -283,9 +312,10 @@ def test_artifact_files_and_size():
     assert (gen["bos_token_id"], gen["eos_token_id"], gen["pad_token_id"]) == (1, 2, 0)
 
 
-def test_embedded_policy_loads_offline(policy, tok):
+@pytest.mark.parametrize("path", [EMBEDDED_POLICY_PATH, EMBEDDED_LONG_POLICY_PATH], ids=["default", "long"])
+def test_embedded_policy_loads_offline(path, tok):
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
-    model, loaded = policy
+    model, loaded = load_embedded_policy(path)
     assert type(model).__name__ == "LlamaForCausalLM"
     c = model.config
     assert (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads) == (128, 512, 4, 4)
@@ -315,3 +345,20 @@ def test_embedded_policy_greedy_sample(policy):
     # argmax flips on other CPUs.
     assert 0.0 < res["accuracy"] < 1.0, comps
     assert 0.25 <= res["format_rate"] <= 0.75, comps
+
+
+def test_long_policy_writes_the_whole_chain(tok):
+    # The long-chain policy exists so the benchmarks' long regime has room: it must write every step of an 8-12
+    # operation chain (completions of ~100 tokens, not the default policy's 2-3 steps) and be right some of the time.
+    model, tokenizer = load_embedded_policy(EMBEDDED_LONG_POLICY_PATH)
+    ds = make_arithmetic_dataset(20, seed=0, split="test", **LONG_CHAIN)
+    res = greedy_accuracy(
+        model, tokenizer, ds, max_new_tokens=LONG_CHAIN_MAX_COMPLETION_LENGTH, return_completions=True
+    )
+    comps = res["completions"]
+    steps = [len(re.findall(r"-?\d+[+-]\d+=-?\d+\.", c)) for c in comps]
+    n_ops = [len(re.findall(r"\d+", p[0]["content"])) - 1 for p in ds["prompt"]]
+    assert sum(s == n for s, n in zip(steps, n_ops)) >= 16, list(zip(n_ops, comps))  # one step per operation
+    lengths = [len(ids) for ids in tok(comps, add_special_tokens=False)["input_ids"]]
+    assert sorted(lengths)[len(lengths) // 2] >= 80, lengths
+    assert 0.0 < res["accuracy"] < 1.0 and res["format_rate"] >= 0.9, comps

@@ -1,13 +1,23 @@
 """Everything needed to train and test with no Hub and no GPU.
 
 - :mod:`.tokenizer`: the task's character-level tokenizer, built in code (:func:`build_tokenizer`).
-- :mod:`.task`: the synthetic arithmetic task (:func:`make_arithmetic_dataset`).
-- :mod:`.policy`: the embedded 1 M-parameter policy (:data:`EMBEDDED_POLICY_PATH`, :func:`load_embedded_policy`)
-  and :func:`greedy_accuracy` to measure a policy on the held-out split.
+- :mod:`.task`: the synthetic arithmetic task (:func:`make_arithmetic_dataset`; its long-chain variant
+  :data:`LONG_CHAIN`).
+- :mod:`.policy`: the embedded 1 M-parameter policies (:data:`EMBEDDED_POLICY_PATH`, :data:`EMBEDDED_LONG_POLICY_PATH`,
+  :data:`VARIANTS`: each task variant with its policy, :func:`load_embedded_policy`) and :func:`greedy_accuracy` to measure a policy on the held-out split.
 """
 
-from .policy import EMBEDDED_POLICY_PATH, greedy_accuracy, load_embedded_policy
+from .policy import (
+    EMBEDDED_LONG_POLICY_PATH,
+    EMBEDDED_POLICY_PATH,
+    VARIANTS,
+    Variant,
+    greedy_accuracy,
+    load_embedded_policy,
+)
 from .task import (
+    LONG_CHAIN,
+    LONG_CHAIN_MAX_COMPLETION_LENGTH,
     arithmetic_chain_of_thought,
     arithmetic_problems,
     evaluate_expression,
@@ -18,7 +28,12 @@ from .tokenizer import CHAT_TEMPLATE, build_tokenizer, save_tokenizer
 
 __all__ = [
     "CHAT_TEMPLATE",
+    "EMBEDDED_LONG_POLICY_PATH",
     "EMBEDDED_POLICY_PATH",
+    "LONG_CHAIN",
+    "LONG_CHAIN_MAX_COMPLETION_LENGTH",
+    "VARIANTS",
+    "Variant",
     "arithmetic_chain_of_thought",
     "arithmetic_problems",
     "build_tokenizer",

@@ -1,19 +1,41 @@
-"""The embedded tiny pretrained policy shipped in ``trl_groupopt/assets/tiny_policy``.
+"""The embedded tiny pretrained policies shipped in ``trl_groupopt/assets/``.
 
-Built by ``scripts/build_tiny_policy.py``; loads from the package directory with ``local_files_only=True``.
+``tiny_policy`` (:data:`EMBEDDED_POLICY_PATH`) solves the default task; ``tiny_policy_long``
+(:data:`EMBEDDED_LONG_POLICY_PATH`) continues it on the long-chain variant (``task.LONG_CHAIN``), for the
+benchmarks' long-completion regime. Both are built by ``scripts/build_tiny_policy.py`` and load from the package
+directory with ``local_files_only=True``.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-EMBEDDED_POLICY_PATH: str = str(Path(__file__).resolve().parent.parent / "assets" / "tiny_policy")
+from .task import LONG_CHAIN, LONG_CHAIN_MAX_COMPLETION_LENGTH
+
+_ASSETS = Path(__file__).resolve().parent.parent / "assets"
+EMBEDDED_POLICY_PATH: str = str(_ASSETS / "tiny_policy")
+EMBEDDED_LONG_POLICY_PATH: str = str(_ASSETS / "tiny_policy_long")
+
+
+class Variant(NamedTuple):
+    """A variant of the task and the embedded policy trained on it."""
+
+    policy: str  # the shipped policy folder
+    task: dict[str, tuple[int, int]]  # keyword arguments of make_arithmetic_dataset / arithmetic_problems
+    max_new_tokens: int  # a decoding length that truncates no correct completion
+
+
+VARIANTS: dict[str, Variant] = {
+    "default": Variant(EMBEDDED_POLICY_PATH, {}, 48),
+    "long": Variant(EMBEDDED_LONG_POLICY_PATH, LONG_CHAIN, LONG_CHAIN_MAX_COMPLETION_LENGTH),
+}
 
 
 def load_embedded_policy(path: str | os.PathLike | None = None):
-    """Load the shipped tiny policy: ``(LlamaForCausalLM, tokenizer)``, offline, fp32, eval mode.
+    """Load a shipped tiny policy (default: :data:`EMBEDDED_POLICY_PATH`): ``(LlamaForCausalLM, tokenizer)``, offline,
+    fp32, eval mode.
 
     A 1.06 M-parameter Llama SFT-trained on the arithmetic task (see the asset's README.md for
     how it was built and its measured greedy accuracy). Loads from the package directory with

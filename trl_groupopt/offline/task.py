@@ -2,7 +2,9 @@
 
 Used by the demo, the tests and the benchmarks. :func:`make_arithmetic_dataset` gives TRL's conversational
 prompt-only format with a ``solution`` column; :func:`arithmetic_chain_of_thought` is the SFT target the embedded
-policy was trained on (``scripts/build_tiny_policy.py``).
+policies were trained on (``scripts/build_tiny_policy.py``). Two variants share one generator: the default
+(2-3 operations on operands 1..50, completions up to ~46 tokens) and the long-chain variant (:data:`LONG_CHAIN`:
+8-12 operations on operands 1..20, correct completions of 71-143 tokens), which the long-chain policy was trained on.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ OPERAND_RANGE = (1, 50)  # inclusive
 NUM_OPERATIONS = (2, 3)  # operations per problem, chosen uniformly
 OPERATORS = ("+", "-")
 TEST_FRACTION_PER_MILLE = 100  # 10% of the problem space is reserved for the test split
+#: The long-chain variant: ``make_arithmetic_dataset(n, **LONG_CHAIN)``. Smaller operands than the default keep each
+#: step learnable by a 1 M-parameter policy, so accuracy depends on carrying the chain, not on 3-digit sums.
+LONG_CHAIN: dict[str, tuple[int, int]] = {"operations": (8, 12), "operands": (1, 20)}
+LONG_CHAIN_MAX_COMPLETION_LENGTH = 160  # correct completions: 71-143 tokens with eos over 500 sampled problems
 _TERM = re.compile(r"([+-]?)(\d+)")
 
 
@@ -57,24 +63,37 @@ def arithmetic_chain_of_thought(expression: str, boxed: bool = True) -> str:
     return " ".join(steps + [answer])
 
 
-def arithmetic_problems(num_examples: int, seed: int = 0, split: str = "train") -> list[str]:
+def arithmetic_problems(
+    num_examples: int,
+    seed: int = 0,
+    split: str = "train",
+    *,
+    operations: tuple[int, int] = NUM_OPERATIONS,
+    operands: tuple[int, int] = OPERAND_RANGE,
+) -> list[str]:
     """``num_examples`` distinct expressions (e.g. ``"12+7-30"``) of the given split.
 
-    Operands uniform in 1..50, 2 or 3 operations, each ``+`` or ``-``. A problem belongs to the
-    test split iff a SHA-256 hash of its text falls in the reserved 10%, so the splits are
-    disjoint for every seed; the list is a deterministic function of (num_examples, seed, split).
+    Operands uniform in ``operands`` (inclusive, default 1..50), a number of operations uniform in
+    ``operations`` (default 2 or 3), each ``+`` or ``-``. A problem belongs to the test split iff a
+    SHA-256 hash of its text falls in the reserved 10%, so the splits are disjoint for every seed and
+    variant; the list is a deterministic function of all the arguments (the default variant's lists
+    are those of every earlier version).
     """
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if num_examples < 0:
         raise ValueError(f"num_examples must be >= 0, got {num_examples}")
-    rng = random.Random(f"trl_groupopt-arithmetic-{seed}-{split}")
+    for name, (lo, hi) in (("operations", operations), ("operands", operands)):
+        if not 1 <= lo <= hi:
+            raise ValueError(f"{name} must be (low, high) with 1 <= low <= high, got {(lo, hi)}")
+    variant = "" if (operations, operands) == (NUM_OPERATIONS, OPERAND_RANGE) else f"{operations}-{operands}-"
+    rng = random.Random(f"trl_groupopt-arithmetic-{variant}{seed}-{split}")
     want_test = split == "test"
-    lo, hi = OPERAND_RANGE
+    lo, hi = operands
     seen: set[str] = set()
     out: list[str] = []
     while len(out) < num_examples:
-        n_ops = rng.randint(*NUM_OPERATIONS)
+        n_ops = rng.randint(*operations)
         expr = str(rng.randint(lo, hi))
         for _ in range(n_ops):
             expr += rng.choice(OPERATORS) + str(rng.randint(lo, hi))
@@ -85,7 +104,14 @@ def arithmetic_problems(num_examples: int, seed: int = 0, split: str = "train") 
     return out
 
 
-def make_arithmetic_dataset(num_examples: int, seed: int = 0, split: str = "train"):
+def make_arithmetic_dataset(
+    num_examples: int,
+    seed: int = 0,
+    split: str = "train",
+    *,
+    operations: tuple[int, int] = NUM_OPERATIONS,
+    operands: tuple[int, int] = OPERAND_RANGE,
+):
     """The offline reasoning task as a conversational prompt-only ``datasets.Dataset``.
 
     Columns:
@@ -94,13 +120,15 @@ def make_arithmetic_dataset(num_examples: int, seed: int = 0, split: str = "trai
         and by ``trl.rewards.accuracy_reward``)
         ``answer``: ``-11`` (int)
 
-    Deterministic given (num_examples, seed, split); train and test are disjoint (see
-    :func:`arithmetic_problems`). Completions need up to ~46 tokens with the shipped tokenizer
-    (3 steps and a boxed 4-character answer, plus eos): use ``max_completion_length=48``.
+    Deterministic given the arguments; train and test are disjoint (see :func:`arithmetic_problems`,
+    which takes ``operations`` and ``operands``). Completions of the default variant need up to ~46
+    tokens with the shipped tokenizer (3 steps and a boxed 4-character answer, plus eos): use
+    ``max_completion_length=48``; the long-chain variant (``**LONG_CHAIN``) needs
+    :data:`LONG_CHAIN_MAX_COMPLETION_LENGTH`.
     """
     from datasets import Dataset
 
-    exprs = arithmetic_problems(num_examples, seed=seed, split=split)
+    exprs = arithmetic_problems(num_examples, seed=seed, split=split, operations=operations, operands=operands)
     answers = [evaluate_expression(e) for e in exprs]
     return Dataset.from_dict(
         {
