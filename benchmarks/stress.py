@@ -17,8 +17,10 @@ GSPO's epsilons 3e-4 / 4e-4, `loss_type="grpo"`) are the baselines. Regimes (`RE
   computation.
 - group size: N = 2, 4, 8, 16 completions per prompt at a fixed 16 sequences per micro-batch (so 8, 4, 2, 1 prompts):
   OTB vs GRPO, DFPO vs GSPO.
-- long completions: the task with 8-10 operations (`long_chain_dataset`, correct completions of ~90-140 tokens,
-  `max_completion_length=160`), 4 optimizer steps per generation: GRPO, GSPO, OTB, CTPO, ECHO, DFPO.
+- long completions: the long-chain variant of the task (`trl_groupopt.offline.LONG_CHAIN`: 8-12 operations on operands
+  1..20, correct completions of 71-143 tokens, `max_completion_length=160`) trained from the long-chain policy
+  (`EMBEDDED_LONG_POLICY_PATH`, which writes the whole chain and is right some of the time), 4 optimizer steps per
+  generation: GRPO, GSPO, OTB, CTPO, ECHO, DFPO.
 
 Recorded per run (JSONL, one line per run): held-out greedy accuracy before and after training (`--num-eval`
 prompts of the regime's test split), the training reward per generation batch, and every mechanism metric the
@@ -44,13 +46,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trl_groupopt.offline.task import LONG_CHAIN_MAX_COMPLETION_LENGTH
 
 from . import common
 
@@ -71,6 +75,11 @@ CONFIGS: dict[str, Config] = {
     "gspo": Config("grpo", GSPO, "GSPO (base trainer, sequence-level IS)"),
     "echo": Config("echo", {"batch_ratio_scope": "micro_batch"}, "ECHO, micro-batch scope"),
     "echo_step": Config("echo", {"batch_ratio_scope": "step"}, "ECHO, step scope"),
+    # The paper's single epsilon (0.2) leaves R unclipped at this drift (|log R| < 0.03 here): a tight batch clip shows
+    # what the mechanism does when it acts. Not a paper setting, so no claim is tested on it.
+    "echo_step_tight": Config(
+        "echo", {"batch_ratio_scope": "step", "batch_epsilon": 0.01}, "ECHO, step scope, batch clip 1 +- 0.01"
+    ),  # fmt: skip
     "ctpo": Config("ctpo", {}, "CTPO (cumprod)"),
     "ctpo_geomean": Config("ctpo", {"ctpo_ratio_mode": "geomean"}, "CTPO, geometric-mean prefix ratio"),
     "dfpo": Config("dfpo", {"dfpo_transform": "min_replace"}, "DFPO min_replace"),
@@ -93,6 +102,7 @@ REGIMES: dict[str, dict[str, Any]] = {
             "gspo",
             "echo",
             "echo_step",
+            "echo_step_tight",
             "ctpo",
             "ctpo_geomean",
             "dfpo",
@@ -107,7 +117,8 @@ REGIMES: dict[str, dict[str, Any]] = {
         "configs": ["grpo", "otb", "gspo", "dfpo"],
     },
     "long": {
-        "knob": "8-10 operations, completions up to 160 tokens, 4 optimizer steps per generation",
+        "knob": "8-12 operations on operands 1-20, completions of 71-143 tokens, long-chain policy, 4 optimizer "
+        "steps per generation",
         "values": [4],
         "configs": ["grpo", "gspo", "otb", "ctpo", "echo", "dfpo"],
     },
@@ -126,6 +137,19 @@ MECHANISM_METRICS: dict[str, tuple[str, ...]] = {
     "grpo_fix": ("dfpo/sym_clip_ratio",),
     "otb": ("otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"),
 }
+
+#: When a logged optimizer step shows the method's mechanism changing the objective: (what acted, the logged keys,
+#: a predicate on their values). The claims table reports on how many of a claim's optimizer steps it acted; a claim
+#: whose mechanism never acted is not tested by its regime.
+MECHANISM_ACTS: dict[str, tuple[str, tuple[str, ...], Callable[..., bool]]] = {
+    "grpo": ("a token ratio was clipped", ("clip_ratio/region_mean",), lambda rate: rate > 0),
+    "echo": ("the batch ratio R was clipped", ("echo/batch_clipped",), lambda rate: rate > 0),
+    "ctpo": ("a prefix ratio was clipped", ("clip_ratio/region_mean",), lambda rate: rate > 0),
+    "dfpo": ("the transform re-weighted a group", ("dfpo/shrink",), lambda shrink: shrink < 1 - 1e-9),
+    "grpo_fix": ("the symmetric clip removed a token", ("dfpo/sym_clip_ratio",), lambda rate: rate > 0),
+    "otb": ("its baseline's gradient second moment was below the group mean's",
+            ("otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"), lambda ours, mean: ours < mean),
+}  # fmt: skip
 
 #: Each paper's claim and where it is tested: (claim id, paper, claim, regime, value, config, baseline, outcome,
 #: better). `outcome` is a per-run number (see `outcome_of`); `better` is +1 when larger is the claimed direction.
@@ -169,39 +193,9 @@ VERDICT_RULE = (
     "paired by seed, d = config - baseline (for a mechanism claim without baseline, the within-run log ratio); "
     "reproduced: the 95% interval of mean d excludes 0 on the claimed side; not reproduced: it excludes 0 on the "
     f"other side, or (accuracy outcomes) lies inside +-{EQUIVALENCE_MARGIN:.0%}; inconclusive otherwise, and "
-    f"whenever both config and baseline end at <= {FLOOR:.0%} accuracy (floor effect)"
+    f"whenever both config and baseline end at <= {FLOOR:.0%} accuracy (floor effect) or the method's mechanism "
+    "acted on none of the claim's optimizer steps (the regime does not test it)"
 )
-
-
-# ------------------------------------------------------------------------------------------------ the long task
-def long_chain_dataset(num_examples: int, seed: int = 0, split: str = "train", operations: tuple[int, int] = (8, 10)):
-    """The arithmetic task with longer chains: `operations` +/- operations per problem (the embedded task has 2-3),
-    operands 1..50, the task's own hash split and format, so the chain of thought (one "a+b=c." step per operation)
-    a correct completion needs ~90-140 tokens. Built here so the shared task module keeps its one generator."""
-    from datasets import Dataset
-
-    from trl_groupopt.offline import task
-
-    rng = random.Random(f"trl_groupopt-long-chain-{seed}-{split}")
-    lo, hi = task.OPERAND_RANGE
-    exprs: list[str] = []
-    seen: set[str] = set()
-    while len(exprs) < num_examples:
-        expr = str(rng.randint(lo, hi))
-        for _ in range(rng.randint(*operations)):
-            expr += rng.choice(task.OPERATORS) + str(rng.randint(lo, hi))
-        if expr in seen or task._is_test_problem(expr) != (split == "test"):
-            continue
-        seen.add(expr)
-        exprs.append(expr)
-    answers = [task.evaluate_expression(e) for e in exprs]
-    return Dataset.from_dict(
-        {
-            "prompt": [[{"role": "user", "content": f"Compute {e}"}] for e in exprs],
-            "solution": [f"\\boxed{{{a}}}" for a in answers],
-            "answer": answers,
-        }
-    )
 
 
 # ------------------------------------------------------------------------------------------------ one run
@@ -234,6 +228,15 @@ def run_settings(regime: str, value: int, config_name: str, seed: int, settings:
         kwargs["max_completion_length"] = settings["long_completion_length"]
     kwargs.update(CONFIGS[config_name].overrides)
     return kwargs
+
+
+def regime_task(regime: str) -> tuple[str, dict[str, Any]]:
+    """The policy a regime trains and the task variant's `make_arithmetic_dataset` kwargs: the long regime trains the
+    long-chain policy on the long-chain variant, the others the embedded policy on the default task."""
+    from trl_groupopt.offline import VARIANTS
+
+    variant = VARIANTS["long" if regime == "long" else "default"]
+    return variant.policy, dict(variant.task)
 
 
 def availability(config_name: str, settings: dict[str, Any]) -> str | None:
@@ -271,18 +274,14 @@ def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict
 
     transformers.logging.set_verbosity_error()
     spec = get_method(CONFIGS[config_name].method)
-    if regime == "long":
-        train_set = long_chain_dataset(settings["num_train"], seed=0, split="train")
-        eval_set = long_chain_dataset(settings["num_eval"], seed=0, split="test")
-        max_new = settings["long_completion_length"]
-    else:
-        train_set = offline.make_arithmetic_dataset(settings["num_train"], seed=0, split="train")
-        eval_set = offline.make_arithmetic_dataset(settings["num_eval"], seed=0, split="test")
-        max_new = None
+    policy, task = regime_task(regime)
+    train_set = offline.make_arithmetic_dataset(settings["num_train"], seed=0, split="train", **task)
+    eval_set = offline.make_arithmetic_dataset(settings["num_eval"], seed=0, split="test", **task)
+    max_new = settings["long_completion_length"] if regime == "long" else None
     with tempfile.TemporaryDirectory(prefix=f"stress-{config_name}-{seed}-") as workdir:
         config = spec.make_config(**run_settings(regime, value, config_name, seed, settings, workdir))
         trainer = spec.trainer_class(
-            model=offline.EMBEDDED_POLICY_PATH,
+            model=policy,
             reward_funcs=[rewards.accuracy_reward, rewards.format_reward],
             args=config,
             train_dataset=train_set,
@@ -440,6 +439,23 @@ def _mean_curve(curves: list[dict[str, list] | None]) -> dict[str, list]:
     return {"steps": steps, "mean": [_mean([c["values"][c["steps"].index(s)] for c in curves]) for s in steps]}
 
 
+def mechanism_acted(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """On how many logged optimizer steps of `runs` (one configuration) its method's mechanism acted
+    (`MECHANISM_ACTS`); None for a method without an entry."""
+    if not runs or runs[0].get("method") not in MECHANISM_ACTS:
+        return None
+    what, keys, acts = MECHANISM_ACTS[runs[0]["method"]]
+    steps = acted = 0
+    for run in runs:
+        series = [dict(zip(*(run["mechanism"].get(key, {}).get(k, []) for k in ("steps", "values")))) for key in keys]
+        for step in series[0]:
+            values = [s.get(step) for s in series]
+            if all(v is not None and v == v for v in values):  # NaN: nothing to measure on that step
+                steps += 1
+                acted += bool(acts(*values))
+    return {"what": what, "steps": steps, "acted": acted, "fraction": acted / steps if steps else None}
+
+
 def claims_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Evaluate `CLAIMS` on the runs (paired by seed), with the verdict of `VERDICT_RULE`."""
     ok = [r for r in runs if "error" not in r]
@@ -466,10 +482,14 @@ def claims_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                "baseline_outcome": common.mean_ci([outcome_of(r, claim["outcome"]) for r in base.values()])
                if base is not None else None}  # fmt: skip
         row["verdict"] = verdict(stats, claim["better"], claim["outcome"])
+        row["mechanism_acted"] = mechanism_acted(list(ours.values()))
         levels = [row["config_outcome"]["mean"], (row["baseline_outcome"] or {}).get("mean")]
         if claim["outcome"].endswith("accuracy") and all(v is not None and v <= FLOOR for v in levels):
             row["verdict"] = "inconclusive"  # both at the floor: the regime cannot show a difference
             row["note"] = f"both at <= {FLOOR:.0%} accuracy: floor effect"
+        elif (row["mechanism_acted"] or {}).get("steps") and not row["mechanism_acted"]["acted"]:
+            row["verdict"] = "inconclusive"  # the method ran as its baseline's objective: nothing of the claim acted
+            row["note"] = f"{row['mechanism_acted']['what']} on no optimizer step: the regime does not test the claim"
         rows.append(row)
     return rows
 
@@ -507,10 +527,15 @@ def claims_markdown(payload: dict[str, Any]) -> str:
         return f"{stats['mean']:.1%}" if outcome.endswith("accuracy") else f"{stats['mean']:.3g}"
 
     regimes = {name: spec["knob"] for name, spec in REGIMES.items()}
+
+    def acted(row):
+        a = row.get("mechanism_acted")
+        return "n/a" if not a or not a["steps"] else f"{a['what']}: {a['acted']}/{a['steps']} steps"
+
     lines = [
         "| paper | claim | regime tested here | measured: config vs baseline | difference, mean [95% CI] | seeds | "
-        "verdict |",
-        "|---|---|---|---|---|---|---|",
+        "mechanism acted (optimizer steps, all seeds) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in payload["claims"]:
         regime = f"{row['regime']} = {row['value']} ({regimes.get(row['regime'], '')})"
@@ -523,7 +548,7 @@ def claims_markdown(payload: dict[str, Any]) -> str:
         else:
             measured = f"`{row['config']}`: {what}, mean over training (< 0: lower)"
         lines.append(f"| {row['paper']} | {row['claim']} | {regime} | {measured} | "
-                     f"{fmt(row['difference'], row['outcome'])} | {row['n']} | **{row['verdict']}**{' (' + row['note'] + ')' if row.get('note') else ''} |")  # fmt: skip
+                     f"{fmt(row['difference'], row['outcome'])} | {row['n']} | {acted(row)} | **{row['verdict']}**{' (' + row['note'] + ')' if row.get('note') else ''} |")  # fmt: skip
     s = payload["settings"]
     lines += [
         "",
@@ -625,7 +650,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--num-train", type=int, default=1000, help="Training prompts.")
     parser.add_argument("--num-eval", type=int, default=64, help="Held-out prompts (greedy accuracy).")
-    parser.add_argument("--long-completion-length", type=int, default=160, help="max_completion_length, long regime.")
+    parser.add_argument("--long-completion-length", type=int, default=LONG_CHAIN_MAX_COMPLETION_LENGTH,
+                        help="max_completion_length, long regime (trl_groupopt.offline.LONG_CHAIN_MAX_COMPLETION_LENGTH).")  # fmt: skip
     parser.add_argument("--workers", type=int, default=1, help="Parallel runs (processes, one torch thread each).")
     parser.add_argument("--cpu-affinity", help="Pin this process and its workers to these CPUs, e.g. 0-1 (Linux).")
     parser.add_argument("--from-runs", type=Path, help="Skip training: summarise and plot a runs JSONL file.")
@@ -694,7 +720,8 @@ def main(argv=None) -> dict[str, Any]:
                 for r, v in regimes.items()
             },
             "configs": {name: {"method": c.method, "overrides": c.overrides} for name, c in CONFIGS.items()},
-            "policy": "trl_groupopt.offline.EMBEDDED_POLICY_PATH",
+            "policy": "trl_groupopt.offline.EMBEDDED_POLICY_PATH; the long regime: EMBEDDED_LONG_POLICY_PATH",
+            "long_task": "trl_groupopt.offline.LONG_CHAIN",
             "rewards": ["accuracy_reward", "format_reward"],
             "shared_config": "trl_groupopt.cli.DEMO_DEFAULTS with the regime's knob (see run_settings)",
         },

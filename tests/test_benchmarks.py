@@ -174,17 +174,40 @@ def test_staleness_regime_splits_each_step_so_echo_scopes_differ(tmp_path):
     assert (groups["per_device_train_batch_size"], groups["gradient_accumulation_steps"]) == (16, 1)
 
 
-def test_long_chain_task_has_long_reasoning_and_disjoint_splits():
-    from trl_groupopt.offline import arithmetic_chain_of_thought, expression_of_prompt
+def test_long_regime_trains_the_long_chain_policy_on_the_long_chain_task(tmp_path):
+    from trl_groupopt import offline
 
-    train = stress.long_chain_dataset(50, split="train")
-    test = stress.long_chain_dataset(20, split="test")
-    train_exprs = {expression_of_prompt(p) for p in train["prompt"]}
-    assert not train_exprs & {expression_of_prompt(p) for p in test["prompt"]}
-    for expr in train_exprs:
-        assert 8 <= expr.count("+") + expr.count("-") <= 10
-    lengths = sorted(len(arithmetic_chain_of_thought(e)) for e in train_exprs)  # character tokenizer: chars ~ tokens
-    assert lengths[len(lengths) // 2] >= 100 and lengths[-1] <= stress.parse_args([]).long_completion_length
+    assert stress.regime_task("long") == (offline.EMBEDDED_LONG_POLICY_PATH, offline.LONG_CHAIN)
+    assert stress.regime_task("staleness") == (offline.EMBEDDED_POLICY_PATH, {})
+    settings = dict(device="cpu", max_steps=16, grad_accum=1, long_completion_length=160)
+    assert stress.parse_args([]).long_completion_length == offline.LONG_CHAIN_MAX_COMPLETION_LENGTH
+    assert stress.run_settings("long", 4, "otb", 0, settings, str(tmp_path))["max_completion_length"] == 160
+
+
+def _run(config: str, method: str, series: dict[str, list[float]], final: float, seed: int) -> dict:
+    mechanism = {key: {"steps": list(range(1, len(v) + 1)), "values": v} for key, v in series.items()}
+    return {"regime": "staleness", "value": 16, "config": config, "method": method, "seed": seed,
+            "initial_accuracy": 0.2, "final_accuracy": final, "mechanism": mechanism}  # fmt: skip
+
+
+def test_claim_whose_mechanism_never_acted_is_not_tested():
+    # ECHO's accuracy claim against GRPO, with ECHO clearly ahead: reproduced only if its batch clip acted at all.
+    grpo = [_run("grpo", "grpo", {"clip_ratio/region_mean": [0.0, 0.1]}, 0.2, s) for s in range(5)]
+
+    def echo_rows(clipped):
+        echo = [_run("echo", "echo", {"echo/batch_clipped": clipped}, 0.3 + 0.01 * s, s) for s in range(5)]
+        return {row["id"]: row for row in stress.claims_table(grpo + echo)}
+
+    row = echo_rows([0.0, 0.0])["echo_off_policy"]
+    assert row["mechanism_acted"] == {"what": "the batch ratio R was clipped", "steps": 10, "acted": 0,
+                                      "fraction": 0.0}  # fmt: skip
+    assert row["verdict"] == "inconclusive" and "does not test the claim" in row["note"]
+    row = echo_rows([0.0, 0.5])["echo_off_policy"]
+    assert row["mechanism_acted"]["acted"] == 5 and row["verdict"] == "reproduced" and "note" not in row
+    # NaN steps (nothing to measure) are not counted
+    assert echo_rows([float("nan"), 0.5])["echo_off_policy"]["mechanism_acted"]["steps"] == 5
+    for method, (_, keys, _) in stress.MECHANISM_ACTS.items():  # every predicate reads keys its method logs
+        assert set(keys) <= set(stress.MECHANISM_METRICS[method]), method
 
 
 # ------------------------------------------------------------------------------------------------ the scripts
@@ -249,7 +272,8 @@ def test_stress_smoke(tmp_path):
     runs = [json.loads(line) for line in (tmp_path / "stress_smoke_runs.jsonl").read_text().splitlines()]
     assert len(runs) == 4 and all(r["cpu_s"] > 0 for r in runs)
     long_run = next(r for r in runs if r["regime"] == "long")
-    assert long_run["completion_length"]["values"][0] > 30  # the long task's completions are long
+    # the long-chain policy writes the whole chain: nearly every completion reaches the smoke's 48-token cap
+    assert long_run["completion_length"]["values"][0] > 44
     assert len(payload["claims"]) == len(stress.CLAIMS)
     assert _is_png(tmp_path / "stress_smoke.png")
 
@@ -257,7 +281,11 @@ def test_stress_smoke(tmp_path):
     written = report.main(["--results-dir", str(tmp_path)])
     claims = (tmp_path / "claims.md").read_text()
     assert tmp_path / "claims.md" in written and claims.count("\n| ") == len(stress.CLAIMS)
-    assert "Verdict rule" in claims and "| staleness | 1 | `echo` |" in (tmp_path / "stress.md").read_text()
+    assert (
+        "Verdict rule" in claims
+        and "mechanism acted" in claims
+        and "| staleness | 1 | `echo` |" in (tmp_path / "stress.md").read_text()
+    )
 
     rebuilt = stress.main(["--smoke", "--from-runs", str(tmp_path / "stress_smoke_runs.jsonl"),
                            "--output-dir", str(tmp_path / "rebuilt")])  # fmt: skip
