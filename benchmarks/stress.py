@@ -4,7 +4,7 @@ Every run trains the embedded tiny policy (`trl_groupopt.offline.EMBEDDED_POLICY
 task with the demo's settings (`trl_groupopt.cli.DEMO_DEFAULTS`: lr 1e-4 constant, 16 sequences per micro-batch, no
 KL; rewards accuracy + format), `--grad-accum` (1) micro-batch per optimizer step, and the same budget for every
 configuration (`--max-steps`, 16, optimizer steps = the same number of generated samples, since each sample is trained
-on once). This budget is small (256 samples per run): it is sized so the whole grid runs in ~35 min on 2 idle cores,
+on once). This budget is small (256 samples per run): it is sized so the whole grid runs in ~20 min on 2 cores,
 so accuracy differences are expected to be small and the mechanism metrics carry most of the evidence.
 GRPO (the base trainer, TRL's objective) and GSPO (the base trainer with `importance_sampling_level="sequence"`,
 GSPO's epsilons 3e-4 / 4e-4, `loss_type="grpo"`) are the baselines. Regimes (`REGIMES`):
@@ -52,6 +52,7 @@ import argparse
 import json
 import os
 import tempfile
+import textwrap
 import time
 import traceback
 from collections.abc import Callable
@@ -612,7 +613,7 @@ def plot(payload: dict[str, Any], path: Path) -> Path | None:
             ax.errorbar(xs, ys, yerr=es, marker="o", capsize=2, label=c, color=colors[c], linewidth=1)
         ax.set_xticks(range(len(values)))
         ax.set_xticklabels(values)
-        ax.set_xlabel(REGIMES[regime]["knob"], fontsize=8)
+        ax.set_xlabel(textwrap.fill(REGIMES[regime]["knob"], 70), fontsize=8)
         ax.set_title(f"{regime}: final held-out accuracy (mean, 95% CI)", fontsize=9)
         ax.legend(fontsize=6, ncol=2)
         ax.grid(alpha=0.3)
@@ -628,7 +629,7 @@ def plot(payload: dict[str, Any], path: Path) -> Path | None:
         ax.set_yscale("symlog", linthresh=1e-3)
         ax.legend(fontsize=6)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Stress regimes, embedded tiny policy ({payload['device']['description']})", fontsize=10)
+    fig.suptitle(f"Stress regimes, embedded tiny policies ({payload['device']['description']})", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
