@@ -198,10 +198,8 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(args.init_from, local_files_only=True).float()
         if model.config.vocab_size != len(tok):
             raise SystemExit(f"{args.init_from} has vocabulary {model.config.vocab_size}, the tokenizer {len(tok)}")
-    config = (
-        None
-        if args.init_from
-        else LlamaConfig(
+    else:
+        config = LlamaConfig(
             vocab_size=len(tok),
             hidden_size=128,
             intermediate_size=512,
@@ -214,8 +212,6 @@ def main() -> None:
             eos_token_id=tok.eos_token_id,
             pad_token_id=tok.pad_token_id,
         )
-    )
-    if config is not None:
         model = LlamaForCausalLM(config).float()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params: {n_params:,}  vocab: {len(tok)}", flush=True)

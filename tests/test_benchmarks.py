@@ -19,6 +19,8 @@ from benchmarks import common, overhead, report, sample_efficiency, stress
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# `stress.run_settings`'s settings, as `stress.main` builds them with the default flags
+RUN_SETTINGS = dict(device="cpu", max_steps=16, grad_accum=1, long_completion_length=160, long_learning_rate=1e-5)
 
 
 def _is_png(path: Path) -> bool:
@@ -166,11 +168,10 @@ def test_claim_verdict_rule():
 def test_staleness_regime_splits_each_step_so_echo_scopes_differ(tmp_path):
     # With one micro-batch per optimizer step ECHO's "step" and "micro_batch" scopes are one computation; the
     # staleness regime keeps 16 sequences per step in 2 micro-batches, the other regimes keep one.
-    settings = dict(device="cpu", max_steps=16, grad_accum=1, long_completion_length=160, long_learning_rate=1e-5)
-    stale = stress.run_settings("staleness", 16, "echo_step", 0, settings, str(tmp_path))
+    stale = stress.run_settings("staleness", 16, "echo_step", 0, RUN_SETTINGS, str(tmp_path))
     assert (stale["per_device_train_batch_size"], stale["gradient_accumulation_steps"]) == (8, 2)
     assert stale["steps_per_generation"] == 32 and stale["batch_ratio_scope"] == "step"
-    groups = stress.run_settings("group_size", 2, "otb", 0, settings, str(tmp_path))
+    groups = stress.run_settings("group_size", 2, "otb", 0, RUN_SETTINGS, str(tmp_path))
     assert (groups["per_device_train_batch_size"], groups["gradient_accumulation_steps"]) == (16, 1)
 
 
@@ -179,11 +180,10 @@ def test_long_regime_trains_the_long_chain_policy_on_the_long_chain_task(tmp_pat
 
     assert stress.regime_task("long") == (offline.EMBEDDED_LONG_POLICY_PATH, offline.LONG_CHAIN)
     assert stress.regime_task("staleness") == (offline.EMBEDDED_POLICY_PATH, {})
-    settings = dict(device="cpu", max_steps=16, grad_accum=1, long_completion_length=160, long_learning_rate=1e-5)
     assert stress.parse_args([]).long_completion_length == offline.LONG_CHAIN_MAX_COMPLETION_LENGTH
-    long = stress.run_settings("long", 4, "otb", 0, settings, str(tmp_path))
+    long = stress.run_settings("long", 4, "otb", 0, RUN_SETTINGS, str(tmp_path))
     assert (long["max_completion_length"], long["learning_rate"]) == (160, 1e-5)  # the long policy's own lr
-    assert stress.run_settings("staleness", 4, "otb", 0, settings, str(tmp_path))["learning_rate"] == 1e-4
+    assert stress.run_settings("staleness", 4, "otb", 0, RUN_SETTINGS, str(tmp_path))["learning_rate"] == 1e-4
 
 
 def _run(config: str, method: str, series: dict[str, list[float]], final: float, seed: int) -> dict:
