@@ -77,7 +77,7 @@ def test_example_script_help_shows_method_knobs():
 
 # ------------------------------------------------------------------------------------------------ 3. defaults
 def test_bf16_follows_the_device_unless_set(tmp_path):
-    from trl_groupopt.trainers.base import device_supports_bf16
+    from trl_groupopt.device import device_supports_bf16
 
     assert ECHOConfig(str(tmp_path)).bf16 is device_supports_bf16(False)
     assert ECHOConfig(str(tmp_path), use_cpu=True).bf16 is False

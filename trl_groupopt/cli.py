@@ -17,6 +17,9 @@ Defaults compose in layers (each layer only fills what the ones above left unset
 With no model and no dataset it trains the embedded policy on the synthetic arithmetic task, offline, and leaves in
 `outputs/<method>-demo`: the model, its card, `trainer_state.json`, `results.json` (held-out greedy accuracy before
 and after) and `reward_accuracy.png`.
+
+This module imports no TRL: `trl-groupopt --help`, `methods`, `train --help` and an unknown `--method` answer at once.
+The parser, the trainer and the run live in `trl_groupopt.script`, imported once a method is chosen.
 """
 
 from __future__ import annotations
@@ -25,27 +28,24 @@ import argparse
 import os
 import shutil
 import sys
-import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
-
-from . import adapters, offline, rewards, trainers  # noqa: F401  (importing trainers registers the methods)
-from .model_card import SYNTHETIC_DATASET_NAME
+from . import adapters, offline, rewards
 from .registry import METHODS, get_method
-from .reporting import ReadableProgressCallback, plot_reward_accuracy, write_results
-from .trainers.base import GroupOptTrainer, device_supports_bf16
+from .trainers.schedule import off_policy_schedule
+
+if TYPE_CHECKING:
+    from .script import DemoScriptArguments
+    from .trainers.base import GroupOptTrainer
 
 #: Every run, whatever the model: an off-policy schedule sized for one small device, readable logs.
 RUN_DEFAULTS = dict(
     per_device_train_batch_size=16,  # 4 prompts x 4 completions: whole groups per micro-batch
     num_generations=4,
-    gradient_accumulation_steps=2,
-    steps_per_generation=4,  # > gradient_accumulation_steps: off-policy, so the ratios differ from 1
+    # 2 optimizer steps per rollout of 2 micro-batches each: off-policy, so the ratios differ from 1
+    **off_policy_schedule(updates_per_rollout=2, gradient_accumulation_steps=2),
     beta=0.0,
     logging_steps=5,
     report_to="none",
@@ -83,52 +83,6 @@ DATASET_FORMATS = ("prompt-answer", "gsm8k", "math")
 LOCAL_DATA_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-@dataclass
-class DemoScriptArguments(ScriptArguments):
-    """TRL's `ScriptArguments` plus the data format, the reward functions and the demo's before/after evaluation."""
-
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Hub dataset (e.g. openai/gsm8k with --dataset_config main), a local file (.jsonl .json .parquet "
-            ".csv) or a folder of them. Unset: the offline synthetic arithmetic task."
-        },
-    )
-    dataset_format: str = field(
-        default="prompt-answer",
-        metadata={
-            "help": "How to read --dataset_name: 'prompt-answer' (columns 'prompt', a string or a list of messages, and "
-            "'solution', the gold answer), 'gsm8k' (question/answer with '#### 42') or 'math' (problem/solution with "
-            "a final \\boxed{}). Never guessed from the name.",
-            "choices": list(DATASET_FORMATS),
-        },
-    )
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["accuracy_reward"],
-        metadata={
-            "help": f"Reward functions from trl_groupopt.rewards, any of {sorted(REWARD_FUNCS)}. format_reward "
-            "alone can be maximised by boxing any number, so the demo trains on accuracy only."
-        },
-    )
-    num_train_examples: int = field(default=2000, metadata={"help": "Synthetic task: training prompts."})
-    num_eval_examples: int = field(default=200, metadata={"help": "Synthetic task: held-out prompts for accuracy."})
-    evaluate_accuracy: bool = field(
-        default=True,
-        metadata={
-            "help": "Synthetic task: measure held-out greedy accuracy before and after training (results.json)."
-        },
-    )
-
-
-def _preparse(argv: Sequence[str]) -> tuple[DemoScriptArguments, ModelConfig]:
-    """The script and model arguments alone (from argv and its --config YAML), to choose the default layers before
-    the training config is built (building it validates device settings those layers may change). `--help` is left
-    for the full parser."""
-    parser = TrlParser((DemoScriptArguments, ModelConfig), add_help=False)
-    script_args, model_args, _ = parser.parse_args_and_config(list(argv), return_remaining_strings=True)
-    return script_args, model_args
-
-
 def uses_embedded_policy(model_name_or_path: str | None) -> bool:
     """Whether the run trains the shipped tiny policy (no model named, or its path named)."""
     if model_name_or_path is None:
@@ -143,43 +97,13 @@ def default_output_dir(method: str, model_name_or_path: str | None) -> str:
     return os.path.join("outputs", f"{method}-{os.path.basename(os.path.normpath(model_name_or_path))}")
 
 
-def build_parser(method: str, argv: Sequence[str] = ()) -> TrlParser:
-    """The method's full parser (script, method config and model arguments), its defaults layered as described in
-    the module docstring for what argv names."""
-    spec = get_method(method)
-    _, model_args = _preparse(argv)
-    embedded = uses_embedded_policy(model_args.model_name_or_path)
-    parser = TrlParser(
-        (DemoScriptArguments, spec.config_class, ModelConfig),
-        prog=f"trl-groupopt train --method {method}",
-        description=f"Train with {spec.trainer_class.__name__} ({spec.paper}). {spec.summary}".strip(),
-    )
-    parser.set_defaults(**spec.config_defaults)  # a mode's settings (GRPO-fix); the command line still wins
-    use_cpu = not (torch.cuda.is_available() or _has_other_accelerator())
-    parser.set_defaults(
-        **RUN_DEFAULTS,
-        output_dir=default_output_dir(method, model_args.model_name_or_path),
-        use_cpu=use_cpu,
-        # the method configs pick bf16 by device themselves; TRL's GRPOConfig (the base trainer) would train in bf16
-        # autocast on a CPU, several times slower than fp32
-        bf16=device_supports_bf16(use_cpu),
-    )
-    if embedded:
-        parser.set_defaults(**EMBEDDED_POLICY_DEFAULTS, model_name_or_path=offline.EMBEDDED_POLICY_PATH)
-        parser.set_defaults(**EMBEDDED_POLICY_METHOD_DEFAULTS.get(method, {}))
-    return parser
-
-
-def _has_other_accelerator() -> bool:
-    return bool(getattr(torch, "xpu", None) and torch.xpu.is_available()) or (
-        hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
-    )
-
-
 def parse(method: str, argv: Sequence[str] | None = None):
     """(script_args, training_args, model_args, demo) for `method` from argv (default: sys.argv[1:]).
 
     ``demo`` is True when the run trains the embedded policy on the synthetic task."""
+    get_method(method)  # an unknown name fails here, before TRL is imported
+    from .script import build_parser
+
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(method, argv)
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
@@ -250,16 +174,6 @@ def load_datasets(script_args: DemoScriptArguments, demo: bool = True):
 
 
 # ---------------------------------------------------------------------------------------------------- training
-def set_cpu_threads(training_args, embedded: bool) -> None:
-    """One torch thread per process for the tiny policy (its matrices are too small to split: more threads only
-    add synchronisation, ~30x slower on 2 cores); for larger models the cores divided among local processes."""
-    if not training_args.use_cpu and torch.cuda.is_available():
-        return
-    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    threads = 1 if embedded else max(1, (os.cpu_count() or 1) // local_processes)
-    torch.set_num_threads(threads)
-
-
 def _quiet_known_warnings() -> None:
     # TRL 1.16 reads `model.is_gradient_checkpointing` (deprecated in transformers 5) at every generation; the
     # warning names nothing the user can change.
@@ -273,7 +187,9 @@ def train(method: str, argv: Sequence[str] | None = None) -> GroupOptTrainer:
     output_dir = training_args.output_dir
     existed = os.path.exists(output_dir)
     try:
-        return _train(method, script_args, training_args, model_args, demo)
+        from .script import run
+
+        return run(method, script_args, training_args, model_args, demo)
     except BaseException:
         # A failed run leaves no empty output folder behind (a half-written one is kept for inspection).
         if not existed and os.path.isdir(output_dir) and not os.listdir(output_dir):
@@ -281,91 +197,32 @@ def train(method: str, argv: Sequence[str] | None = None) -> GroupOptTrainer:
         raise
 
 
-def _train(method, script_args, training_args, model_args, demo) -> GroupOptTrainer:
-    spec = get_method(method)
-    embedded = uses_embedded_policy(model_args.model_name_or_path)
-    set_cpu_threads(training_args, embedded)
-    start = time.perf_counter()
-
-    # As TRL's grpo.py: model kwargs from ModelConfig (trust_remote_code lives on the training config, default False).
-    model_init_kwargs = dict(
-        revision=model_args.model_revision,
-        trust_remote_code=training_args.trust_remote_code,
-        attn_implementation=model_args.attn_implementation,
-        dtype=model_args.dtype,
-    )
-    model_init_kwargs.update(training_args.model_init_kwargs or {})
-    training_args.model_init_kwargs = model_init_kwargs
-    train_dataset, eval_dataset = load_datasets(script_args, demo)
-    trainer = spec.trainer_class(
-        model=model_args.model_name_or_path,
-        reward_funcs=[REWARD_FUNCS[name] for name in script_args.reward_funcs],
-        args=training_args,
-        train_dataset=train_dataset,
-        peft_config=get_peft_config(model_args),
-    )
-    trainer.remove_callback(ProgressCallback)  # one of these two is installed, by disable_tqdm
-    trainer.remove_callback(PrinterCallback)
-    trainer.add_callback(ReadableProgressCallback(spec.headline_metric, show_bar=not training_args.disable_tqdm))
-    main = trainer.accelerator.is_main_process
-
-    def say(text: str) -> None:
-        if main:
-            print(f"[{method}] {text}", flush=True)
-
-    evaluate = demo and script_args.evaluate_accuracy and eval_dataset is not None
-    before = after = float("nan")
-    evaluate = evaluate and main  # one process measures; the others wait at training's first collective
-    if evaluate:
-        say(f"held-out greedy accuracy before training ({len(eval_dataset)} prompts)...")
-        before = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
-        say(f"  {before:.1%}")
-    say(
-        f"training {training_args.max_steps if training_args.max_steps > 0 else ''} steps -> {training_args.output_dir}"
-    )
-    trainer.train()
-    if evaluate:
-        after = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
-        say(f"held-out greedy accuracy ({len(eval_dataset)} prompts): {before:.1%} -> {after:.1%}")
-    # The card describes the synthetic task when no dataset was named (model_card.SYNTHETIC_DATASET_NAME).
-    dataset_name = script_args.dataset_name or SYNTHETIC_DATASET_NAME
-    trainer.save_model(training_args.output_dir)
-    if main:
-        trainer.create_model_card(dataset_name=dataset_name)  # after save_model: replaces PEFT's template card
-        trainer.save_state()
-        heldout = [(0, before), (trainer.state.global_step, after)] if evaluate else []
-        plot = plot_reward_accuracy(
-            trainer.state.log_history,
-            os.path.join(training_args.output_dir, "reward_accuracy.png"),
-            heldout=heldout,
-            title=f"{method}: {os.path.basename(os.path.normpath(model_args.model_name_or_path))}",
-        )
-        if plot is None:
-            say("matplotlib is not installed: no reward_accuracy.png (pip install matplotlib)")
-        write_results(
-            training_args.output_dir,
-            method=method,
-            accuracy_before=before,
-            accuracy_after=after,
-            steps=trainer.state.global_step,
-            wall_seconds=round(time.perf_counter() - start, 1),
-            num_processes=trainer.accelerator.num_processes,
-        )
-        say(
-            f"saved the model, README.md (card), trainer_state.json, results.json and plots in {training_args.output_dir}"
-        )
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=dataset_name)
-    return trainer
-
-
 # ---------------------------------------------------------------------------------------------------- console entry
 def _methods_table() -> str:
     width = max(len(name) for name in METHODS)
     return "\n".join(
-        f"  {name:<{width}}  {spec.trainer_class.__name__}: {spec.summary or spec.paper}"
-        for name, spec in METHODS.items()
+        f"  {name:<{width}}  {spec.trainer_name}: {spec.summary or spec.paper}" for name, spec in METHODS.items()
     )
+
+
+def _check_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """`--config PATH` names a YAML mapping: checked before TRL is imported (TRL's parser reads it later)."""
+    config_arg = argparse.ArgumentParser(add_help=False)
+    config_arg.add_argument("--config")
+    path = config_arg.parse_known_args(argv)[0].config
+    if path is None:
+        return
+    if not os.path.isfile(path):
+        parser.error(f"--config {path}: no such file.")
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = yaml.safe_load(handle)
+    except yaml.YAMLError as err:
+        parser.error(f"--config {path} is not valid YAML: {err}")
+    if not isinstance(content, dict):
+        parser.error(f"--config {path} must hold a mapping of option: value, got {type(content).__name__}.")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -407,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
                 sys.exit(0)
             train_parser.error(f"--method is required; one of {', '.join(METHODS)}")
+        _check_config_file(train_parser, rest)
         train(known.method, rest)
     else:
         parser.print_help()

@@ -26,6 +26,7 @@ log-rho cap are in docs/echo.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -36,6 +37,7 @@ from .common import (
     check_positive,
     check_token_inputs,
     compute_dtype,
+    named,
     nan_if_empty,
 )
 
@@ -127,11 +129,32 @@ class _Prepared:
         self.log_ratio = total / self.count.clamp(min=1.0)  # () log R, Eq. 6
 
 
+def validate_echo(
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    batch_epsilon_low: float,
+    batch_epsilon_high: float,
+    names: Mapping[str, str] | None = None,
+) -> None:
+    """Raise unless every clip width is > 0 (`ECHOConfig` checks its fields with it; `names`: what the caller calls
+    each argument, see `common.named`). ``batch_epsilon_low >= 1`` is allowed here: no lower batch bound."""
+    check_positive(
+        **named(
+            names,
+            epsilon_low=epsilon_low,
+            epsilon_high=epsilon_high,
+            batch_epsilon_low=batch_epsilon_low,
+            batch_epsilon_high=batch_epsilon_high,
+        )
+    )
+
+
 def _surrogate_kwargs(
     epsilon_low: float, epsilon_high: float, batch_epsilon_low: float, batch_epsilon_high: float, token_clip: bool
 ) -> dict:
     """Validated keyword arguments of `_surrogate` (shared by the loss and the coupling)."""
-    check_positive(
+    validate_echo(
         epsilon_low=epsilon_low,
         epsilon_high=epsilon_high,
         batch_epsilon_low=batch_epsilon_low,

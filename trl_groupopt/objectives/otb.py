@@ -25,12 +25,23 @@ token leave their group; a group of one member has baseline 0.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor
 
-from .common import check_positive, compute_dtype, group_index, group_max, group_sum
+from .common import (
+    check_choice,
+    check_positive,
+    compute_dtype,
+    group_index,
+    group_max,
+    group_sum,
+    named,
+    names_of,
+)
 
-__all__ = ["TOKEN_POSITIONS", "energy_from_log_probs", "logit_gradient_energy", "otb_advantages"]
+__all__ = ["TOKEN_POSITIONS", "energy_from_log_probs", "logit_gradient_energy", "otb_advantages", "validate_otb"]
 
 # Rows of logits upcast to float32 at a time: 256 x 152k vocabulary is ~155 MB per temporary.
 DEFAULT_ENERGY_CHUNK_SIZE = 256
@@ -122,6 +133,14 @@ def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> 
     return _energy(per_token_logps.detach().to(dtype), log_sum_sq_probs.detach().to(dtype))  # (B, T)
 
 
+def validate_otb(*, token_positions: str, epsilon: float = 1e-8, names: Mapping[str, str] | None = None) -> None:
+    """Raise unless `otb_advantages` can take these settings (`OTBConfig` checks its field with it; `names`: what the
+    caller calls each argument, see `common.named`)."""
+    (positions_name,) = names_of(names, "token_positions")
+    check_choice(positions_name, token_positions, TOKEN_POSITIONS)
+    check_positive(**named(names, epsilon=epsilon))
+
+
 def _valid_first_order(active: Tensor) -> Tensor:
     """(B, T) per-row permutation that puts each row's valid positions first, in their order (a stable sort).
 
@@ -178,9 +197,7 @@ def otb_advantages(
         raise ValueError(
             f"importance_weights {tuple(importance_weights.shape)} and energy {tuple(energy.shape)} differ"
         )
-    if token_positions not in TOKEN_POSITIONS:
-        raise ValueError(f"token_positions must be one of {TOKEN_POSITIONS}, got {token_positions!r}")
-    check_positive(epsilon=epsilon)
+    validate_otb(token_positions=token_positions, epsilon=epsilon)
     if torch.isinf(rewards).any():
         raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
 

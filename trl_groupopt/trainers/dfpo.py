@@ -1,24 +1,32 @@
 """DFPO: in-group re-weighting on GSPO that restores token-gradient cancellation, and GRPO-fix.
 
-Paper: Ding et al., "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation",
-arXiv:2604.13088. The equations are in `trl_groupopt/objectives/dfpo.py` and docs/dfpo.md.
+The paper and registry entries (DFPO and its GRPO-fix mode): `trl_groupopt/methods/dfpo.py`. The equations are in
+`trl_groupopt/objectives/dfpo.py` and docs/dfpo.md.
 """
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 from trl import GRPOConfig
 
-from ..objectives.common import ObjectiveOutput, check_positive
-from ..objectives.dfpo import TRANSFORMS, check_orthogonal_over, dfpo_loss, symmetric_clip_loss
-from ..registry import register_method
-from .base import GroupOptTrainer, TokenSafeConfigMixin
+from ..methods import dfpo
+from ..methods.dfpo import GRPO_FIX
+from ..objectives.common import ObjectiveOutput, check_choice, check_positive
+from ..objectives.dfpo import TRANSFORMS, check_orthogonal_over, dfpo_loss, symmetric_clip_loss, validate_dfpo
+from .base import GroupOptTrainer
+from .config import TokenSafeConfigMixin, objective_arguments
 
-GRPO_FIX = "symmetric_clip"
+#: `dfpo_loss`'s hyper-parameters -> the DFPOConfig fields that set them (the names its errors use).
+DFPO_ARGUMENTS = {
+    "transform": "dfpo_transform",
+    "epsilon_low": "epsilon",
+    "epsilon_high": "epsilon_high",
+    "orth_floor": "dfpo_orth_floor",
+    "orthogonal_over": "dfpo_orthogonal_over",
+}
 
 # GSPO's clip range (Zheng et al. 2025, Sec. 5.1); DFPO builds on GSPO and its paper sets no other value.
 GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
@@ -86,11 +94,8 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
     )
 
     def __post_init__(self):
-        if self.dfpo_transform not in (*TRANSFORMS, GRPO_FIX):
-            raise ValueError(f"dfpo_transform must be one of {(*TRANSFORMS, GRPO_FIX)}, got {self.dfpo_transform!r}.")
-        check_orthogonal_over(
-            self.dfpo_transform, self.dfpo_orthogonal_over, names=("dfpo_transform", "dfpo_orthogonal_over")
-        )
+        check_choice("dfpo_transform", self.dfpo_transform, (*TRANSFORMS, GRPO_FIX))
+        check_orthogonal_over(self.dfpo_transform, self.dfpo_orthogonal_over, names=DFPO_ARGUMENTS)
         grpo_fix = self.dfpo_transform == GRPO_FIX
         level = "token" if grpo_fix else "sequence"
         if self.importance_sampling_level not in (None, level):
@@ -104,31 +109,17 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
         if self.epsilon_high is None:
             self.epsilon_high = GRPO_FIX_EPSILON_HIGH if grpo_fix else GSPO_EPSILON_HIGH
         super().__post_init__()
-        check_positive(epsilon=self.epsilon, epsilon_high=self.epsilon_high, dfpo_orth_floor=self.dfpo_orth_floor)
+        validate_dfpo(epsilon_low=self.epsilon, epsilon_high=self.epsilon_high, names=DFPO_ARGUMENTS)
+        check_positive(dfpo_orth_floor=self.dfpo_orth_floor)  # > 0 here; the pure transform also takes 0
 
 
 class DFPOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with DFPO's in-group re-weighted GSPO objective, or GRPO-fix's symmetric clip."""
 
+    method_spec = dfpo.SPEC
     config_class = DFPOConfig
-    _tag_names = ["trl", "dfpo", "trl-groupopt"]
-    _name = "DFPO"
-    _paper = {
-        "title": "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation",
-        "id": "2604.13088",
-        "citation": textwrap.dedent("""\
-            @article{ding2026design,
-                title        = {{Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation}},
-                author       = {Fei Ding and Yongkang Zhang and Youwei Wang and Zijian Zeng},
-                year         = 2026,
-                eprint       = {arXiv:2604.13088},
-            }"""),
-    }
     supports_delta = False
-    inert_on_policy_fix = (
-        "DFPO's re-weighting (or GRPO-fix's clip) never acts: set steps_per_generation to a multiple k > 1 of "
-        "gradient_accumulation_steps (or num_iterations > 1)."
-    )
+    inert_on_policy = "DFPO's re-weighting (or GRPO-fix's clip) never acts"
     # dfpo_loss folds the vLLM IS weights into the in-group transform (so the cancellation includes them);
     # symmetric_clip_loss multiplies them as TRL does. Either way the base must not multiply them again.
     objective_applies_is_weights = True
@@ -165,30 +156,7 @@ class DFPOTrainer(GroupOptTrainer):
             advantages,
             mask,
             inputs["group_ids"],
-            transform=self.args.dfpo_transform,
-            epsilon_low=self.args.epsilon,
-            epsilon_high=self.args.epsilon_high,
-            orth_floor=self.args.dfpo_orth_floor,
-            orthogonal_over=self.args.dfpo_orthogonal_over,
+            **objective_arguments(self.args, DFPO_ARGUMENTS),
             importance_weights=is_weights,
             loss_type=self.loss_type,
         )
-
-
-register_method(
-    "dfpo",
-    config_class=DFPOConfig,
-    trainer_class=DFPOTrainer,
-    paper="arXiv:2604.13088",
-    headline_metric="dfpo/shrink",
-    summary="GSPO sequence ratios re-weighted inside each group to restore token-gradient cancellation",
-)
-register_method(
-    "grpo_fix",
-    config_class=DFPOConfig,
-    trainer_class=DFPOTrainer,
-    paper="arXiv:2604.13088 (App. H)",
-    headline_metric="dfpo/sym_clip_ratio",
-    config_defaults={"dfpo_transform": GRPO_FIX},
-    summary="GRPO with the symmetric clip -A * clip(r, 0, 1 + epsilon_high) for both advantage signs (Eq. 80)",
-)

@@ -1,0 +1,14 @@
+"""The shipped methods' specs (TRL-free data: names, papers, summaries, headline metrics, trainer import paths).
+
+One module per method; :data:`SHIPPED` is what ``trl_groupopt.registry`` registers when it is imported. A new method
+adds its module here (README "Adding a method").
+"""
+
+from __future__ import annotations
+
+from . import ctpo, dfpo, echo, grpo, otb
+
+__all__ = ["SHIPPED"]
+
+#: Every shipped method, in the order the CLI lists them.
+SHIPPED = (grpo.SPEC, ctpo.SPEC, dfpo.SPEC, dfpo.GRPO_FIX_SPEC, echo.SPEC, otb.SPEC)

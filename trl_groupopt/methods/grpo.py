@@ -1,0 +1,28 @@
+"""GRPO, TRL's objective through the shared loss path: the baseline every method is compared with."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ..spec import MethodSpec, Paper
+
+PAPER = Paper(
+    title="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+    arxiv_id="2402.03300",
+    bibtex=textwrap.dedent("""\
+        @article{shao2024deepseekmath,
+            title        = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
+            author       = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},
+            year         = 2024,
+            eprint       = {arXiv:2402.03300},
+        }"""),
+)
+
+SPEC = MethodSpec(
+    name="grpo",
+    trainer="trl_groupopt.trainers.base:GroupOptTrainer",
+    paper=PAPER,
+    headline_metric="clip_ratio/region_mean",
+    summary="TRL's GRPO objective through the shared loss path (the baseline)",
+    display_name="GRPO (trl-groupopt base)",
+)
