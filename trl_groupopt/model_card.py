@@ -1,10 +1,12 @@
 """Hub model cards for trl-groupopt trainers, rendered on top of TRL's own card.
 
 TRL's card (`trl.trainer.utils.generate_model_card` with `trl/templates/lm_model_card.md`, fed with the trainer's
-`_name`, `_tag_names` and `_paper`) provides the standard parts: the front matter (`ModelCardData`), the tracking
-badges and the "trained with <method>, introduced in <paper>" line, the framework versions, and the citations (the
-method's BibTeX and TRL's). The package template `trl_groupopt/templates/model_card.md` lays them out and adds what a
-reader of an RL checkpoint needs to use and reproduce it:
+`_name`, `_tag_names` and `_paper`, which `GroupOptTrainer` derives from the method's spec: the paper's title, arXiv
+id and BibTeX are written once, in `trl_groupopt/methods/<method>.py`) provides the standard parts: the front matter
+(`ModelCardData`), the tracking badges and the "trained with <method>, introduced in <paper>" line, the framework
+versions, and the citations (the method's BibTeX and TRL's). The package template
+`trl_groupopt/templates/model_card.md` lays them out and adds what a reader of an RL checkpoint needs to use and
+reproduce it:
 
 - an introduction and a quick start with no blank holes: the base model is a Hub link only when it is a Hub id (the
   embedded policy `trl_groupopt/assets/tiny_policy` is named as such; a local path never reaches the card), the dataset

@@ -74,8 +74,8 @@ def register_method(
     _check_classes(name, config_class, trainer_class)
     spec = MethodSpec(
         name=name,
-        trainer=trainer_class,
-        config=config_class,
+        trainer_class=trainer_class,
+        config_class=config_class,
         paper=paper,
         headline_metric=headline_metric,
         summary=summary,

@@ -1,6 +1,6 @@
 """What the library knows about one method, as plain data: :class:`MethodSpec` and its :class:`Paper`.
 
-Nothing here imports TRL: a spec names its trainer class by import path (``"trl_groupopt.trainers.ctpo:CTPOTrainer"``)
+Nothing here imports TRL: a spec may name its trainer class by import path (``"trl_groupopt.trainers.ctpo:CTPOTrainer"``)
 and resolves it on first use, so the CLI can list the methods, their summaries and papers, and reject an unknown
 ``--method``, before TRL is imported. The shipped specs are in ``trl_groupopt/methods/``; the registry
 (``trl_groupopt.registry``) collects them.
@@ -9,8 +9,8 @@ and resolves it on first use, so the CLI can list the methods, their summaries a
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -48,20 +48,44 @@ def resolve(target: str | type) -> type:
     return getattr(importlib.import_module(module), name)
 
 
+class _ClassField:
+    """A dataclass field that holds a class or its import path and reads as the class (imported on first read).
+
+    `default`: the value when the field is not given (read then through `fallback(spec)` if set)."""
+
+    def __init__(self, default: Any = MISSING, fallback: Callable[[MethodSpec], type] | None = None) -> None:
+        self.default, self.fallback = default, fallback
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.stored = "_" + name
+
+    def __get__(self, spec: MethodSpec | None, owner: type | None = None) -> Any:
+        if spec is None:  # the dataclass machinery asks for the default
+            if self.default is MISSING:
+                raise AttributeError(self.stored)
+            return self.default
+        target = spec.__dict__[self.stored]
+        return self.fallback(spec) if target is None and self.fallback else resolve(target)
+
+    def __set__(self, spec: MethodSpec, value: str | type | None) -> None:
+        spec.__dict__[self.stored] = value
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """What the rest of the library needs to know about one method.
 
-    ``trainer`` and ``config`` are classes or import paths; :attr:`trainer_class` and :attr:`config_class` resolve
-    them. ``config=None`` means the trainer's own ``config_class``.
+    ``trainer_class`` and ``config_class`` are given as classes or as import paths (``"module:ClassName"``) and read
+    as classes: a path is imported on first read. ``config_class=None`` means the trainer's own ``config_class``.
     """
 
     name: str  # the registry key, e.g. "echo"; also the CLI's --method value
-    trainer: str | type[GroupOptTrainer]  # the GRPOTrainer subclass, or its import path
+    trainer_class: type[GroupOptTrainer] = _ClassField()  # type: ignore[assignment]  # a GRPOTrainer subclass
+    # (no default: `_ClassField()` only makes the field read as a class)
     paper: Paper | str  # a Paper, or for a method registered without one "arXiv:XXXX.XXXXX" / its title
     headline_metric: str  # the logged metric that shows the mechanism acting, e.g. "echo/batch_clipped"
     summary: str = ""  # one line: what changes versus GRPO
-    config: str | type[GRPOConfig] | None = None  # the config class (a GRPOConfig subclass), or its import path
+    config_class: type[GRPOConfig] = _ClassField(None, lambda spec: spec.trainer_class.config_class)  # type: ignore
     config_defaults: Mapping[str, Any] = field(default_factory=dict)  # a mode's fixed settings, e.g. GRPO-fix's
     display_name: str = ""  # the name model cards give the method (TRL's `_name`); default: name upper-cased
 
@@ -71,19 +95,10 @@ class MethodSpec:
             object.__setattr__(self, "display_name", self.name.upper())
 
     @property
-    def trainer_class(self) -> type[GroupOptTrainer]:
-        """The trainer class (imports its module, and TRL, on first use)."""
-        return resolve(self.trainer)
-
-    @property
-    def config_class(self) -> type[GRPOConfig]:
-        """The config class: ``config``, or the trainer's own."""
-        return self.trainer_class.config_class if self.config is None else resolve(self.config)
-
-    @property
     def trainer_name(self) -> str:
         """The trainer class's name, without importing it."""
-        return self.trainer.rpartition(":")[2] if isinstance(self.trainer, str) else self.trainer.__name__
+        target = self.__dict__["_trainer_class"]
+        return target.rpartition(":")[2] if isinstance(target, str) else target.__name__
 
     def make_config(self, **kwargs: Any) -> GRPOConfig:
         """This method's config: ``config_defaults`` first, then ``kwargs`` (the caller wins)."""

@@ -21,7 +21,7 @@ PAPER = Paper(
 
 SPEC = MethodSpec(
     name="ctpo",
-    trainer="trl_groupopt.trainers.ctpo:CTPOTrainer",
+    trainer_class="trl_groupopt.trainers.ctpo:CTPOTrainer",
     paper=PAPER,
     headline_metric="ctpo/dual_clip",
     summary="cumulative-prefix token ratio with position-adaptive log-space clipping",

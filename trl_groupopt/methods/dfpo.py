@@ -24,15 +24,16 @@ GRPO_FIX = "symmetric_clip"
 
 SPEC = MethodSpec(
     name="dfpo",
-    trainer="trl_groupopt.trainers.dfpo:DFPOTrainer",
+    trainer_class="trl_groupopt.trainers.dfpo:DFPOTrainer",
     paper=PAPER,
     headline_metric="dfpo/shrink",
     summary="GSPO sequence ratios re-weighted inside each group to restore token-gradient cancellation",
 )
 
-GRPO_FIX_SPEC = replace(
-    SPEC,
+#: GRPO-fix: the DFPO trainer in its symmetric-clip mode.
+GRPO_FIX_SPEC = MethodSpec(
     name="grpo_fix",
+    trainer_class="trl_groupopt.trainers.dfpo:DFPOTrainer",
     paper=replace(PAPER, section="App. H"),
     headline_metric="dfpo/sym_clip_ratio",
     config_defaults={"dfpo_transform": GRPO_FIX},

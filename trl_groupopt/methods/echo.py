@@ -20,7 +20,7 @@ PAPER = Paper(
 
 SPEC = MethodSpec(
     name="echo",
-    trainer="trl_groupopt.trainers.echo:ECHOTrainer",
+    trainer_class="trl_groupopt.trainers.echo:ECHOTrainer",
     paper=PAPER,
     headline_metric="echo/batch_clipped",
     summary="token ratios times clip(R)/sg(R), R the geometric batch ratio",

@@ -20,7 +20,7 @@ PAPER = Paper(
 
 SPEC = MethodSpec(
     name="grpo",
-    trainer="trl_groupopt.trainers.base:GroupOptTrainer",
+    trainer_class="trl_groupopt.trainers.base:GroupOptTrainer",
     paper=PAPER,
     headline_metric="clip_ratio/region_mean",
     summary="TRL's GRPO objective through the shared loss path (the baseline)",

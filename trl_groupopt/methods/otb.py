@@ -20,7 +20,7 @@ PAPER = Paper(
 
 SPEC = MethodSpec(
     name="otb",
-    trainer="trl_groupopt.trainers.otb:OTBTrainer",
+    trainer_class="trl_groupopt.trainers.otb:OTBTrainer",
     paper=PAPER,
     headline_metric="otb/grad_second_moment",
     summary="advantages G_i - b_t with the optimal token baseline from the logit-gradient energy",

@@ -435,17 +435,11 @@ def dfpo_loss(
     is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)
     seq = _post_clip(log_s, adv, is_weight, mask_f, (1.0 - epsilon_low, 1.0 + epsilon_high), orthogonal_over)
 
-    if transform == "none":
-        s_til = seq.effective  # (B,)
-        per_token_loss = (-adv * seq.s_bar * torch.exp(seq.log_factor)).unsqueeze(-1)  # (B, 1) TRL's GSPO
-        if importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
-            per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
-    else:
-        transformed = group_transform(seq.effective, adv, group_ids, transform, orth_floor=orth_floor,
-                                      members=seq.members)  # fmt: skip
-        # clipped members under "unclipped" keep GSPO's constant value; rows without loss get 0
-        s_til = torch.where(seq.members, transformed, torch.where(seq.present, seq.effective, 0.0))  # (B,)
-        per_token_loss = (-adv * s_til * torch.exp(seq.log_factor)).unsqueeze(-1)  # (B, 1) = -A sg(s_til/s_bar) s_bar
+    s_til = seq.effective if transform == "none" else _transformed(seq, adv, group_ids, transform, orth_floor)  # (B,)
+    coefficient = seq.s_bar if transform == "none" else s_til  # (B,) "none": TRL's GSPO, IS weights per token below
+    per_token_loss = (-adv * coefficient * torch.exp(seq.log_factor)).unsqueeze(-1)  # (B, 1) -A sg(s_til/s_bar) s_bar
+    if transform == "none" and importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
+        per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
     metrics = _dfpo_metrics(seq, adv, s_til, group_ids, mask_f.sum(-1), loss_type)
     return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
 
@@ -461,6 +455,13 @@ class _SequenceWeights(NamedTuple):
     effective: Tensor  # s_bar times the vLLM IS weight: the coefficient GSPO's gradient carries
     present: Tensor  # bool: rows that can carry loss at all
     members: Tensor  # bool: the rows the transform's constraint ranges over
+
+
+def _transformed(seq: _SequenceWeights, adv: Tensor, group_ids: Tensor, transform: str, orth_floor: float) -> Tensor:
+    """(B,) ``s_til``: the in-group transform over the members; clipped members under "unclipped" keep GSPO's
+    constant value, rows without loss get 0."""
+    transformed = group_transform(seq.effective, adv, group_ids, transform, orth_floor=orth_floor, members=seq.members)
+    return torch.where(seq.members, transformed, torch.where(seq.present, seq.effective, 0.0))
 
 
 def _post_clip(

@@ -207,6 +207,12 @@ class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, GRPOTrainer):
         if self.args.should_save:
             self.create_model_card(output_dir=output_dir if output_dir is not None else self.args.output_dir)
 
+    def _generate_and_score_completions(self, inputs):
+        """TRL's, plus the batch fields the objective needs (`group_ids`, raw `rewards`; see `batching.py`)."""
+        if self.requires_raw_rewards:
+            self._raw_rewards_per_func = None  # filled by `_calculate_rewards` during TRL's call
+        return self._add_batch_fields(super()._generate_and_score_completions(inputs), inputs)
+
     # ------------------------------------------------------------------ the method's hooks
     def objective(
         self,

@@ -88,12 +88,12 @@ def _check_groups_share_rows(prompts: list[Any], num_generations: int) -> None:
 
 class GroupBatchingMixin:
     """`GRPOTrainer`'s batch production with `group_ids` and whole-group micro-batches (`self.whole_groups`), the raw
-    rewards (`requires_raw_rewards`), and the all-None reward watch. Mixed into `GroupOptTrainer`."""
+    rewards (`requires_raw_rewards`), and the all-None reward watch. Mixed into `GroupOptTrainer`, whose
+    `_generate_and_score_completions` calls `_add_batch_fields` on TRL's output."""
 
-    def _generate_and_score_completions(self, inputs):
-        if self.requires_raw_rewards:
-            self._raw_rewards_per_func = None
-        output = super()._generate_and_score_completions(inputs)
+    def _add_batch_fields(self, output: dict[str, Any], inputs) -> dict[str, Any]:
+        """`output` of TRL's `_generate_and_score_completions` with `group_ids` (checked against the prompts) and
+        the raw `rewards` where this trainer needs them."""
         num_rows = output["completion_ids"].shape[0]
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
