@@ -318,6 +318,28 @@ def test_from_runs_reproduces_the_committed_summary(tmp_path, module, stem, comp
             assert text == (REPO / "benchmarks" / "results" / name).read_text(), name
 
 
+def test_report_splices_the_results_page_only_for_the_committed_tables(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "claims.md").write_text("| new table |\n")
+    block = "<!-- BEGIN GENERATED: benchmarks/results/{}.md -->\n{}\n<!-- END GENERATED -->"
+    page_text = "# Results\n\n" + block.format("claims", "| old table |") + "\n\n" + block.format("stress", "kept")
+    page = tmp_path / "results.md"
+    page.write_text(page_text)
+    monkeypatch.setattr(report, "DEFAULT_PAGE", page)
+    report.main(["--results-dir", str(results)])  # scratch tables: the default page is left alone
+    assert page.read_text() == page_text
+    monkeypatch.setattr(common, "DEFAULT_OUTPUT_DIR", results)  # the committed tables: spliced by default
+    report.main(["--results-dir", str(results)])
+    assert page.read_text() == page_text.replace("| old table |", "| new table |")  # stress.md absent: kept
+    other = tmp_path / "other.md"
+    other.write_text(page_text)
+    report.main(["--results-dir", str(results), "--readme", str(other)])  # --readme: the old name of --page
+    assert other.read_text() == page.read_text()
+    with pytest.raises(SystemExit):
+        report.main(["--page", str(tmp_path / "missing.md")])
+
+
 # ------------------------------------------------------------------------------------------------ the scripts
 HEAVY_MODULES = ("torch", "trl", "transformers", "accelerate", "datasets", "trl_groupopt")
 
