@@ -213,6 +213,7 @@ def test_claim_whose_mechanism_never_acted_is_not_tested():
 
 
 # ------------------------------------------------------------------------------------------------ the scripts
+@pytest.mark.slow  # launches a Python process per module
 @pytest.mark.parametrize("module", ["overhead", "stress", "sample_efficiency", "report"])
 def test_help_runs_as_module(module):
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"], cwd=REPO, capture_output=True,
