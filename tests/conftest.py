@@ -47,6 +47,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(marker)
 
 
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The library's in-code tokenizer (one per test module)."""
+    from tests.helpers import tiny_tokenizer  # imported here: the objectives' tests never load transformers
+
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def base_model(tokenizer):
+    """A random tiny Qwen2 for `tokenizer` (seed 5); tests clone it before training it."""
+    from tests.helpers import tiny_model
+
+    return tiny_model(tokenizer, seed=5)
+
+
 def _refuse(what: str, nodeid: str):
     def refuse(*args, **kwargs):
         raise AssertionError(

@@ -17,22 +17,10 @@ from tests.helpers import (
     length_reward,
     method_trainer,
     tiny_dataset,
-    tiny_model,
-    tiny_tokenizer,
 )
 from tests.hub.test_model_card import CARD_KNOBS, FAKE_TOKEN, _bibtex_key, _front_matter
 from trl_groupopt import METHODS, OTBConfig, OTBTrainer, get_method
 from trl_groupopt.model_card import MATH_QUESTION, render_model_card
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def base_model(tokenizer):
-    return tiny_model(tokenizer, seed=5)
 
 
 @pytest.mark.parametrize("method", list(METHODS))

@@ -21,8 +21,6 @@ from tests.helpers import (
     cpu_config_kwargs,
     length_reward,
     tiny_dataset,
-    tiny_model,
-    tiny_tokenizer,
 )
 from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, get_method
 from trl_groupopt.model_card import (
@@ -48,16 +46,6 @@ CARD_KNOBS = {  # registry name -> one exact knob row (value formatted) the card
     "otb": "| `otb_token_positions` | `valid` | (method-specific) |",
 }
 FAKE_TOKEN = "hf_" + "QwErTy0123456789" * 2 + "zz"  # shaped like a real access token (hf_ + 34 characters)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def base_model(tokenizer):
-    return tiny_model(tokenizer, seed=5)
 
 
 def _bibtex_key(citation: str) -> str:

@@ -5,8 +5,8 @@
 - Loss types: the base trainer's loss, gradients and metrics for TRL's cispo / sapo / vespo are TRL's own
   `_compute_loss`'s (and its warnings); the method trainers reject them.
 
-The tool-calling tokenizer, model and dataset here are shared with the training runs of tests/e2e/test_dropin_training.py
-(environment-owned rewards, `rollout_func`, TRL's loss types in a 2-step run).
+The tool-calling tokenizer, model and dataset here are shared with the training runs of
+tests/e2e/test_dropin_training.py (environment-owned rewards, `rollout_func`, TRL's loss types in a 2-step run).
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ GENERIC = {  # the generic trainer tests, each called with the toy's name
     ),
     "model_card": _model_card,
 }
-#: the generic checks that run `trainer.train()` (end-to-end tests, called here for the toy): outside the fast selection
+#: the generic checks that run `trainer.train()` (end-to-end tests called for the toy): outside the fast selection
 TRAINING_CHECKS = {"construct_and_train_two_steps", "model_card"}
 
 
