@@ -344,6 +344,7 @@ def test_report_splices_the_results_page_only_for_the_committed_tables(tmp_path,
 HEAVY_MODULES = ("torch", "trl", "transformers", "accelerate", "datasets", "trl_groupopt")
 
 
+@pytest.mark.slow  # launches a Python process per module
 @pytest.mark.parametrize("module", ["overhead", "stress", "sample_efficiency", "report", "profile_step"])
 def test_help_runs_as_module(module):
     # PYTHONPROFILEIMPORTTIME lists every module imported (in overhead's re-run under its allocator settings too)
