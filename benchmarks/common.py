@@ -1,4 +1,4 @@
-"""Helpers shared by `benchmarks/overhead.py` and `benchmarks/sample_efficiency.py`.
+"""Helpers shared by the benchmarks: environment and device, statistics, JSON and plot output.
 
 Only the standard library, torch and (for the plots) matplotlib: the GPU machine has neither scipy guaranteed nor
 network access, so the Student-t quantiles are tabulated here. Everything heavy (TRL, transformers) is imported by
@@ -144,12 +144,23 @@ def t_quantile_975(df: int) -> float:
     return _T975[df - 1] if df <= len(_T975) else 1.96
 
 
+def _present(values: Sequence[float | None]) -> list[float]:
+    """The values that were measured: None (no such seed or step) and NaN (nothing to measure) left out."""
+    return [float(v) for v in values if v is not None and not math.isnan(float(v))]
+
+
+def mean(values: Sequence[float | None]) -> float | None:
+    """Mean of the measured values (`_present`); None when there is none."""
+    xs = _present(values)
+    return sum(xs) / len(xs) if xs else None
+
+
 def mean_ci(values: Sequence[float | None]) -> dict[str, Any]:
     """Mean and 95% Student-t confidence interval over seeds, ignoring None/NaN.
 
     Returns {"mean", "ci95" (half-width; NaN for fewer than 2 values), "low", "high", "n", "std"}.
     """
-    xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    xs = _present(values)
     n = len(xs)
     if n == 0:
         return {"mean": None, "ci95": None, "low": None, "high": None, "n": 0, "std": None}
@@ -159,6 +170,30 @@ def mean_ci(values: Sequence[float | None]) -> dict[str, Any]:
     std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))  # sample standard deviation
     half = t_quantile_975(n - 1) * std / math.sqrt(n)
     return {"mean": mean, "ci95": half, "low": mean - half, "high": mean + half, "n": n, "std": std}
+
+
+def paired_differences(ours: dict[Any, float | None], theirs: dict[Any, float | None]) -> list[float | None]:
+    """`ours[k] - theirs[k]` for every key both hold (seeds: the same seed saw the same prompts and initial samples),
+    in key order; None where either value is missing. `mean_ci` of the result is the paired comparison."""
+    return [
+        None if ours[k] is None or theirs[k] is None else ours[k] - theirs[k] for k in sorted(set(ours) & set(theirs))
+    ]
+
+
+def mean_curve(curves: Sequence[dict[str, list] | None]) -> dict[str, list]:
+    """Per step, the mean and 95% interval over the seeds' curves (`{"steps", "values"}`), on the steps every curve
+    logged; a missing or empty curve is left out. Where the interval is undefined (one seed) it is the mean."""
+    present = [c for c in curves if c and c["steps"]]
+    if not present:
+        return {"steps": [], "mean": [], "low": [], "high": []}
+    steps = sorted(set.intersection(*(set(c["steps"]) for c in present)))
+    out: dict[str, list] = {"steps": steps, "mean": [], "low": [], "high": []}
+    for step in steps:
+        stats = mean_ci([c["values"][c["steps"].index(step)] for c in present])
+        out["mean"].append(stats["mean"])
+        out["low"].append(stats["low"] if stats["low"] is not None else stats["mean"])
+        out["high"].append(stats["high"] if stats["high"] is not None else stats["mean"])
+    return out
 
 
 def jitter2(curve: Sequence[float]) -> float:
@@ -227,6 +262,17 @@ def pyplot():
         print("matplotlib is not installed: skipping the PNG (re-plot later with --plot-from the JSON).")
         return None
     return plt
+
+
+def save_figure(fig, path: Path, dpi: int) -> Path:
+    """Lay out, write (creating the folder) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
 
 
 def format_bytes(num: float | None) -> str:

@@ -40,7 +40,7 @@ completions up to 128 tokens) and Qwen2.5 (151,936, up to 64), one group of 4 pe
 optimizer step and two per generation (off-policy), 2 warm-up + 16 timed steps per run, fp32, one torch thread. GPU
 (`--device cuda`): Qwen2.5-0.5B's shapes with random weights, bf16, completions up to 512. `--smoke`: the task
 tokenizer's ~70-token vocabulary, 24 tokens, a few steps. Outputs: `overhead_<device>.json` and `.png`
-(`overhead_smoke.*` for --smoke); `python -m benchmarks.report` writes the README's markdown table from the JSON.
+(`overhead_smoke.*` for --smoke); `python -m benchmarks.report` writes the results page's markdown table from the JSON.
 On Linux/glibc, `python -m benchmarks.overhead` re-runs itself with `ALLOCATOR_TUNABLES` (one malloc arena for the
 trainers' threads, large buffers kept, huge pages) unless GLIBC_TUNABLES already sets them; the JSON records it.
 
@@ -472,49 +472,83 @@ def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, d
     With `profile` (one variant only), the timed steps run under `torch.profiler` and `record["ops"]` maps each op
     to its call count and self CPU time (the input of `benchmarks.profile_step`)."""
     import torch
-    from transformers import TrainerCallback
 
     if profile and len(variants) != 1:
         raise ValueError("profile one variant at a time")
     built = {v.name: build_trainer(v, args, device, dtype, tokenizer, dataset, workdir) for v in variants}
-    lockstep = Lockstep(list(built), on_round=gc.collect)
-    ready = {name: threading.Event() for name in built}
-    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
+    turns = Turns(Lockstep(list(built), on_round=gc.collect), {name: threading.Event() for name in built}, device,
+                  args.warmup, torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile
+                  else None)  # fmt: skip
+    for name, (trainer, record, pending) in built.items():
+        trainer.add_callback(step_timer(turns, name, record, pending))
+    train_in_lockstep({name: trainer for name, (trainer, _, _) in built.items()}, turns)
+    if turns.profiler is not None:
+        turns.profiler.__exit__(None, None, None)
+    records = {name: finish_record(trainer, record, turns.profiler) for name, (trainer, record, _) in built.items()}
+    del built  # the scoring wrappers and the trainers form cycles: gc.collect() below frees them
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return records
+
+
+@dataclass
+class Turns:
+    """What the trainers' threads of one lockstep run share: the turns, a flag per trainer set when its set-up is
+    done, the device, the untimed warm-up steps and the profiler (started after the warm-up; None: no profile)."""
+
+    lockstep: Lockstep
+    ready: dict[str, threading.Event]
+    device: str
+    warmup: int
+    profiler: Any = None
+
+
+def step_timer(turns: Turns, name: str, record: dict, pending: dict):
+    """The callback that times each optimizer step of trainer `name` into `record` and takes one lockstep turn per
+    step (`pending`: the current step's scoring time and start clock, filled by the scoring wrapper)."""
+    import torch
+    from transformers import TrainerCallback
+
+    device = turns.device
 
     class StepTimer(TrainerCallback):
-        def __init__(self, name: str, record: dict, pending: dict):
-            self.name, self.record, self.pending = name, record, pending
-
         def on_train_begin(self, _args, state, control, **kwargs):
-            ready[self.name].set()
-            lockstep.acquire(self.name)  # from here on this thread runs only in its turns
+            turns.ready[name].set()
+            turns.lockstep.acquire(name)  # from here on this thread runs only in its turns
 
         def on_step_begin(self, _args, state, control, **kwargs):
             common.synchronize(device)
-            self.pending["scoring"] = 0.0
+            pending["scoring"] = 0.0
             self.start_bytes = torch.cuda.memory_allocated() if device == "cuda" else None
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            self.pending["t0"] = time.perf_counter()
+            pending["t0"] = time.perf_counter()
 
         def on_step_end(self, _args, state, control, **kwargs):
             common.synchronize(device)
-            elapsed = time.perf_counter() - self.pending["t0"]
-            if state.global_step > args.warmup:
-                self.record["step_s"].append(elapsed)
-                self.record["scoring_s"].append(self.pending["scoring"])
+            elapsed = time.perf_counter() - pending["t0"]
+            if state.global_step > turns.warmup:
+                record["step_s"].append(elapsed)
+                record["scoring_s"].append(pending["scoring"])
                 if device == "cuda":
                     peak = torch.cuda.max_memory_allocated() - self.start_bytes
-                    self.record["activation_peak_bytes"] = max(self.record["activation_peak_bytes"] or 0, peak)
-            elif state.global_step == args.warmup and profiler is not None:
-                profiler.__enter__()
+                    record["activation_peak_bytes"] = max(record["activation_peak_bytes"] or 0, peak)
+            elif state.global_step == turns.warmup and turns.profiler is not None:
+                turns.profiler.__enter__()
             if state.global_step < state.max_steps:  # the last turn ends in on_train_end, after train()'s wrap-up
-                lockstep.release(self.name)
-                lockstep.acquire(self.name)
+                turns.lockstep.release(name)
+                turns.lockstep.acquire(name)
 
         def on_train_end(self, _args, state, control, **kwargs):
-            lockstep.leave(self.name)
+            turns.lockstep.leave(name)
 
+    return StepTimer()
+
+
+def train_in_lockstep(trainers: dict[str, Any], turns: Turns) -> None:
+    """Train every trainer in its own thread, one step per turn; re-raises the first failure here. A single trainer
+    trains in this thread (torch.profiler must start and stop in one thread)."""
     errors: dict[str, BaseException] = {}
 
     def train(name: str, trainer) -> None:
@@ -522,27 +556,25 @@ def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, d
             trainer.train()
         except BaseException as error:  # noqa: BLE001 - re-raised in the main thread below
             errors[name] = error
-            ready[name].set()
+            turns.ready[name].set()
         finally:
-            lockstep.leave(name)
+            turns.lockstep.leave(name)
 
-    threads = []
-    for name, (trainer, record, pending) in built.items():
-        trainer.add_callback(StepTimer(name, record, pending))
     gc.collect()
     gc.disable()  # collections run between rounds only (Lockstep.on_round), never inside a timed step
     try:
-        if len(built) == 1:  # in this thread: torch.profiler must start and stop in one thread
-            lockstep.start()
-            ((name, (trainer, _, _)),) = built.items()
+        if len(trainers) == 1:
+            turns.lockstep.start()
+            ((name, trainer),) = trainers.items()
             train(name, trainer)
         else:
-            for name, (trainer, _, _) in built.items():
+            threads = []
+            for name, trainer in trainers.items():
                 thread = threading.Thread(target=train, args=(name, trainer), name=f"overhead-{name}", daemon=True)
                 thread.start()
-                ready[name].wait()  # set-ups one at a time: none overlaps another's (untimed, but CPU-bound)
+                turns.ready[name].wait()  # set-ups one at a time: none overlaps another's (untimed, but CPU-bound)
                 threads.append(thread)
-            lockstep.start()
+            turns.lockstep.start()
             for thread in threads:
                 thread.join()
     finally:
@@ -550,25 +582,21 @@ def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, d
     if errors:
         name, error = next(iter(errors.items()))
         raise RuntimeError(f"trainer {name!r} failed in the overhead benchmark") from error
+
+
+def finish_record(trainer, record: dict, profiler) -> dict:
+    """A trained trainer's timing record, with the profile's op table and what its last batch shows (off-policy,
+    OTB's energy from the behaviour forward) and its parameter count."""
     if profiler is not None:
-        profiler.__exit__(None, None, None)
-    records = {}
-    for name, (trainer, record, _) in built.items():
-        if profiler is not None:
-            record["ops"] = {e.key: {"count": e.count, "self_cpu_us": e.self_cpu_time_total,
-                                     "cpu_us": e.cpu_time_total} for e in profiler.key_averages()}  # fmt: skip
-        buffered = trainer._buffered_inputs[0] if trainer._buffered_inputs else {}
-        record.update(
-            off_policy=buffered.get("old_per_token_logps") is not None,
-            otb_energy_from_behaviour_forward="old_per_token_energy" in buffered,
-            num_parameters=sum(p.numel() for p in trainer.model.parameters()),
-        )
-        records[name] = record
-    del built, threads  # the scoring wrappers and the trainers form cycles: gc.collect() below frees them
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return records
+        record["ops"] = {e.key: {"count": e.count, "self_cpu_us": e.self_cpu_time_total,
+                                 "cpu_us": e.cpu_time_total} for e in profiler.key_averages()}  # fmt: skip
+    buffered = trainer._buffered_inputs[0] if trainer._buffered_inputs else {}
+    record.update(
+        off_policy=buffered.get("old_per_token_logps") is not None,
+        otb_energy_from_behaviour_forward="old_per_token_energy" in buffered,
+        num_parameters=sum(p.numel() for p in trainer.model.parameters()),
+    )
+    return record
 
 
 def lockstep_groups(order: list[Variant], group_size: int) -> list[list[Variant]]:
@@ -740,7 +768,30 @@ def main(argv=None) -> dict:
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(
         args.dtype, torch.bfloat16 if device == "cuda" else torch.float32
     )
-    tokenizer = build_tokenizer()
+    runnable, not_available = select_variants(args, device, dtype)
+    generation_batch = args.batch_size * args.steps_per_generation
+    num_prompts = generation_batch // args.num_generations * -(-(args.warmup + args.steps) // args.cycle_steps) + 8
+    workload = Workload(args, device, dtype, build_tokenizer(), make_prompts(max(num_prompts, 64), args.prompt_length,
+                                                                             args.seed))  # fmt: skip
+    print(f"device: {common.describe_device(device)['description']}; trainers: {[v.name for v in runnable]}; "
+          f"shapes: {list(workload.shapes)}; {args.warmup} warm-up + {args.steps} timed steps per run, all trainers "
+          f"in lockstep; {args.min_repeats}-{args.max_repeats} repeats until the noise floor < "
+          f"{args.noise_target:.0%} or {args.max_minutes} min", flush=True)  # fmt: skip
+    progress = Progress(runnable, not_available, list(workload.shapes))
+    with tempfile.TemporaryDirectory(prefix="overhead-") as workdir:
+        run_repeats(workload, progress, workdir)
+    payload = build_payload(args, device, dtype, progress)
+    payload["table"] = print_results(payload)
+    print(f"stopped: {progress.stop_reason}")
+    json_path = common.write_json(args.output_dir / f"{args.output_stem}.json", payload)
+    png_path = plot(payload, args.output_dir / f"{args.output_stem}.png")
+    print(f"wrote {json_path}" + (f" and {png_path}" if png_path else ""))
+    return payload
+
+
+def select_variants(args, device: str, dtype) -> tuple[list[Variant], dict[str, str]]:
+    """The variants `--trainers` asks for (always with the baseline and the control), split into those this checkout
+    can build and the others, with the reason."""
     all_variants = variants()
     if args.trainers:
         wanted = {t.strip() for t in args.trainers.split(",") if t.strip()} | {BASELINE, CONTROL}
@@ -750,91 +801,120 @@ def main(argv=None) -> dict:
         all_variants = [v for v in all_variants if v.name in wanted]
     first_shape = argparse.Namespace(**{**vars(args), "completion_length": args.shape_list[0][1]})
     not_available = {v.name: why for v in all_variants if (why := availability(v, first_shape, device, dtype))}
-    runnable = [v for v in all_variants if v.name not in not_available]
     for name, why in not_available.items():
         print(f"  {name}: {why}", flush=True)
-    generation_batch = args.batch_size * args.steps_per_generation
-    num_prompts = generation_batch // args.num_generations * -(-(args.warmup + args.steps) // args.cycle_steps) + 8
-    dataset = make_prompts(max(num_prompts, 64), args.prompt_length, args.seed)
-    shape_args = {
-        shape_key(v, t): argparse.Namespace(**{**vars(args), "vocab_size": v or None, "completion_length": t})
-        for v, t in args.shape_list
-    }
-    print(f"device: {common.describe_device(device)['description']}; trainers: {[v.name for v in runnable]}; "
-          f"shapes: {list(shape_args)}; {args.warmup} warm-up + {args.steps} timed steps per run, all trainers in "
-          f"lockstep; {args.min_repeats}-{args.max_repeats} repeats until the noise floor < {args.noise_target:.0%} "
-          f"or {args.max_minutes} min", flush=True)  # fmt: skip
-
-    records: dict[str, dict[str, list[dict]]] = {key: {v.name: [] for v in runnable} for key in shape_args}
-    started = time.perf_counter()
-    repeat_seconds: list[float] = []
-    shape_seconds: dict[str, list[float]] = {key: [] for key in shape_args}  # one entry per repeat of that shape
-    resolved: set[str] = set()  # shapes whose noise floor is below the target: not repeated any more
-    stop_reason = None
-    with tempfile.TemporaryDirectory(prefix="overhead-") as workdir:
-        for repeat in range(args.max_repeats):
-            elapsed = time.perf_counter() - started
-            pending = [key for key in shape_args if key not in resolved]
-            if repeat_seconds and elapsed + sum(max(shape_seconds[key]) for key in pending) > 60 * args.max_minutes:
-                stop_reason = f"time budget: another repeat would end past --max-minutes {args.max_minutes}"
-                break
-            t_repeat = time.perf_counter()
-            # Repeats alternate the starting order too, so no trainer is always first in a round.
-            order = runnable if repeat % 2 == 0 else list(reversed(runnable))
-            for key in pending:
-                sargs, t_shape = shape_args[key], time.perf_counter()
-                for group in lockstep_groups(order, args.group_size):
-                    t0 = time.perf_counter()
-                    by_name = run_trainers(group, sargs, device, dtype, tokenizer, dataset, workdir)
-                    for name, record in by_name.items():
-                        record["baseline_step_s"] = by_name[BASELINE]["step_s"]  # the pair of every ratio
-                        records[key][name].append(record)
-                    print(f"  [{repeat + 1}] {key}: {time.perf_counter() - t0:.0f} s; ms/step "
-                          + ", ".join(f"{n} {repeat_time_ms(r):.0f}" for n, r in by_name.items()), flush=True)  # fmt: skip
-                shape_seconds[key].append(time.perf_counter() - t_shape)
-            repeat_seconds.append(time.perf_counter() - t_repeat)
-            payload = build_payload(args, device, dtype, records, runnable, not_available, started, repeat_seconds,
-                                    stop_reason, shape_seconds)  # fmt: skip
-            common.write_json(args.output_dir / f"{args.output_stem}.json", payload)  # a cut-short run keeps numbers
-            floors = {key: shape["noise_floor"] for key, shape in payload["shapes"].items()}
-            print(f"  repeat {repeat + 1} done in {repeat_seconds[-1]:.0f} s; noise floor per shape: "
-                  + ", ".join(f"{key} " + ("n/a" if f is None else f"{f:.1%}") for key, f in floors.items()),
-                  flush=True)  # fmt: skip
-            if repeat + 1 >= args.min_repeats:  # a shape whose floor is below the target gives its time to the others
-                resolved |= {key for key, f in floors.items() if f is not None and f < args.noise_target}
-            if resolved >= set(shape_args):
-                stop_reason = f"noise floor below {args.noise_target:.0%} for every shape"
-                break
-        else:
-            stop_reason = f"--max-repeats {args.max_repeats} reached"
-
-    payload = build_payload(args, device, dtype, records, runnable, not_available, started, repeat_seconds,
-                            stop_reason, shape_seconds)  # fmt: skip
-    payload["table"] = print_results(payload)
-    print(f"stopped: {stop_reason}")
-    json_path = common.write_json(args.output_dir / f"{args.output_stem}.json", payload)
-    png_path = plot(payload, args.output_dir / f"{args.output_stem}.png")
-    print(f"wrote {json_path}" + (f" and {png_path}" if png_path else ""))
-    return payload
+    return [v for v in all_variants if v.name not in not_available], not_available
 
 
-def build_payload(args, device, dtype, records, runnable, not_available, started, repeat_seconds,
-                  stop_reason, shape_seconds) -> dict:  # fmt: skip
-    targets = {v.name: target_of(v) for v in runnable}
-    labels = {v.name: v.label for v in runnable}
+@dataclass
+class Workload:
+    """What every lockstep run of the benchmark trains on: the flags, the device and dtype, the tokenizer, the
+    prompts, and the flags per shape (`shapes`: shape key -> the flags with its vocabulary and completion length)."""
+
+    args: Any
+    device: str
+    dtype: Any
+    tokenizer: Any
+    dataset: Any
+    shapes: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.shapes = {
+            shape_key(v, t): argparse.Namespace(**{**vars(self.args), "vocab_size": v or None, "completion_length": t})
+            for v, t in self.args.shape_list
+        }
+
+
+@dataclass
+class Progress:
+    """What the repeats measured so far: per shape and trainer the timing record of each run, the seconds of each
+    repeat and of each shape's part of it, the shapes whose noise floor is below the target, and why they stopped."""
+
+    runnable: list[Variant]
+    not_available: dict[str, str]
+    shape_keys: list[str]
+    started: float = field(default_factory=time.perf_counter)
+    records: dict[str, dict[str, list[dict]]] = field(init=False)
+    repeat_seconds: list[float] = field(default_factory=list)
+    shape_seconds: dict[str, list[float]] = field(init=False)
+    resolved: set[str] = field(default_factory=set)
+    stop_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        self.records = {key: {v.name: [] for v in self.runnable} for key in self.shape_keys}
+        self.shape_seconds = {key: [] for key in self.shape_keys}
+
+    def next_repeat_ends_past(self, pending: list[str], max_minutes: float) -> bool:
+        """Whether one more repeat of the `pending` shapes, each as long as its longest so far, would end past
+        `max_minutes` (never before the first repeat)."""
+        if not self.repeat_seconds:
+            return False
+        ahead = sum(max(self.shape_seconds[key]) for key in pending)
+        return time.perf_counter() - self.started + ahead > 60 * max_minutes
+
+
+def run_repeats(workload: Workload, progress: Progress, workdir: str) -> None:
+    """Repeat the lockstep runs of every unresolved shape until each noise floor is below the target (after
+    --min-repeats), --max-repeats, or another repeat would end past --max-minutes; write the JSON after each."""
+    args = workload.args
+    for repeat in range(args.max_repeats):
+        pending = [key for key in workload.shapes if key not in progress.resolved]
+        if progress.next_repeat_ends_past(pending, args.max_minutes):
+            progress.stop_reason = f"time budget: another repeat would end past --max-minutes {args.max_minutes}"
+            return
+        t_repeat = time.perf_counter()
+        # Repeats alternate the starting order too, so no trainer is always first in a round.
+        order = progress.runnable if repeat % 2 == 0 else list(reversed(progress.runnable))
+        for key in pending:
+            t_shape = time.perf_counter()
+            run_shape(workload, progress, key, order, repeat, workdir)
+            progress.shape_seconds[key].append(time.perf_counter() - t_shape)
+        progress.repeat_seconds.append(time.perf_counter() - t_repeat)
+        payload = build_payload(args, workload.device, workload.dtype, progress)
+        common.write_json(args.output_dir / f"{args.output_stem}.json", payload)  # a cut-short run keeps numbers
+        floors = {key: shape["noise_floor"] for key, shape in payload["shapes"].items()}
+        print(f"  repeat {repeat + 1} done in {progress.repeat_seconds[-1]:.0f} s; noise floor per shape: "
+              + ", ".join(f"{key} " + ("n/a" if f is None else f"{f:.1%}") for key, f in floors.items()),
+              flush=True)  # fmt: skip
+        if repeat + 1 >= args.min_repeats:  # a shape whose floor is below the target gives its time to the others
+            progress.resolved |= {key for key, f in floors.items() if f is not None and f < args.noise_target}
+        if progress.resolved >= set(workload.shapes):
+            progress.stop_reason = f"noise floor below {args.noise_target:.0%} for every shape"
+            return
+    progress.stop_reason = f"--max-repeats {args.max_repeats} reached"
+
+
+def run_shape(workload: Workload, progress: Progress, key: str, order: list[Variant], repeat: int,
+              workdir: str) -> None:  # fmt: skip
+    """One shape of one repeat: every lockstep group, each paired with the baseline of its own run."""
+    for group in lockstep_groups(order, workload.args.group_size):
+        t0 = time.perf_counter()
+        by_name = run_trainers(group, workload.shapes[key], workload.device, workload.dtype, workload.tokenizer,
+                               workload.dataset, workdir)  # fmt: skip
+        for name, record in by_name.items():
+            record["baseline_step_s"] = by_name[BASELINE]["step_s"]  # the pair of every ratio
+            progress.records[key][name].append(record)
+        print(f"  [{repeat + 1}] {key}: {time.perf_counter() - t0:.0f} s; ms/step "
+              + ", ".join(f"{n} {repeat_time_ms(r):.0f}" for n, r in by_name.items()), flush=True)  # fmt: skip
+
+
+def build_payload(args, device: str, dtype, progress: Progress) -> dict:
+    """overhead_<device>.json: the settings, and per shape every trainer's paired ratio to TRL's GRPOTrainer."""
+    targets = {v.name: target_of(v) for v in progress.runnable}
+    labels = {v.name: v.label for v in progress.runnable}
     shapes = {}
-    for key, by_trainer in records.items():
+    for key, by_trainer in progress.records.items():
         done = {name: runs for name, runs in by_trainer.items() if runs}
         if BASELINE not in done:
             continue
-        vocab, length = args.shape_list[list(records).index(key)]
+        vocab, length = args.shape_list[list(progress.records).index(key)]
         results = summarise(done, targets, labels, args.cycle_steps)
         shapes[key] = {
             "vocab_size": vocab or None,
             "completion_length": length,
             "noise_floor": noise_floor(results[CONTROL]) if CONTROL in results else None,
-            "repeats": len(shape_seconds[key]),
-            "repeat_seconds": shape_seconds[key],
+            "repeats": len(progress.shape_seconds[key]),
+            "repeat_seconds": progress.shape_seconds[key],
             "results": results,
         }
     return {
@@ -872,13 +952,15 @@ def build_payload(args, device, dtype, records, runnable, not_available, started
         },  # fmt: skip
         "baseline": BASELINE,
         "control": CONTROL,
-        "variants": {v.name: {"method": v.method, "overrides": v.overrides, "label": v.label} for v in runnable},
-        "not_available": not_available,
-        "repeats_done": len(repeat_seconds),
-        "repeat_seconds": repeat_seconds,
-        "stop_reason": stop_reason,
+        "variants": {
+            v.name: {"method": v.method, "overrides": v.overrides, "label": v.label} for v in progress.runnable
+        },  # fmt: skip
+        "not_available": progress.not_available,
+        "repeats_done": len(progress.repeat_seconds),
+        "repeat_seconds": progress.repeat_seconds,
+        "stop_reason": progress.stop_reason,
         "memory_kind": "cuda activation peak per timed step" if device == "cuda" else "not measured on CPU",
-        "wall_s": time.perf_counter() - started,
+        "wall_s": time.perf_counter() - progress.started,
         "shapes": shapes,
     }
 

@@ -1,13 +1,15 @@
-"""Markdown tables for the README, generated from the committed JSON results (no hand-typed numbers).
+"""Markdown tables for the results page, generated from the committed JSON results (no hand-typed numbers).
 
-    python -m benchmarks.report                      # benchmarks/results/*.json -> benchmarks/results/*.md
-    python -m benchmarks.report --results-dir outputs/bench
-    python -m benchmarks.report --readme README.md   # also splice the tables into README.md's generated blocks
+    python -m benchmarks.report                      # benchmarks/results/*.json -> *.md, spliced into docs/results.md
+    python -m benchmarks.report --results-dir outputs/bench               # tables only, into that folder
+    python -m benchmarks.report --results-dir outputs/bench --page P.md   # and spliced into P.md
 
 Writes, for each input that exists: `overhead_cpu.md` (from `overhead_cpu.json`), `overhead_cuda.md` (from
 `overhead_cuda.json`), `sample_efficiency.md` (from `sample_efficiency.json`), `claims.md` and `stress.md` (from
-`stress.json`). With `--readme`, each block of the README between `<!-- BEGIN GENERATED: benchmarks/results/NAME.md
--->` and `<!-- END GENERATED -->` is replaced by that file.
+`stress.json`). Then each block of the page between `<!-- BEGIN GENERATED: benchmarks/results/NAME.md -->` and
+`<!-- END GENERATED -->` is replaced by that file. The page is `--page` (`--readme` is an alias), by default
+`docs/results.md` when the tables are the committed ones (`--results-dir` is `benchmarks/results/`); tables written
+elsewhere are spliced nowhere unless `--page` names a page, so a scratch run never overwrites the committed page.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from . import common
+from .stress import claims_markdown
+
+#: The page whose generated blocks hold the committed tables.
+DEFAULT_PAGE = common.REPO / "docs" / "results.md"
 
 
 def overhead_markdown(payload: dict[str, Any]) -> str:
@@ -142,8 +148,8 @@ _GENERATED = re.compile(
 )
 
 
-def splice_readme(readme: Path, results_dir: Path) -> list[str]:
-    """Replace each generated block of `readme` by the current file it names; returns the names replaced."""
+def splice_page(page: Path, results_dir: Path) -> list[str]:
+    """Replace each generated block of `page` by the current file it names; returns the names replaced."""
     replaced = []
 
     def fill(match: re.Match) -> str:
@@ -153,41 +159,50 @@ def splice_readme(readme: Path, results_dir: Path) -> list[str]:
         replaced.append(match.group(2))
         return match.group(1) + source.read_text().rstrip() + "\n" + match.group(4)
 
-    readme.write_text(_GENERATED.sub(fill, readme.read_text()))
+    page.write_text(_GENERATED.sub(fill, page.read_text()))
     return replaced
 
 
-def main(argv=None) -> list[Path]:
-    from .stress import claims_markdown
-
-    parser = argparse.ArgumentParser(description="README tables from the benchmark JSON files.")
-    parser.add_argument("--results-dir", type=Path, default=common.DEFAULT_OUTPUT_DIR)
-    parser.add_argument("--readme", type=Path, default=None, help="splice the tables into this README's blocks")
-    args = parser.parse_args(argv)
+def write_tables(results_dir: Path) -> list[Path]:
+    """Each markdown table whose JSON is in `results_dir`, written beside it."""
+    tables = [
+        ("overhead_cpu.json", "overhead_cpu.md", overhead_markdown),
+        ("overhead_cuda.json", "overhead_cuda.md", overhead_markdown),
+        ("sample_efficiency.json", "sample_efficiency.md", sample_efficiency_markdown),
+        ("stress.json", "claims.md", claims_markdown),
+        ("stress.json", "stress.md", stress_markdown),
+    ]
     written = []
-    for device in ("cpu", "cuda"):
-        source = args.results_dir / f"overhead_{device}.json"
-        if source.exists():
-            target = args.results_dir / f"overhead_{device}.md"
-            target.write_text(overhead_markdown(json.loads(source.read_text())))
-            written.append(target)
-    source = args.results_dir / "sample_efficiency.json"
-    if source.exists():
-        target = args.results_dir / "sample_efficiency.md"
-        target.write_text(sample_efficiency_markdown(json.loads(source.read_text())))
-        written.append(target)
-    source = args.results_dir / "stress.json"
-    if source.exists():
-        payload = json.loads(source.read_text())
-        for name, text in (("claims.md", claims_markdown(payload)), ("stress.md", stress_markdown(payload))):
-            (args.results_dir / name).write_text(text)
-            written.append(args.results_dir / name)
+    for source, target, render in tables:
+        if (results_dir / source).exists():
+            (results_dir / target).write_text(render(json.loads((results_dir / source).read_text())))
+            written.append(results_dir / target)
+    return written
+
+
+def main(argv=None) -> list[Path]:
+    parser = argparse.ArgumentParser(description="Markdown tables from the benchmark JSON files, spliced into the "
+                                     "results page's generated blocks.")  # fmt: skip
+    parser.add_argument("--results-dir", type=Path, default=common.DEFAULT_OUTPUT_DIR)
+    parser.add_argument("--page", "--readme", dest="page", type=Path, default=None,
+                        help="Splice the tables into this page's generated blocks (default: docs/results.md for the "
+                        "committed benchmarks/results/, no page for another --results-dir).")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.page is not None and not args.page.is_file():
+        parser.error(f"--page {args.page}: no such file")
+    written = write_tables(args.results_dir)
     for path in written:
         print(f"wrote {path}")
     if not written:
-        print(f"nothing to do: no overhead_cpu.json, overhead_cuda.json or stress.json in {args.results_dir}")
-    if args.readme is not None:
-        print(f"{args.readme}: replaced {splice_readme(args.readme, args.results_dir) or 'no block'}")
+        print(f"nothing to do: no overhead_cpu.json, overhead_cuda.json, sample_efficiency.json or stress.json in "
+              f"{args.results_dir}")  # fmt: skip
+    page = args.page
+    if page is None and args.results_dir.resolve() == common.DEFAULT_OUTPUT_DIR.resolve():
+        page = DEFAULT_PAGE if DEFAULT_PAGE.is_file() else None
+        if page is None:
+            print(f"no {DEFAULT_PAGE.relative_to(common.REPO)}: no page spliced")
+    if page is not None:
+        print(f"{page}: replaced {splice_page(page, args.results_dir) or 'no block'}")
     return written
 
 

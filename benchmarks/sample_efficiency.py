@@ -27,28 +27,26 @@ steps), and held-out greedy accuracy (`trl_groupopt.offline.greedy_accuracy` on 
 - Jitter2 of the training-reward curve, exactly as printed in Ding et al. (DFPO), arXiv:2604.13088, Eq. 20:
   Jitter2(m) = 1/(T-2) sum_{t=1}^{T-2} |m_{t+2} - 2 m_{t+1} + m_t|, with m_t the t-th logged training reward.
 
-Runs go to a process pool (`--workers`, one torch thread each on CPU); each finished run is appended to
-`sample_efficiency_runs.jsonl` at once, so an interrupted benchmark still leaves its runs, and
-`--from-runs that.jsonl` rebuilds the JSON and plots from them without training.
+Runs go through the shared grid runner (`benchmarks.runner`): a process pool (`--workers`, one torch thread each on
+CPU); each finished run is appended to `sample_efficiency_runs.jsonl` at once, keyed by method and seed, so an
+interrupted benchmark still leaves its runs and the same command run again trains only the runs missing (`--fresh`
+starts over); `--from-runs that.jsonl` rebuilds the JSON and plots from them without training.
 
 Usage:
     python -m benchmarks.sample_efficiency --smoke --output-dir outputs/bench        # 2 methods x 1 seed x 3 steps
-    python -m benchmarks.sample_efficiency --device cpu --workers 15              # the full grid on 16 cores
+    python -m benchmarks.sample_efficiency --device cpu --workers 2 --fresh       # the committed grid (~20 min)
     python -m benchmarks.sample_efficiency --from-runs benchmarks/results/sample_efficiency_runs.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
-from . import common
+from . import common, runner
 
 GSPO_EPSILONS = dict(epsilon=3e-4, epsilon_high=4e-4)  # GSPO paper v2, Sec. 5.1
 # name -> (label, config class, trainer class, overrides); "trl." = trl.GRPOConfig / trl.GRPOTrainer.
@@ -95,9 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-train", type=int, default=2000, help="Training prompts (synthetic, split 'train').")
     parser.add_argument("--num-eval", type=int, default=200, help="Held-out prompts (split 'test').")
     parser.add_argument("--learning-rate", type=float, help="Shared by all methods (default: the demo's).")
-    parser.add_argument("--workers", type=int, default=1, help="Parallel runs (processes); 1 runs in this process.")
-    parser.add_argument("--cpu-affinity", help="Pin this process and its workers to these CPUs, e.g. 2-15 (Linux).")
-    parser.add_argument("--from-runs", type=Path, help="Skip training: summarise and plot a runs JSONL file.")
+    runner.add_grid_arguments(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.methods = ",".join(SMOKE_METHODS) if args.methods == ",".join(METHODS) else args.methods
@@ -117,20 +113,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------------ one run
 def run_config(method: str, seed: int, settings: dict[str, Any], output_dir: str) -> dict[str, Any]:
     """The config kwargs of one run: the demo defaults, the shared budget, then the method's own overrides."""
-    from trl_groupopt.cli import DEMO_DEFAULTS
-
-    kwargs = dict(DEMO_DEFAULTS)
-    accumulation = kwargs["gradient_accumulation_steps"]
-    kwargs.update(
-        output_dir=output_dir,
-        steps_per_generation=4 * accumulation,  # off-policy: each generation batch feeds 4 optimizer steps
-        max_steps=settings["max_steps"],
-        logging_steps=1,
-        seed=seed,
-        use_cpu=settings["device"] == "cpu",
-        dataloader_num_workers=0,
-        model_init_kwargs={"dtype": "float32"},
-    )
+    kwargs = runner.demo_config(settings, seed, output_dir)
+    # off-policy: each generation batch feeds 4 optimizer steps
+    kwargs["steps_per_generation"] = 4 * kwargs["gradient_accumulation_steps"]
     if settings.get("learning_rate") is not None:
         kwargs["learning_rate"] = settings["learning_rate"]
     overrides = dict(METHODS[method][3])
@@ -139,14 +124,6 @@ def run_config(method: str, seed: int, settings: dict[str, Any], output_dir: str
         overrides["per_device_train_batch_size"] = prompts_per_micro_batch * overrides["num_generations"]
     kwargs.update(overrides)
     return kwargs
-
-
-def _init_worker() -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"  # before torch is imported in this fresh (spawned) process
-    common.setup_environment()
-    import torch
-
-    torch.set_num_threads(1)
 
 
 def run_one(method: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
@@ -227,63 +204,23 @@ def run_one(method: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _run_safely(method: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return run_one(method, seed, settings)
-    except Exception:  # noqa: BLE001 - one failed run must not lose the others; the error is reported
-        return {"method": method, "seed": seed, "error": traceback.format_exc()}
+def describe(run: dict[str, Any]) -> str:
+    """A finished run in the progress log."""
+    acc = run["accuracy"]["values"]
+    return f"accuracy {acc[0]:.1%} -> {acc[-1]:.1%}, {run['train_s']:.0f} s training, {run['wall_s']:.0f} s in all"
 
 
-# ------------------------------------------------------------------------------------------------ the grid
-def run_grid(args, settings: dict[str, Any], runs_path: Path) -> list[dict[str, Any]]:
-    jobs = [(m, s) for m in args.methods for s in range(args.seeds)]
-    # Longest first (N=16 runs cost ~4x) so the pool ends together.
+GRID = runner.Grid(("method", "seed"), run_one, describe)
+
+
+def jobs_of(methods: list[str], seeds: int) -> list[tuple[str, int]]:
+    """(method, seed) for every run, longest first (N=16 runs cost ~4x) so the pool ends together."""
+    jobs = [(m, s) for m in methods for s in range(seeds)]
     jobs.sort(key=lambda job: -METHODS[job[0]][3].get("num_generations", 4))
-    runs_path.parent.mkdir(parents=True, exist_ok=True)
-    runs_path.write_text("")
-    results: list[dict[str, Any]] = []
-
-    def record(run: dict[str, Any]) -> None:
-        results.append(run)
-        with runs_path.open("a") as handle:
-            handle.write(json.dumps(common.jsonable(run)) + "\n")
-        if "error" in run:
-            print(f"  {run['method']:<17} seed {run['seed']}: FAILED\n{run['error']}", flush=True)
-        else:
-            acc = run["accuracy"]["values"]
-            print(f"  {run['method']:<17} seed {run['seed']}: accuracy {acc[0]:.1%} -> {acc[-1]:.1%}, "
-                  f"{run['train_s']:.0f} s training, {run['wall_s']:.0f} s in all", flush=True)  # fmt: skip
-
-    if args.workers <= 1:
-        for method, seed in jobs:
-            record(_run_safely(method, seed, settings))
-        return results
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn"),
-                             initializer=_init_worker) as pool:  # fmt: skip
-        futures = [pool.submit(_run_safely, method, seed, settings) for method, seed in jobs]
-        for future in as_completed(futures):
-            record(future.result())
-    return results
+    return jobs
 
 
 # ------------------------------------------------------------------------------------------------ summaries
-def _mean_curve(curves: list[dict[str, list]]) -> dict[str, list]:
-    """Mean and 95% CI per step over the seeds' curves (steps common to all seeds)."""
-    if not curves:
-        return {"steps": [], "mean": [], "low": [], "high": []}
-    common_steps = sorted(set.intersection(*(set(c["steps"]) for c in curves)))
-    out: dict[str, list] = {"steps": common_steps, "mean": [], "low": [], "high": []}
-    for step in common_steps:
-        stats = common.mean_ci([c["values"][c["steps"].index(step)] for c in curves])
-        out["mean"].append(stats["mean"])
-        out["low"].append(stats["low"] if stats["low"] is not None else stats["mean"])
-        out["high"].append(stats["high"] if stats["high"] is not None else stats["mean"])
-    return out
-
-
 def summarise(runs: list[dict[str, Any]], methods: list[str]) -> dict[str, Any]:
     ok = [r for r in runs if "error" not in r]
     by_method = {m: sorted((r for r in ok if r["method"] == m), key=lambda r: r["seed"]) for m in methods}
@@ -295,7 +232,7 @@ def summarise(runs: list[dict[str, Any]], methods: list[str]) -> dict[str, Any]:
         finals = [r["accuracy"]["values"][-1] for r in rs]
         jitters = [common.jitter2(r["reward"]["values"]) for r in rs]
         acc_jitters = [common.jitter2(r["accuracy"]["values"]) for r in rs]
-        mean_acc = _mean_curve([r["accuracy"] for r in rs])
+        mean_acc = common.mean_curve([r["accuracy"] for r in rs])
         entry: dict[str, Any] = {
             "label": METHODS[method][0],
             "seeds": [r["seed"] for r in rs],
@@ -399,7 +336,7 @@ def plot(payload: dict[str, Any], output_dir: Path) -> list[Path]:
     written = []
 
     def band(ax, curves, color, label):
-        mc = _mean_curve(curves)
+        mc = common.mean_curve(curves)
         if not mc["steps"]:
             return
         ax.plot(mc["steps"], mc["mean"], color=color, label=label, linewidth=1.4)
@@ -422,12 +359,7 @@ def plot(payload: dict[str, Any], output_dir: Path) -> list[Path]:
     axes[1].legend(fontsize=7, loc="best")
     fig.suptitle(f"Sample efficiency, embedded tiny policy, mean and 95% CI over seeds ({payload['device']['description']})",
                  fontsize=10)  # fmt: skip
-    fig.tight_layout()
-    path = output_dir / "sample_efficiency.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(path)
+    written.append(common.save_figure(fig, output_dir / "sample_efficiency.png", dpi=120))
 
     if payload.get("otb_claim"):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
@@ -443,41 +375,25 @@ def plot(payload: dict[str, Any], output_dir: Path) -> list[Path]:
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
         fig.suptitle("OTB (N=4) vs group-mean baseline (GRPO) with N=4 and N=16, equal prompts per step", fontsize=10)
-        fig.tight_layout()
-        path = output_dir / "sample_efficiency_otb.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(common.save_figure(fig, output_dir / "sample_efficiency_otb.png", dpi=120))
     return written
 
 
-def main(argv=None) -> dict[str, Any]:
-    args = parse_args(argv)
-    common.set_cpu_affinity(args.cpu_affinity)
-    common.setup_environment()
-    started = time.perf_counter()
-    if args.from_runs:
-        runs = [json.loads(line) for line in args.from_runs.read_text().splitlines() if line.strip()]
-        device_info = runs[0].get("device_info") if runs else None
-        methods = [m for m in METHODS if any(r["method"] == m for r in runs)]
-        device = runs[0].get("device", "cpu") if runs else "cpu"
-    else:
-        device = common.resolve_device(args.device)
-        settings = dict(device=device, max_steps=args.max_steps, eval_every=args.eval_every, num_train=args.num_train,
-                        num_eval=args.num_eval, learning_rate=args.learning_rate)  # fmt: skip
-        print(f"{len(args.methods)} method(s) x {args.seeds} seed(s) x {args.max_steps} steps on {device}, "
-              f"{args.workers} worker(s)", flush=True)  # fmt: skip
-        runs = run_grid(args, settings, args.output_dir / "sample_efficiency_runs.jsonl")
-        methods = args.methods
-        device_info = None
+def build_payload(args: argparse.Namespace, runs: runner.Runs, settings: dict[str, Any],
+                  command: str) -> dict[str, Any]:  # fmt: skip
+    """sample_efficiency.json: the settings, the summary per method, the OTB claim and where the runs came from."""
     from trl_groupopt.cli import DEMO_DEFAULTS
 
-    summary = summarise(runs, methods)
-    example = run_config(methods[0], 0, {"device": device, "max_steps": args.max_steps}, "<tmp>") if methods else {}
-    payload = {
+    present = {r["method"] for r in runs.records}
+    methods = [m for m in args.methods if m in present] + [m for m in METHODS if m in present - set(args.methods)]
+    summary = summarise(runs.records, methods)
+    made = runner.provenance(runs, command, args.workers)
+    device = next((r["device"] for r in runs.records if "device" in r), settings["device"])
+    example = run_config(methods[0], 0, {**settings, "device": device}, "<tmp>") if methods else {}
+    payload: dict[str, Any] = {
         "benchmark": "sample_efficiency",
-        "device": device_info or common.describe_device(device),
-        "command": common.command_line(),
+        "device": runner.recorded_device(runs, device),
+        "command": made["command"],
         "smoke": args.smoke,
         "settings": {
             "seeds": args.seeds,
@@ -485,7 +401,7 @@ def main(argv=None) -> dict[str, Any]:
             "eval_every": args.eval_every,
             "num_train": args.num_train,
             "num_eval": args.num_eval,
-            "workers": args.workers,
+            "workers": made["workers"],
             "policy": "trl_groupopt.offline.EMBEDDED_POLICY_PATH",
             "shared_config": {
                 k: v for k, v in example.items() if k not in ("output_dir", "seed", "model_init_kwargs")
@@ -499,22 +415,32 @@ def main(argv=None) -> dict[str, Any]:
         "ci_definition": "mean ± t_{0.975, n-1} * s / sqrt(n) over seeds (Student t, sample std)",
         "summary": summary,
         "otb_claim": otb_claim(summary),
-        "failed_runs": [
-            {"method": r["method"], "seed": r["seed"], "error": r["error"][-2000:]} for r in runs if "error" in r
-        ],
-        "wall_s": time.perf_counter() - started,
+        "failed_runs": runner.failed_runs(GRID, runs),
     }
-    table = print_summary(summary)
-    payload["table"] = table
+    return runner.close_payload(payload, made)
+
+
+def main(argv=None) -> dict[str, Any]:
+    args = parse_args(argv)
+    device = runner.start(args)
+    settings = dict(device=device, max_steps=args.max_steps, eval_every=args.eval_every, num_train=args.num_train,
+                    num_eval=args.num_eval, learning_rate=args.learning_rate)  # fmt: skip
+    if not args.from_runs:
+        print(f"{len(args.methods)} method(s) x {args.seeds} seed(s) x {args.max_steps} steps on {device}, "
+              f"{args.workers} worker(s)", flush=True)  # fmt: skip
+    command = common.command_line("benchmarks.sample_efficiency", argv)
+    runs_path = args.output_dir / "sample_efficiency_runs.jsonl"
+    runs = runner.collect(GRID, args, jobs_of(args.methods, args.seeds), settings, runs_path, command)
+    payload = build_payload(args, runs, settings, command)
+    payload["table"] = print_summary(payload["summary"])
     if payload["otb_claim"]:
         c = payload["otb_claim"]
         print(f"OTB claim: final accuracy OTB(N=4) - GRPO(N=16) = {c['otb_minus_grpo_n16_final_accuracy']:+.1%}, "
               f"OTB(N=4) - GRPO(N=4) = {c['otb_minus_grpo_n4_final_accuracy']:+.1%}")  # fmt: skip
-    if payload["failed_runs"]:
-        print(f"{len(payload['failed_runs'])} run(s) failed: see failed_runs in the JSON")
     json_path = common.write_json(args.output_dir / "sample_efficiency.json", payload)
-    pngs = plot(payload, args.output_dir)
-    print(f"wrote {json_path}" + "".join(f", {p}" for p in pngs))
+    runner.print_end(
+        payload, runs, [json_path, None if args.from_runs else runs_path, *plot(payload, args.output_dir)]
+    )
     return payload
 
 

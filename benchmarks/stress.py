@@ -27,7 +27,7 @@ GSPO's epsilons 3e-4 / 4e-4, `loss_type="grpo"`) are the baselines. Regimes (`RE
   `--regimes long --configs grpo,otb --seeds 3 --long-learning-rate LR`). Chosen on the baselines before the grid,
   not per method.
 
-Recorded per run (JSONL, one line per run): held-out greedy accuracy before and after training (`--num-eval`
+Recorded per run (JSONL, one line per run, with its settings and wall time): held-out greedy accuracy before and after training (`--num-eval`
 prompts of the regime's test split), the training reward per generation batch, and every mechanism metric the
 trainer logs (`MECHANISM_PREFIXES`: ECHO's batch-ratio clip rate `echo/batch_clipped`, DFPO's
 `dfpo/cancellation_residual`, CTPO's clip and dual-clip rates, OTB's gradient second moment and the group-mean
@@ -40,27 +40,30 @@ evaluates the claims table (`CLAIMS`, `claims_table`): paired by seed (same seed
 samples), the difference method - baseline with its 95% interval, and a verdict by the rule in `VERDICT_RULE`.
 `python -m benchmarks.report` writes `claims.md` from `stress.json`.
 
+The runs go through the shared grid runner (`benchmarks.runner`): `--workers` processes, every finished run appended
+at once to `stress_runs.jsonl`, keyed by regime, value, configuration and seed. Running the grid again with the
+same `--output-dir` runs only the keys the file lacks (so a grid can be split over several invocations, e.g. by
+`--regimes`, `--configs` or a larger `--seeds`), and the summary covers every run of the file; `--fresh` starts
+over. `stress.json`'s `wall_s` is the total wall time of the invocations that trained the runs.
+
 Usage (from the repo root):
     python -m benchmarks.stress --smoke --output-dir outputs/bench                # seconds
-    python -m benchmarks.stress --workers 2                                    # the committed run
+    python -m benchmarks.stress --workers 2 --fresh                            # the committed run (~20 min)
     python -m benchmarks.stress --from-runs benchmarks/results/stress_runs.jsonl   # re-summarise, no training
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import tempfile
 import textwrap
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import common
+from . import common, runner
 
 GSPO = dict(importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4, loss_type="grpo")  # GSPO v2 5.1
 
@@ -206,22 +209,13 @@ VERDICT_RULE = (
 def run_settings(regime: str, value: int, config_name: str, seed: int, settings: dict[str, Any],
                  output_dir: str) -> dict[str, Any]:  # fmt: skip
     """The config kwargs of one run: demo defaults, the shared budget, the regime's knob, then the configuration's."""
-    from trl_groupopt.cli import DEMO_DEFAULTS
-
-    kwargs = dict(DEMO_DEFAULTS)
+    kwargs = runner.demo_config(settings, seed, output_dir)
     split = REGIMES[regime].get("micro_batches", 1)  # the same sequences per step, in `split` micro-batches
     accumulation = settings["grad_accum"] * split
     kwargs.update(
-        output_dir=output_dir,
-        per_device_train_batch_size=DEMO_DEFAULTS["per_device_train_batch_size"] // split,
+        per_device_train_batch_size=kwargs["per_device_train_batch_size"] // split,
         gradient_accumulation_steps=accumulation,
         steps_per_generation=4 * accumulation,
-        max_steps=settings["max_steps"],
-        logging_steps=1,
-        seed=seed,
-        use_cpu=settings["device"] == "cpu",
-        dataloader_num_workers=0,
-        model_init_kwargs={"dtype": "float32"},
     )
     if regime == "staleness":
         kwargs["steps_per_generation"] = value * accumulation
@@ -257,14 +251,6 @@ def availability(config_name: str, settings: dict[str, Any]) -> str | None:
     except (TypeError, ValueError) as error:  # unknown field / rejected value
         return f"skipped, not available in this checkout: {type(error).__name__}: {error}".splitlines()[0][:300]
     return None
-
-
-def _init_worker() -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"  # before torch is imported in this fresh (spawned) process
-    common.setup_environment()
-    import torch
-
-    torch.set_num_threads(1)
 
 
 def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
@@ -329,12 +315,13 @@ def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict
     }
 
 
-def _run_safely(job: tuple, settings: dict[str, Any]) -> dict[str, Any]:
-    try:
-        return run_one(*job, settings)
-    except Exception:  # noqa: BLE001 - one failed run must not lose the others; the error is reported
-        regime, value, config_name, seed = job
-        return {"regime": regime, "value": value, "config": config_name, "seed": seed, "error": traceback.format_exc()}
+def describe(run: dict[str, Any]) -> str:
+    """A finished run in the progress log."""
+    return (f"accuracy {run['initial_accuracy']:.1%} -> {run['final_accuracy']:.1%} ({run['train_s']:.0f} s "
+            f"training, {run['wall_s']:.0f} s in all)")  # fmt: skip
+
+
+GRID = runner.Grid(("regime", "value", "config", "seed"), run_one, describe)
 
 
 # ------------------------------------------------------------------------------------------------ the grid
@@ -346,45 +333,7 @@ def jobs_of(regimes: dict[str, list[int]], configs: dict[str, list[str]], seeds:
     return jobs
 
 
-def run_grid(jobs: list[tuple], settings: dict[str, Any], workers: int, runs_path: Path) -> list[dict[str, Any]]:
-    runs_path.parent.mkdir(parents=True, exist_ok=True)
-    runs_path.write_text("")
-    results: list[dict[str, Any]] = []
-    started = time.perf_counter()
-
-    def record(run: dict[str, Any]) -> None:
-        results.append(run)
-        with runs_path.open("a") as handle:
-            handle.write(json.dumps(common.jsonable(run)) + "\n")
-        tag = f"[{len(results)}/{len(jobs)} {time.perf_counter() - started:5.0f} s] {run['regime']}={run['value']} " \
-              f"{run['config']} seed {run['seed']}"  # fmt: skip
-        if "error" in run:
-            print(f"  {tag}: FAILED\n{run['error']}", flush=True)
-        else:
-            print(f"  {tag}: accuracy {run['initial_accuracy']:.1%} -> {run['final_accuracy']:.1%} "
-                  f"({run['train_s']:.0f} s training, {run['wall_s']:.0f} s in all)", flush=True)  # fmt: skip
-
-    if workers <= 1:
-        for job in jobs:
-            record(_run_safely(job, settings))
-        return results
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                             initializer=_init_worker) as pool:  # fmt: skip
-        futures = [pool.submit(_run_safely, job, settings) for job in jobs]
-        for future in as_completed(futures):
-            record(future.result())
-    return results
-
-
 # ------------------------------------------------------------------------------------------------ summaries
-def _mean(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None and v == v]
-    return sum(values) / len(values) if values else None
-
-
 def outcome_of(run: dict[str, Any], outcome: str) -> float | None:
     """A run's scalar outcome: "final_accuracy", "accuracy_gain", "mean_reward", "mechanism:<key>" (mean over
     training), or "log_ratio:<a>:<b>" (mean over the logged steps of log(a / b): < 0 when a is smaller)."""
@@ -395,16 +344,16 @@ def outcome_of(run: dict[str, Any], outcome: str) -> float | None:
     if outcome == "accuracy_gain":
         return run["final_accuracy"] - run["initial_accuracy"]
     if outcome == "mean_reward":
-        return _mean(run["reward"]["values"])
+        return common.mean(run["reward"]["values"])
     if outcome.startswith("mechanism:"):
-        return _mean(run["mechanism"].get(outcome.split(":", 1)[1], {}).get("values", []))
+        return common.mean(run["mechanism"].get(outcome.split(":", 1)[1], {}).get("values", []))
     if outcome.startswith("log_ratio:"):
         _, top, bottom = outcome.split(":")
         ours = run["mechanism"].get(top, {})
         theirs = dict(zip(*(run["mechanism"].get(bottom, {}).get(k, []) for k in ("steps", "values"))))
         logs = [math.log(a / theirs[step]) for step, a in zip(ours.get("steps", []), ours.get("values", []))
                 if theirs.get(step) and a > 0 and theirs[step] > 0]  # fmt: skip
-        return _mean(logs)
+        return common.mean(logs)
     raise ValueError(f"unknown outcome {outcome!r}")
 
 
@@ -428,20 +377,13 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 mech = {}
                 for key in MECHANISM_METRICS.get(method, ()):
                     per_seed = [outcome_of(r, f"mechanism:{key}") for r in rs]
+                    curve = common.mean_curve([r["mechanism"].get(key) for r in rs])
                     mech[key] = {**common.mean_ci(per_seed), "per_seed": per_seed,
-                                 "mean_curve": _mean_curve([r["mechanism"].get(key) for r in rs])}  # fmt: skip
+                                 "mean_curve": {"steps": curve["steps"], "mean": curve["mean"]}}  # fmt: skip
                 entry["mechanism"] = mech
                 entry["train_s"] = common.mean_ci([r["train_s"] for r in rs])
                 summary.setdefault(regime, {}).setdefault(value, {})[config_name] = entry
     return summary
-
-
-def _mean_curve(curves: list[dict[str, list] | None]) -> dict[str, list]:
-    curves = [c for c in curves if c and c["steps"]]
-    if not curves:
-        return {"steps": [], "mean": []}
-    steps = sorted(set.intersection(*(set(c["steps"]) for c in curves)))
-    return {"steps": steps, "mean": [_mean([c["values"][c["steps"].index(s)] for c in curves]) for s in steps]}
 
 
 def mechanism_acted(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -476,11 +418,8 @@ def claims_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if base is None:
             diffs = [outcome_of(r, claim["outcome"]) for r in ours.values()]
         else:
-            diffs = [
-                None if (a := outcome_of(ours[s], claim["outcome"])) is None
-                or (b := outcome_of(base[s], claim["outcome"])) is None else a - b
-                for s in sorted(set(ours) & set(base))
-            ]  # fmt: skip
+            diffs = common.paired_differences({s: outcome_of(r, claim["outcome"]) for s, r in ours.items()},
+                                              {s: outcome_of(r, claim["outcome"]) for s, r in base.items()})  # fmt: skip
         stats = common.mean_ci(diffs)
         row = {**claim, "n": stats["n"], "difference": stats,
                "config_outcome": common.mean_ci([outcome_of(r, claim["outcome"]) for r in ours.values()]),
@@ -515,7 +454,7 @@ def verdict(stats: dict[str, Any], better: int, outcome: str) -> str:
 
 
 def claims_markdown(payload: dict[str, Any]) -> str:
-    """The README's claims table, from stress.json alone (no hand-typed numbers)."""
+    """The results page's claims table, from stress.json alone (no hand-typed numbers)."""
 
     def fmt(stats, outcome):
         if not stats or stats.get("mean") is None:
@@ -628,11 +567,7 @@ def plot(payload: dict[str, Any], path: Path) -> Path | None:
         ax.legend(fontsize=6)
         ax.grid(alpha=0.3)
     fig.suptitle(f"Stress regimes, embedded tiny policies ({payload['device']['description']})", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return common.save_figure(fig, path, dpi=110)
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -661,9 +596,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--long-learning-rate", type=float, default=1e-5,
                         help="Learning rate of the long regime, every configuration (the others use the demo's 1e-4): "
                         "the long-chain policy degrades at 1e-4 (see the module docstring).")  # fmt: skip
-    parser.add_argument("--workers", type=int, default=1, help="Parallel runs (processes, one torch thread each).")
-    parser.add_argument("--cpu-affinity", help="Pin this process and its workers to these CPUs, e.g. 0-1 (Linux).")
-    parser.add_argument("--from-runs", type=Path, help="Skip training: summarise and plot a runs JSONL file.")
+    runner.add_grid_arguments(parser)
     args = parser.parse_args(argv)
     args.regime_list = [r.strip() for r in args.regimes.split(",") if r.strip()]
     unknown = [r for r in args.regime_list if r not in REGIMES]
@@ -672,24 +605,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.smoke:
         args.seeds, args.max_steps, args.num_train, args.num_eval = 1, 2, 128, 8
         args.long_completion_length = 48
-    if args.long_completion_length is None:  # imported here: `--help` needs no trl import
+    if args.long_completion_length is None:  # imported after parsing: `--help` imports no trl
         from trl_groupopt.offline import LONG_CHAIN_MAX_COMPLETION_LENGTH
 
         args.long_completion_length = LONG_CHAIN_MAX_COMPLETION_LENGTH
     return args
 
 
-def main(argv=None) -> dict[str, Any]:
-    args = parse_args(argv)
-    common.set_cpu_affinity(args.cpu_affinity)
-    common.setup_environment()
-    started = time.perf_counter()
-    device = common.resolve_device(args.device) if args.device != "cpu" else "cpu"
-    settings = dict(device=device, max_steps=args.max_steps, num_train=args.num_train, num_eval=args.num_eval,
-                    long_completion_length=args.long_completion_length, grad_accum=args.grad_accum,
-                    long_learning_rate=args.long_learning_rate)  # fmt: skip
-    if device == "cpu":
-        common.resolve_device("cpu")  # one torch thread in this process too
+def plan(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[dict, dict, dict[str, str]]:
+    """The grid the flags ask for: regime -> values, regime -> configurations (those this checkout can build), and
+    the configurations skipped with the reason."""
     regimes = {r: (SMOKE_REGIMES[r] if args.smoke else REGIMES[r]["values"]) for r in args.regime_list}
     configs = {r: list(SMOKE_CONFIGS[r] if args.smoke else REGIMES[r]["configs"]) for r in regimes}
     if args.configs:
@@ -701,69 +626,85 @@ def main(argv=None) -> dict[str, Any]:
         if why:
             skipped[name] = why
             print(f"  {name}: {why}", flush=True)
-    configs = {r: [c for c in cs if c not in skipped] for r, cs in configs.items()}
-    runs_path = args.output_dir / ("stress_smoke_runs.jsonl" if args.smoke else "stress_runs.jsonl")
-    if args.from_runs:
-        runs = [json.loads(line) for line in args.from_runs.read_text().splitlines() if line.strip()]
-    else:
-        jobs = jobs_of(regimes, configs, args.seeds)
-        print(f"{len(jobs)} runs ({', '.join(f'{r}: {v}' for r, v in regimes.items())}; {args.seeds} seed(s); "
-              f"{args.max_steps} steps each) on {device}, {args.workers} worker(s)", flush=True)  # fmt: skip
-        runs = run_grid(jobs, settings, args.workers, runs_path)
-    summary = summarise(runs)
+    return regimes, {r: [c for c in cs if c not in skipped] for r, cs in configs.items()}, skipped
+
+
+def payload_settings(args: argparse.Namespace, regimes: dict, configs: dict, workers: int) -> dict[str, Any]:
+    """The summary's "settings": the budget, the grid and what every run shares."""
+    return {
+        "seeds": args.seeds,
+        "max_steps": args.max_steps,
+        "gradient_accumulation_steps": args.grad_accum,
+        "num_train": args.num_train,
+        "num_eval": args.num_eval,
+        "long_completion_length": args.long_completion_length,
+        "long_learning_rate": args.long_learning_rate,
+        "workers": workers,
+        "regimes": {
+            r: {
+                "knob": REGIMES[r]["knob"],
+                "values": v,
+                "configs": configs[r],
+                "micro_batches_per_step": REGIMES[r].get("micro_batches", 1),
+            }
+            for r, v in regimes.items()
+        },
+        "configs": {name: {"method": c.method, "overrides": c.overrides} for name, c in CONFIGS.items()},
+        "policy": "trl_groupopt.offline.EMBEDDED_POLICY_PATH; the long regime: EMBEDDED_LONG_POLICY_PATH",
+        "long_task": "trl_groupopt.offline.LONG_CHAIN",
+        "rewards": ["accuracy_reward", "format_reward"],
+        "shared_config": "trl_groupopt.cli.DEMO_DEFAULTS with the regime's knob (see run_settings)",
+    }
+
+
+def build_payload(args: argparse.Namespace, runs: runner.Runs, grid_plan: tuple, device: str,
+                  command: str) -> dict[str, Any]:  # fmt: skip
+    """stress.json: the settings, the summary per regime x value x configuration, the claims table, provenance."""
+    regimes, configs, skipped = grid_plan
+    made = runner.provenance(runs, command, args.workers)
+    records = runs.records
     payload: dict[str, Any] = {
         "benchmark": "stress",
-        "device": next((r["device_info"] for r in runs if "device_info" in r), None) or common.describe_device(device),
-        "command": common.command_line("benchmarks.stress", argv),
+        "device": runner.recorded_device(runs, device),
+        "command": made["command"],
         "smoke": args.smoke,
-        "settings": {
-            "seeds": args.seeds,
-            "max_steps": args.max_steps,
-            "gradient_accumulation_steps": args.grad_accum,
-            "num_train": args.num_train,
-            "num_eval": args.num_eval,
-            "long_completion_length": args.long_completion_length,
-            "long_learning_rate": args.long_learning_rate,
-            "workers": args.workers,
-            "regimes": {
-                r: {
-                    "knob": REGIMES[r]["knob"],
-                    "values": v,
-                    "configs": configs[r],
-                    "micro_batches_per_step": REGIMES[r].get("micro_batches", 1),
-                }
-                for r, v in regimes.items()
-            },
-            "configs": {name: {"method": c.method, "overrides": c.overrides} for name, c in CONFIGS.items()},
-            "policy": "trl_groupopt.offline.EMBEDDED_POLICY_PATH; the long regime: EMBEDDED_LONG_POLICY_PATH",
-            "long_task": "trl_groupopt.offline.LONG_CHAIN",
-            "rewards": ["accuracy_reward", "format_reward"],
-            "shared_config": "trl_groupopt.cli.DEMO_DEFAULTS with the regime's knob (see run_settings)",
-        },
+        "settings": payload_settings(args, regimes, configs, made["workers"]),
         "ci_definition": "mean ± t_{0.975, n-1} * s / sqrt(n) over seeds (Student t, sample std)",
         "verdict_rule": VERDICT_RULE,
         "skipped": skipped,
-        "summary": summary,
-        "claims": claims_table(runs),
-        "failed_runs": [
-            {k: r[k] for k in ("regime", "value", "config", "seed")} | {"error": r["error"][-2000:]}
-            for r in runs
-            if "error" in r
-        ],  # fmt: skip
-        "runs_total": len(runs),
-        "run_wall_s": common.mean_ci([r["wall_s"] for r in runs if "wall_s" in r]),
-        "run_cpu_s": common.mean_ci([r["cpu_s"] for r in runs if "cpu_s" in r]),
-        "wall_s": time.perf_counter() - started,
+        "summary": summarise(records),
+        "claims": claims_table(records),
+        "failed_runs": runner.failed_runs(GRID, runs),
+        "runs_total": len(records),
+        "run_wall_s": common.mean_ci([r["wall_s"] for r in records if "wall_s" in r]),
+        "run_cpu_s": common.mean_ci([r["cpu_s"] for r in records if "cpu_s" in r]),
     }
-    payload["table"] = print_summary(summary)
+    return runner.close_payload(payload, made)
+
+
+def main(argv=None) -> dict[str, Any]:
+    args = parse_args(argv)
+    device = runner.start(args)
+    settings = dict(device=device, max_steps=args.max_steps, num_train=args.num_train, num_eval=args.num_eval,
+                    long_completion_length=args.long_completion_length, grad_accum=args.grad_accum,
+                    long_learning_rate=args.long_learning_rate)  # fmt: skip
+    grid_plan = plan(args, settings)
+    regimes, configs, _ = grid_plan
+    stem = "stress_smoke" if args.smoke else "stress"
+    runs_path = args.output_dir / f"{stem}_runs.jsonl"
+    jobs = jobs_of(regimes, configs, args.seeds)
+    if not args.from_runs:
+        print(f"{len(jobs)} runs ({', '.join(f'{r}: {v}' for r, v in regimes.items())}; {args.seeds} seed(s); "
+              f"{args.max_steps} steps each) on {device}, {args.workers} worker(s)", flush=True)  # fmt: skip
+    command = common.command_line("benchmarks.stress", argv)
+    runs = runner.collect(GRID, args, jobs, settings, runs_path, command)
+    payload = build_payload(args, runs, grid_plan, device, command)
+    payload["table"] = print_summary(payload["summary"])
     print()
     print(claims_markdown(payload))
-    if payload["failed_runs"]:
-        print(f"{len(payload['failed_runs'])} run(s) failed: see failed_runs in the JSON")
-    stem = "stress_smoke" if args.smoke else "stress"
     json_path = common.write_json(args.output_dir / f"{stem}.json", payload)
     png = plot(payload, args.output_dir / f"{stem}.png")
-    print(f"wrote {json_path}, {runs_path}" + (f", {png}" if png else ""))
+    runner.print_end(payload, runs, [json_path, None if args.from_runs else runs_path, png])
     return payload
 
 

@@ -1,5 +1,6 @@
 """The benchmarks package: statistics helpers against independent values, the variant and claim tables, the long
-task, and every script's `--smoke` mode end to end (JSON schema, PNG, markdown tables).
+task, the keyed runs file of the grid runner, `--from-runs` against the committed results, and every script's
+`--smoke` mode end to end (JSON schema, PNG, markdown tables, a second invocation that skips the runs done).
 
 Smoke outputs go to pytest's tmp_path, never to benchmarks/results/. The smokes run in this process (no interpreter
 start-up per script): about 45 s on an idle 2-core machine.
@@ -7,15 +8,17 @@ start-up per script): about 45 s on an idle 2-core machine.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import common, overhead, report, sample_efficiency, stress
+from benchmarks import common, overhead, report, runner, sample_efficiency, stress
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -212,13 +215,146 @@ def test_claim_whose_mechanism_never_acted_is_not_tested():
         assert set(keys) <= set(stress.MECHANISM_METRICS[method]), method
 
 
+def test_paired_differences_pair_by_key():
+    ours = {0: 0.5, 1: 0.25, 2: None, 3: 0.75}
+    theirs = {3: 0.5, 0: 0.25, 1: 0.5, 2: 0.5, 9: 1.0}  # seed 9 has no pair; seed 2 has no value of ours
+    assert common.paired_differences(ours, theirs) == [0.25, -0.25, None, 0.25]
+    curve = common.mean_curve([{"steps": [1, 2, 3], "values": [1.0, 2.0, 3.0]},
+                               {"steps": [2, 3], "values": [4.0, 5.0]}, None, {"steps": [], "values": []}])  # fmt: skip
+    assert curve["steps"] == [2, 3] and curve["mean"] == [3.0, 4.0]  # steps every logged curve has
+    assert curve["low"][0] < 3.0 < curve["high"][0]
+
+
+# ------------------------------------------------------------------------------------------------ the runs file
+FAKE_FAILS: set[tuple] = set()  # keys whose next fake run raises (once)
+FAKE_CALLS: list[tuple] = []
+
+
+def _fake_run(name: str, seed: int, settings: dict) -> dict:
+    FAKE_CALLS.append((name, seed))
+    if (name, seed) in FAKE_FAILS:
+        FAKE_FAILS.discard((name, seed))
+        raise RuntimeError("fake failure")
+    return {"name": name, "seed": seed, "score": 10 * seed + len(name), "wall_s": 1.5}
+
+
+FAKE_GRID = runner.Grid(("name", "seed"), _fake_run, lambda run: f"score {run['score']}")
+
+
+def _collect(path: Path, jobs, settings=None, from_runs=None, fresh=False) -> runner.Runs:
+    args = argparse.Namespace(from_runs=from_runs, fresh=fresh, workers=1)
+    return runner.collect(FAKE_GRID, args, jobs, settings or {"steps": 4}, path, f"fake {len(jobs)} jobs")
+
+
+def test_runs_file_is_keyed_and_appendable(tmp_path):
+    path = tmp_path / "fake_runs.jsonl"
+    FAKE_CALLS.clear()
+    FAKE_FAILS.add(("b", 0))
+    first = _collect(path, [("a", 0), ("a", 1), ("b", 0)])
+    assert FAKE_CALLS == [("a", 0), ("a", 1), ("b", 0)]
+    assert "fake failure" in first.records[2]["error"] and first.records[2]["settings"] == {"steps": 4}
+    lines = path.read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[3])["invocation"]["runs"] == 3  # 3 runs, then the invocation
+
+    # The same grid, grown: only the keys not done yet run (the failed one again), appended after the others.
+    FAKE_CALLS.clear()
+    second = _collect(path, [("a", 0), ("a", 1), ("b", 0), ("b", 1)])
+    assert FAKE_CALLS == [("b", 0), ("b", 1)]
+    assert path.read_text().splitlines()[:4] == lines  # nothing written before is rewritten
+    assert [(r["name"], r["seed"]) for r in second.records] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert not any("error" in r for r in second.records)  # the retry superseded the failure
+    assert [i["command"] for i in second.invocations] == ["fake 3 jobs", "fake 4 jobs"]
+    made = runner.provenance(second, "this command", workers=1)
+    assert made["wall_s"] == pytest.approx(sum(i["wall_s"] for i in second.invocations))
+    assert made["command"] == "fake 3 jobs ; fake 4 jobs" and made["invocations"] == second.invocations
+
+    FAKE_CALLS.clear()  # everything done: nothing runs, nothing is appended
+    assert _collect(path, [("a", 0), ("b", 1)]).records == second.records and FAKE_CALLS == []
+    assert len(path.read_text().splitlines()) == 4 + 3
+
+    with pytest.raises(SystemExit, match="steps 4 there, 8 here"):  # runs made with other settings are not mixed
+        _collect(path, [("c", 0)], settings={"steps": 8})
+    with pytest.raises(SystemExit, match="steps 4 there, 8 here"):
+        _collect(path, [], settings={"steps": 8}, from_runs=path)
+    assert FAKE_CALLS == []
+    fresh = _collect(path, [("c", 0)], settings={"steps": 8}, fresh=True)
+    assert [(r["name"], r["seed"]) for r in fresh.records] == [("c", 0)] and len(fresh.invocations) == 1
+
+
+def test_runs_file_without_settings_is_rebuilt_not_resumed(tmp_path):
+    # A runs file of the format before keyed runs (no settings, no invocation records), as committed.
+    path = tmp_path / "fake_runs.jsonl"
+    path.write_text("".join(json.dumps({"name": "a", "seed": s, "score": s, "wall_s": 2.0}) + "\n" for s in (0, 1)))
+    with pytest.raises(SystemExit, match="without their settings.*--fresh"):
+        _collect(path, [("a", 0), ("a", 2)])
+    runs = _collect(path, [], from_runs=path)
+    assert len(runs.records) == 2 and runs.invocations == []
+    # provenance: the summary JSON written with the runs, else this command and the runs' summed wall time
+    assert runner.provenance(runs, "this command", workers=2) == {"command": "this command", "workers": 2,
+                                                                   "wall_s": 4.0}  # fmt: skip
+    assert runner.summary_beside(path) == tmp_path / "fake.json"
+    common.write_json(tmp_path / "fake.json", {"command": "the grid", "settings": {"workers": 3}, "wall_s": 60.0})
+    assert runner.provenance(runs, "this command", workers=2) == {"command": "the grid", "workers": 3, "wall_s": 60.0}
+
+
+@pytest.mark.parametrize(
+    ("module", "stem", "compared"),
+    [(stress, "stress", ("summary", "claims", "skipped", "settings", "failed_runs", "runs_total", "wall_s", "command")),
+     (sample_efficiency, "sample_efficiency", ("summary", "otb_claim", "failed_runs", "wall_s", "command"))],
+)  # fmt: skip
+def test_from_runs_reproduces_the_committed_summary(tmp_path, module, stem, compared, capsys):
+    committed = json.loads((REPO / "benchmarks" / "results" / f"{stem}.json").read_text())
+    module.main(["--from-runs", str(REPO / "benchmarks" / "results" / f"{stem}_runs.jsonl"),
+                 "--output-dir", str(tmp_path)])  # fmt: skip
+    rebuilt = json.loads((tmp_path / f"{stem}.json").read_text())
+    for key in compared:
+        assert rebuilt[key] == committed[key], key
+    if module is stress:  # the tables the results page includes, from the rebuilt JSON
+        payload = json.loads((tmp_path / "stress.json").read_text())
+        for name, text in (
+            ("claims.md", stress.claims_markdown(payload)),
+            ("stress.md", report.stress_markdown(payload)),
+        ):
+            assert text == (REPO / "benchmarks" / "results" / name).read_text(), name
+
+
+def test_report_splices_the_results_page_only_for_the_committed_tables(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "claims.md").write_text("| new table |\n")
+    block = "<!-- BEGIN GENERATED: benchmarks/results/{}.md -->\n{}\n<!-- END GENERATED -->"
+    page_text = "# Results\n\n" + block.format("claims", "| old table |") + "\n\n" + block.format("stress", "kept")
+    page = tmp_path / "results.md"
+    page.write_text(page_text)
+    monkeypatch.setattr(report, "DEFAULT_PAGE", page)
+    report.main(["--results-dir", str(results)])  # scratch tables: the default page is left alone
+    assert page.read_text() == page_text
+    monkeypatch.setattr(common, "DEFAULT_OUTPUT_DIR", results)  # the committed tables: spliced by default
+    report.main(["--results-dir", str(results)])
+    assert page.read_text() == page_text.replace("| old table |", "| new table |")  # stress.md absent: kept
+    other = tmp_path / "other.md"
+    other.write_text(page_text)
+    report.main(["--results-dir", str(results), "--readme", str(other)])  # --readme: the old name of --page
+    assert other.read_text() == page.read_text()
+    with pytest.raises(SystemExit):
+        report.main(["--page", str(tmp_path / "missing.md")])
+
+
 # ------------------------------------------------------------------------------------------------ the scripts
-@pytest.mark.parametrize("module", ["overhead", "stress", "sample_efficiency", "report"])
+HEAVY_MODULES = ("torch", "trl", "transformers", "accelerate", "datasets", "trl_groupopt")
+
+
+@pytest.mark.slow  # launches a Python process per module
+@pytest.mark.parametrize("module", ["overhead", "stress", "sample_efficiency", "report", "profile_step"])
 def test_help_runs_as_module(module):
+    # PYTHONPROFILEIMPORTTIME lists every module imported (in overhead's re-run under its allocator settings too)
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+                          text=True, timeout=120, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "--help" in proc.stdout
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in proc.stderr.splitlines()
+                if line.startswith("import time:")}  # fmt: skip
+    assert "argparse" in imported and not imported & set(HEAVY_MODULES), sorted(imported & set(HEAVY_MODULES))
 
 
 @pytest.mark.slow
@@ -271,8 +407,9 @@ def test_stress_smoke(tmp_path):
     otb = summary["group_size"]["2"]["otb"]
     assert {"otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"} <= set(otb["mechanism"])
     assert "ctpo/dual_clip" in summary["long"]["1"]["ctpo"]["mechanism"]
-    runs = [json.loads(line) for line in (tmp_path / "stress_smoke_runs.jsonl").read_text().splitlines()]
-    assert len(runs) == 4 and all(r["cpu_s"] > 0 for r in runs)
+    lines = [json.loads(line) for line in (tmp_path / "stress_smoke_runs.jsonl").read_text().splitlines()]
+    runs = [r for r in lines if "invocation" not in r]  # the runs, then this invocation's record
+    assert len(runs) == 4 and all(r["cpu_s"] > 0 for r in runs) and lines[-1]["invocation"]["runs"] == 4
     long_run = next(r for r in runs if r["regime"] == "long")
     # the long-chain policy writes the whole chain: nearly every completion reaches the smoke's 48-token cap
     assert long_run["completion_length"]["values"][0] > 44
@@ -293,10 +430,27 @@ def test_stress_smoke(tmp_path):
                            "--output-dir", str(tmp_path / "rebuilt")])  # fmt: skip
     assert rebuilt["summary"] == payload["summary"]
 
+    # Run again into the same folder: every key is in the runs file already, so nothing trains or is appended.
+    lines = (tmp_path / "stress_smoke_runs.jsonl").read_text()
+    again = stress.main(["--smoke", "--output-dir", str(tmp_path)])
+    assert (tmp_path / "stress_smoke_runs.jsonl").read_text() == lines
+    assert again["summary"] == payload["summary"] and again["wall_s"] == payload["wall_s"]
+    (invocation,) = again["invocations"]
+    assert invocation["runs"] == 4 and invocation["wall_s"] == again["wall_s"] > 0
+
 
 @pytest.mark.slow
 def test_sample_efficiency_smoke(tmp_path):
+    # The grid in two invocations with one runs file: GRPO first, then the whole smoke grid, which runs OTB only.
+    sample_efficiency.main(["--smoke", "--methods", "grpo", "--output-dir", str(tmp_path)])
+    grpo_line = (tmp_path / "sample_efficiency_runs.jsonl").read_text().splitlines()[0]
     payload = sample_efficiency.main(["--smoke", "--output-dir", str(tmp_path)])
+    lines = (tmp_path / "sample_efficiency_runs.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if "invocation" not in json.loads(line)]
+    assert lines[0] == grpo_line and [r["method"] for r in records] == ["grpo", "otb"]
+    assert [i["runs"] for i in payload["invocations"]] == [1, 1]
+    assert payload["wall_s"] == pytest.approx(sum(i["wall_s"] for i in payload["invocations"]))
+    assert all(r["wall_s"] > 0 and r["settings"]["max_steps"] == 3 for r in records)
     assert payload["benchmark"] == "sample_efficiency" and payload["smoke"] is True
     assert "Eq. 20" in payload["jitter2_definition"] and payload["failed_runs"] == []
     methods = payload["summary"]["methods"]
@@ -305,7 +459,7 @@ def test_sample_efficiency_smoke(tmp_path):
         (accuracy,) = entry["curves"]["accuracy"]
         assert accuracy["steps"] == [0, 3] and all(0.0 <= a <= 1.0 for a in accuracy["values"]), name
     assert _is_png(tmp_path / "sample_efficiency.png")
-    markdown = report.sample_efficiency_markdown(payload)  # the README's table, from the JSON alone
+    markdown = report.sample_efficiency_markdown(payload)  # the results page's table, from the JSON alone
     assert markdown.count("\n| ") == 1 + len(methods) and "| TRL GRPO | 4 |" in markdown
 
 

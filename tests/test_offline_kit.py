@@ -1,6 +1,6 @@
 """The offline kit: tokenizer, synthetic task, adapters, rewards, and the embedded tiny policy.
 
-Everything runs offline (tests/conftest.py sets HF_HUB_OFFLINE=1 and one torch thread).
+Everything runs offline (tests/conftest.py applies tests/environment.py: HF_HUB_OFFLINE=1, one torch thread).
 """
 
 from __future__ import annotations

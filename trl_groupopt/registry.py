@@ -10,7 +10,7 @@ name their trainer classes by import path: listing the methods, their papers and
 The CLI (``trl-groupopt train --method NAME``), the example scripts, the benchmarks, the notebook and the
 parametrised tests all read :data:`METHODS`. A *mode* of a trainer (GRPO-fix is ``DFPOTrainer`` with
 ``dfpo_transform="symmetric_clip"``) is registered with ``config_defaults``; :meth:`MethodSpec.make_config` applies
-them under the caller's own arguments. See README "Adding a method" for the files a new method needs.
+them under the caller's own arguments. See docs/adding-a-method.md for the files a new method needs.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.environment import REPO_ROOT, process_environment
+
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
@@ -33,16 +34,7 @@ def launch(worker: str | Path, nproc: int, out_dir: Path, *args: str, timeout: i
         worker = WORKERS / worker
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]),
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        MASTER_ADDR="127.0.0.1",
-    )
+    env = process_environment(MASTER_ADDR="127.0.0.1")
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--nnodes", "1",
         "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(worker), "--out", str(out_dir), *args,

@@ -16,7 +16,6 @@ from tests.distributed import batches
 from tests.distributed.harness import launch_worlds
 
 ATOL, RTOL = 1e-6, 1e-5
-pytestmark = pytest.mark.slow  # two torchrun launches
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,6 @@ import torch
 from tests.distributed.harness import case_of, launch_worlds
 from trl_groupopt import METHODS
 
-pytestmark = pytest.mark.distributed
-
 ATOL, RTOL = 1e-6, 1e-5  # as test_sharding_invariance.py
 LEARNING_RATE = 0.5  # workers/one_step.py
 #: registry name -> the cases of workers/one_step.py run under FSDP2 (a sharding-invariant configuration of the method);

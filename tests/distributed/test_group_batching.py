@@ -62,7 +62,6 @@ def _check_rank(result):
     return seen
 
 
-@pytest.mark.distributed
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_group_batching_across_processes(tmp_path, world_size):
     results = launch("group_batching.py", world_size, tmp_path, "--world-size", str(world_size))

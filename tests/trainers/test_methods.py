@@ -1,4 +1,5 @@
-"""Each method trainer: parity with TRL at its neutral setting, its wiring, and a 2-step end-to-end CPU run."""
+"""Each method trainer: parity with TRL at its neutral setting and its wiring (the 2-step end-to-end CPU runs are in
+tests/e2e/test_method_training.py)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,12 @@ from tests.helpers import (
     cpu_config_kwargs,
     inputs_with_policies,
     length_reward,
-    method_trainer,
     random_batch,
     tiny_dataset,
     tiny_model,
     tiny_tokenizer,
 )
 from trl_groupopt import (
-    METHODS,
     CTPOConfig,
     CTPOTrainer,
     DFPOConfig,
@@ -30,7 +29,6 @@ from trl_groupopt import (
     ECHOTrainer,
     OTBConfig,
     OTBTrainer,
-    get_method,
 )
 from trl_groupopt.objectives.otb import logit_gradient_energy
 
@@ -143,40 +141,3 @@ def test_otb_energy_comes_from_the_fused_forward(tiny):
     mask = inputs["completion_mask"].bool()
     torch.testing.assert_close(ours._training_energy[mask].double(), expected[mask], atol=1e-5, rtol=1e-5)
     assert set(ours._metrics["train"]) >= {"otb/energy_mean", "otb/baseline_mean", "otb/adv_abs_mean"}
-
-
-#: Modes of a registered method that the 2-step run covers besides its defaults: id -> (method, overrides, metric).
-VARIANTS = {
-    "echo_global": ("echo", {"batch_ratio_scope": "global"}, "echo/batch_clipped"),
-    "dfpo_orth_proj": ("dfpo", {"dfpo_transform": "orth_proj"}, "dfpo/shrink"),
-    "dfpo_orth_proj_qp": ("dfpo", {"dfpo_transform": "orth_proj_qp"}, "dfpo/asym_before"),
-}
-
-
-def _train_two_steps(tiny, method, overrides, metric):
-    """2 optimizer steps, off-policy (steps_per_generation 4 > accumulation 2): parameters move, metrics logged."""
-    tokenizer, model, tmp = tiny
-    run = "-".join([method, *map(str, overrides.values())])
-    trainer = method_trainer(method, tmp / f"e2e-{run}", clone_model(model), tokenizer, num_examples=32,
-                             steps_per_generation=4, gradient_accumulation_steps=2, **overrides)  # fmt: skip
-    assert isinstance(trainer, get_method(method).trainer_class)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
-    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
-    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
-    assert len(logged) == 2
-    assert all(metric in entry and entry[metric] is not None for entry in logged), logged[-1].keys()
-    assert all(torch.isfinite(torch.tensor(entry["loss"])) for entry in logged)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", list(METHODS))
-def test_two_step_training(tiny, method):
-    """Every registered method trains 2 steps with its defaults and logs its headline metric."""
-    _train_two_steps(tiny, method, {}, get_method(method).headline_metric)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_two_step_training_variants(tiny, variant):
-    _train_two_steps(tiny, *VARIANTS[variant])

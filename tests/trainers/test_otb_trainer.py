@@ -82,11 +82,16 @@ def fixed_rollout(prompts, trainer):
     return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs, "env_mask": env_mask}
 
 
-@pytest.fixture(scope="module")
-def tool_tokenizer():
+def make_tool_tokenizer():
+    """The in-code tokenizer with `TOOL_CHAT_TEMPLATE`."""
     tokenizer = tiny_tokenizer()
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE
     return tokenizer
+
+
+@pytest.fixture(scope="module")
+def tool_tokenizer():
+    return make_tool_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -210,14 +215,6 @@ def test_environment_and_reward_funcs_combine_with_trl_weights(tmp_path, tool_to
     torch.testing.assert_close(batch["rewards"], expected, rtol=0, atol=0)
 
 
-def test_environment_reward_only_trains_two_steps(tmp_path, tool_tokenizer, base_model):
-    trainer = _env_trainer(tmp_path, "train", base_model, tool_tokenizer, max_steps=2)
-    trainer.train()
-    logged = [entry for entry in trainer.state.log_history if "otb/energy_mean" in entry]
-    assert len(logged) == 2 and all(entry["otb/energy_mean"] > 0 for entry in logged)
-    assert "rewards/ScoredEnv/mean" in logged[0]  # logged at generation steps (one per 2 steps here)
-
-
 def test_energy_record_does_not_depend_on_the_module_object(tmp_path, tool_tokenizer, base_model):
     """TRL passes whatever module wraps the model (DDP, FSDP, DeepSpeed, PEFT): a fresh wrapper module, never seen at
     construction and without hooks, still gets its energy recorded beside its log-probs, in batch chunks too."""
@@ -315,6 +312,43 @@ def test_lora_behaviour_energy_is_the_adapted_policy_not_the_reference(tmp_path,
     torch.testing.assert_close(batch["old_per_token_energy"][valid].double(), adapted[valid], rtol=1e-5, atol=1e-5)
     loss, _ = _loss_and_advantages(trainer, batch)
     assert torch.isfinite(loss)
+
+
+def all_none_reward(completions, **kwargs):
+    return [None] * len(completions)
+
+
+def test_otb_drops_unscorable_rows_from_the_baseline(tmp_path, tool_tokenizer, base_model):
+    """OTBTrainer.compute_advantages on a batch whose raw rewards hold NaN: the scorable rows' advantages equal those
+    of the same batch with the NaN rows removed (baseline, group size and zero-tail lengths all ignore them), and the
+    NaN rows get 0. Counter-check: reading NaN as reward 0 would change them."""
+    tokenizer, model = tool_tokenizer, base_model
+    args = OTBConfig(**cpu_config_kwargs(tmp_path, per_device_train_batch_size=4, num_generations=4))
+    trainer = OTBTrainer(clone_model(model), all_none_reward, args=args, train_dataset=tiny_dataset(4),
+                         processing_class=tokenizer)  # fmt: skip
+    trainer.model.train()
+    g = torch.Generator().manual_seed(0)
+    group_ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
+    lengths = torch.tensor([3, 7, 5, 2, 6, 4, 4, 1, 5, 5, 2, 3])  # row 1 (NaN) is its group's unique longest
+    mask = (torch.arange(7)[None, :] < lengths[:, None]).long()  # (12, 7)
+    energy = torch.rand(12, 7, generator=g) * mask  # (12, 7) e_t >= 0
+    rewards = torch.tensor([0.3, float("nan"), 1.0, 0.0, 0.5, 0.2, float("nan"), float("nan"),
+                            float("nan"), float("nan"), float("nan"), float("nan")])  # fmt: skip
+    scored = ~torch.isnan(rewards)
+
+    def advantages(rows):
+        inputs = {"rewards": rewards[rows], "old_per_token_energy": energy[rows], "group_ids": group_ids[rows]}
+        return trainer.compute_advantages(inputs, torch.zeros(int(rows.sum()), 7), mask[rows])
+
+    full = advantages(torch.ones(12, dtype=torch.bool))  # (12, 7)
+    kept = advantages(scored)  # (5, 7)
+    torch.testing.assert_close(full[scored], kept, atol=0.0, rtol=0.0)
+    assert torch.equal(full[~scored], torch.zeros(int((~scored).sum()), 7))
+    assert (full[scored] != 0).any()
+
+    inputs = {"rewards": torch.nan_to_num(rewards), "old_per_token_energy": energy, "group_ids": group_ids}
+    as_zero = trainer.compute_advantages(inputs, torch.zeros(12, 7), mask)
+    assert not torch.allclose(as_zero[scored], full[scored])
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,12 @@
 """The registry of methods (`trl_groupopt.METHODS`): its contract, and a toy method registered inside this test that
 reaches the CLI and passes the same generic trainer tests as the built-in methods.
 
-The toy is a complete method in ~30 lines, the parts a real method spreads over its files (README "Adding a method"):
+The toy is a complete method in ~30 lines, the parts a real method spreads over its files (docs/adding-a-method.md):
 an objective (TRL's clipped surrogate on advantages scaled by a factor), a config subclass with one validated knob, a
 trainer subclass that binds the knob to the objective, and one `register_method` call. The generic tests are the
-functions of test_methods.py, test_validation.py and test_user_layer.py that are parametrised over `METHODS`; they
-are called here with the toy's name, so the toy goes through exactly the code the registered methods go through.
+functions of tests/trainers/test_validation.py, tests/hub/test_model_card.py and tests/e2e/ (the 2-step run, the
+trained model card) that are parametrised over `METHODS`; they are called here with the toy's name, so the toy goes
+through exactly the code the registered methods go through. The two checks that train are marked `slow`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor
 from trl import GRPOConfig
 
+from tests.e2e import test_method_training, test_model_card_training
 from tests.helpers import (
     compute_loss_and_grads,
     inputs_with_policies,
@@ -28,7 +30,7 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from tests.hub import test_model_card
-from tests.trainers import test_methods, test_validation
+from tests.trainers import test_validation
 from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, cli, get_method, register_method
 from trl_groupopt.objectives.common import (
     ObjectiveFn,
@@ -117,7 +119,7 @@ def test_toy_reaches_the_cli(toy, monkeypatch, capsys):
 # ================================================================================================ the toy, generic tests
 def _two_steps(tmp_path, monkeypatch):
     tokenizer = tiny_tokenizer()
-    test_methods.test_two_step_training((tokenizer, tiny_model(tokenizer, seed=3), tmp_path), "toy")
+    test_method_training.test_two_step_training((tokenizer, tiny_model(tokenizer, seed=3), tmp_path), "toy")
 
 
 def _loss_types(tmp_path, monkeypatch):
@@ -129,7 +131,7 @@ def _model_card(tmp_path, monkeypatch):
     monkeypatch.setitem(test_model_card.CARD_KNOBS, "toy", "| `toy_advantage_scale` | `2` | (method-specific) |")
     tokenizer = tiny_tokenizer()
     test_model_card.test_model_card_metadata("toy")
-    test_model_card.test_model_card_renders_method_knobs_rewards_and_citations(
+    test_model_card_training.test_model_card_renders_method_knobs_rewards_and_citations(
         "toy", tokenizer, tiny_model(tokenizer, seed=5), tmp_path, monkeypatch
     )
 
@@ -149,9 +151,13 @@ GENERIC = {  # the generic trainer tests, each called with the toy's name
     ),
     "model_card": _model_card,
 }
+#: the generic checks that run `trainer.train()` (end-to-end tests called for the toy): outside the fast selection
+TRAINING_CHECKS = {"construct_and_train_two_steps", "model_card"}
 
 
-@pytest.mark.parametrize("check", list(GENERIC))
+@pytest.mark.parametrize(
+    "check", [pytest.param(name, marks=pytest.mark.slow) if name in TRAINING_CHECKS else name for name in GENERIC]
+)
 def test_toy_passes_the_generic_trainer_tests(toy, check, tmp_path, monkeypatch):
     GENERIC[check](tmp_path, monkeypatch)
 

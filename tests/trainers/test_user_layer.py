@@ -30,23 +30,12 @@ from tests.helpers import (
     method_trainer,
     tiny_dataset,
     tiny_model,
-    tiny_tokenizer,
 )
 from trl_groupopt import METHODS, DFPOConfig, DFPOTrainer, ECHOConfig, ECHOTrainer, GroupOptTrainer, get_method
 from trl_groupopt.cli import parse
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "trl_groupopt"
 OUR_TRAINERS = sorted({spec.trainer_class for spec in METHODS.values()}, key=lambda c: c.__name__)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def base_model(tokenizer):
-    return tiny_model(tokenizer, seed=5)
 
 
 # ======================================================================================== 1. generation untouched

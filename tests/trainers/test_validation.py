@@ -242,7 +242,8 @@ def test_group_methods_need_two_generations(tmp_path, method, overrides):
 @pytest.mark.parametrize("method", list(METHODS))
 def test_surrogate_replacing_loss_types_rejected_by_every_trainer(tmp_path, method, loss_type):
     """A trainer with its own objective refuses TRL's surrogate-replacing loss types; the base trainer (TRL's GRPO)
-    hands them to TRL's own `_compute_loss` (trained in tests/trainers/test_dropin.py). Unknown names always fail."""
+    hands them to TRL's own `_compute_loss` (trained in tests/e2e/test_dropin_training.py). Unknown names always
+    fail."""
     trainer_cls = get_method(method).trainer_class
     args = _config(method, tmp_path, loss_type=loss_type)  # every config accepts it...
     if loss_type != "not_a_loss" and not trainer_cls.has_own_objective:

@@ -10,8 +10,8 @@ NaN-returning reward trains bit-identically to the None-returning one, for every
 Our side (every registered method is run): the base trainer, ECHO, DFPO (min_replace, GRPO-fix) and CTPO consume TRL's
 advantages (0 on unscorable rows); OTB consumes the raw rewards (NaN on unscorable rows,
 `GroupOptTrainer._local_raw_rewards`) and drops those rows from the group before the baseline is formed
-(`otb_advantages`), which `test_otb_drops_unscorable_rows_from_the_baseline` checks against the same batch with those
-rows removed.
+(`otb_advantages`), which `tests/trainers/test_otb_trainer.py::test_otb_drops_unscorable_rows_from_the_baseline`
+checks against the same batch with those rows removed.
 """
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ from transformers import set_seed
 from tests.helpers import (
     assert_registered,
     clone_model,
-    cpu_config_kwargs,
     method_trainer,
-    tiny_dataset,
     tiny_model,
     tiny_tokenizer,
 )
-from trl_groupopt import METHODS, OTBConfig, OTBTrainer
+from trl_groupopt import METHODS, OTBTrainer
 
 NUM_GENERATIONS = 2
 GENERATION_ROWS = 16  # per_device_train_batch_size 4 x steps_per_generation 4
@@ -112,7 +110,6 @@ def _train(method, output_dir, tiny, reward, max_steps=2):
     return trainer, record, before, after
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", list(METHODS))
 def test_unscorable_completions_train_cleanly(tmp_path, tiny, method):
     """None for a whole group and for every 3rd completion: losses, logs and parameters finite, parameters move,
@@ -140,7 +137,6 @@ def test_unscorable_completions_train_cleanly(tmp_path, tiny, method):
         assert sum(int(torch.isnan(r).sum()) for r, _ in record["otb"]) == int(unscorable.sum())
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", list(METHODS))
 def test_nan_reward_is_none_reward(tmp_path, tiny, method):
     """TRL turns None into NaN before building the reward tensor, so float('nan') from a reward function is an
@@ -153,7 +149,6 @@ def test_nan_reward_is_none_reward(tmp_path, tiny, method):
         assert torch.equal(nan_after[n], value), n
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", list(METHODS))
 def test_all_unscorable_batch_is_a_no_op(tmp_path, tiny, method):
     """Every completion unscorable: every advantage is 0, the loss is exactly 0 (beta=0) and AdamW leaves the
@@ -163,36 +158,3 @@ def test_all_unscorable_batch_is_a_no_op(tmp_path, tiny, method):
     assert torch.equal(record["batches"][0]["advantages"], torch.zeros(GENERATION_ROWS))
     for n, value in before.items():
         assert torch.equal(after[n], value), n
-
-
-def test_otb_drops_unscorable_rows_from_the_baseline(tmp_path, tiny):
-    """OTBTrainer.compute_advantages on a batch whose raw rewards hold NaN: the scorable rows' advantages equal those
-    of the same batch with the NaN rows removed (baseline, group size and zero-tail lengths all ignore them), and the
-    NaN rows get 0. Counter-check: reading NaN as reward 0 would change them."""
-    tokenizer, model = tiny
-    args = OTBConfig(**cpu_config_kwargs(tmp_path, per_device_train_batch_size=4, num_generations=4))
-    trainer = OTBTrainer(clone_model(model), all_none_reward, args=args, train_dataset=tiny_dataset(4),
-                         processing_class=tokenizer)  # fmt: skip
-    trainer.model.train()
-    g = torch.Generator().manual_seed(0)
-    group_ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
-    lengths = torch.tensor([3, 7, 5, 2, 6, 4, 4, 1, 5, 5, 2, 3])  # row 1 (NaN) is its group's unique longest
-    mask = (torch.arange(7)[None, :] < lengths[:, None]).long()  # (12, 7)
-    energy = torch.rand(12, 7, generator=g) * mask  # (12, 7) e_t >= 0
-    rewards = torch.tensor([0.3, float("nan"), 1.0, 0.0, 0.5, 0.2, float("nan"), float("nan"),
-                            float("nan"), float("nan"), float("nan"), float("nan")])  # fmt: skip
-    scored = ~torch.isnan(rewards)
-
-    def advantages(rows):
-        inputs = {"rewards": rewards[rows], "old_per_token_energy": energy[rows], "group_ids": group_ids[rows]}
-        return trainer.compute_advantages(inputs, torch.zeros(int(rows.sum()), 7), mask[rows])
-
-    full = advantages(torch.ones(12, dtype=torch.bool))  # (12, 7)
-    kept = advantages(scored)  # (5, 7)
-    torch.testing.assert_close(full[scored], kept, atol=0.0, rtol=0.0)
-    assert torch.equal(full[~scored], torch.zeros(int((~scored).sum()), 7))
-    assert (full[scored] != 0).any()
-
-    inputs = {"rewards": torch.nan_to_num(rewards), "old_per_token_energy": energy, "group_ids": group_ids}
-    as_zero = trainer.compute_advantages(inputs, torch.zeros(12, 7), mask)
-    assert not torch.allclose(as_zero[scored], full[scored])

@@ -7,11 +7,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.environment import REPO_ROOT as REPO
+from tests.environment import process_environment
+
 FAST = ["--max_steps", "3", "--logging_steps", "1", "--evaluate_accuracy", "false", "--num_train_examples", "64",
         "--report_to", "none"]  # fmt: skip
 METRICS = {
@@ -22,25 +23,12 @@ METRICS = {
 }
 
 
-def _env():
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
-    )
-    return env
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(METRICS))
 def test_accelerate_launch_example(tmp_path, method):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", f"examples/train_{method}.py", *FAST,
            "--output_dir", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=REPO, env=process_environment(), capture_output=True, text=True, timeout=600)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     logged = {
@@ -52,7 +40,6 @@ def test_accelerate_launch_example(tmp_path, method):
     assert (tmp_path / "model.safetensors").exists() and (tmp_path / "results.json").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("transform", ["min_replace", "orth_proj", "orth_proj_qp", "none", "symmetric_clip"])
 def test_dfpo_example_every_transform(tmp_path, transform):
     from trl_groupopt.cli import train
@@ -64,7 +51,6 @@ def test_dfpo_example_every_transform(tmp_path, transform):
     assert all(expected in entry for entry in logged)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(METRICS))
 def test_example_with_yaml_config_and_lora(tmp_path, method):
     from peft import PeftModel
@@ -85,7 +71,6 @@ def test_example_with_yaml_config_and_lora(tmp_path, method):
     assert (tmp_path / "adapter_model.safetensors").exists()
 
 
-@pytest.mark.slow
 def test_base_trainer_two_steps_on_embedded_policy(tmp_path):
     """The foundation's end-to-end check: the base trainer (TRL's GRPO objective through our loss path) trains the
     embedded policy for 2 steps, offline, on CPU."""

@@ -33,8 +33,6 @@ from trl_groupopt import METHODS
 TOL = 1e-6
 SEED = 0
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def tiny():

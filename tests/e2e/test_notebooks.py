@@ -12,57 +12,28 @@ line, `notebook_login`, GSM8K/Qwen downloads and `push_to_hub`.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "notebooks" / "trl_groupopt_colab.ipynb"
-METHODS = ("echo", "dfpo", "ctpo", "otb")
+from tests.environment import REPO_ROOT as ROOT
+from tests.environment import process_environment
+from tests.test_notebook_structure import METHODS, NOTEBOOK
 
 nbformat = pytest.importorskip("nbformat", reason="needs the dev extra: pip install -e '.[dev]' (nbformat)")
 nbclient = pytest.importorskip("nbclient", reason="needs the dev extra: pip install -e '.[dev]' (nbclient)")
 pytest.importorskip("ipykernel", reason="needs the dev extra: pip install -e '.[dev]' (ipykernel, python3 kernel)")
 
 
-def _source(nb) -> str:
-    return "\n".join(cell.source for cell in nb.cells)
-
-
-def test_notebook_structure():
-    """The Colab conventions (TRL's GRPO LoRA notebook) and the real-run path are present."""
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbformat.validate(nb)
-    text = _source(nb)
-    assert nb.metadata["kernelspec"]["name"] == "python3"
-    assert "colab.research.google.com/assets/colab-badge.svg" in nb.cells[0].source
-    assert "## Key ideas" in text and "| Component | Size |" in text  # key ideas, memory table
-    assert "!pip install" in text and "notebook_login()" in text and "trainer.push_to_hub(" in text
-    assert 'load_dataset(dataset_name, "main")' in text and "adapters.gsm8k_to_conversational" in text
-    assert '"Qwen/Qwen2.5-0.5B-Instruct"' in text and "LoraConfig(" in text and "peft_config=peft_config" in text
-    assert "from trl_groupopt.rewards import accuracy_reward, format_reward" in text
-    assert "get_method(METHOD)" in text and "from trl_groupopt import METHODS" in text  # the switch reads the registry
-    for method in METHODS:
-        assert f'"{method}": dict(' in text, method  # each method's knobs shown
-    assert 'marker="o"' in text  # a 2-step smoke run still draws visible points
-    assert "import matplotlib.pyplot as plt" in text and "trainer.state.log_history" in text
-    assert not any(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")  # committed clean
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_notebook_smoke_run(method, tmp_path, monkeypatch):
     """Execute every cell with nbclient (python3 kernel) in smoke mode: trains, plots, writes the card, infers."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     monkeypatch.setenv("TRL_GROUPOPT_SMOKE", "1")
     monkeypatch.setenv("TRL_GROUPOPT_METHOD", method)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.setenv(name, "1")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for name, value in process_environment().items():  # the kernel inherits this process's environment
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("TRL_GROUPOPT_OUTPUT_DIR", str(tmp_path))
     monkeypatch.delenv("HF_TOKEN", raising=False)
 
@@ -95,14 +66,12 @@ def _repo_status() -> list[str]:
     return sorted(line for line in out.splitlines() if "__pycache__" not in line and ".pytest_cache" not in line)
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("jupyter") is None or not (ROOT / ".git").exists(), reason="needs jupyter and git")
 def test_readme_notebook_command_leaves_the_repo_clean(tmp_path):
     """The README's command (`TRL_GROUPOPT_SMOKE=1 jupyter execute notebooks/trl_groupopt_colab.ipynb`, run from the
     repository root) succeeds and writes nothing into the repository, not even an ignored file."""
-    env = dict(os.environ, TRL_GROUPOPT_SMOKE="1", TRL_GROUPOPT_METHOD="echo", TMPDIR=str(tmp_path),
-               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
-               PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+    env = process_environment(TRL_GROUPOPT_SMOKE="1", TRL_GROUPOPT_METHOD="echo", TMPDIR=str(tmp_path),
+                              PYTHONDONTWRITEBYTECODE="1")  # fmt: skip
     env.pop("TRL_GROUPOPT_OUTPUT_DIR", None)
     before = _repo_status()
     proc = subprocess.run(["jupyter", "execute", "notebooks/trl_groupopt_colab.ipynb"], cwd=ROOT, env=env,
