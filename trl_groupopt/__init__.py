@@ -10,7 +10,7 @@ Every name below is imported on first use (PEP 562): `import trl_groupopt` and t
 or config class imports TRL when it is first read.
 """
 
-from ._lazy import lazy_exports
+from . import _lazy
 from .trainers import _EXPORTS as _TRAINER_EXPORTS
 
 __version__ = "0.1.0"
@@ -19,6 +19,14 @@ _EXPORTS = {
     **dict.fromkeys(("METHODS", "MethodSpec", "Paper", "get_method", "register_method"), ".registry"),
     **{name: ".trainers" + module for name, module in _TRAINER_EXPORTS.items()},
 }
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+
+def __getattr__(name: str):  # PEP 562: a name is imported on first access
+    return _lazy.load(__name__, _EXPORTS, name)
+
+
+def __dir__() -> list[str]:
+    return _lazy.names(__name__, _EXPORTS)
+
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -11,4 +11,4 @@ from . import ctpo, dfpo, echo, grpo, otb
 __all__ = ["SHIPPED"]
 
 #: Every shipped method, in the order the CLI lists them.
-SHIPPED = (grpo.SPEC, ctpo.SPEC, dfpo.SPEC, dfpo.GRPO_FIX_SPEC, echo.SPEC, otb.SPEC)
+SHIPPED = (grpo.METHOD, ctpo.METHOD, dfpo.METHOD, dfpo.GRPO_FIX_METHOD, echo.METHOD, otb.METHOD)

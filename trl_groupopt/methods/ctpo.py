@@ -19,7 +19,7 @@ PAPER = Paper(
         }"""),
 )
 
-SPEC = MethodSpec(
+METHOD = MethodSpec(
     name="ctpo",
     trainer_class="trl_groupopt.trainers.ctpo:CTPOTrainer",
     paper=PAPER,

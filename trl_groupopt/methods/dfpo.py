@@ -22,7 +22,7 @@ PAPER = Paper(
 #: The `dfpo_transform` that selects GRPO-fix (App. H): a mode of the DFPO trainer.
 GRPO_FIX = "symmetric_clip"
 
-SPEC = MethodSpec(
+METHOD = MethodSpec(
     name="dfpo",
     trainer_class="trl_groupopt.trainers.dfpo:DFPOTrainer",
     paper=PAPER,
@@ -31,7 +31,7 @@ SPEC = MethodSpec(
 )
 
 #: GRPO-fix: the DFPO trainer in its symmetric-clip mode.
-GRPO_FIX_SPEC = MethodSpec(
+GRPO_FIX_METHOD = MethodSpec(
     name="grpo_fix",
     trainer_class="trl_groupopt.trainers.dfpo:DFPOTrainer",
     paper=replace(PAPER, section="App. H"),

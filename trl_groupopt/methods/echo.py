@@ -18,7 +18,7 @@ PAPER = Paper(
         }"""),
 )
 
-SPEC = MethodSpec(
+METHOD = MethodSpec(
     name="echo",
     trainer_class="trl_groupopt.trainers.echo:ECHOTrainer",
     paper=PAPER,

@@ -18,7 +18,7 @@ PAPER = Paper(
         }"""),
 )
 
-SPEC = MethodSpec(
+METHOD = MethodSpec(
     name="grpo",
     trainer_class="trl_groupopt.trainers.base:GroupOptTrainer",
     paper=PAPER,

@@ -18,7 +18,7 @@ PAPER = Paper(
         }"""),
 )
 
-SPEC = MethodSpec(
+METHOD = MethodSpec(
     name="otb",
     trainer_class="trl_groupopt.trainers.otb:OTBTrainer",
     paper=PAPER,

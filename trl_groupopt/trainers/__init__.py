@@ -7,7 +7,7 @@ bypass the loss in `compat.py`. Each method module (`echo.py`, `dfpo.py`, `ctpo.
 its trainer; its registry entry (paper, summary, headline metric) is `trl_groupopt/methods/<method>.py`.
 """
 
-from .._lazy import lazy_exports
+from .. import _lazy
 
 _EXPORTS = {
     "GroupOptTrainer": ".base",
@@ -16,6 +16,14 @@ _EXPORTS = {
     **dict.fromkeys(("ECHOConfig", "ECHOTrainer"), ".echo"),
     **dict.fromkeys(("OTBConfig", "OTBTrainer"), ".otb"),
 }
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+
+def __getattr__(name: str):  # PEP 562: a name is imported on first access
+    return _lazy.load(__name__, _EXPORTS, name)
+
+
+def __dir__() -> list[str]:
+    return _lazy.names(__name__, _EXPORTS)
+
 
 __all__ = list(_EXPORTS)

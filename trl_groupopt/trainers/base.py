@@ -67,8 +67,8 @@ class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, GRPOTrainer):
     """
 
     #: The method this trainer implements (its paper, name and tags for model cards).
-    method_spec: ClassVar[MethodSpec] = grpo.SPEC
-    _name, _tag_names, _paper = _card_metadata(grpo.SPEC)
+    method_spec: ClassVar[MethodSpec] = grpo.METHOD
+    _name, _tag_names, _paper = _card_metadata(grpo.METHOD)
 
     #: The config class this trainer reads its knobs from (a `GRPOConfig` subclass).
     config_class: ClassVar[type[GRPOConfig]] = GRPOConfig

@@ -111,7 +111,7 @@ class CTPOConfig(TokenSafeConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
 class CTPOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with the CTPO objective (cumulative prefix ratio, position-scaled log-space clip)."""
 
-    method_spec = ctpo.SPEC
+    method_spec = ctpo.METHOD
     config_class = CTPOConfig
     supports_delta = False
     inert_on_policy = "CTPO is exactly token-level GRPO"

@@ -116,7 +116,7 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
 class DFPOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with DFPO's in-group re-weighted GSPO objective, or GRPO-fix's symmetric clip."""
 
-    method_spec = dfpo.SPEC
+    method_spec = dfpo.METHOD
     config_class = DFPOConfig
     supports_delta = False
     inert_on_policy = "DFPO's re-weighting (or GRPO-fix's clip) never acts"

@@ -167,7 +167,7 @@ class ECHOConfig(TokenSafeConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
 class ECHOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with ECHO's objective: batch-level clip, token-level importance sampling."""
 
-    method_spec = echo.SPEC
+    method_spec = echo.METHOD
     config_class = ECHOConfig
     supports_delta = False
     inert_on_policy = "ECHO's batch clip never acts"

@@ -108,7 +108,7 @@ class OTBConfig(TokenSafeConfigMixin, GRPOConfig):
 class OTBTrainer(EnergyCaptureMixin, GroupOptTrainer):
     """[`trl.GRPOTrainer`] with OTB advantages (optimal token baseline from the logit-gradient energy)."""
 
-    method_spec = otb.SPEC
+    method_spec = otb.METHOD
     config_class = OTBConfig
     requires_whole_groups = True
     requires_raw_rewards = True
