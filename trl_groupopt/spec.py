@@ -28,7 +28,7 @@ class Paper:
 
     title: str
     bibtex: str  # the citation model cards carry
-    arxiv_id: str | None = None  # "2605.07331"; None for a paper without one
+    arxiv_id: str | None = None  # "XXXX.XXXXX"; None for a paper without one
     section: str = ""  # the part of the paper a mode comes from, e.g. "App. H"
 
     def __str__(self) -> str:

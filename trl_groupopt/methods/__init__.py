@@ -1,7 +1,7 @@
 """The shipped methods' specs (TRL-free data: names, papers, summaries, headline metrics, trainer import paths).
 
 One module per method; :data:`SHIPPED` is what ``trl_groupopt.registry`` registers when it is imported. A new method
-adds its module here (README "Adding a method").
+adds its module here (docs/adding-a-method.md).
 """
 
 from __future__ import annotations
