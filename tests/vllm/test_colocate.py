@@ -1,0 +1,116 @@
+"""Every registered method trains with a real vLLM engine in colocate mode (`use_vllm=True, vllm_mode="colocate"`),
+the way users run the library, on the embedded policy in float32.
+
+Each run has two rollouts of two optimizer steps each (`steps_per_generation=2`, so the second step of a rollout is
+off-policy). Around every weight sync, vLLM's logprobs of a fixed batch of prompts are compared with the trainer's
+(`checks.SyncMonitor`); TRL's own logged importance-sampling ratio must then be 1 on the first step of each rollout.
+A run whose sync is skipped must be caught by both checks.
+"""
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from trl_groupopt import METHODS, get_method
+from trl_groupopt.offline import EMBEDDED_POLICY_PATH
+
+from ..helpers import cpu_config_kwargs, length_reward, tiny_dataset
+from .checks import (
+    IS_RATIO_TOLERANCE,
+    LOGPROB_TOLERANCE,
+    SyncMonitor,
+    assert_is_ratios_near_one,
+    assert_synced,
+    fixed_prompt_ids,
+    logged_is_ratios,
+)
+from .engine import SKIP_REASON, on_gpu, vllm_installed
+
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_installed(), reason=SKIP_REASON)]
+
+ROLLOUTS = 2
+
+
+def colocate_trainer(name: str, output_dir, peft_config=None, **overrides):
+    """The registered method on the embedded policy, generating with vLLM in colocate mode, float32 throughout."""
+    kwargs = cpu_config_kwargs(
+        output_dir,
+        use_cpu=not on_gpu(),
+        bf16=False,  # float32 on the trainer side too: bf16 autocast alone makes TRL's logged gap ~2e-3 (docs/vllm.md)
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.3,  # GPU: leave room for training (ignored on CPU)
+        per_device_train_batch_size=8,  # 2 groups of 4 per optimizer step
+        steps_per_generation=2,  # a rollout feeds two optimizer steps
+        max_steps=2 * ROLLOUTS,
+        max_completion_length=48,  # the task's completions end by 46 tokens: lengths, so rewards, differ
+        temperature=0.7,  # not 1: both sides must apply it the same way
+        learning_rate=1e-4,  # the demo's: a stale engine is then ~0.8 behind after a rollout (checks.STALE_GAP: 1e-3)
+    )
+    kwargs.update(overrides)
+    spec = get_method(name)
+    return spec.trainer_class(
+        EMBEDDED_POLICY_PATH,
+        length_reward,  # dense: every group has a non-zero advantage, so every step moves the policy
+        args=spec.make_config(**kwargs),
+        train_dataset=tiny_dataset(32),
+        processing_class=AutoTokenizer.from_pretrained(EMBEDDED_POLICY_PATH, local_files_only=True),
+        peft_config=peft_config,
+    )
+
+
+def parameters(model) -> dict[str, torch.Tensor]:
+    return {name: param.detach().clone() for name, param in model.named_parameters()}
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_method_trains_with_a_synced_colocated_engine(name, vllm_shims, tmp_path):
+    trainer = colocate_trainer(name, tmp_path)
+    monitor = SyncMonitor(trainer, fixed_prompt_ids(trainer))
+    initial = parameters(trainer.model)
+    trainer.train()
+
+    assert trainer.state.global_step == 2 * ROLLOUTS
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 2 * ROLLOUTS and all(torch.isfinite(torch.tensor(losses)))
+    assert any(not torch.equal(initial[n], p) for n, p in trainer.model.named_parameters()), "nothing trained"
+    assert_synced(monitor.records, ROLLOUTS)
+    assert_is_ratios_near_one(trainer.state.log_history, ROLLOUTS)
+
+
+def test_lora_adapter_is_merged_into_vllm_and_unmerged_after(vllm_shims, tmp_path):
+    """TRL merges the adapter, pushes the merged weights and unmerges: vLLM's logprobs then equal the PEFT model's,
+    and the base weights are what they were before the sync."""
+    from peft import LoraConfig
+
+    base_changes: list[float] = []
+
+    def check_base_restored(sync) -> None:
+        base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
+        sync()
+        assert not any(getattr(module, "merged", False) for module in trainer.model.modules()), "left merged"
+        after = dict(trainer.model.named_parameters())
+        base_changes.append(max((after[n].detach() - p).abs().max().item() for n, p in base.items()))
+
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = colocate_trainer("grpo", tmp_path, peft_config=lora, learning_rate=1e-3)  # LoRA moves slower
+    monitor = SyncMonitor(trainer, fixed_prompt_ids(trainer), around_sync=check_base_restored)
+    trainer.train()
+
+    assert_synced(monitor.records, ROLLOUTS)
+    assert max(base_changes) <= 1e-6, f"unmerging did not restore the base weights (max change {max(base_changes)})"
+
+
+def test_a_skipped_weight_sync_is_caught(vllm_shims, tmp_path):
+    """The same run with TRL's weight sync turned into a no-op: both checks must fail."""
+    trainer = colocate_trainer("grpo", tmp_path)
+    monitor = SyncMonitor(trainer, fixed_prompt_ids(trainer), skip_sync=True)
+    trainer.train()
+
+    with pytest.raises(AssertionError, match="vLLM does not generate from the trained policy"):
+        assert_synced(monitor.records, ROLLOUTS)
+    assert max(record.after for record in monitor.records) > 10 * LOGPROB_TOLERANCE
+    with pytest.raises(AssertionError, match="importance-sampling ratio"):
+        assert_is_ratios_near_one(trainer.state.log_history, ROLLOUTS)
+    low, high = logged_is_ratios(trainer.state.log_history)[-1]
+    assert high - low > IS_RATIO_TOLERANCE
