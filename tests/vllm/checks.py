@@ -33,17 +33,29 @@ def fixed_prompt_ids(trainer, num_prompts: int = 4) -> list[list[int]]:
     return prompt_ids
 
 
-def logprob_gap(trainer, prompt_ids: list[list[int]]) -> float:
+#: vLLM's side of a comparison: prompts -> (completion ids, the sampled tokens' logprobs), one completion per prompt.
+Generate = Callable[[list[list[int]]], tuple[list[list[int]], list[list[float]]]]
+
+
+def backend_generate(trainer) -> Generate:
+    """Sampling through the trainer's own TRL vLLM backend (`VLLMGeneration.generate`, its sampling parameters)."""
+
+    def generate(prompt_ids):
+        _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(prompt_ids, None, num_generations=1)
+        return completion_ids, [[lp[0] for lp in seq] for seq in logprobs]
+
+    return generate
+
+
+def logprob_gap(trainer, prompt_ids: list[list[int]], generate: Generate | None = None) -> float:
     """Max |vLLM - trainer| log-probability over the tokens vLLM samples for `prompt_ids`.
 
-    Both sides as TRL computes them during training: vLLM through TRL's `VLLMGeneration.generate` (its sampling
-    parameters, `logprobs_mode="processed_logprobs"`, so the temperature applies), the trainer through
+    Both sides as TRL computes them during training: vLLM with `logprobs_mode="processed_logprobs"` (through
+    `generate`, by default the trainer's TRL backend), so the temperature applies; the trainer through
     `_get_per_token_logps_and_entropies` (logits divided by the same temperature), prompts left-padded and completions
     right-padded as `_generate_and_score_completions` pads them.
     """
-    _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
-        prompts=prompt_ids, images=None, num_generations=1
-    )
+    completion_ids, sampled_logps = (generate or backend_generate(trainer))(prompt_ids)
     device, pad_id = trainer.accelerator.device, trainer.processing_class.pad_token_id
 
     def padded(rows, value, side, dtype=torch.long):
@@ -52,7 +64,7 @@ def logprob_gap(trainer, prompt_ids: list[list[int]]) -> float:
     prompt, prompt_mask = padded(prompt_ids, pad_id, "left"), padded([[1] * len(p) for p in prompt_ids], 0, "left")
     completion = padded(completion_ids, pad_id, "right")
     completion_mask = padded([[1] * len(c) for c in completion_ids], 0, "right")
-    vllm_logps = padded([[lp[0] for lp in seq] for seq in logprobs], 0.0, "right", torch.float32)
+    vllm_logps = padded(sampled_logps, 0.0, "right", torch.float32)
     with torch.no_grad():
         trainer_logps = trainer._get_per_token_logps_and_entropies(
             trainer.model,

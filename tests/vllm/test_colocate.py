@@ -9,12 +9,9 @@ A run whose sync is skipped must be caught by both checks.
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
-from trl_groupopt import METHODS, get_method
-from trl_groupopt.offline import EMBEDDED_POLICY_PATH
+from trl_groupopt import METHODS
 
-from ..helpers import cpu_config_kwargs, length_reward, tiny_dataset
 from .checks import (
     IS_RATIO_TOLERANCE,
     LOGPROB_TOLERANCE,
@@ -24,48 +21,15 @@ from .checks import (
     fixed_prompt_ids,
     logged_is_ratios,
 )
-from .engine import SKIP_REASON, on_gpu, vllm_installed
+from .engine import SKIP_REASON, vllm_installed
+from .runs import ROLLOUTS, parameters, vllm_trainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_installed(), reason=SKIP_REASON)]
-
-ROLLOUTS = 2
-
-
-def colocate_trainer(name: str, output_dir, peft_config=None, **overrides):
-    """The registered method on the embedded policy, generating with vLLM in colocate mode, float32 throughout."""
-    kwargs = cpu_config_kwargs(
-        output_dir,
-        use_cpu=not on_gpu(),
-        bf16=False,  # float32 on the trainer side too: bf16 autocast alone makes TRL's logged gap ~2e-3 (docs/vllm.md)
-        use_vllm=True,
-        vllm_mode="colocate",
-        vllm_gpu_memory_utilization=0.3,  # GPU: leave room for training (ignored on CPU)
-        per_device_train_batch_size=8,  # 2 groups of 4 per optimizer step
-        steps_per_generation=2,  # a rollout feeds two optimizer steps
-        max_steps=2 * ROLLOUTS,
-        max_completion_length=48,  # the task's completions end by 46 tokens: lengths, so rewards, differ
-        temperature=0.7,  # not 1: both sides must apply it the same way
-        learning_rate=1e-4,  # the demo's: a stale engine is then ~0.8 behind after a rollout (checks.STALE_GAP: 1e-3)
-    )
-    kwargs.update(overrides)
-    spec = get_method(name)
-    return spec.trainer_class(
-        EMBEDDED_POLICY_PATH,
-        length_reward,  # dense: every group has a non-zero advantage, so every step moves the policy
-        args=spec.make_config(**kwargs),
-        train_dataset=tiny_dataset(32),
-        processing_class=AutoTokenizer.from_pretrained(EMBEDDED_POLICY_PATH, local_files_only=True),
-        peft_config=peft_config,
-    )
-
-
-def parameters(model) -> dict[str, torch.Tensor]:
-    return {name: param.detach().clone() for name, param in model.named_parameters()}
 
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_method_trains_with_a_synced_colocated_engine(name, vllm_shims, tmp_path):
-    trainer = colocate_trainer(name, tmp_path)
+    trainer = vllm_trainer(name, tmp_path)
     monitor = SyncMonitor(trainer, fixed_prompt_ids(trainer))
     initial = parameters(trainer.model)
     trainer.train()
@@ -93,7 +57,7 @@ def test_lora_adapter_is_merged_into_vllm_and_unmerged_after(vllm_shims, tmp_pat
         base_changes.append(max((after[n].detach() - p).abs().max().item() for n, p in base.items()))
 
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    trainer = colocate_trainer("grpo", tmp_path, peft_config=lora, learning_rate=1e-3)  # LoRA moves slower
+    trainer = vllm_trainer("grpo", tmp_path, peft_config=lora, learning_rate=1e-3)  # LoRA moves slower
     monitor = SyncMonitor(trainer, fixed_prompt_ids(trainer), around_sync=check_base_restored)
     trainer.train()
 
@@ -103,7 +67,7 @@ def test_lora_adapter_is_merged_into_vllm_and_unmerged_after(vllm_shims, tmp_pat
 
 def test_a_skipped_weight_sync_is_caught(vllm_shims, tmp_path):
     """The same run with TRL's weight sync turned into a no-op: both checks must fail."""
-    trainer = colocate_trainer("grpo", tmp_path)
+    trainer = vllm_trainer("grpo", tmp_path)
     monitor = SyncMonitor(trainer, fixed_prompt_ids(trainer), skip_sync=True)
     trainer.train()
 
