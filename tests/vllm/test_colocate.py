@@ -78,3 +78,15 @@ def test_a_skipped_weight_sync_is_caught(vllm_shims, tmp_path):
         assert_is_ratios_near_one(trainer.state.log_history, ROLLOUTS)
     low, high = logged_is_ratios(trainer.state.log_history)[-1]
     assert high - low > IS_RATIO_TOLERANCE
+
+
+def test_bf16_autocast_alone_opens_the_logged_gap(vllm_shims, tmp_path):
+    """The cause of the float32 gap (docs/vllm.md): the same float32 engine and policy, with the trainer's forward
+    under bf16 autocast (`bf16=True`), no longer matches vLLM, and TRL's IS ratio moves away from 1."""
+    trainer = vllm_trainer("grpo", tmp_path, bf16=True, max_steps=2)
+    monitor = SyncMonitor(trainer, fixed_prompt_ids(trainer))
+    trainer.train()
+
+    assert min(record.after for record in monitor.records) > 10 * LOGPROB_TOLERANCE
+    (low, high), *_ = logged_is_ratios(trainer.state.log_history)
+    assert high - low > IS_RATIO_TOLERANCE
