@@ -15,11 +15,13 @@ from trl_groupopt import METHODS
 from .checks import (
     IS_RATIO_TOLERANCE,
     LOGPROB_TOLERANCE,
+    STALE_GAP,
     SyncMonitor,
     assert_is_ratios_near_one,
     assert_synced,
     fixed_prompt_ids,
     logged_is_ratios,
+    logprob_gap,
 )
 from .engine import SKIP_REASON, vllm_installed
 from .runs import ROLLOUTS, parameters, vllm_trainer
@@ -43,25 +45,30 @@ def test_method_trains_with_a_synced_colocated_engine(name, vllm_shims, tmp_path
 
 
 def test_lora_adapter_is_merged_into_vllm_and_unmerged_after(vllm_shims, tmp_path):
-    """TRL merges the adapter, pushes the merged weights and unmerges: vLLM's logprobs then equal the PEFT model's,
-    and the base weights are what they were before the sync."""
+    """TRL merges the adapter, pushes the merged weights and unmerges: vLLM's logprobs then equal the PEFT model's
+    (and not the base model's, once the adapter has trained), and the base weights are what they were before."""
     from peft import LoraConfig
 
     base_changes: list[float] = []
+    base_model_gaps: list[float] = []  # vLLM against the trainer with its adapter disabled
 
-    def check_base_restored(sync) -> None:
+    def check_merge_and_unmerge(sync) -> None:
         base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" not in n}
         sync()
         assert not any(getattr(module, "merged", False) for module in trainer.model.modules()), "left merged"
         after = dict(trainer.model.named_parameters())
         base_changes.append(max((after[n].detach() - p).abs().max().item() for n, p in base.items()))
+        with trainer.model.disable_adapter():
+            base_model_gaps.append(logprob_gap(trainer, prompt_ids))
 
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer = vllm_trainer("grpo", tmp_path, peft_config=lora, learning_rate=1e-3)  # LoRA moves slower
-    monitor = SyncMonitor(trainer, fixed_prompt_ids(trainer), around_sync=check_base_restored)
+    prompt_ids = fixed_prompt_ids(trainer)
+    monitor = SyncMonitor(trainer, prompt_ids, around_sync=check_merge_and_unmerge)
     trainer.train()
 
     assert_synced(monitor.records, ROLLOUTS)
+    assert base_model_gaps[-1] > STALE_GAP, "the trained adapter did not change vLLM's logprobs: was it merged?"
     assert max(base_changes) <= 1e-6, f"unmerging did not restore the base weights (max change {max(base_changes)})"
 
 
