@@ -26,7 +26,7 @@ from .checks import (
 from .engine import SKIP_REASON, vllm_installed
 from .runs import ROLLOUTS, parameters, vllm_trainer
 
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_installed(), reason=SKIP_REASON)]
+pytestmark = pytest.mark.skipif(not vllm_installed(), reason=SKIP_REASON)  # marked vllm and slow by folder
 
 
 @pytest.mark.parametrize("name", list(METHODS))

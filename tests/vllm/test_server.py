@@ -25,7 +25,7 @@ from .checks import (
 from .engine import SKIP_REASON, on_gpu, vllm_installed, vllm_server
 from .runs import ROLLOUTS, vllm_trainer
 
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not vllm_installed(), reason=SKIP_REASON)]
+pytestmark = pytest.mark.skipif(not vllm_installed(), reason=SKIP_REASON)  # marked vllm and slow by folder
 
 
 def test_server_mode(vllm_shims, tmp_path):
