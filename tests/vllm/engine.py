@@ -94,7 +94,6 @@ def patched_llm_factory(make_llm: Callable[..., Any]) -> Callable[..., Any]:
             torch.set_num_threads(num_threads)
         return engines[key]
 
-    make.engines = engines
     return make
 
 
