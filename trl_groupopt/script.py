@@ -6,33 +6,30 @@ and argument errors never import TRL. The default layers the parser applies are 
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import enum
+import inspect
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
+from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
-from . import offline
-from .cli import (
-    DATASET_FORMATS,
-    EMBEDDED_POLICY_DEFAULTS,
-    EMBEDDED_POLICY_METHOD_DEFAULTS,
-    REWARD_FUNCS,
-    RUN_DEFAULTS,
-    default_output_dir,
-    load_datasets,
-    uses_embedded_policy,
-)
+from . import offline, options
+from .cli import DATASET_FORMATS, REWARD_FUNCS, STRING_PROMPTS, layered_defaults, uses_embedded_policy
 from .device import device_supports_bf16, has_accelerator
 from .model_card import SYNTHETIC_DATASET_NAME
 from .registry import get_method
 from .reporting import ReadableProgressCallback, plot_reward_accuracy, write_results
 from .trainers.base import GroupOptTrainer
+from .trainers.config import TokenSafeConfigMixin
 
-__all__ = ["DemoScriptArguments", "build_parser", "run"]
+__all__ = ["DemoScriptArguments", "build_parser", "live_options", "run"]
 
 
 @dataclass
@@ -62,6 +59,24 @@ class DemoScriptArguments(ScriptArguments):
             "alone can be maximised by boxing any number, so the demo trains on accuracy only."
         },
     )
+    max_unusable_answer_fraction: float = field(
+        default=0.1,
+        metadata={
+            "help": "Rows whose gold answer is unusable (empty or null; for gsm8k no '#### <answer>', for math no "
+            "\\boxed{}) get no reward. They are counted when the data loads: above this fraction of the rows the run "
+            "stops before the model loads, at or below it (but not zero) it warns. 0: any such row stops the run."
+        },
+    )
+    string_prompts: str = field(
+        default="user_message",
+        metadata={
+            "help": "Prompts given as plain strings, for a model whose tokenizer has a chat template: 'user_message' "
+            "sends each as one user message (the chat template applies, as for conversational prompts), 'raw' "
+            "keeps the text as is (the model continues it) and warns. Prompts that already hold the tokenizer's "
+            "special tokens are kept as they are.",
+            "choices": list(STRING_PROMPTS),
+        },
+    )
     num_train_examples: int = field(default=2000, metadata={"help": "Synthetic task: training prompts."})
     num_eval_examples: int = field(default=200, metadata={"help": "Synthetic task: held-out prompts for accuracy."})
     evaluate_accuracy: bool = field(
@@ -70,6 +85,12 @@ class DemoScriptArguments(ScriptArguments):
             "help": "Synthetic task: measure held-out greedy accuracy before and after training (results.json)."
         },
     )
+
+    def __post_init__(self):
+        if not 0.0 <= self.max_unusable_answer_fraction <= 1.0:
+            raise ValueError(
+                f"--max_unusable_answer_fraction must be within [0, 1], got {self.max_unusable_answer_fraction}."
+            )
 
 
 def _preparse(argv: Sequence[str]) -> tuple[DemoScriptArguments, ModelConfig]:
@@ -81,29 +102,101 @@ def _preparse(argv: Sequence[str]) -> tuple[DemoScriptArguments, ModelConfig]:
     return script_args, model_args
 
 
-def build_parser(method: str, argv: Sequence[str] = ()) -> TrlParser:
+# ---------------------------------------------------------------------------------------------------- options
+def _trl_sections() -> dict[str, str]:
+    """field -> TRL's heading for it, from the ``> Parameters that control ...`` headings of GRPOConfig's docstring,
+    in TRL's order (a field TRL lists under none falls to transformers' TrainingArguments group)."""
+    sections, title = {}, None
+    for line in inspect.cleandoc(GRPOConfig.__doc__ or "").splitlines():
+        heading = re.match(r"\s*> (?:Parameters that control (.+)|(Deprecated parameters))$", line)
+        if heading:
+            title = heading.group(1) or heading.group(2).lower()
+            continue
+        entry = re.match(r"    (\w+)(?: \(|:$)", line)
+        if entry and title:
+            sections[entry.group(1)] = options.TRL_GROUP_PREFIX + title
+    return sections
+
+
+def _option_groups(config_class: type) -> dict[str, str]:
+    """dest -> the help's group key (`trl_groupopt.options`), in the order the help lists them: the method's own
+    fields (declared by its config class and its mixins, overrides of GRPOConfig fields included, in declaration
+    order), the script's (DemoScriptArguments, and the config fields every method shares), TRL's GRPOConfig
+    headings, ModelConfig's, then transformers' TrainingArguments."""
+    own, shared = {}, {}  # the config class's own body first, then its mixins'
+    for cls in config_class.__mro__:
+        if cls.__module__.startswith(f"{__package__}."):
+            for name in inspect.get_annotations(cls):
+                (shared if cls is TokenSafeConfigMixin else own).setdefault(name, None)
+    trl_sections = _trl_sections()
+    groups = dict.fromkeys(own, options.METHOD_GROUP)
+    groups.update(dict.fromkeys((f.name for f in dataclasses.fields(DemoScriptArguments)), options.SCRIPT_GROUP))
+    groups.update(dict.fromkeys(shared, options.SCRIPT_GROUP))
+    groups.update({name: trl_sections[name] for name in trl_sections if name not in groups})
+    groups.update({f.name: options.MODEL_GROUP for f in dataclasses.fields(ModelConfig) if f.name not in groups})
+    for f in dataclasses.fields(config_class):
+        groups.setdefault(f.name, options.TRANSFORMERS_GROUP)
+    return groups
+
+
+def _describe(action: argparse.Action, group: str) -> dict:
+    """One option of TRL's parser as JSON-able data (what `trl_groupopt.options` rebuilds a parser from)."""
+    value_type, accepts_none = action.type, False
+    if getattr(value_type, "__qualname__", "").startswith("_accept_none."):
+        value_type, accepts_none = value_type.__closure__[0].cell_contents, True
+    choices = action.choices
+    if isinstance(value_type, type) and issubclass(value_type, enum.Enum):  # e.g. transformers' DebugOption
+        choices = [member.value for member in value_type]
+    name = getattr(value_type, "__name__", "")
+    type_name = None if value_type is None else name if name in options.VALUE_TYPES else "any"
+    if name == "string_to_bool":
+        type_name = "bool"
+    default = action.default
+    return {
+        "flags": list(action.option_strings),
+        "dest": action.dest,
+        "store_false": isinstance(action, argparse._StoreFalseAction),
+        "type": type_name,
+        "accepts_none": accepts_none,
+        "nargs": action.nargs if not isinstance(action, argparse._StoreFalseAction) else None,
+        "const": action.const if not isinstance(action, argparse._StoreFalseAction) else None,
+        "choices": None if choices is None else [str(c) for c in choices],
+        "default": getattr(default, "__name__", None) or str(default),  # as argparse shows it: %(default)s
+        "help": action.help,
+        "group": group,
+    }
+
+
+def live_options(method: str) -> list[dict]:
+    """`method`'s command-line options as TRL's parser builds them, grouped for the help (`trl_groupopt.options`
+    caches this; the defaults are the dataclasses', the CLI's layers are applied when the help is shown)."""
+    spec = get_method(method)
+    parser = TrlParser((DemoScriptArguments, spec.config_class, ModelConfig), add_help=False)
+    groups = _option_groups(spec.config_class)
+    rank = {group: i for i, group in enumerate(dict.fromkeys(groups.values()))}
+    declared = {dest: i for i, dest in enumerate(groups)}
+
+    def position(action: argparse.Action) -> tuple[int, int]:
+        # by group; the method's options in declaration order, the others in the parser's (stable sort)
+        group = groups[action.dest]
+        return rank[group], declared[action.dest] if group == options.METHOD_GROUP else 0
+
+    actions = sorted(parser._actions, key=position)
+    return [_describe(action, groups[action.dest]) for action in actions]
+
+
+def build_parser(method: str, argv: Sequence[str] = (), prog: str | None = None) -> TrlParser:
     """The method's full parser (script, method config and model arguments), its defaults layered as described in
-    `trl_groupopt.cli` for what argv names."""
+    `trl_groupopt.cli` for what argv names. (Its `--help` is `trl_groupopt.options`'s, shown before this is built.)"""
     spec = get_method(method)
     _, model_args = _preparse(argv)
-    parser = TrlParser(
-        (DemoScriptArguments, spec.config_class, ModelConfig),
-        prog=f"trl-groupopt train --method {method}",
-        description=f"Train with {spec.trainer_name} ({spec.paper}). {spec.summary}".strip(),
-    )
-    parser.set_defaults(**spec.config_defaults)  # a mode's settings (GRPO-fix); the command line still wins
+    parser = TrlParser((DemoScriptArguments, spec.config_class, ModelConfig), prog=prog)
     use_cpu = not has_accelerator()
+    # the method configs pick bf16 by device themselves; TRL's GRPOConfig (the base trainer) would train in bf16
+    # autocast on a CPU, several times slower than fp32
     parser.set_defaults(
-        **RUN_DEFAULTS,
-        output_dir=default_output_dir(method, model_args.model_name_or_path),
-        use_cpu=use_cpu,
-        # the method configs pick bf16 by device themselves; TRL's GRPOConfig (the base trainer) would train in bf16
-        # autocast on a CPU, several times slower than fp32
-        bf16=device_supports_bf16(use_cpu),
+        **layered_defaults(method, model_args.model_name_or_path, use_cpu=use_cpu, bf16=device_supports_bf16(use_cpu))
     )
-    if uses_embedded_policy(model_args.model_name_or_path):
-        parser.set_defaults(**EMBEDDED_POLICY_DEFAULTS, model_name_or_path=offline.EMBEDDED_POLICY_PATH)
-        parser.set_defaults(**EMBEDDED_POLICY_METHOD_DEFAULTS.get(method, {}))
     return parser
 
 
@@ -169,11 +262,11 @@ def _save_outputs(trainer, method, training_args, model_args, dataset_name, accu
     say(f"saved the model, README.md (card), trainer_state.json, results.json and plots in {training_args.output_dir}")
 
 
-def run(method, script_args, training_args, model_args, demo) -> GroupOptTrainer:
-    """Train `method` with parsed arguments; save the model, card, state and results; returns the trainer."""
+def run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset=None) -> GroupOptTrainer:
+    """Train `method` with parsed arguments on the datasets `trl_groupopt.cli.load_datasets` checked; save the model,
+    card, state and results; returns the trainer."""
     set_cpu_threads(training_args, uses_embedded_policy(model_args.model_name_or_path))
     start = time.perf_counter()
-    train_dataset, eval_dataset = load_datasets(script_args, demo)
     trainer = _build_trainer(method, script_args, training_args, model_args, train_dataset)
     main = trainer.accelerator.is_main_process
 
