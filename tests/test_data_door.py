@@ -44,7 +44,10 @@ def _datasets(method: str, argv: list[str]):
 def test_an_empty_data_file_is_named(tmp_path, content, no_model_loads):
     empty = tmp_path / "empty.jsonl"
     empty.write_text(content)
-    with pytest.raises(ValueError, match=rf"--dataset_name {re.escape(str(empty))} is empty.*e\.g\. \{{\"prompt\""):
+    says = rf"--dataset_name {re.escape(str(empty))} is empty.*e\.g\. \{{\"prompt\""
+    with pytest.raises(ValueError, match=says):
+        cli.load_raw_dataset(str(empty))  # was datasets' bare StopIteration
+    with pytest.raises(ValueError, match=says):
         cli.train("echo", ["--dataset_name", str(empty), "--output_dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
 

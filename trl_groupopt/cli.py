@@ -192,9 +192,11 @@ def check_argv(method: str, argv: Sequence[str], prog: str) -> None:
     file, an unknown option (in argv or the file), a bad choice or value, a local model folder or data file that does
     not exist, an empty data file. Help and argument errors exit; a path error raises."""
     config = _read_config_file(argv, prog)
-    given = dict(config)
-    described = options.method_options(method)
     model = _given_value(argv, "model_name_or_path", config)
+    if not {"-h", "--help"} & set(argv):  # before the options are read: fast even when they are not cached yet
+        check_model_path(model)
+        check_data_path(_given_value(argv, "dataset_name", config))
+    described = options.method_options(method)
     parser = options.help_parser(
         method,
         described,
@@ -210,14 +212,14 @@ def check_argv(method: str, argv: Sequence[str], prog: str) -> None:
     unknown = sorted(set(config) - {"env"} - set(dests))
     if unknown:
         options.die(prog, f"--config {parsed.config}: " + options.unknown_option_message(unknown, dests, "key"))
-    given.update({k: v for k, v in vars(parsed).items() if v is not None})
+    given = {**config, **{k: v for k, v in vars(parsed).items() if v is not None}}  # abbreviated flags too
     check_model_path(given.get("model_name_or_path"))
     check_data_path(given.get("dataset_name"))
 
 
 def _given_value(argv: Sequence[str], dest: str, config: Mapping[str, Any]) -> Any:
     """`--dest VALUE` (or `--dest=VALUE`, hyphens or underscores) from argv, else from the config file: what the help
-    needs before argv is parsed."""
+    and the path checks need before argv is parsed."""
     flags = {f"--{dest}", f"--{dest.replace('_', '-')}"}
     value = config.get(dest)
     for i, arg in enumerate(argv):

@@ -99,13 +99,17 @@ def _door_cases(tmp_path):
 
 def test_method_help_and_argument_errors_answer_in_under_2_cpu_seconds(cached_options, tmp_path):
     """The console commands themselves, in fresh processes: each answers (errors in one line) using under 2 s of CPU
-    (user + system, this process's children), without importing TRL, transformers, torch or datasets."""
+    (user + system, this process's children), without importing TRL, transformers, torch or datasets. A missing or
+    empty data file and a missing model folder answer as fast with no cache at all."""
     import resource
 
-    for args, status, says in _door_cases(tmp_path):
+    cold = process_environment(TRL_GROUPOPT_CACHE=str(tmp_path / "no-cache-yet"))
+    cases = [(case, process_environment()) for case in _door_cases(tmp_path)]
+    cases += [(case, cold) for case in _door_cases(tmp_path) if case[1] == 1]
+    for (args, status, says), env in cases:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        proc = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, env=process_environment(), capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+        proc = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         assert proc.returncode == status, (args, proc.stderr)
