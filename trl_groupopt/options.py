@@ -134,7 +134,6 @@ def string_to_bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"Truthy value expected: got {value} but expected one of yes/no, true/false.")
 
 
-string_to_bool.__name__ = "bool"
 #: The value types TRL's parser uses, by the name `live_options` records; "any" is a type this module does not
 #: know, so any value passes here and TRL's parser decides.
 VALUE_TYPES: dict[str, Callable[[str], Any]] = {"str": str, "int": int, "float": float, "bool": string_to_bool}
@@ -160,7 +159,7 @@ class OneLineParser(argparse.ArgumentParser):
     misspelled one; exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        die(self.prog, message)
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None):
         parsed, unknown = self.parse_known_args(args, namespace)
@@ -178,7 +177,7 @@ def unknown_option_message(unknown: Sequence[str], known: Iterable[str], what: s
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults after each option (TRL's parser shows them too); descriptions and the epilog as written."""
+    """Defaults after each option (TRL's parser shows them too); descriptions as written."""
 
 
 def _group_title(key: str, method: str) -> tuple[str, str | None]:
@@ -201,15 +200,15 @@ def help_parser(
     options: Sequence[Mapping[str, Any]],
     *,
     prog: str,
-    defaults: Mapping[str, Any] = {},  # noqa: B006 (read only)
+    defaults: Mapping[str, Any] | None = None,
     script_options: Callable[[argparse._ArgumentGroup], None] | None = None,
     script_description: str | None = None,
 ) -> OneLineParser:
     """A parser of `method`'s options (see :func:`method_options`) that prints the grouped help and checks argv.
 
     `defaults` are shown in the help (the layers `trl_groupopt.cli` applies); `script_options` adds the options that
-    are no dataclass field (``--config``) to the script group, `script_description` heads it. Parsing gives None for every option not in argv: the
-    values themselves are TRL's parser's to read."""
+    are no dataclass field (``--config``) to the script group, `script_description` heads it. Parsing with
+    :func:`parse_unset` gives None for every option not in argv: the values are TRL's parser's to read."""
     spec = get_method(method)
     parser = OneLineParser(
         prog=prog,
@@ -245,7 +244,7 @@ def help_parser(
                 choices=option["choices"],
                 **kwargs,
             )
-    parser.set_defaults(**{dest: str(value) for dest, value in defaults.items()})  # shown, never parsed
+    parser.set_defaults(**{dest: str(value) for dest, value in (defaults or {}).items()})  # shown, never parsed
     return parser
 
 

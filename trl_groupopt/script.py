@@ -142,26 +142,27 @@ def _option_groups(config_class: type) -> dict[str, str]:
 def _describe(action: argparse.Action, group: str) -> dict:
     """One option of TRL's parser as JSON-able data (what `trl_groupopt.options` rebuilds a parser from)."""
     value_type, accepts_none = action.type, False
-    if getattr(value_type, "__qualname__", "").startswith("_accept_none."):
+    if getattr(value_type, "__qualname__", "").startswith("_accept_none."):  # trl.scripts._hf_argparser (1.16.0)
         value_type, accepts_none = value_type.__closure__[0].cell_contents, True
     choices = action.choices
     if isinstance(value_type, type) and issubclass(value_type, enum.Enum):  # e.g. transformers' DebugOption
         choices = [member.value for member in value_type]
     name = getattr(value_type, "__name__", "")
-    type_name = None if value_type is None else name if name in options.VALUE_TYPES else "any"
-    if name == "string_to_bool":
-        type_name = "bool"
-    default = action.default
+    if value_type is None:
+        type_name = None
+    else:
+        type_name = "bool" if name == "string_to_bool" else name if name in options.VALUE_TYPES else "any"
+    store_false = isinstance(action, argparse._StoreFalseAction)
     return {
         "flags": list(action.option_strings),
         "dest": action.dest,
-        "store_false": isinstance(action, argparse._StoreFalseAction),
+        "store_false": store_false,
         "type": type_name,
         "accepts_none": accepts_none,
-        "nargs": action.nargs if not isinstance(action, argparse._StoreFalseAction) else None,
-        "const": action.const if not isinstance(action, argparse._StoreFalseAction) else None,
+        "nargs": None if store_false else action.nargs,
+        "const": None if store_false else action.const,
         "choices": None if choices is None else [str(c) for c in choices],
-        "default": getattr(default, "__name__", None) or str(default),  # as argparse shows it: %(default)s
+        "default": getattr(action.default, "__name__", None) or str(action.default),  # argparse's %(default)s
         "help": action.help,
         "group": group,
     }
