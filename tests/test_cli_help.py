@@ -91,6 +91,7 @@ def test_each_entry_point_names_itself(capsys, monkeypatch):
         (["--learning_rate", "fast"], "argument --learning_rate/--learning-rate: invalid float value: 'fast'"),
         (["--use_peft", "maybe"], "argument --use_peft/--use-peft: Truthy value expected: got maybe"),
         (["--max_steps"], "argument --max_steps/--max-steps: expected one argument"),
+        (["--reward_funcs", "accuracy"], "--reward_funcs: unknown ['accuracy']; choose from ['accuracy_reward', "),
     ],
 )
 def test_argument_errors_are_one_line_naming_the_fix(argv, says, capsys):
@@ -178,8 +179,13 @@ def test_the_cache_key_follows_versions_and_source(options, empty_cache, monkeyp
     first = options._key()
     monkeypatch.setattr(options, "_version", lambda distribution: "0.0.0")  # another TRL / transformers
     assert options._key() != first and options._read("otb", options._key()) is None
-    options.method_options("otb")  # recomputed under the new key; the old key's folder is gone
-    assert [p.name for p in (empty_cache / "options").iterdir()] == [options._key()]
+    options.method_options("otb")  # recomputed under the new key, the old key's folder kept beside it
+    assert sorted(p.name for p in (empty_cache / "options").iterdir()) == sorted([first, options._key()])
+    for version in range(options.KEPT_KEYS + 2):
+        monkeypatch.setattr(options, "_version", lambda distribution, v=version: f"9.{v}")
+        options.store_options({"otb": []})
+    kept = {p.name for p in (empty_cache / "options").iterdir()}
+    assert len(kept) == options.KEPT_KEYS and options._key() in kept  # the newest stay
 
 
 def test_a_method_registered_at_run_time_is_never_cached(options, empty_cache, monkeypatch):

@@ -189,8 +189,9 @@ def _read_config_file(argv: Sequence[str], prog: str) -> dict[str, Any]:
 
 def check_argv(method: str, argv: Sequence[str], prog: str) -> None:
     """Answer ``--help`` and reject what argparse can before TRL is imported: a missing or malformed ``--config``
-    file, an unknown option (in argv or the file), a bad choice or value, a local model folder or data file that does
-    not exist, an empty data file. Help and argument errors exit; a path error raises."""
+    file, an unknown option (in argv or the file), a bad choice or value, an unknown reward function, a local model
+    folder or data file that does not exist, an empty data file. Help and argument errors exit; a path error
+    raises."""
     config = _read_config_file(argv, prog)
     model = _given_value(argv, "model_name_or_path", config)
     if not {"-h", "--help"} & set(argv):  # before the options are read: fast even when they are not cached yet
@@ -213,6 +214,10 @@ def check_argv(method: str, argv: Sequence[str], prog: str) -> None:
     if unknown:
         options.die(prog, f"--config {parsed.config}: " + options.unknown_option_message(unknown, dests, "key"))
     given = {**config, **{k: v for k, v in vars(parsed).items() if v is not None}}  # abbreviated flags too
+    reward_funcs = given.get("reward_funcs") or []
+    unknown = sorted(set([reward_funcs] if isinstance(reward_funcs, str) else reward_funcs) - set(REWARD_FUNCS))
+    if unknown:
+        options.die(prog, f"--reward_funcs: unknown {unknown}; choose from {sorted(REWARD_FUNCS)}.")
     check_model_path(given.get("model_name_or_path"))
     check_data_path(given.get("dataset_name"))
 
@@ -243,9 +248,6 @@ def parse(method: str, argv: Sequence[str] | None = None, *, prog: str | None = 
 
     parser = build_parser(method, argv, prog)
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
-    unknown = sorted(set(script_args.reward_funcs) - set(REWARD_FUNCS))
-    if unknown:
-        parser.error(f"--reward_funcs: unknown {unknown}; choose from {sorted(REWARD_FUNCS)}.")
     demo = uses_embedded_policy(model_args.model_name_or_path) and script_args.dataset_name is None
     return script_args, training_args, model_args, demo
 

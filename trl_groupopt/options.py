@@ -83,8 +83,13 @@ def _read(method: str, key: str) -> list[dict[str, Any]] | None:
         return None
 
 
+#: Keys whose options stay cached (several checkouts or environments may share one cache).
+KEPT_KEYS = 4
+
+
 def store_options(options: Mapping[str, list[dict[str, Any]]], key: str | None = None) -> None:
-    """Write each method's options to the cache (atomically; older keys' folders are removed). Best effort."""
+    """Write each method's options to the cache (atomically; only the :data:`KEPT_KEYS` newest keys' folders are
+    kept). Best effort."""
     key = key or _key()
     folder = cache_dir() / "options" / key
     try:
@@ -93,9 +98,9 @@ def store_options(options: Mapping[str, list[dict[str, Any]]], key: str | None =
             with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False, encoding="utf-8") as tmp:
                 json.dump(described, tmp)
             os.replace(tmp.name, folder / f"{method}.json")
-        for other in folder.parent.iterdir():
-            if other.name != key:
-                shutil.rmtree(other, ignore_errors=True)
+        others = [path for path in folder.parent.iterdir() if path.name != key]
+        for other in sorted(others, key=lambda path: path.stat().st_mtime, reverse=True)[KEPT_KEYS - 1 :]:
+            shutil.rmtree(other, ignore_errors=True)
     except OSError:
         pass  # a read-only home: every call computes the options (slower, same answer)
 
