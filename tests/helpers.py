@@ -154,9 +154,10 @@ def random_batch(
 
 
 def _forward(trainer, model, batch):
-    from trl_groupopt.trainers.base import GroupOptTrainer
+    """TRL's log-prob forward (`LossMixin`'s, without energy capture), for a GRPOTrainer or any of ours."""
+    from trl_groupopt.trainers.loss import LossMixin
 
-    return GroupOptTrainer._forward_logps_and_entropies(trainer, model, batch)
+    return LossMixin._forward_logps_and_entropies(trainer, model, batch)
 
 
 def inputs_with_policies(trainer, batch):

@@ -16,8 +16,9 @@ from ..methods import dfpo
 from ..methods.dfpo import GRPO_FIX
 from ..objectives.common import ObjectiveOutput, check_choice, check_positive
 from ..objectives.dfpo import TRANSFORMS, check_orthogonal_over, dfpo_loss, symmetric_clip_loss, validate_dfpo
+from ..objectives.estimators import get_estimator
 from .base import GroupOptTrainer
-from .config import TokenSafeConfigMixin, objective_arguments
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
 
 #: `dfpo_loss`'s hyper-parameters -> the DFPOConfig fields that set them (the names its errors use).
 DFPO_ARGUMENTS = {
@@ -34,8 +35,22 @@ GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
 GRPO_FIX_EPSILON_HIGH = 0.2
 
 
+def check_sequence_advantages(transform: str, advantage_estimator: str) -> None:
+    """DFPO's transforms need one advantage per sequence: refuse a per-token estimator for them (docs/dfpo.md)."""
+    if transform == GRPO_FIX or not get_estimator(advantage_estimator).per_token:
+        return
+    raise ValueError(
+        f"dfpo_transform={transform!r} does not take advantage_estimator={advantage_estimator!r}: DFPO's in-group "
+        "transform makes sum_i A_i s_til_i = 0 with ONE advantage A_i per sequence, and these advantages differ at "
+        "every token (A_it). With one weight s_til_i per sequence the constraint would have to hold at every "
+        "position t at once (T equations for G weights: in general only s_til = 0), so no per-token form keeps "
+        "DFPO's guarantee. Use dfpo_transform='symmetric_clip' (GRPO-fix, per-token) with it, or "
+        "advantage_estimator='grpo' with DFPO's transforms."
+    )
+
+
 @dataclass(repr=False)
-class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
+class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig):
     r"""
     Configuration class for [`DFPOTrainer`].
 
@@ -66,6 +81,9 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
         importance_sampling_level (`str`, *optional*):
             Fixed by the mode: `"sequence"` for the DFPO transforms, `"token"` for GRPO-fix (it only matters for
             `use_bias_correction_kl`); setting the other one raises.
+        advantage_estimator (`str`, *optional*, defaults to `"grpo"`):
+            `AdvantageEstimatorConfigMixin`. The DFPO transforms take one advantage per sequence, so a per-token
+            estimator (`"otb"`) is refused for them with the reason; GRPO-fix takes it (docs/dfpo.md).
         loss_type (`str`, *optional*, defaults to `"dapo"`):
             Aggregation, for both modes. `"dapo"` (TRL's default) weighs every token by one batch constant, so the
             gradients of a token shared by a group cancel whatever the completion lengths; for GRPO-fix it is
@@ -95,6 +113,7 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
 
     def __post_init__(self):
         check_choice("dfpo_transform", self.dfpo_transform, (*TRANSFORMS, GRPO_FIX))
+        check_sequence_advantages(self.dfpo_transform, self.advantage_estimator)
         check_orthogonal_over(self.dfpo_transform, self.dfpo_orthogonal_over, names=DFPO_ARGUMENTS)
         grpo_fix = self.dfpo_transform == GRPO_FIX
         level = "token" if grpo_fix else "sequence"
@@ -127,7 +146,7 @@ class DFPOTrainer(GroupOptTrainer):
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:
         # The transforms (and the asymmetry metrics, also under "none") look at whole groups; GRPO-fix does not.
-        return getattr(args, "dfpo_transform", "min_replace") != GRPO_FIX
+        return super().needs_whole_groups(args) or getattr(args, "dfpo_transform", "min_replace") != GRPO_FIX
 
     def objective(
         self,

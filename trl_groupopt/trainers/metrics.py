@@ -3,6 +3,9 @@ queued per micro-batch and flushed with one collective and one host sync."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 
@@ -72,6 +75,17 @@ class MetricsMixin:
         and one host sync in all (TRL: one of each per metric, which stalls a GPU a dozen times per micro-batch).
         """
         self.__dict__.setdefault("_queued_objective_metrics", []).append((metrics, mask, mode))
+
+    @contextmanager
+    def _metrics_discarded(self) -> Iterator[None]:
+        """Drop the metrics queued inside (computations that only prepare the loss, e.g. ECHO's step totals, would
+        otherwise log a micro-batch's metrics twice)."""
+        queue = self.__dict__.setdefault("_queued_objective_metrics", [])
+        queued = len(queue)
+        try:
+            yield
+        finally:
+            del self._queued_objective_metrics[queued:]
 
     def _flush_metrics(self) -> None:
         """Reduce every queued metric over processes with ONE gather and ONE `.tolist()`, and log the results."""

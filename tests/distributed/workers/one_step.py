@@ -86,7 +86,7 @@ def fixed_generation(self, inputs):
         for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
     }
     output["num_items_in_batch"] = batch["num_items_in_batch"].to(device)  # global token count, as TRL gathers it
-    if self.requires_raw_rewards:
+    if self.estimator.needs_raw_rewards:
         self._raw_rewards_per_func = batch["rewards_per_func"].to(device)  # (N_global, F), as _calculate_rewards
     if fixed["old_per_token_logps"] is not None:
         output["old_per_token_logps"] = fixed["old_per_token_logps"][rows].to(device)
