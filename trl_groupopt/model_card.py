@@ -12,8 +12,10 @@ reproduce it:
   embedded policy `trl_groupopt/assets/tiny_policy` is named as such; a local path never reaches the card), the dataset
   is a Hub link only when it is a Hub id, the question is one of the model's task (see `quick_start_question`), and
   an adapter is loaded on top of its base model;
-- the method section: every field of the method's config that `GRPOConfig` does not have (its knobs), then the
-  GRPO/training settings that differ from what `GRPOConfig` would use by default;
+- the method section: the advantage estimator the objective trained on (`advantage_estimator`, TRL's `"grpo"` for a
+  config without it), every field of the method's config that `GRPOConfig` does not have (its knobs; the knobs of
+  estimators it did not use are left out), then the GRPO/training settings that differ from what `GRPOConfig` would
+  use by default;
 - a summary of the training reward curve from `trainer.state.log_history` (first, last and best logged `reward`, with
   their steps, and the same for each reward function);
 - metadata: `library_name` `transformers` (`peft` for an adapter, as PEFT writes it), `pipeline_tag`, and tags
@@ -121,9 +123,14 @@ def method_knobs(args) -> list[dict[str, str | None]]:
 
     grpo_defaults = _declared_defaults(GRPOConfig)
     grpo_defaults.update({name: derive(args) for name, derive in DERIVED_DEFAULTS.items() if hasattr(args, name)})
+    from .objectives.estimators import ESTIMATORS, estimator_of
+
+    selected = estimator_of(args)
+    unused = {knob for estimator in ESTIMATORS.values() if estimator is not selected for knob in estimator.knobs}
+    unused -= set(selected.knobs)
     rows = []
     for f in fields(args):
-        if f.name in grpo_defaults or _SECRET_NAME.search(f.name) or f.name.startswith("_"):
+        if f.name in grpo_defaults or _SECRET_NAME.search(f.name) or f.name.startswith("_") or f.name in unused:
             continue
         rows.append({"name": f.name, "value": _format(getattr(args, f.name)), "default": None})
     for name in REPORTED_GRPO_FIELDS:
@@ -341,6 +348,14 @@ def _trl_card(trainer, model_name: str, hub_model_id: str, base_model: str | Non
     )
 
 
+def _estimator(args) -> dict[str, str]:
+    """The advantage estimator the objective trained on: its name and one-line summary."""
+    from .objectives.estimators import estimator_of
+
+    estimator = estimator_of(args)
+    return {"name": estimator.name, "summary": estimator.summary}
+
+
 def _default_model_name(trainer) -> str:
     """TRL's choice in `GRPOTrainer._save_checkpoint` and transformers' in `Trainer.push_to_hub`."""
     hub_model_id = trainer.args.hub_model_id
@@ -398,6 +413,7 @@ def render_model_card(
         question=json.dumps(question or default_question, ensure_ascii=False),  # a Python string literal
         max_new_tokens=max_new_tokens,
         config_class=type(trainer.args).__name__,
+        estimator=_estimator(trainer.args),
         knobs=method_knobs(trainer.args),
         rewards=reward_summary(trainer.state.log_history, trainer.state.global_step),
         groupopt_version=_package_version("trl-groupopt"),

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -40,6 +41,7 @@ __all__ = [
     "AdvantageEstimator",
     "EstimatorInputs",
     "EstimatorOutput",
+    "estimator_of",
     "get_estimator",
     "otb_metrics",
     "otb_zero_tail",
@@ -87,6 +89,8 @@ class AdvantageEstimator:
     trl_advantages: bool = False
 
 
+#: The estimator of a config without an `advantage_estimator` field (TRL's `GRPOConfig`): TRL's own advantages.
+DEFAULT_ESTIMATOR = "grpo"
 _ESTIMATORS: dict[str, AdvantageEstimator] = {}
 #: Read-only view of the registered estimators, name -> :class:`AdvantageEstimator`, in registration order.
 ESTIMATORS: Mapping[str, AdvantageEstimator] = MappingProxyType(_ESTIMATORS)
@@ -112,6 +116,12 @@ def get_estimator(name: str) -> AdvantageEstimator:
         return _ESTIMATORS[name]
     except KeyError:
         raise ValueError(f"advantage_estimator must be one of {tuple(_ESTIMATORS)}, got {name!r}.") from None
+
+
+def estimator_of(config: Any) -> AdvantageEstimator:
+    """The estimator a config selects: its `advantage_estimator` (an instance or a config class, whose field default
+    is read), `"grpo"` for a config without the field (TRL's plain `GRPOConfig`)."""
+    return get_estimator(getattr(config, "advantage_estimator", DEFAULT_ESTIMATOR))
 
 
 # ------------------------------------------------------------------------------------------------ grpo

@@ -41,11 +41,11 @@ from trl.trainer.utils import get_config_model_id
 from ..checks import prepare_trainer_inputs
 from ..methods import grpo
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss
-from ..objectives.estimators import AdvantageEstimator, EstimatorInputs
+from ..objectives.estimators import AdvantageEstimator, EstimatorInputs, estimator_of
 from ..spec import MethodSpec, Paper
 from .batching import GroupBatchingMixin
 from .compat import check_loss_routed_through_compute_loss
-from .config import estimator_knobs, estimator_of
+from .config import estimator_knobs
 from .energy import EnergyCaptureMixin
 from .loss import SUPPORTED_LOSS_TYPES, TRL_SURROGATE_LOSS_TYPES, LossMixin
 from .metrics import MetricsMixin

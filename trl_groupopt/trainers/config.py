@@ -10,19 +10,15 @@ from typing import Any
 
 from ..checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
 from ..device import device_supports_bf16
-from ..objectives.estimators import ESTIMATORS, AdvantageEstimator, get_estimator
+from ..objectives.estimators import DEFAULT_ESTIMATOR, ESTIMATORS, AdvantageEstimator, estimator_of
 from ..objectives.otb import TOKEN_POSITIONS
 
 __all__ = [
     "AdvantageEstimatorConfigMixin",
     "TokenSafeConfigMixin",
     "estimator_knobs",
-    "estimator_of",
     "objective_arguments",
 ]
-
-#: The estimator of a config without the field (TRL's plain `GRPOConfig`): TRL's own advantages.
-DEFAULT_ESTIMATOR = "grpo"
 
 
 def objective_arguments(config: Any, fields: Mapping[str, str]) -> dict[str, Any]:
@@ -77,11 +73,6 @@ class TokenSafeConfigMixin:
 
     def __getstate__(self) -> dict[str, Any]:
         return {key: (None if key.endswith("_token") else value) for key, value in self.__dict__.items()}
-
-
-def estimator_of(config: Any) -> AdvantageEstimator:
-    """The advantage estimator `config` selects (a config instance or class; `"grpo"` without the field)."""
-    return get_estimator(getattr(config, "advantage_estimator", DEFAULT_ESTIMATOR))
 
 
 def estimator_knobs(config: Any, estimator: AdvantageEstimator) -> dict[str, Any]:
