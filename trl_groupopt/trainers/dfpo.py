@@ -42,10 +42,9 @@ def check_sequence_advantages(transform: str, advantage_estimator: str) -> None:
     raise ValueError(
         f"dfpo_transform={transform!r} does not take advantage_estimator={advantage_estimator!r}: DFPO's in-group "
         "transform makes sum_i A_i s_til_i = 0 with ONE advantage A_i per sequence, and these advantages differ at "
-        "every token (A_it). With one weight s_til_i per sequence the constraint would have to hold at every "
-        "position t at once (T equations for G weights: in general only s_til = 0), so no per-token form keeps "
-        "DFPO's guarantee. Use dfpo_transform='symmetric_clip' (GRPO-fix, per-token) with it, or "
-        "advantage_estimator='grpo' with DFPO's transforms."
+        "every token (A_it): one weight s_til_i per sequence cannot make sum_i A_it s_til_i = 0 at every position "
+        "(docs/dfpo.md, 'DFPO and per-token advantages'). Use dfpo_transform='symmetric_clip' (GRPO-fix, per-token) "
+        "with it, or advantage_estimator='grpo' with DFPO's transforms."
     )
 
 
