@@ -29,6 +29,7 @@ from tests.helpers import (
     clone_model,
     compute_loss_and_grads,
     cpu_config_kwargs,
+    float64_forward,
     length_reward,
     method_config,
     tiny_dataset,
@@ -79,17 +80,6 @@ COMBINATIONS = {
 }
 
 
-def _float64_forward(trainer, model, batch):
-    """(B, T) float64 log-probs of the completion tokens (stands in for TRL's float32 fused forward), no entropies."""
-    prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, P + T, V)
-    logits = logits[:, prompt_ids.size(1) - 1 : -1].double()  # (B, T, V) the logits that predict the completion
-    logps = logits.log_softmax(-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    return logps, torch.zeros_like(logps), None
-
-
 def _trainer(method, tmp_path, tokenizer, model, **overrides):
     args = method_config(
         method,
@@ -117,7 +107,7 @@ def setup(tmp_path_factory):
     model = tiny_model(tokenizer, seed=2).double()
     batch = batches.group_batch(len(tokenizer), tokenizer.pad_token_id)
     with torch.no_grad():
-        logps, _, _ = _float64_forward(None, model, batch)
+        logps, _, _ = float64_forward(None, model, batch)
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
         attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
         logits = model(input_ids=input_ids, attention_mask=attention).logits[:, batches.PROMPT_LEN - 1 : -1]
@@ -147,7 +137,7 @@ def _reference(method, args, model, inputs):
     mask = inputs["completion_mask"].double()
     advantages = otb_advantages(inputs["rewards"], inputs["old_per_token_energy"], mask, inputs["group_ids"],
                                 handle_zero_tail=False, token_positions="valid")  # fmt: skip
-    logps, _, _ = _float64_forward(None, reference_model, inputs)
+    logps, _, _ = float64_forward(None, reference_model, inputs)
     out = _reference_objective(method, args)(logps, inputs["old_per_token_logps"], advantages, mask)
     normalizer = inputs["num_items_in_batch"] / args.steps_per_generation  # TRL's dapo: one micro-batch's tokens
     loss = (out.per_token_loss * mask).sum() / normalizer
@@ -163,7 +153,7 @@ def trained(setup):
     results = {}
     for method, overrides in COMBINATIONS.items():
         trainer = _trainer(method, root, tokenizer, model, **overrides)
-        trainer._forward_logps_and_entropies = MethodType(_float64_forward, trainer)
+        trainer._forward_logps_and_entropies = MethodType(float64_forward, trainer)
         seen = {}
         objective = trainer.objective
 
