@@ -13,9 +13,8 @@ reproduce it:
   is a Hub link only when it is a Hub id, the question is one of the model's task (see `quick_start_question`), and
   an adapter is loaded on top of its base model;
 - the method section: the advantage estimator the objective trained on (`advantage_estimator`, TRL's `"grpo"` for a
-  config without it), every field of the method's config that `GRPOConfig` does not have (its knobs; the knobs of
-  estimators it did not use are left out), then the GRPO/training settings that differ from what `GRPOConfig` would
-  use by default;
+  config without it), every field of the method's config that `GRPOConfig` does not have (its knobs), then the
+  GRPO/training settings that differ from what `GRPOConfig` would use by default;
 - a summary of the training reward curve from `trainer.state.log_history` (first, last and best logged `reward`, with
   their steps, and the same for each reward function);
 - metadata: `library_name` `transformers` (`peft` for an adapter, as PEFT writes it), `pipeline_tag`, and tags
@@ -123,14 +122,9 @@ def method_knobs(args) -> list[dict[str, str | None]]:
 
     grpo_defaults = _declared_defaults(GRPOConfig)
     grpo_defaults.update({name: derive(args) for name, derive in DERIVED_DEFAULTS.items() if hasattr(args, name)})
-    from .objectives.estimators import ESTIMATORS, estimator_of
-
-    selected = estimator_of(args)
-    unused = {knob for estimator in ESTIMATORS.values() if estimator is not selected for knob in estimator.knobs}
-    unused -= set(selected.knobs)
     rows = []
     for f in fields(args):
-        if f.name in grpo_defaults or _SECRET_NAME.search(f.name) or f.name.startswith("_") or f.name in unused:
+        if f.name in grpo_defaults or _SECRET_NAME.search(f.name) or f.name.startswith("_"):
             continue
         rows.append({"name": f.name, "value": _format(getattr(args, f.name)), "default": None})
     for name in REPORTED_GRPO_FIELDS:

@@ -113,7 +113,7 @@ class GroupOptTrainer(EnergyCaptureMixin, LossMixin, GroupBatchingMixin, Metrics
             )
         # A subclass `__init__(self, *args, **kwargs)` forwards everything here: show GRPOTrainer's signature for it
         # (help(), IDEs and `inspect.signature` then list the same parameters as for GRPOTrainer).
-        init = cls.__init__  # its own, or a mixin's before GroupOptTrainer (e.g. EnergyCaptureMixin's)
+        init = cls.__init__  # its own, or a mixin's before GroupOptTrainer
         if init is not GroupOptTrainer.__init__ and _is_passthrough(init):
             init.__signature__ = inspect.signature(GroupOptTrainer.__init__)
 
