@@ -157,9 +157,9 @@ def trained(setup):
         seen = {}
         objective = trainer.objective
 
-        def recording(per_token_logps, old, advantages, mask, batch, seen=seen, objective=objective):
+        def recording(per_token_logps, old, advantages, mask, batch, seen=seen, objective=objective, **kwargs):
             seen["advantages"] = advantages.detach().clone()
-            return objective(per_token_logps, old, advantages, mask, batch)
+            return objective(per_token_logps, old, advantages, mask, batch, **kwargs)
 
         trainer.objective = recording
         results[method] = (trainer, compute_loss_and_grads(trainer, dict(inputs)), seen["advantages"])
