@@ -155,7 +155,7 @@ def distinct_series(log_history: Sequence[dict[str, Any]], series=TRAINING_SERIE
         if same is None:
             drawn.append((label, points, marker))
         else:
-            drawn[same] = (f"{drawn[same][0]} = {label}", points, drawn[same][2])
+            drawn[same] = (f"{drawn[same][0]} = {label}", drawn[same][1], drawn[same][2])
     return drawn
 
 
