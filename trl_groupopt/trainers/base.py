@@ -7,7 +7,8 @@ It is assembled from one mixin per concern; this module holds the shell: the met
 - `batching.py`: whole-group micro-batches with `group_ids`, the raw rewards, the all-None reward watch;
 - `metrics.py`: the objective's metrics reduced over processes as TRL does, in one collective per micro-batch;
 - `energy.py`: the logit-gradient energy from TRL's fused head, on only for estimators that need it (OTB's);
-- `schedule.py`: the on-policy warning and the dataset-size check; `compat.py`: the Unsloth/Liger guard.
+- `schedule.py`: the on-policy warning and the dataset-size check; `compat.py`: the Unsloth/Liger guard;
+- `report.py`: whether the method's mechanism acted (`acted/<method>` per step, `mechanism_report`, `train()`'s report).
 
 The advantages the objective receives come from the config's `advantage_estimator` (`"grpo"`, TRL's own, when the
 config has no such field, e.g. TRL's `GRPOConfig`): one registry of estimators, `trl_groupopt/objectives/estimators.py`,
@@ -49,6 +50,7 @@ from .config import estimator_knobs
 from .energy import EnergyCaptureMixin
 from .loss import SUPPORTED_LOSS_TYPES, TRL_SURROGATE_LOSS_TYPES, LossMixin
 from .metrics import MetricsMixin
+from .report import MechanismReportMixin
 from .schedule import check_dataset_holds_a_generation_batch, warn_if_inert_on_policy
 
 __all__ = ["GroupOptTrainer"]
@@ -67,7 +69,9 @@ def _card_metadata(spec: MethodSpec) -> tuple[str, list[str], dict[str, str | No
     return spec.display_name, ["trl", spec.name, "trl-groupopt"], paper
 
 
-class GroupOptTrainer(EnergyCaptureMixin, LossMixin, GroupBatchingMixin, MetricsMixin, GRPOTrainer):
+class GroupOptTrainer(
+    EnergyCaptureMixin, LossMixin, GroupBatchingMixin, MetricsMixin, MechanismReportMixin, GRPOTrainer
+):
     """`GRPOTrainer` whose policy objective is a pure function (see module docstring).
 
     Subclasses set `method_spec` (their entry in `trl_groupopt/methods/`, from which TRL's model-card metadata
@@ -99,6 +103,9 @@ class GroupOptTrainer(EnergyCaptureMixin, LossMixin, GroupBatchingMixin, Metrics
     #: Only a class without its own objective, with a config whose estimator is TRL's, is TRL's GRPO and may hand
     #: TRL's surrogate-replacing loss types (cispo, sapo, vespo) to `GRPOTrainer._compute_loss`.
     has_own_objective: ClassVar[bool] = False
+    #: Held-out accuracy of the run, when measured: `{"before": float, "after": float, "num_examples": int}` (set by
+    #: the CLI and the notebook; the model card states it).
+    heldout_accuracy: dict[str, Any] | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -167,6 +174,7 @@ class GroupOptTrainer(EnergyCaptureMixin, LossMixin, GroupBatchingMixin, Metrics
         self.whole_groups = self.needs_whole_groups(self.args)
         check_dataset_holds_a_generation_batch(self.args, self.train_dataset)
         warn_if_inert_on_policy(type(self).__name__, self.args, self.inert_on_policy)
+        self._start_mechanism_report()
 
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:

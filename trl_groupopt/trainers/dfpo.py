@@ -6,6 +6,7 @@ The paper and registry entries (DFPO and its GRPO-fix mode): `trl_groupopt/metho
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,9 @@ from ..methods.dfpo import GRPO_FIX
 from ..objectives.common import ObjectiveOutput, check_choice, check_positive
 from ..objectives.dfpo import TRANSFORMS, check_orthogonal_over, dfpo_loss, symmetric_clip_loss, validate_dfpo
 from ..objectives.estimators import get_estimator
+from ..spec import MethodSpec
 from .base import GroupOptTrainer
+from .compat import dropping_trl_warning
 from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
 
 #: `dfpo_loss`'s hyper-parameters -> the DFPOConfig fields that set them (the names its errors use).
@@ -28,6 +31,17 @@ DFPO_ARGUMENTS = {
     "orth_floor": "dfpo_orth_floor",
     "orthogonal_over": "dfpo_orthogonal_over",
 }
+
+#: The opening words of TRL's warning (`GRPOTrainer.__init__`, trl 1.16.0) for sequence-level ratios with a token-sum loss
+#: type, which advises loss_type="grpo": the opposite of DFPO's choice, so the trainer replaces it with `SUM_LOSS_NOTE`.
+TRL_SEQUENCE_LOSS_ADVICE = "When using `importance_sampling_level='sequence'`, the `'"
+SUM_LOSS_NOTE = (
+    "DFPOTrainer: loss_type={loss_type!r} with sequence-level ratios is deliberate: it weighs every token by one batch "
+    "constant, so the gradients of a token shared by a group's completions cancel whatever their lengths; "
+    "loss_type='grpo' (GSPO's recipe) would weigh sequence i by 1/|y_i| and lose that cancellation when the lengths "
+    "differ (docs/dfpo.md)."
+)
+logger = logging.getLogger(__name__)
 
 # GSPO's clip range (Zheng et al. 2025, Sec. 5.1); DFPO builds on GSPO and its paper sets no other value.
 GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
@@ -143,6 +157,16 @@ class DFPOTrainer(GroupOptTrainer):
     # dfpo_loss folds TRL's loss weights (vLLM IS weights, off-policy and entropy masks) into the in-group transform,
     # so the cancellation includes them; symmetric_clip_loss multiplies them as TRL does.
     objective_applies_loss_weights = True
+
+    def __init__(self, *args, **kwargs):
+        with dropping_trl_warning(TRL_SEQUENCE_LOSS_ADVICE) as dropped:  # its advice would lose the cancellation
+            super().__init__(*args, **kwargs)
+        if dropped:
+            logger.warning(SUM_LOSS_NOTE.format(loss_type=self.args.loss_type))
+
+    @classmethod
+    def method_for(cls, args: GRPOConfig) -> MethodSpec:
+        return dfpo.GRPO_FIX_METHOD if getattr(args, "dfpo_transform", None) == GRPO_FIX else cls.method_spec
 
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:

@@ -110,4 +110,6 @@ class MetricsMixin:
         table = torch.stack([kinds[kind] for kind in _REDUCTIONS]).tolist()  # the one sync
         for k, (mode, logged, kind) in enumerate(columns):
             value = table[_REDUCTIONS.index(kind)][k]
-            self._metrics[mode][logged].append(float("nan") if value in (float("inf"), float("-inf")) else value)
+            value = float("nan") if value in (float("inf"), float("-inf")) else value
+            self._metrics[mode][logged].append(value)
+            self._record_mechanism_value(mode, logged, value)  # `report.py`: did the mechanism act on this step?
