@@ -1,9 +1,10 @@
 """What each micro-batch carries for group-coupled and reward-reading objectives.
 
-Methods that couple the sequences of a group (DFPO, OTB) set `requires_whole_groups = True`: every micro-batch then
-holds whole groups (TRL's row shuffle of the generation batch is replaced by a shuffle of whole groups) and carries an
-explicit `group_ids` tensor, so no objective infers groups from positions. Methods that read the raw rewards (OTB) set
-`requires_raw_rewards = True`: the batch then carries them as `rewards`.
+Objectives that couple the sequences of a group (DFPO) set `requires_whole_groups = True`, and advantage estimators
+that do (OTB's) declare `needs_whole_groups`: every micro-batch then holds whole groups (TRL's row shuffle of the
+generation batch is replaced by a shuffle of whole groups) and carries an explicit `group_ids` tensor, so no objective
+infers groups from positions. Estimators that read the raw rewards (OTB's) declare `needs_raw_rewards`: the batch then
+carries them as `rewards`.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def _check_groups_share_rows(prompts: list[Any], num_generations: int) -> None:
 
 class GroupBatchingMixin:
     """`GRPOTrainer`'s batch production with `group_ids` and whole-group micro-batches (`self.whole_groups`), the raw
-    rewards (`requires_raw_rewards`), and the all-None reward watch. Mixed into `GroupOptTrainer`, whose
+    rewards (the estimator's `needs_raw_rewards`), and the all-None reward watch. Mixed into `GroupOptTrainer`, whose
     `_generate_and_score_completions` calls `_add_batch_fields` on TRL's output."""
 
     def _add_batch_fields(self, output: dict[str, Any], inputs) -> dict[str, Any]:
@@ -105,7 +106,7 @@ class GroupBatchingMixin:
                 _check_groups_share_prompts(output["prompt_ids"], num_generations)
             else:  # each rollout's `reset()` may extend its prompt: the group is the sampler's, the dataset row's
                 _check_groups_share_rows([x.get("prompt") for x in inputs], num_generations)
-        if self.requires_raw_rewards:
+        if self.estimator.needs_raw_rewards:
             output["rewards"] = self._local_raw_rewards(num_rows)
         return output
 
@@ -113,7 +114,7 @@ class GroupBatchingMixin:
         # Environment-owned rewards (`get_reward`) are one more column of TRL's (N_global, F) matrix, with weight 1.
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         watch_all_none_rewards(self, rewards_per_func, inputs)  # warn, then stop, when no reward is ever returned
-        if self.requires_raw_rewards:
+        if self.estimator.needs_raw_rewards:
             self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
         return rewards_per_func
 
