@@ -185,7 +185,9 @@ def test_all_none_watch_warns_then_raises():
         watch.update(nan, ["always_none"], ["solution"])
     with pytest.raises(RuntimeError, match="max_all_none_reward_batches"):
         watch.update(nan, ["always_none"], ["solution"])
-    assert checks.all_none_limit(object()) == checks.DEFAULT_MAX_ALL_NONE_REWARD_BATCHES  # plain GRPOConfig
+    # the method configs stop; TRL's plain GRPOConfig (no such field) only warns, as GRPOTrainer does (issue 29)
+    assert checks.all_none_limit(ECHOConfig("x")) == checks.DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
+    assert checks.all_none_limit(object()) is None
     with pytest.raises(ValueError, match="max_all_none_reward_batches"):
         ECHOConfig("x", max_all_none_reward_batches=0)
 

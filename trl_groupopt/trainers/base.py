@@ -6,7 +6,9 @@ It is assembled from one mixin per concern; this module holds the shell: the met
 - `loss.py`: one `_compute_loss` for every method, with TRL 1.16's extras and `loss_type` aggregation;
 - `batching.py`: whole-group micro-batches with `group_ids`, the raw rewards, the all-None reward watch;
 - `metrics.py`: the objective's metrics reduced over processes as TRL does, in one collective per micro-batch;
-- `schedule.py`: the on-policy warning and the dataset-size check; `compat.py`: the Unsloth/Liger guard.
+- `schedule.py`: the on-policy warning and the dataset-size check; `compat.py`: the Unsloth/Liger guard;
+- `guard.py`: a NaN/inf loss or gradient norm stops training before it is applied, saved or pushed;
+- `checkpointing.py`: resume from complete checkpoints only, completion records, the output folder's lock.
 
 With the default objective (TRL's clipped surrogate) this trainer *is* TRL's GRPO/GSPO/DAPO: the parity tests
 compare loss and gradients against `GRPOTrainer._compute_loss`. For TRL's surrogate-replacing loss types (cispo, sapo,
@@ -37,7 +39,10 @@ from ..methods import grpo
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss
 from ..spec import MethodSpec, Paper
 from .batching import GroupBatchingMixin
+from .checkpointing import RunFolderMixin
 from .compat import check_loss_routed_through_compute_loss
+from .config import tokens_withheld
+from .guard import NonFiniteGuardMixin
 from .loss import SUPPORTED_LOSS_TYPES, TRL_SURROGATE_LOSS_TYPES, LossMixin
 from .metrics import MetricsMixin
 from .schedule import check_dataset_holds_a_generation_batch, warn_if_inert_on_policy
@@ -58,7 +63,7 @@ def _card_metadata(spec: MethodSpec) -> tuple[str, list[str], dict[str, str | No
     return spec.display_name, ["trl", spec.name, "trl-groupopt"], paper
 
 
-class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, GRPOTrainer):
+class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, NonFiniteGuardMixin, RunFolderMixin, GRPOTrainer):
     """`GRPOTrainer` whose policy objective is a pure function (see module docstring).
 
     Subclasses set `method_spec` (their entry in `trl_groupopt/methods/`, from which TRL's model-card metadata
@@ -202,15 +207,21 @@ class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, GRPOTrainer):
         create_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, **kwargs)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """transformers' `_save`, then our card in the saved folder (replacing PEFT's empty template for adapters)."""
-        super()._save(output_dir, state_dict=state_dict)
+        """transformers' `_save` (its `training_args.bin` without the token; weights checked finite, `guard.py`), then
+        our card in the saved folder (replacing PEFT's empty template for adapters)."""
+        with tokens_withheld():
+            super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
             self.create_model_card(output_dir=output_dir if output_dir is not None else self.args.output_dir)
 
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """transformers' checkpoint push; the `training_args.bin` it writes before uploading holds no token."""
+        with tokens_withheld():
+            super()._push_from_checkpoint(checkpoint_folder)
+
     def _generate_and_score_completions(self, inputs):
         """TRL's, plus the batch fields the objective needs (`group_ids`, raw `rewards`; see `batching.py`)."""
-        if self.requires_raw_rewards:
-            self._raw_rewards_per_func = None  # filled by `_calculate_rewards` during TRL's call
+        self._raw_rewards_per_func = None  # filled by `_calculate_rewards` during TRL's call
         return self._add_batch_fields(super()._generate_and_score_completions(inputs), inputs)
 
     # ------------------------------------------------------------------ the method's hooks
