@@ -105,6 +105,15 @@ def test_missing_prompt_column_names_the_fix():
         checks.check_train_dataset(data, [accuracy_reward])
 
 
+def test_an_environment_may_supply_the_prompts():
+    """GRPOTrainer 1.16 trains without a `prompt` column when an `environment_factory` owns the data (e.g. a dict of
+    environments picked by an `environment` column, each `reset()` returning the prompt): not refused (issue 29)."""
+    routing = Dataset.from_dict({"environment": ["math", "code"]})
+    checks.check_train_dataset(routing, None, has_environments=True)
+    with pytest.raises(ValueError, match="no 'prompt' column"):
+        checks.check_train_dataset(routing, None)
+
+
 def test_malformed_conversational_prompt_is_rejected():
     data = Dataset.from_dict({"prompt": [[{"text": "hi"}]], "solution": ["1"]})
     with pytest.raises(ValueError, match="'role' and 'content'"):
