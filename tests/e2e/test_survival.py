@@ -42,8 +42,9 @@ from tests.helpers import (
 )
 from tests.trainers.test_dropin import _config, tool_model, tool_tokenizer
 from trl_groupopt import METHODS, ECHOTrainer, GroupOptTrainer
-from trl_groupopt.run_folder import CHECKPOINT_RECORD, LOCK_NAME
-from trl_groupopt.trainers.guard import NonFiniteError
+
+#: `trl_groupopt.run_folder`'s names, spelled out so that this module also runs against code without them
+CHECKPOINT_RECORD, LOCK_NAME = "trl_groupopt_checkpoint.json", "_trl_groupopt.lock"
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,8 @@ def test_divergence_stops_before_any_nonfinite_weight_is_saved(tmp_path, tiny, n
     """Each method's default schedule (ECHO and CTPO off-policy), a checkpoint every step: the run stops with the
     guard's error naming the step, the metric and the causes; every file on disk is finite; the checkpoints saved
     before are complete."""
+    from trl_groupopt.trainers.guard import NonFiniteError
+
     tokenizer, model = tiny
     trainer = method_trainer(name, tmp_path, clone_model(model), tokenizer, num_examples=256, learning_rate=100.0,
                              max_steps=8, save_strategy="steps", save_steps=1, disable_tqdm=True)  # fmt: skip
@@ -307,3 +310,9 @@ def test_a_dict_of_environments_supplies_the_prompts(tmp_path, trainer_cls):
     trainer.train()
     assert trainer.state.global_step == 2
     assert any(e.get("rewards/PromptingCounterEnv/mean", 0) > 0 for e in trainer.state.log_history)
+
+
+def test_the_record_and_lock_names_are_the_library_s():
+    from trl_groupopt import run_folder
+
+    assert (run_folder.CHECKPOINT_RECORD, run_folder.LOCK_NAME) == (CHECKPOINT_RECORD, LOCK_NAME)
