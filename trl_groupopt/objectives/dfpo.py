@@ -6,7 +6,7 @@ of a group::
 
     s_i     = exp( (1/|y_i|) sum_t log r_it )                      (44)  GSPO ratio, with gradient
     s_bar_i = min(s_i, clip(s_i)) if A_i >= 0 else max(...)        (46)-(47)  sign-aware post-clip
-    e_i     = s_bar_i * w_i                                        w_i: vLLM IS weight (1 without vLLM)
+    e_i     = s_bar_i * w_i                                        w_i: the trainer's loss weight (1: none)
     s_til   = T(sg(e), A) over the members M of each group         (50) min_replace, (52)-(55) orth_proj, (51) QP
     loss_i  = -A_i * sg(s_til_i / s_bar_i) * s_bar_i               phi-form, App. C/K
 
@@ -349,9 +349,10 @@ def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
 
 
 def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
-    """(B,) one vLLM importance weight per sequence, detached; ones without weights.
+    """(B,) one loss weight per sequence, detached; ones without weights.
 
-    TRL's weights are (B, 1) (``sequence_*`` modes) or (B, T) (``token_*`` modes). A (B, 1) loss times (B, T)
+    The weights are (B, 1) (vLLM IS ``sequence_*`` modes, the off-policy mask) or (B, T) (``token_*`` modes, the
+    entropy mask, or a product with one of them). A (B, 1) loss times (B, T)
     weights, aggregated by any ``loss_type``, weighs sequence ``i`` by the mean of its weights over its valid tokens,
     so that mean is the sequence's weight (0 for a row without valid tokens).
     """
@@ -393,14 +394,16 @@ def dfpo_loss(
         epsilon_low, epsilon_high: GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` (finite, > 0).
         orth_floor: the floor of Eq. 52 (``transform="orth_proj"``).
         orthogonal_over: ``"all"``: the transform and its constraint range over every member of a group with a
-            valid token and a non-zero IS weight (the paper's Eq. 50-55; a clipped member counts with its clip
+            valid token and a non-zero loss weight (the paper's Eq. 50-55; a clipped member counts with its clip
             bound although it carries no gradient). ``"unclipped"``: over those members that are not clipped, i.e.
             that carry gradient, so the shared-token gradient cancels under clipping too (``orth_proj`` and
             ``orth_proj_qp`` only, see `check_orthogonal_over`); clipped members keep GSPO's constant value.
-        importance_weights: TRL's vLLM importance-sampling weights, (B, 1) or (B, T), or None. They are applied here
-            (the caller must not multiply them again): the transform acts on the effective weights ``s_bar_i w_i``,
-            ``w_i`` the sequence's weight (`_sequence_is_weights`), so the cancellation includes them. For
-            ``"none"`` they multiply GSPO's loss token by token, exactly as TRL does.
+        importance_weights: the trainer's per-token loss weights, (B, 1) or (B, T), or None: TRL's vLLM
+            importance-sampling weights times its off-policy mask and high-entropy mask (0/1), as far as they are
+            on. They are applied here (the caller must not multiply them again): the transform acts on the effective
+            weights ``s_bar_i w_i``, ``w_i`` the sequence's weight (`_sequence_is_weights`), so the cancellation
+            includes them, and a member with ``w_i = 0`` (masked out) leaves its group. For ``"none"`` they multiply
+            GSPO's loss token by token, exactly as TRL does.
         loss_type: the trainer's aggregation, used only for ``dfpo/cancellation_residual``: ``"grpo"`` weighs the
             tokens of sequence ``i`` by ``1 / |y_i|``, the others (``"dapo"``, ``"luspo"``, ``"dr_grpo"``,
             ``"bnpo"``) by one batch constant.
@@ -452,7 +455,7 @@ class _SequenceWeights(NamedTuple):
     s_bar: Tensor  # Eq. 47 post-clip values
     clipped: Tensor  # bool: on a clip bound, no gradient
     log_factor: Tensor  # value 0; gradient d log s where unclipped, 0 where clipped
-    effective: Tensor  # s_bar times the vLLM IS weight: the coefficient GSPO's gradient carries
+    effective: Tensor  # s_bar times the loss weight: the coefficient GSPO's gradient carries
     present: Tensor  # bool: rows that can carry loss at all
     members: Tensor  # bool: the rows the transform's constraint ranges over
 
@@ -516,7 +519,7 @@ def _cancellation_residual(
     """0-dim mean over groups of ``|sum_i A_i c_i| / sum_i |A_i| c_i`` (see `dfpo_loss`), in float64.
 
     ``c_i`` is the coefficient of ``grad log p`` at a token of sequence ``i`` up to a batch constant: ``s_til_i``
-    (IS weight included) and, for ``loss_type="grpo"``, ``1 / |y_i|`` (the sequence mean of Eq. 44 is not undone
+    (loss weight included) and, for ``loss_type="grpo"``, ``1 / |y_i|`` (the sequence mean of Eq. 44 is not undone
     by a token sum). Only members with ``A_i c_i != 0`` that are unclipped and present count.
     """
     adv, s_til = adv.double(), s_til.double()
@@ -551,8 +554,9 @@ def symmetric_clip_loss(
         advantages: (B,), (B, 1) or (B, T).
         mask: (B, T) completion mask.
         epsilon_high: upper clip ``1 + eps_high`` (finite, > 0). There is no lower clip (Eq. 79's 0 never binds).
-        importance_weights: TRL's vLLM IS weights, (B, 1) or (B, T), multiplied after the clip exactly as TRL does
-            (the caller must not multiply them again); None without vLLM.
+        importance_weights: the trainer's per-token loss weights (TRL's vLLM IS weights, off-policy and entropy
+            masks), (B, 1) or (B, T), multiplied after the clip exactly as TRL does (the caller must not multiply
+            them again); None when all are off.
 
     Returns:
         ObjectiveOutput with per_token_loss (B, T) (before masking). Metrics: ``clip_ratio/high`` = (B, T)

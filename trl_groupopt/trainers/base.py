@@ -86,9 +86,10 @@ class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, NonFiniteGuar
     #: What happens to this method's mechanism on an on-policy schedule, e.g. "ECHO's batch clip never acts" (the
     #: trainer then warns, naming the fix; see `schedule.py`); None: the mechanism acts on-policy too.
     inert_on_policy: ClassVar[str | None] = None
-    #: The objective applies TRL's vLLM importance-sampling weights itself (passed in `inputs`); `_compute_loss` then
-    #: does not multiply them again (DFPO folds them into its in-group transform).
-    objective_applies_is_weights: ClassVar[bool] = False
+    #: The objective applies TRL's per-token loss weights itself (the product of the off-policy mask, the entropy mask
+    #: and the vLLM IS weights, passed as the keyword `loss_weights`, None when all are off); `_compute_loss` then
+    #: does not multiply them again. ECHO needs them in its batch-ratio coupling, DFPO in its in-group transform.
+    objective_applies_loss_weights: ClassVar[bool] = False
     #: Whether this class changes TRL's policy loss or advantages (overrides `objective` or `compute_advantages`).
     #: Derived per subclass unless set explicitly. Only a class without its own objective is TRL's GRPO and may hand
     #: TRL's surrogate-replacing loss types (cispo, sapo, vespo) to `GRPOTrainer._compute_loss`.
@@ -233,7 +234,10 @@ class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, NonFiniteGuar
         mask: Tensor,
         inputs: dict[str, Any],
     ) -> ObjectiveOutput:
-        """The policy loss before masking and aggregation. Default: TRL's clipped surrogate (GRPO/GSPO)."""
+        """The policy loss before masking and aggregation. Default: TRL's clipped surrogate (GRPO/GSPO).
+
+        A class with `objective_applies_loss_weights` takes the keyword `loss_weights` too and returns the weighted
+        loss."""
         return clipped_surrogate_loss(
             per_token_logps,
             old_per_token_logps,

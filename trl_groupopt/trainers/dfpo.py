@@ -58,7 +58,9 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
             group, as in the paper (the algorithm it evaluated); a member on a clip bound carries no gradient but is
             counted, so under clipping the shared-token gradient does not cancel. `"unclipped"`: the members that
             carry gradient, so it cancels exactly under clipping too; only for `"orth_proj"` and `"orth_proj_qp"`
-            (`"min_replace"` cannot satisfy the constraint once a member is clipped; other transforms raise).
+            (`"min_replace"` cannot satisfy the constraint once a member is clipped; other transforms raise). Under
+            both, a member that TRL's loss weights drop (off-policy mask, vLLM IS `*_mask` modes, no high-entropy
+            token) leaves its group, and the weights enter the transform (docs/dfpo.md).
         epsilon (`float`, *optional*):
             Lower clip of the sequence ratio. Defaults to GSPO's `3e-4` (unused by GRPO-fix).
         epsilon_high (`float`, *optional*):
@@ -120,9 +122,9 @@ class DFPOTrainer(GroupOptTrainer):
     config_class = DFPOConfig
     supports_delta = False
     inert_on_policy = "DFPO's re-weighting (or GRPO-fix's clip) never acts"
-    # dfpo_loss folds the vLLM IS weights into the in-group transform (so the cancellation includes them);
-    # symmetric_clip_loss multiplies them as TRL does. Either way the base must not multiply them again.
-    objective_applies_is_weights = True
+    # dfpo_loss folds TRL's loss weights (vLLM IS weights, off-policy and entropy masks) into the in-group transform,
+    # so the cancellation includes them; symmetric_clip_loss multiplies them as TRL does.
+    objective_applies_loss_weights = True
 
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:
@@ -136,11 +138,9 @@ class DFPOTrainer(GroupOptTrainer):
         advantages: Tensor,
         mask: Tensor,
         inputs: dict[str, Any],
+        *,
+        loss_weights: Tensor | None = None,
     ) -> ObjectiveOutput:
-        # the same condition as the base's multiplication it replaces (GroupOptTrainer._compute_loss)
-        is_weights = (
-            inputs["importance_sampling_ratio"] if self.use_vllm and self.vllm_importance_sampling_correction else None
-        )
         if self.args.dfpo_transform == GRPO_FIX:
             return symmetric_clip_loss(
                 per_token_logps,
@@ -148,7 +148,7 @@ class DFPOTrainer(GroupOptTrainer):
                 advantages,
                 mask,
                 epsilon_high=self.args.epsilon_high,
-                importance_weights=is_weights,
+                importance_weights=loss_weights,
             )
         return dfpo_loss(
             per_token_logps,
@@ -157,6 +157,6 @@ class DFPOTrainer(GroupOptTrainer):
             mask,
             inputs["group_ids"],
             **objective_arguments(self.args, DFPO_ARGUMENTS),
-            importance_weights=is_weights,
+            importance_weights=loss_weights,
             loss_type=self.loss_type,
         )

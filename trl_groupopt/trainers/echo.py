@@ -25,7 +25,8 @@ from .schedule import OffPolicyScheduleMixin
 
 BATCH_RATIO_SCOPES = ("step", "global", "micro_batch")
 # Loss types whose normaliser is one constant shared by every micro-batch and process: the only ones for which the
-# coupling completion of the "step" and "global" scopes is exact (docs/echo.md).
+# coupling completion of the "step" and "global" scopes is exact (docs/echo.md). TRL's per-token loss weights (vLLM
+# IS weights, off-policy and entropy masks) are constants of the step and enter the coupling: no restriction.
 GLOBAL_SCOPE_LOSS_TYPES = ("dapo", "dr_grpo")
 #: `echo_loss`'s clip hyper-parameters -> the ECHOConfig fields that set them (the names its errors use).
 ECHO_ARGUMENTS = {
@@ -56,10 +57,12 @@ class ECHOConfig(TokenSafeConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     processes' current micro-batches only, `"micro_batch"` this process's micro-batch only (with the default
     `per_device_train_batch_size`, one group: a noisy R that clips for the wrong reasons). `"step"` and `"global"` are
     exact: the accumulated (and process-summed) gradient equals the gradient of the objective formed over the whole
-    step (resp. the union of the micro-batches), including the coupling term of Eq. 34.
+    step (resp. the union of the micro-batches), including the coupling term of Eq. 34 and TRL's per-token loss
+    multipliers (vLLM importance-sampling weights in every mode, entropy mask, off-policy mask): with `use_vllm=True`
+    the default stays `"step"`.
 
     Cost of `"step"`: at the first micro-batch of each optimizer step, one extra no-grad forward of each of the step's
-    micro-batches (log-probs only), plus two scalar all-reduces. Measured on CPU (one process, 2 cores shared with
+    micro-batches (no backward), plus two scalar all-reduces. Measured on CPU (one process, 2 cores shared with
     other jobs; 2 micro-batches of 8 completions x 32 tokens per step; `_compute_loss` + backward only, generation
     excluded; median of 10 steps): 1.50x the time of `"micro_batch"` with a tiny Qwen2 (hidden 32, 2 layers) and
     1.40x with hidden 256, 4 layers (a no-grad forward costs about a third of a forward + backward, so ~1.33x is the
@@ -76,9 +79,9 @@ class ECHOConfig(TokenSafeConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
             Keep the token-level min/clip of Eq. 11. `False` trains with the batch clip alone (`-rho * A`).
         batch_ratio_scope (`str`, *optional*):
             `"step"` (the paper's mini-batch), `"global"` or `"micro_batch"`, see above. `"step"` and `"global"` need a
-            loss type with one shared normaliser (`dapo`, `dr_grpo`) and no per-token loss multipliers
-            (`top_entropy_quantile=1`, no `off_policy_mask_threshold`, no vLLM importance-sampling correction);
-            `"step"` also needs every optimizer step inside one generation batch
+            loss type with one shared normaliser (`dapo`, `dr_grpo`); TRL's per-token loss multipliers (vLLM
+            importance-sampling correction in every mode, `off_policy_mask_threshold`, `top_entropy_quantile < 1`)
+            are included exactly. `"step"` also needs every optimizer step inside one generation batch
             (`steps_per_generation * num_iterations` a multiple of `gradient_accumulation_steps`). Default: `"step"`
             when the configuration allows it (the default configuration does), else `"global"` when that is allowed,
             else `"micro_batch"`, with a warning naming what prevented `"step"`.
@@ -124,8 +127,8 @@ class ECHOConfig(TokenSafeConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
         problems = self._scope_problems(self.batch_ratio_scope)
         if problems:
             raise ValueError(
-                f"batch_ratio_scope={self.batch_ratio_scope!r} is exact only with one shared loss normaliser, no "
-                "per-token loss multipliers and (for 'step') every optimizer step inside one generation batch; "
+                f"batch_ratio_scope={self.batch_ratio_scope!r} is exact only with one shared loss normaliser and (for "
+                "'step') every optimizer step inside one generation batch; "
                 f"incompatible: {', '.join(problems)}. Use batch_ratio_scope='micro_batch' or change those settings."
             )
 
@@ -136,12 +139,6 @@ class ECHOConfig(TokenSafeConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
             return problems
         if self.loss_type not in GLOBAL_SCOPE_LOSS_TYPES:
             problems.append(f"loss_type={self.loss_type!r} (use one of {GLOBAL_SCOPE_LOSS_TYPES})")
-        if self.top_entropy_quantile < 1.0:
-            problems.append("top_entropy_quantile < 1")
-        if self.off_policy_mask_threshold is not None:
-            problems.append("off_policy_mask_threshold")
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            problems.append("vllm_importance_sampling_correction=True")
         if scope == "step" and (self.steps_per_generation * self.num_iterations) % self.gradient_accumulation_steps:
             problems.append(
                 f"steps_per_generation * num_iterations = {self.steps_per_generation * self.num_iterations} not a "
@@ -171,6 +168,8 @@ class ECHOTrainer(GroupOptTrainer):
     config_class = ECHOConfig
     supports_delta = False
     inert_on_policy = "ECHO's batch clip never acts"
+    # The wide scopes' coupling must count TRL's per-token loss weights, so echo_loss applies them (docs/echo.md).
+    objective_applies_loss_weights = True
 
     def __init__(self, *args, **kwargs):
         # ({(global_step, micro-step) it serves}, echo_loss's totals) of the current optimizer step ("step" scope)
@@ -212,22 +211,28 @@ class ECHOTrainer(GroupOptTrainer):
     def _compute_step_totals(self, model, batches: list[dict[str, Any]]) -> dict[str, Tensor]:
         """`echo_loss`'s log_ratio_sum, token_count and coupling_sum over `batches` on every process.
 
-        One no-grad forward per micro-batch gives its log-probs at the current parameters, which do not change before
-        the optimizer step. Totals are summed over micro-batches, then over processes.
+        One no-grad forward per micro-batch gives its log-probs and entropies at the current parameters, which do not
+        change before the optimizer step, hence the same loss weights (`_loss_weights`: masks of detached log-probs
+        and entropies, IS weights of the batch) as its training forward will. Totals are summed over micro-batches,
+        then over processes.
         """
         parts = []
         # mirrors the no-grad behaviour forward of `GRPOTrainer._generate_and_score_completions`
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             for batch in batches:
-                logps, _, _ = self._forward_logps_and_entropies(model, batch)  # (B, T)
+                logps, entropies, _ = self._forward_logps_and_entropies(model, batch)  # (B, T) each
                 old = batch.get("old_per_token_logps")
                 old = logps if old is None else old  # on-policy: ratio exactly 1, as in `_compute_loss`
                 mask = loss_mask(batch)  # (B, T)
-                parts.append((logps, old, self.compute_advantages(batch, logps, mask), mask))
-        local = sum(echo_log_ratio_totals(logps, old, mask) for logps, old, _, mask in parts)  # (2,)
+                advantages = self.compute_advantages(batch, logps, mask)
+                weights = self._loss_weights(logps, old, advantages, entropies, mask, batch).product()
+                parts.append((logps, old, advantages, mask, weights))
+        local = sum(echo_log_ratio_totals(logps, old, mask) for logps, old, _, mask, _ in parts)  # (2,)
         totals = self.accelerator.reduce(local, reduction="sum")  # (2,) over processes
         kwargs = dict(self._surrogate_kwargs(), log_ratio_sum=totals[0], token_count=totals[1])
-        coupling = sum(echo_batch_ratio_coupling(*part, **kwargs) for part in parts)  # ()
+        coupling = sum(
+            echo_batch_ratio_coupling(*part, importance_weights=weights, **kwargs) for *part, weights in parts
+        )  # ()
         coupling_sum = self.accelerator.reduce(coupling.reshape(1), reduction="sum")[0]
         return dict(log_ratio_sum=totals[0], token_count=totals[1], coupling_sum=coupling_sum)
 
@@ -238,8 +243,10 @@ class ECHOTrainer(GroupOptTrainer):
         advantages: Tensor,
         mask: Tensor,
         inputs: dict[str, Any],
+        *,
+        loss_weights: Tensor | None = None,
     ) -> ObjectiveOutput:
-        kwargs = self._surrogate_kwargs()
+        kwargs = dict(self._surrogate_kwargs(), importance_weights=loss_weights)
         scope = self.args.batch_ratio_scope
         if scope == "step" and self.model.training:
             kwargs.update(self._step_totals[1])

@@ -3,23 +3,24 @@
 1. log-probs and entropies through TRL's own `_get_per_token_logps_and_entropies` (fused, tiled LM head),
 2. the method's advantages (`compute_advantages`, identity except for OTB) and per-token loss (`objective`, a pure
    function from `trl_groupopt.objectives`),
-3. TRL 1.16's shared extras with TRL's semantics: off-policy sequence mask, high-entropy token mask, vLLM
-   importance-sampling correction, beta-KL (with `use_bias_correction_kl`), entropy bonus (static or adaptive), MoE
-   load-balancing loss,
+3. TRL 1.16's shared extras with TRL's semantics: the per-token loss weights (`LossWeights`: off-policy sequence
+   mask, high-entropy token mask, vLLM importance-sampling correction; applied by the objective itself where it
+   must see them, as ECHO's wide scopes and DFPO's transform do), beta-KL (with `use_bias_correction_kl`),
+   entropy bonus (static or adaptive), MoE load-balancing loss,
 4. the `loss_type` aggregation exactly as TRL does it (grpo, bnpo, dr_grpo, dapo, luspo, with TRL's
    gradient-accumulation scaling), then the metrics under TRL's names plus the objective's own (`metrics.py`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..objectives.common import log_importance_weights
 
-__all__ = ["SUPPORTED_LOSS_TYPES", "TRL_SURROGATE_LOSS_TYPES", "LossMixin", "loss_mask"]
+__all__ = ["SUPPORTED_LOSS_TYPES", "TRL_SURROGATE_LOSS_TYPES", "LossMixin", "LossWeights", "loss_mask"]
 
 # The loss types whose aggregation `_compute_loss` reproduces. TRL's cispo/sapo/vespo replace the surrogate itself,
 # so they cannot be combined with another objective: the base trainer hands them to TRL's own `_compute_loss`.
@@ -39,6 +40,30 @@ def loss_mask(inputs: dict[str, Any]) -> Tensor:
     return completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
 
 
+class LossWeights(NamedTuple):
+    """TRL 1.16's per-token multipliers of the policy loss, in the order `GRPOTrainer._compute_loss` applies them;
+    each None where switched off. Constants of the loss: they carry no gradient."""
+
+    off_policy_mask: Tensor | None  # (B, 1) 0/1, TRL's off-policy sequence mask
+    entropy_mask: Tensor | None  # (B, T) bool, TRL's high-entropy token mask
+    importance_weights: Tensor | None  # (B, T) or (B, 1), TRL's vLLM importance-sampling weights
+
+    def apply(self, per_token_loss: Tensor) -> Tensor:
+        """`per_token_loss` times each multiplier that is on, as TRL multiplies them."""
+        for weight in self:
+            if weight is not None:
+                per_token_loss = per_token_loss * weight
+        return per_token_loss
+
+    def product(self) -> Tensor | None:
+        """(B, T) or (B, 1) product of the multipliers that are on (float, detached); None when all are off."""
+        product = None
+        for weight in self:
+            if weight is not None:
+                product = weight.detach() if product is None else product * weight.detach()
+        return product if product is None or product.is_floating_point() else product.float()
+
+
 class LossMixin:
     """Mixed into `GroupOptTrainer`, which provides `objective` and `compute_advantages`."""
 
@@ -55,11 +80,15 @@ class LossMixin:
         if old_per_token_logps is None:
             old_per_token_logps = per_token_logps.detach()
         advantages = self.compute_advantages(inputs, per_token_logps, mask)  # (B,) or (B, T)
-        out = self.objective(per_token_logps, old_per_token_logps, advantages, mask, inputs)
-
-        per_token_loss, entropy_mask = self._shared_extras(
-            out.per_token_loss, per_token_logps, old_per_token_logps, advantages, entropies, mask, inputs
-        )
+        weights = self._loss_weights(per_token_logps, old_per_token_logps, advantages, entropies, mask, inputs)
+        if self.objective_applies_loss_weights:
+            out = self.objective(
+                per_token_logps, old_per_token_logps, advantages, mask, inputs, loss_weights=weights.product()
+            )
+            per_token_loss = out.per_token_loss
+        else:
+            out = self.objective(per_token_logps, old_per_token_logps, advantages, mask, inputs)
+            per_token_loss = weights.apply(out.per_token_loss)
         if self.beta != 0.0:
             per_token_kl = self._per_token_kl(
                 per_token_logps, old_per_token_logps, inputs["ref_per_token_logps"], mask
@@ -68,7 +97,7 @@ class LossMixin:
 
         loss, policy_loss = self._aggregate(per_token_loss, mask, inputs, mode)
         if self._entropy_bonus_enabled:
-            effective_mask = mask if entropy_mask is None else mask * entropy_mask
+            effective_mask = mask if weights.entropy_mask is None else mask * weights.entropy_mask
             loss = loss - self._entropy_bonus(entropies, effective_mask, mode)
             self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
         if self.aux_loss_enabled:
@@ -82,26 +111,26 @@ class LossMixin:
         self._flush_metrics()  # this micro-batch's metrics (and any a hook queued): one collective, one sync
         return loss
 
-    def _shared_extras(self, per_token_loss, per_token_logps, old_per_token_logps, advantages, entropies, mask,
-                       inputs) -> tuple[Tensor, Tensor | None]:  # fmt: skip
-        """TRL's per-token multipliers, in TRL's order: off-policy sequence mask, high-entropy token mask, vLLM IS
-        weights (unless the objective applies them). Returns (per_token_loss, entropy_mask or None)."""
+    def _loss_weights(self, per_token_logps, old_per_token_logps, advantages, entropies, mask,
+                      inputs) -> LossWeights:  # fmt: skip
+        """TRL's per-token multipliers of the policy loss at the current parameters: the off-policy sequence mask,
+        the high-entropy token mask and the vLLM IS weights, each None where switched off. All are constants of the
+        loss (no gradient): the masks are 0/1 functions of detached log-probs and entropies."""
         # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the off-policy mask, entropy mask and vLLM IS blocks
+        off_policy_mask = entropy_mask = importance_weights = None
         if self.off_policy_mask_threshold is not None:
-            per_token_loss = per_token_loss * self.get_off_policy_mask(
+            off_policy_mask = self.get_off_policy_mask(
                 advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,  # (B, 1) or (B, T)
                 per_token_logps=per_token_logps,
                 sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
                 mask=mask,
                 off_policy_threshold=self.off_policy_mask_threshold,
             )  # (B, 1)
-        entropy_mask = None
         if self.top_entropy_quantile < 1.0:
             entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)  # (B, T)
-            per_token_loss = per_token_loss * entropy_mask
-        if self.use_vllm and self.vllm_importance_sampling_correction and not self.objective_applies_is_weights:
-            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
-        return per_token_loss, entropy_mask
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            importance_weights = inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
+        return LossWeights(off_policy_mask, entropy_mask, importance_weights)
 
     def _forward_logps_and_entropies(self, model, inputs: dict[str, Any]):
         """Per-token log-probs, entropies and MoE aux loss of the completion, via TRL's own forward."""

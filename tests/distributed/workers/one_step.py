@@ -88,6 +88,9 @@ def fixed_generation(self, inputs):
     output["num_items_in_batch"] = batch["num_items_in_batch"].to(device)  # global token count, as TRL gathers it
     if self.requires_raw_rewards:
         self._raw_rewards_per_func = batch["rewards_per_func"].to(device)  # (N_global, F), as _calculate_rewards
+    for key in ("sampling_per_token_logps", "importance_sampling_ratio"):  # vLLM's, where a test fixes them
+        if key in fixed:
+            output[key] = fixed[key][rows].to(device)
     if fixed["old_per_token_logps"] is not None:
         output["old_per_token_logps"] = fixed["old_per_token_logps"][rows].to(device)
     else:  # behaviour policy = perturbed weights, through the model's own (captured) forward, as TRL scores
