@@ -38,7 +38,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import adapters, offline, rewards
-from .checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
 from .registry import METHODS, get_method
 from .run_folder import RunLock, checkpoints, resolve_resume
 from .trainers.schedule import off_policy_schedule
@@ -128,7 +127,9 @@ def parse(method: str, argv: Sequence[str] | None = None):
     if unknown:
         parser.error(f"--reward_funcs: unknown {unknown}; choose from {sorted(REWARD_FUNCS)}.")
     if not hasattr(training_args, "max_all_none_reward_batches"):  # TRL's GRPOConfig (--method grpo): the CLI stops
-        training_args.max_all_none_reward_batches = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES  # on no reward, as documented
+        from .checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES  # on no reward, as documented (TRL is loaded by now)
+
+        training_args.max_all_none_reward_batches = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
     demo = uses_embedded_policy(model_args.model_name_or_path) and script_args.dataset_name is None
     return script_args, training_args, model_args, demo
 
