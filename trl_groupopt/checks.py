@@ -163,6 +163,8 @@ def _reward_value_problem(value: Any) -> str | None:
         return None
     if isinstance(value, str | bytes):
         return "a string"
+    if isinstance(value, torch.Tensor):  # (no copy: torch.tensor(tensor) warns)
+        return None if value.ndim == 0 else f"of shape {tuple(value.shape)}, not one number"
     try:
         converted = torch.tensor(value, dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError):

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..run_folder import newest_complete_checkpoint
+
 __all__ = ["DEFAULT_NONFINITE_GUARD", "NonFiniteError", "NonFiniteGuardMixin", "guard_enabled", "nonfinite_weights"]
 
 #: The guard's setting for configs without a `nonfinite_guard` field (TRL's plain `GRPOConfig`).
@@ -67,8 +69,6 @@ def _causes(args: Any) -> str:
 
 
 def _resume_hint(output_dir: str) -> str:
-    from ..run_folder import newest_complete_checkpoint
-
     last = newest_complete_checkpoint(output_dir, warn=False) if os.path.isdir(output_dir) else None
     if last is None:
         return "No checkpoint was saved before it."
