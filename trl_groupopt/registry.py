@@ -25,6 +25,7 @@ from .spec import MethodSpec, Paper
 if TYPE_CHECKING:
     from trl import GRPOConfig
 
+    from .mechanism import Mechanism
     from .trainers.base import GroupOptTrainer
 
 __all__ = ["METHODS", "MethodSpec", "Paper", "get_method", "register_method", "unregister_method"]
@@ -68,8 +69,12 @@ def register_method(
     headline_metric: str,
     config_defaults: Mapping[str, Any] | None = None,
     summary: str = "",
+    mechanism: Mechanism | None = None,
 ) -> MethodSpec:
-    """Register a method with its classes; raises ``ValueError`` if the name is taken or the classes do not fit."""
+    """Register a method with its classes; raises ``ValueError`` if the name is taken or the classes do not fit.
+
+    ``mechanism``: when the method's mechanism acted on an optimizer step (``trl_groupopt.mechanism``); the trainer
+    then logs ``acted/<name>`` and reports it at the end of ``train()``."""
     _check_name(name)
     _check_classes(name, config_class, trainer_class)
     spec = MethodSpec(
@@ -80,6 +85,7 @@ def register_method(
         headline_metric=headline_metric,
         summary=summary,
         config_defaults=config_defaults or {},
+        mechanism=mechanism,
     )
     return _add(spec)
 

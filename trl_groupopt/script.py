@@ -30,7 +30,7 @@ from .cli import (
 from .device import device_supports_bf16, has_accelerator
 from .model_card import SYNTHETIC_DATASET_NAME
 from .registry import get_method
-from .reporting import ReadableProgressCallback, plot_reward_accuracy, write_results
+from .reporting import HeldOutAccuracyCallback, ReadableProgressCallback, plot_reward_accuracy, write_results
 from .trainers.base import GroupOptTrainer
 
 __all__ = ["DemoScriptArguments", "build_parser", "run"]
@@ -70,6 +70,16 @@ class DemoScriptArguments(ScriptArguments):
         metadata={
             "help": "Synthetic task: measure held-out greedy accuracy before and after training (results.json)."
         },
+    )
+    heldout_eval_steps: int = field(
+        default=10,
+        metadata={
+            "help": "Synthetic task: also measure held-out greedy accuracy every this many optimizer steps, on the "
+            "first --heldout_eval_examples held-out prompts (the plot's held-out curve); 0: only before and after."
+        },
+    )
+    heldout_eval_examples: int = field(
+        default=64, metadata={"help": "Synthetic task: held-out prompts of the accuracy measured while training."}
     )
     overwrite_output_dir: bool = field(
         default=False,
@@ -169,17 +179,23 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
     return trainer
 
 
-def _save_outputs(trainer, method, training_args, model_args, dataset_name, accuracy, wall_start, say) -> None:
-    """The card, trainer state, reward/accuracy plot and results.json beside the saved model (main process).
-    `accuracy`: held-out (before, after), or None when not measured."""
+def _save_outputs(trainer, method, training_args, model_args, dataset_name, curve, wall_start, say) -> None:
+    """The card, trainer state, plot and results.json beside the saved model (main process). The held-out accuracy
+    is `trainer.heldout_accuracy` (None when not measured); `curve`: the callback measuring it while training, or
+    None."""
     trainer.create_model_card(dataset_name=dataset_name)  # after save_model: replaces PEFT's template card
     trainer.save_state()
-    before, after = accuracy or (float("nan"), float("nan"))
-    heldout = [(0, before), (trainer.state.global_step, after)] if accuracy else []
+    heldout = trainer.heldout_accuracy or {}
+    before, after = heldout.get("before", float("nan")), heldout.get("after", float("nan"))
+    report = trainer.mechanism_report
     plot = plot_reward_accuracy(
         trainer.state.log_history,
         os.path.join(training_args.output_dir, "reward_accuracy.png"),
-        heldout=heldout,
+        heldout=[(0, before), (trainer.state.global_step, after)] if heldout else [],
+        heldout_curve=curve.points if curve else [],
+        heldout_label=f"accuracy (held-out, greedy, {heldout.get('num_examples')} prompts)",
+        curve_label=f"accuracy (held-out, greedy, first {len(curve.dataset)} prompts)" if curve else "",
+        mechanism_report=report,
         title=f"{method}: {os.path.basename(os.path.normpath(model_args.model_name_or_path))}",
     )
     if plot is None:
@@ -189,6 +205,10 @@ def _save_outputs(trainer, method, training_args, model_args, dataset_name, accu
         method=method,
         accuracy_before=before,
         accuracy_after=after,
+        heldout_examples=heldout.get("num_examples"),
+        heldout_curve=[list(point) for point in curve.points] if curve else [],
+        heldout_curve_examples=len(curve.dataset) if curve else None,
+        mechanism=report.to_dict() if report is not None else None,
         steps=trainer.state.global_step,
         wall_seconds=round(time.perf_counter() - wall_start, 1),
         num_processes=trainer.accelerator.num_processes,
@@ -210,11 +230,15 @@ def run(method, script_args, training_args, model_args, demo) -> GroupOptTrainer
 
     # one process measures; the others wait at training's first collective
     evaluate = demo and script_args.evaluate_accuracy and eval_dataset is not None and main
-    before = after = float("nan")
+    curve = None
     if evaluate:
         say(f"held-out greedy accuracy before training ({len(eval_dataset)} prompts)...")
         before = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
         say(f"  {before:.1%}")
+        if script_args.heldout_eval_steps > 0:
+            subset = eval_dataset.select(range(min(script_args.heldout_eval_examples, len(eval_dataset))))
+            curve = HeldOutAccuracyCallback(trainer, subset, script_args.heldout_eval_steps)
+            trainer.add_callback(curve)
     say(
         f"training {training_args.max_steps if training_args.max_steps > 0 else ''} steps -> {training_args.output_dir}"
     )
@@ -224,12 +248,12 @@ def run(method, script_args, training_args, model_args, demo) -> GroupOptTrainer
     if evaluate:
         after = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
         say(f"held-out greedy accuracy ({len(eval_dataset)} prompts): {before:.1%} -> {after:.1%}")
+        trainer.heldout_accuracy = {"before": before, "after": after, "num_examples": len(eval_dataset)}
     # The card describes the synthetic task when no dataset was named (model_card.SYNTHETIC_DATASET_NAME).
     dataset_name = script_args.dataset_name or SYNTHETIC_DATASET_NAME
     trainer.save_model(training_args.output_dir)
     if main:
-        accuracy = (before, after) if evaluate else None
-        _save_outputs(trainer, method, training_args, model_args, dataset_name, accuracy, start, say)
+        _save_outputs(trainer, method, training_args, model_args, dataset_name, curve, start, say)
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_name)
     return trainer

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trl import GRPOConfig
 
+    from .mechanism import Mechanism
     from .trainers.base import GroupOptTrainer
 
 __all__ = ["MethodSpec", "Paper"]
@@ -88,6 +89,8 @@ class MethodSpec:
     config_class: type[GRPOConfig] = _ClassField(None, lambda spec: spec.trainer_class.config_class)  # type: ignore
     config_defaults: Mapping[str, Any] = field(default_factory=dict)  # a mode's fixed settings, e.g. GRPO-fix's
     display_name: str = ""  # the name model cards give the method (TRL's `_name`); default: name upper-cased
+    #: When the method's mechanism acted on an optimizer step (`trl_groupopt.mechanism`); None: no report.
+    mechanism: Mechanism | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config_defaults", MappingProxyType(dict(self.config_defaults)))

@@ -20,25 +20,12 @@ import torch
 from trl import GRPOTrainer
 
 from tests.distributed import batches
-from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
+from tests.helpers import cpu_config_kwargs, float64_forward, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
 from trl_groupopt import ECHOConfig, ECHOTrainer
 from trl_groupopt.objectives.echo import echo_log_ratio_totals, echo_loss
 
 ATOL = 1e-10
 EPS = dict(epsilon=0.2, epsilon_high=0.28)  # batch_epsilon defaults to epsilon: R clipped outside [0.8, 1.2]
-
-
-def _forward(trainer, model, batch):
-    """(B, T) float64 log-probs and entropies of the completion tokens (stands in for TRL's float32 fused forward)."""
-    prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, P + T, V)
-    logits = logits[:, prompt_ids.size(1) - 1 : -1].double()  # (B, T, V) the logits that predict the completion
-    log_probs = logits.log_softmax(-1)  # (B, T, V)
-    logps = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    entropies = -(log_probs.exp() * log_probs).sum(-1)  # (B, T)
-    return logps, entropies, None
 
 
 def _trainer(tmp_path, tokenizer, scope: str, **overrides):
@@ -64,7 +51,7 @@ def _trainer(tmp_path, tokenizer, scope: str, **overrides):
     )
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 2
-    trainer._forward_logps_and_entropies = MethodType(_forward, trainer)
+    trainer._forward_logps_and_entropies = MethodType(float64_forward, trainer)
     return trainer
 
 

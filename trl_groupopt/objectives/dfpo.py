@@ -64,7 +64,8 @@ _SUBSET_TRANSFORMS: tuple[str, ...] = ("orth_proj", "orth_proj_qp")
 #: Aggregations whose per-token weight is one batch constant (``"grpo"`` weights sequence i by 1 / |y_i|).
 _TOKEN_SUM_LOSS_TYPES: tuple[str, ...] = ("bnpo", "dr_grpo", "dapo", "luspo")
 #: The group metrics of `dfpo_loss` (NaN for an empty batch).
-_GROUP_METRICS = ("dfpo/asym_before", "dfpo/asym_after", "dfpo/shrink", "dfpo/cancellation_residual")
+_GROUP_METRICS = ("dfpo/asym_before", "dfpo/asym_after", "dfpo/shrink", "dfpo/cancellation_residual",
+                  "dfpo/cancellation_residual_gspo")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -419,6 +420,8 @@ def dfpo_loss(
         ``|sum_i A_i c_i| / sum_i |A_i| c_i`` over the members with a non-zero gradient, ``c_i`` the effective
         shared-token coefficient (``s_til_i``, times ``1 / |y_i|`` under ``"grpo"``), averaged over the groups with
         at least two such members; 0 means a token shared by the whole group gets no gradient (NaN: no group).
+        ``dfpo/cancellation_residual_gspo``: the same with GSPO's weights ``s_bar w_IS`` in place of ``s_til`` (the
+        residual ``transform="none"`` leaves on the same batch).
     """
     check_choice("transform", transform, TRANSFORMS)
     check_orthogonal_over(transform, orthogonal_over)
@@ -507,8 +510,13 @@ def _dfpo_metrics(
         shrink = s_til / seq.effective.clamp_min(torch.finfo(s_til.dtype).tiny)  # (B,) Eq. 87
         count = informative.sum()
         metrics["dfpo/shrink"] = nan_if_empty(torch.where(informative, shrink, 0.0).sum() / count.clamp(min=1), count)
+        carries = seq.present & ~seq.clipped
         metrics["dfpo/cancellation_residual"] = _cancellation_residual(
-            adv, s_til, seq.present & ~seq.clipped, lengths, group_ids, loss_type
+            adv, s_til, carries, lengths, group_ids, loss_type
+        )
+        # the same for GSPO's untransformed weights on this batch: what the transform is measured against
+        metrics["dfpo/cancellation_residual_gspo"] = _cancellation_residual(
+            adv, seq.effective, carries, lengths, group_ids, loss_type
         )
     return metrics
 

@@ -6,14 +6,21 @@ It is assembled from one mixin per concern; this module holds the shell: the met
 - `loss.py`: one `_compute_loss` for every method, with TRL 1.16's extras and `loss_type` aggregation;
 - `batching.py`: whole-group micro-batches with `group_ids`, the raw rewards, the all-None reward watch;
 - `metrics.py`: the objective's metrics reduced over processes as TRL does, in one collective per micro-batch;
+- `energy.py`: the logit-gradient energy from TRL's fused head, on only for estimators that need it (OTB's);
 - `schedule.py`: the on-policy warning and the dataset-size check; `compat.py`: the Unsloth/Liger guard;
+- `report.py`: whether the method's mechanism acted (`acted/<method>` per step, `mechanism_report`, `train()`'s report);
 - `guard.py`: a NaN/inf loss or gradient norm stops training before it is applied, saved or pushed;
 - `checkpointing.py`: resume from complete checkpoints only, completion records, the output folder's lock.
 
-With the default objective (TRL's clipped surrogate) this trainer *is* TRL's GRPO/GSPO/DAPO: the parity tests
-compare loss and gradients against `GRPOTrainer._compute_loss`. For TRL's surrogate-replacing loss types (cispo, sapo,
-vespo) the base trainer calls `GRPOTrainer._compute_loss` itself; method trainers, which have their own objective,
-reject them at construction.
+The advantages the objective receives come from the config's `advantage_estimator` (`"grpo"`, TRL's own, when the
+config has no such field, e.g. TRL's `GRPOConfig`): one registry of estimators, `trl_groupopt/objectives/estimators.py`,
+serves every method, and what an estimator needs (raw rewards, whole groups, the energy) is switched on here for it
+alone.
+
+With the default objective (TRL's clipped surrogate) and estimator this trainer *is* TRL's GRPO/GSPO/DAPO: the parity
+tests compare loss and gradients against `GRPOTrainer._compute_loss`. For TRL's surrogate-replacing loss types (cispo,
+sapo, vespo) the base trainer calls `GRPOTrainer._compute_loss` itself; a trainer with its own objective, or a config
+whose estimator is not TRL's, rejects them at construction (`validate_args`).
 
 The constructor takes exactly `GRPOTrainer.__init__`'s arguments with its defaults (`reward_funcs=None`,
 `environment_factory`, `tools`, `rollout_func`, ...): rewards may come from the environment (`get_reward`), and with
@@ -37,14 +44,17 @@ from trl.trainer.utils import get_config_model_id
 from ..checks import prepare_trainer_inputs
 from ..methods import grpo
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss
+from ..objectives.estimators import AdvantageEstimator, EstimatorInputs, estimator_of
 from ..spec import MethodSpec, Paper
 from .batching import GroupBatchingMixin
 from .checkpointing import RunFolderMixin
 from .compat import check_loss_routed_through_compute_loss
-from .config import tokens_withheld
+from .config import estimator_knobs, tokens_withheld
+from .energy import EnergyCaptureMixin
 from .guard import NonFiniteGuardMixin
 from .loss import SUPPORTED_LOSS_TYPES, TRL_SURROGATE_LOSS_TYPES, LossMixin
 from .metrics import MetricsMixin
+from .report import MechanismReportMixin
 from .schedule import check_dataset_holds_a_generation_batch, warn_if_inert_on_policy
 
 __all__ = ["GroupOptTrainer"]
@@ -63,12 +73,22 @@ def _card_metadata(spec: MethodSpec) -> tuple[str, list[str], dict[str, str | No
     return spec.display_name, ["trl", spec.name, "trl-groupopt"], paper
 
 
-class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, NonFiniteGuardMixin, RunFolderMixin, GRPOTrainer):
+class GroupOptTrainer(
+    EnergyCaptureMixin,
+    LossMixin,
+    GroupBatchingMixin,
+    MetricsMixin,
+    MechanismReportMixin,
+    NonFiniteGuardMixin,
+    RunFolderMixin,
+    GRPOTrainer,
+):
     """`GRPOTrainer` whose policy objective is a pure function (see module docstring).
 
     Subclasses set `method_spec` (their entry in `trl_groupopt/methods/`, from which TRL's model-card metadata
-    `_name`, `_tag_names` and `_paper` follow), `config_class`, `objective` (and, for advantage-transforming methods,
-    `compute_advantages`) and the class flags below. The base class itself trains TRL's GRPO/GSPO/DAPO objective.
+    `_name`, `_tag_names` and `_paper` follow), `config_class`, `objective` and the class flags below; the
+    advantages come from the config's estimator (`self.estimator`). The base class itself trains TRL's
+    GRPO/GSPO/DAPO objective.
     """
 
     #: The method this trainer implements (its paper, name and tags for model cards).
@@ -77,10 +97,9 @@ class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, NonFiniteGuar
 
     #: The config class this trainer reads its knobs from (a `GRPOConfig` subclass).
     config_class: ClassVar[type[GRPOConfig]] = GRPOConfig
-    #: Every micro-batch must hold whole groups, with a `group_ids` tensor (DFPO, OTB).
+    #: The objective needs every micro-batch to hold whole groups, with a `group_ids` tensor (DFPO). An advantage
+    #: estimator declares its own needs (`AdvantageEstimator.needs_whole_groups`, `needs_raw_rewards`).
     requires_whole_groups: ClassVar[bool] = False
-    #: The batch must carry the raw (weighted, un-normalised) rewards as `rewards` (OTB).
-    requires_raw_rewards: ClassVar[bool] = False
     #: Whether TRL's `delta` (two-sided clip of the surrogate) has a meaning for this objective.
     supports_delta: ClassVar[bool] = True
     #: What happens to this method's mechanism on an on-policy schedule, e.g. "ECHO's batch clip never acts" (the
@@ -90,10 +109,14 @@ class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, NonFiniteGuar
     #: and the vLLM IS weights, passed as the keyword `loss_weights`, None when all are off); `_compute_loss` then
     #: does not multiply them again. ECHO needs them in its batch-ratio coupling, DFPO in its in-group transform.
     objective_applies_loss_weights: ClassVar[bool] = False
-    #: Whether this class changes TRL's policy loss or advantages (overrides `objective` or `compute_advantages`).
-    #: Derived per subclass unless set explicitly. Only a class without its own objective is TRL's GRPO and may hand
+    #: Whether this class changes TRL's policy loss or advantages (overrides `objective` or `compute_advantages`, or
+    #: its config class selects another estimator by default, as OTB's). Derived per subclass unless set explicitly.
+    #: Only a class without its own objective, with a config whose estimator is TRL's, is TRL's GRPO and may hand
     #: TRL's surrogate-replacing loss types (cispo, sapo, vespo) to `GRPOTrainer._compute_loss`.
     has_own_objective: ClassVar[bool] = False
+    #: Held-out accuracy of the run, when measured: `{"before": float, "after": float, "num_examples": int}` (set by
+    #: the CLI and the notebook; the model card states it).
+    heldout_accuracy: dict[str, Any] | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -105,10 +128,11 @@ class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, NonFiniteGuar
             cls.has_own_objective = (
                 cls.objective is not GroupOptTrainer.objective
                 or cls.compute_advantages is not GroupOptTrainer.compute_advantages
+                or not estimator_of(cls.config_class).trl_advantages  # the config class's default estimator
             )
         # A subclass `__init__(self, *args, **kwargs)` forwards everything here: show GRPOTrainer's signature for it
         # (help(), IDEs and `inspect.signature` then list the same parameters as for GRPOTrainer).
-        init = cls.__init__  # its own, or a mixin's before GroupOptTrainer (e.g. EnergyCaptureMixin's)
+        init = cls.__init__  # its own, or a mixin's before GroupOptTrainer
         if init is not GroupOptTrainer.__init__ and _is_passthrough(init):
             init.__signature__ = inspect.signature(GroupOptTrainer.__init__)
 
@@ -153,14 +177,21 @@ class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, NonFiniteGuar
             rollout_func=rollout_func,
             environment_factory=environment_factory,
         )
+        #: The advantage estimator (`advantage_estimator`; TRL's own for a config without the field).
+        self.estimator: AdvantageEstimator = estimator_of(self.args)
+        self._estimator_knobs = estimator_knobs(self.args, self.estimator)
+        if self.estimator.needs_energy:
+            self._enable_energy_capture()
         self.whole_groups = self.needs_whole_groups(self.args)
         check_dataset_holds_a_generation_batch(self.args, self.train_dataset)
         warn_if_inert_on_policy(type(self).__name__, self.args, self.inert_on_policy)
+        self._start_mechanism_report()
 
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:
-        """Whether this configuration couples the sequences of a group (then micro-batches hold whole groups)."""
-        return cls.requires_whole_groups
+        """Whether this configuration couples the sequences of a group (then micro-batches hold whole groups): the
+        objective's `requires_whole_groups`, or the estimator's."""
+        return cls.requires_whole_groups or estimator_of(args).needs_whole_groups
 
     # ------------------------------------------------------------------ validation
     @classmethod
@@ -171,12 +202,21 @@ class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, NonFiniteGuar
                 f"{cls.__name__} reads its settings from a {cls.config_class.__name__}, got a {type(args).__name__}: "
                 f"build the config with {cls.config_class.__name__}(...) (it accepts every GRPOConfig argument)."
             )
-        if args.loss_type in TRL_SURROGATE_LOSS_TYPES and not cls.has_own_objective:
+        estimator = estimator_of(args)
+        trl_loss = args.loss_type in TRL_SURROGATE_LOSS_TYPES
+        if trl_loss and not cls.has_own_objective and estimator.trl_advantages:
             pass  # TRL's own `_compute_loss` computes it (see `LossMixin._compute_loss`)
         elif args.loss_type not in SUPPORTED_LOSS_TYPES:
+            # The one check for every trainer and estimator: TRL's loss would drop another objective or estimator.
+            reason = (
+                f"compute their loss from TRL's group-normalised advantages, which would drop the advantages of "
+                f"advantage_estimator={estimator.name!r}"
+                if trl_loss and not estimator.trl_advantages
+                else "replace the policy surrogate itself (GroupOptTrainer with a GRPOConfig runs them with TRL's "
+                "own loss)"
+            )
             raise ValueError(
-                f"loss_type={args.loss_type!r} is not supported by {cls.__name__}: TRL's cispo/sapo/vespo replace the "
-                f"policy surrogate itself (GroupOptTrainer with a GRPOConfig runs them with TRL's own loss). "
+                f"loss_type={args.loss_type!r} is not supported by {cls.__name__}: TRL's cispo/sapo/vespo {reason}. "
                 f"Use one of {SUPPORTED_LOSS_TYPES}."
             )
         if args.delta is not None and not cls.supports_delta:
@@ -221,7 +261,7 @@ class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, NonFiniteGuar
             super()._push_from_checkpoint(checkpoint_folder)
 
     def _generate_and_score_completions(self, inputs):
-        """TRL's, plus the batch fields the objective needs (`group_ids`, raw `rewards`; see `batching.py`)."""
+        """TRL's, plus the batch fields the objective and estimator need (`group_ids`, raw `rewards`; `batching.py`)."""
         self._raw_rewards_per_func = None  # filled by `_calculate_rewards` during TRL's call
         return self._add_batch_fields(super()._generate_and_score_completions(inputs), inputs)
 
@@ -250,5 +290,29 @@ class GroupOptTrainer(LossMixin, GroupBatchingMixin, MetricsMixin, NonFiniteGuar
         )
 
     def compute_advantages(self, inputs: dict[str, Any], per_token_logps: Tensor, mask: Tensor) -> Tensor:
-        """(B,) or (B, T) advantages for this micro-batch. Default: TRL's group-relative advantages."""
-        return inputs["advantages"]
+        """(B,) or (B, T) advantages for this micro-batch: the config's estimator's (TRL's group-relative advantages
+        for `"grpo"`), whose metrics are queued for this micro-batch's log."""
+        estimator = self.estimator
+        out = estimator.estimate(self._estimator_inputs(inputs, mask), **self._estimator_knobs)
+        if out.metrics:
+            self._log_objective_metrics(
+                dict(out.metrics), out.metrics_mask, "train" if self.model.training else "eval"
+            )
+        return out.advantages
+
+    def _estimator_inputs(self, inputs: dict[str, Any], mask: Tensor) -> EstimatorInputs:
+        """What the estimator reads from the batch and the trainer: only the fields it declares a need for."""
+        estimator = self.estimator
+        energy = self.rollout_energy(inputs) if estimator.needs_energy else None  # (B, T)
+        weights = inputs.get("importance_sampling_ratio")  # vLLM IS ratio: (B, T) or (B, 1)
+        if weights is not None:
+            weights = weights.expand_as(mask).to(energy.dtype if energy is not None else weights.dtype)  # (B, T)
+        return EstimatorInputs(
+            trl_advantages=inputs.get("advantages"),
+            mask=mask,
+            rewards=inputs["rewards"] if estimator.needs_raw_rewards else None,
+            group_ids=inputs.get("group_ids"),
+            energy=energy,
+            importance_weights=weights,
+            tool_use="tool_mask" in inputs,
+        )

@@ -1,13 +1,14 @@
 """What each micro-batch carries for group-coupled and reward-reading objectives.
 
-Methods that couple the sequences of a group (DFPO, OTB) set `requires_whole_groups = True`: every micro-batch then
-holds whole groups (TRL's row shuffle of the generation batch is replaced by a shuffle of whole groups) and carries an
-explicit `group_ids` tensor, so no objective infers groups from positions. Methods that read the raw rewards (OTB) set
-`requires_raw_rewards = True`: the batch then carries them as `rewards`.
+Objectives that couple the sequences of a group (DFPO) set `requires_whole_groups = True`, and advantage estimators
+that do (OTB's) declare `needs_whole_groups`: every micro-batch then holds whole groups (TRL's row shuffle of the
+generation batch is replaced by a shuffle of whole groups) and carries an explicit `group_ids` tensor, so no objective
+infers groups from positions. Estimators that read the raw rewards (OTB's) declare `needs_raw_rewards`: the batch then
+carries them as `rewards`.
 
 Every batch's rewards are checked (an infinite reward fails at its first batch, naming the function and the
 completion; no reward at all warns, then stops where the config says), and for the method trainers a group whose
-rewards are all equal gets advantage exactly 0 (`zero_equal_reward_groups`).
+rewards are all equal gets advantage exactly 0 (`equal_reward_rows`).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _check_groups_share_rows(prompts: list[Any], num_generations: int) -> None:
 
 class GroupBatchingMixin:
     """`GRPOTrainer`'s batch production with `group_ids` and whole-group micro-batches (`self.whole_groups`), the raw
-    rewards (`requires_raw_rewards`), and the all-None reward watch. Mixed into `GroupOptTrainer`, whose
+    rewards (the estimator's `needs_raw_rewards`), and the all-None reward watch. Mixed into `GroupOptTrainer`, whose
     `_generate_and_score_completions` calls `_add_batch_fields` on TRL's output."""
 
     def _add_batch_fields(self, output: dict[str, Any], inputs) -> dict[str, Any]:
@@ -123,7 +124,7 @@ class GroupBatchingMixin:
                 _check_groups_share_prompts(output["prompt_ids"], num_generations)
             else:  # each rollout's `reset()` may extend its prompt: the group is the sampler's, the dataset row's
                 _check_groups_share_rows([x.get("prompt") for x in inputs], num_generations)
-        if self.requires_raw_rewards:
+        if self.estimator.needs_raw_rewards:
             output["rewards"] = self._local_raw_rewards(num_rows)
         if self.has_own_objective and self.multi_objective_aggregation == "sum_then_normalize":
             # A method's rule: a group without a reward contrast contributes exactly nothing. (TRL's own GRPO keeps

@@ -1,8 +1,13 @@
-"""Guards against stacks that would compute a loss other than `GroupOptTrainer._compute_loss` (Unsloth, old Liger)."""
+"""Guards against stacks that would compute a loss other than `GroupOptTrainer._compute_loss` (Unsloth, old Liger),
+and our own word in place of a TRL warning that would mislead a method's user (`dropping_trl_warning`)."""
 
 from __future__ import annotations
 
-__all__ = ["check_loss_routed_through_compute_loss"]
+import contextlib
+import logging
+from collections.abc import Iterator
+
+__all__ = ["check_loss_routed_through_compute_loss", "dropping_trl_warning"]
 
 
 def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: bool) -> None:
@@ -34,3 +39,30 @@ def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: 
             "which would silently drop this method's objective. Set use_liger_kernel=False, or upgrade to trl>=1.16 "
             "where Liger only patches model kernels."
         )
+
+
+class _DropRecords(logging.Filter):
+    """Drops (and keeps) the log records whose message contains `text`; every other record passes."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.dropped = text, []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.text in record.getMessage():  # accelerate's logger prefixes "[RANK k] "
+            self.dropped.append(record)
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def dropping_trl_warning(text: str) -> Iterator[list[logging.LogRecord]]:
+    """Inside the block, the warnings of `trl.trainer.grpo_trainer` whose message contains `text` are dropped (every
+    other record passes); yields the list of the dropped records, for the caller to put its own word instead."""
+    trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
+    drop = _DropRecords(text)
+    trl_logger.addFilter(drop)
+    try:
+        yield drop.dropped
+    finally:
+        trl_logger.removeFilter(drop)

@@ -17,7 +17,7 @@ from ..methods import ctpo
 from ..objectives.common import ObjectiveOutput
 from ..objectives.ctpo import DEFAULT_POSITION_POWER, ctpo_loss, validate_ctpo
 from .base import GroupOptTrainer
-from .config import TokenSafeConfigMixin, objective_arguments
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
 from .schedule import OffPolicyScheduleMixin
 
 #: `ctpo_loss`'s hyper-parameters -> the CTPOConfig fields that set them (the names its errors use).
@@ -31,7 +31,7 @@ CTPO_ARGUMENTS = {
 
 
 @dataclass(repr=False)
-class CTPOConfig(TokenSafeConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
+class CTPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     r"""
     Configuration class for [`CTPOTrainer`].
 

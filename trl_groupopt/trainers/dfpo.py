@@ -6,6 +6,7 @@ The paper and registry entries (DFPO and its GRPO-fix mode): `trl_groupopt/metho
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +17,11 @@ from ..methods import dfpo
 from ..methods.dfpo import GRPO_FIX
 from ..objectives.common import ObjectiveOutput, check_choice, check_positive
 from ..objectives.dfpo import TRANSFORMS, check_orthogonal_over, dfpo_loss, symmetric_clip_loss, validate_dfpo
+from ..objectives.estimators import get_estimator
+from ..spec import MethodSpec
 from .base import GroupOptTrainer
-from .config import TokenSafeConfigMixin, objective_arguments
+from .compat import dropping_trl_warning
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
 
 #: `dfpo_loss`'s hyper-parameters -> the DFPOConfig fields that set them (the names its errors use).
 DFPO_ARGUMENTS = {
@@ -28,14 +32,38 @@ DFPO_ARGUMENTS = {
     "orthogonal_over": "dfpo_orthogonal_over",
 }
 
+#: The opening words of TRL's warning (`GRPOTrainer.__init__`, trl 1.16.0) for sequence-level ratios with a token-sum loss
+#: type, which advises loss_type="grpo": the opposite of DFPO's choice, so the trainer replaces it with `SUM_LOSS_NOTE`.
+TRL_SEQUENCE_LOSS_ADVICE = "When using `importance_sampling_level='sequence'`, the `'"
+SUM_LOSS_NOTE = (
+    "DFPOTrainer: loss_type={loss_type!r} with sequence-level ratios is deliberate: it weighs every token by one batch "
+    "constant, so the gradients of a token shared by a group's completions cancel whatever their lengths; "
+    "loss_type='grpo' (GSPO's recipe) would weigh sequence i by 1/|y_i| and lose that cancellation when the lengths "
+    "differ (docs/dfpo.md)."
+)
+logger = logging.getLogger(__name__)
+
 # GSPO's clip range (Zheng et al. 2025, Sec. 5.1); DFPO builds on GSPO and its paper sets no other value.
 GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
 # GRPO-fix clips only above (Eq. 80); TRL's GRPO default for that bound.
 GRPO_FIX_EPSILON_HIGH = 0.2
 
 
+def check_sequence_advantages(transform: str, advantage_estimator: str) -> None:
+    """DFPO's transforms need one advantage per sequence: refuse a per-token estimator for them (docs/dfpo.md)."""
+    if transform == GRPO_FIX or not get_estimator(advantage_estimator).per_token:
+        return
+    raise ValueError(
+        f"dfpo_transform={transform!r} does not take advantage_estimator={advantage_estimator!r}: DFPO's in-group "
+        "transform makes sum_i A_i s_til_i = 0 with ONE advantage A_i per sequence, and these advantages differ at "
+        "every token (A_it): one weight s_til_i per sequence cannot make sum_i A_it s_til_i = 0 at every position "
+        "(docs/dfpo.md, 'DFPO and per-token advantages'). Use dfpo_transform='symmetric_clip' (GRPO-fix, per-token) "
+        "with it, or advantage_estimator='grpo' with DFPO's transforms."
+    )
+
+
 @dataclass(repr=False)
-class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
+class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig):
     r"""
     Configuration class for [`DFPOTrainer`].
 
@@ -68,6 +96,9 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
         importance_sampling_level (`str`, *optional*):
             Fixed by the mode: `"sequence"` for the DFPO transforms, `"token"` for GRPO-fix (it only matters for
             `use_bias_correction_kl`); setting the other one raises.
+        advantage_estimator (`str`, *optional*, defaults to `"grpo"`):
+            `AdvantageEstimatorConfigMixin`. The DFPO transforms take one advantage per sequence, so a per-token
+            estimator (`"otb"`) is refused for them with the reason; GRPO-fix takes it (docs/dfpo.md).
         loss_type (`str`, *optional*, defaults to `"dapo"`):
             Aggregation, for both modes. `"dapo"` (TRL's default) weighs every token by one batch constant, so the
             gradients of a token shared by a group cancel whatever the completion lengths; for GRPO-fix it is
@@ -97,6 +128,7 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
 
     def __post_init__(self):
         check_choice("dfpo_transform", self.dfpo_transform, (*TRANSFORMS, GRPO_FIX))
+        check_sequence_advantages(self.dfpo_transform, self.advantage_estimator)
         check_orthogonal_over(self.dfpo_transform, self.dfpo_orthogonal_over, names=DFPO_ARGUMENTS)
         grpo_fix = self.dfpo_transform == GRPO_FIX
         level = "token" if grpo_fix else "sequence"
@@ -126,10 +158,20 @@ class DFPOTrainer(GroupOptTrainer):
     # so the cancellation includes them; symmetric_clip_loss multiplies them as TRL does.
     objective_applies_loss_weights = True
 
+    def __init__(self, *args, **kwargs):
+        with dropping_trl_warning(TRL_SEQUENCE_LOSS_ADVICE) as dropped:  # its advice would lose the cancellation
+            super().__init__(*args, **kwargs)
+        if dropped:
+            logger.warning(SUM_LOSS_NOTE.format(loss_type=self.args.loss_type))
+
+    @classmethod
+    def method_for(cls, args: GRPOConfig) -> MethodSpec:
+        return dfpo.GRPO_FIX_METHOD if getattr(args, "dfpo_transform", None) == GRPO_FIX else cls.method_spec
+
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:
         # The transforms (and the asymmetry metrics, also under "none") look at whole groups; GRPO-fix does not.
-        return getattr(args, "dfpo_transform", "min_replace") != GRPO_FIX
+        return super().needs_whole_groups(args) or getattr(args, "dfpo_transform", "min_replace") != GRPO_FIX
 
     def objective(
         self,

@@ -19,7 +19,7 @@ from ..methods import echo
 from ..objectives.common import ObjectiveOutput, check_choice
 from ..objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss, validate_echo
 from .base import GroupOptTrainer
-from .config import TokenSafeConfigMixin, objective_arguments
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
 from .loss import loss_mask
 from .schedule import OffPolicyScheduleMixin
 
@@ -38,7 +38,7 @@ ECHO_ARGUMENTS = {
 
 
 @dataclass(repr=False)
-class ECHOConfig(TokenSafeConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
+class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     r"""
     Configuration class for [`ECHOTrainer`].
 
@@ -218,7 +218,12 @@ class ECHOTrainer(GroupOptTrainer):
         """
         parts = []
         # mirrors the no-grad behaviour forward of `GRPOTrainer._generate_and_score_completions`
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        # (the estimator's metrics are logged by the loss's own call of `compute_advantages`, not here)
+        with (
+            torch.no_grad(),
+            disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
+            self._metrics_discarded(),
+        ):
             for batch in batches:
                 logps, entropies, _ = self._forward_logps_and_entropies(model, batch)  # (B, T) each
                 old = batch.get("old_per_token_logps")

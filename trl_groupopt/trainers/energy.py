@@ -1,5 +1,9 @@
 """Logit-gradient energy from the forwards TRL already runs, for advantage estimators that need it (OTB's).
 
+`GroupOptTrainer` mixes this in for every method and turns it on (`_enable_energy_capture`) only when its config's
+advantage estimator declares `needs_energy`: otherwise TRL's fused head stays as TRL patched it and every override
+below returns TRL's result at once (no recorder, no record, no extra output).
+
 TRL computes log-probs with a fused, tiled LM head that can also return `log_sum_sq_probs = log sum_v p_v^2` (no
 gradient) from the same tiles. `EnergyCaptureMixin` asks the head for that field and overrides
 `_get_per_token_logps_and_entropies` so that every call records the energy beside the log-probs it returns: no second
@@ -53,10 +57,15 @@ class _FusedOutputRecorder:
 
 
 class EnergyCaptureMixin:
-    """Mixed in before `GroupOptTrainer`: records the energy of every log-prob forward (see the module docstring)."""
+    """Mixed into `GroupOptTrainer` (before `LossMixin`): records the energy of every log-prob forward once
+    `_enable_energy_capture` ran (see the module docstring)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    #: Whether the log-prob forwards record their energy (set by `_enable_energy_capture`).
+    _energy_capture: bool = False
+
+    def _enable_energy_capture(self) -> None:
+        """Re-patch the fused LM head to also return `log_sum_sq_probs` and record it from now on (after TRL's
+        `__init__`, which patched the head)."""
         # TRL's fused head computes only `log_probs` and `entropy`; re-patch it (TRL's public helper, applied on top of
         # TRL's own patch, to the module TRL patched) so that it also returns `log_sum_sq_probs` from the same tiles.
         # TRL's head is kept for the forwards whose energy is unused (`_lm_head_without_energy`).
@@ -71,6 +80,7 @@ class EnergyCaptureMixin:
         self._otb_head_forward = self._head_module.forward
         self._energy_records: list[_EnergyRecord] = []
         self._training_energy: Tensor | None = None
+        self._energy_capture = True
 
     def rollout_energy(self, inputs: dict[str, Any]) -> Tensor:
         """(B, T) energy of the policy that sampled `inputs`: the behaviour forward's off-policy, else the training
@@ -81,6 +91,10 @@ class EnergyCaptureMixin:
     # ---- every log-prob forward records its energy
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         """TRL's method, run with a recorder in place of `model`; records `(log-probs, energy)` of this call."""
+        if not self._energy_capture:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
         recorder = _FusedOutputRecorder(model)
         per_token_logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
             recorder, input_ids, attention_mask, logits_to_keep, *args, **kwargs
@@ -107,6 +121,8 @@ class EnergyCaptureMixin:
         )
 
     def _generate_and_score_completions(self, inputs):
+        if not self._energy_capture:
+            return super()._generate_and_score_completions(inputs)
         self._energy_records = []
         output = super()._generate_and_score_completions(inputs)
         old = output.get("old_per_token_logps")
@@ -125,6 +141,8 @@ class EnergyCaptureMixin:
             self._head_module.forward = self._otb_head_forward
 
     def _forward_logps_and_entropies(self, model, inputs):
+        if not self._energy_capture:
+            return super()._forward_logps_and_entropies(model, inputs)
         self._energy_records = []
         if "old_per_token_energy" in inputs:  # off-policy: the advantages use the behaviour policy's energy
             with self._lm_head_without_energy():

@@ -1,8 +1,8 @@
 """The loss path of `GroupOptTrainer`: one `_compute_loss` for every method, with TRL 1.16's extras.
 
 1. log-probs and entropies through TRL's own `_get_per_token_logps_and_entropies` (fused, tiled LM head),
-2. the method's advantages (`compute_advantages`, identity except for OTB) and per-token loss (`objective`, a pure
-   function from `trl_groupopt.objectives`),
+2. the advantages (`compute_advantages`: the config's `advantage_estimator`, TRL's own by default) and the per-token
+   loss (`objective`, a pure function from `trl_groupopt.objectives`),
 3. TRL 1.16's shared extras with TRL's semantics: the per-token loss weights (`LossWeights`: off-policy sequence
    mask, high-entropy token mask, vLLM importance-sampling correction; applied by the objective itself where it
    must see them, as ECHO's wide scopes and DFPO's transform do), beta-KL (with `use_bias_correction_kl`),

@@ -3,6 +3,9 @@ queued per micro-batch and flushed with one collective and one host sync."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 
@@ -73,6 +76,17 @@ class MetricsMixin:
         """
         self.__dict__.setdefault("_queued_objective_metrics", []).append((metrics, mask, mode))
 
+    @contextmanager
+    def _metrics_discarded(self) -> Iterator[None]:
+        """Drop the metrics queued inside (computations that only prepare the loss, e.g. ECHO's step totals, would
+        otherwise log a micro-batch's metrics twice)."""
+        queue = self.__dict__.setdefault("_queued_objective_metrics", [])
+        queued = len(queue)
+        try:
+            yield
+        finally:
+            del self._queued_objective_metrics[queued:]
+
     def _flush_metrics(self) -> None:
         """Reduce every queued metric over processes with ONE gather and ONE `.tolist()`, and log the results."""
         # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `clip_ratio/*` metrics (names, nanmin/nanmax over
@@ -96,4 +110,6 @@ class MetricsMixin:
         table = torch.stack([kinds[kind] for kind in _REDUCTIONS]).tolist()  # the one sync
         for k, (mode, logged, kind) in enumerate(columns):
             value = table[_REDUCTIONS.index(kind)][k]
-            self._metrics[mode][logged].append(float("nan") if value in (float("inf"), float("-inf")) else value)
+            value = float("nan") if value in (float("inf"), float("-inf")) else value
+            self._metrics[mode][logged].append(value)
+            self._record_mechanism_value(mode, logged, value)  # `report.py`: did the mechanism act on this step?
