@@ -6,6 +6,7 @@ and argument errors never import TRL. The default layers the parser applies are 
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from collections.abc import Sequence
@@ -80,6 +81,13 @@ class DemoScriptArguments(ScriptArguments):
     heldout_eval_examples: int = field(
         default=64, metadata={"help": "Synthetic task: held-out prompts of the accuracy measured while training."}
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start a fresh run in an --output_dir that holds an earlier run's checkpoints: they are deleted "
+            "first. Without it such a run refuses; --resume_from_checkpoint last resumes the earlier run instead."
+        },
+    )
 
 
 def _preparse(argv: Sequence[str]) -> tuple[DemoScriptArguments, ModelConfig]:
@@ -89,6 +97,22 @@ def _preparse(argv: Sequence[str]) -> tuple[DemoScriptArguments, ModelConfig]:
     parser = TrlParser((DemoScriptArguments, ModelConfig), add_help=False)
     script_args, model_args, _ = parser.parse_args_and_config(list(argv), return_remaining_strings=True)
     return script_args, model_args
+
+
+def _options_set(argv: Sequence[str]) -> set[str]:
+    """The option names argv sets, on the command line or in its --config YAML file."""
+    names = {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
+    config = argparse.ArgumentParser(add_help=False)
+    config.add_argument("--config")
+    path = config.parse_known_args(list(argv))[0].config
+    if path and os.path.isfile(path):
+        import yaml
+
+        with open(path, encoding="utf-8") as handle:
+            content = yaml.safe_load(handle)
+        if isinstance(content, dict):
+            names |= set(content)
+    return names
 
 
 def build_parser(method: str, argv: Sequence[str] = ()) -> TrlParser:
@@ -114,6 +138,9 @@ def build_parser(method: str, argv: Sequence[str] = ()) -> TrlParser:
     if uses_embedded_policy(model_args.model_name_or_path):
         parser.set_defaults(**EMBEDDED_POLICY_DEFAULTS, model_name_or_path=offline.EMBEDDED_POLICY_PATH)
         parser.set_defaults(**EMBEDDED_POLICY_METHOD_DEFAULTS.get(method, {}))
+    named = _options_set(argv)
+    if "save_steps" in named and "save_strategy" not in named:
+        parser.set_defaults(save_strategy="steps")  # --save_steps alone saves every that many steps
     return parser
 
 
@@ -215,7 +242,9 @@ def run(method, script_args, training_args, model_args, demo) -> GroupOptTrainer
     say(
         f"training {training_args.max_steps if training_args.max_steps > 0 else ''} steps -> {training_args.output_dir}"
     )
-    trainer.train()
+    if training_args.resume_from_checkpoint is not None:
+        say(f"resuming from {training_args.resume_from_checkpoint}")
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     if evaluate:
         after = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
         say(f"held-out greedy accuracy ({len(eval_dataset)} prompts): {before:.1%} -> {after:.1%}")
