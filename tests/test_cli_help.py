@@ -63,6 +63,30 @@ def test_help_lists_every_option_of_the_training_parser_with_its_default(method,
         assert "".join(shown.split()) in "".join(entry.split()), (method, dest, entry)  # wrapped at any character
 
 
+def test_the_run_folder_options_are_listed_with_the_script_as_the_command_reads_them(capsys):
+    """--resume_from_checkpoint ('last') and --save_steps (implies --save_strategy steps) mean more here than in
+    transformers: they sit with the script's options, with that meaning; --overwrite_output_dir is the script's."""
+    _, text, _ = _run(["train", "--method", "echo", "--help"], capsys)
+    headings = _headings(text)
+    section = text[text.index(headings[1]) : text.index(headings[2])]
+    for flag, says in (("--resume_from_checkpoint", "'last'"), ("--save_steps", "implies --save_strategy steps"),
+                       ("--overwrite_output_dir", "deleted first")):  # fmt: skip
+        entry = re.search(rf"^  {flag} (.*?)(?=^  -)", section, flags=re.M | re.S)
+        assert entry and says in " ".join(entry.group(1).split()), flag
+    assert "--save_strategy" not in re.findall(r"^  (--\S+)", section, flags=re.M)
+
+
+def test_the_check_names_the_options_argv_sets_abbreviated_or_in_the_config(tmp_path):
+    """What build_parser's defaults follow (--save_steps without --save_strategy)."""
+    config = tmp_path / "run.yaml"
+    config.write_text("save_strategy: epoch\n")
+    assert cli.check_argv("echo", ["--save_ste", "4"], "prog") == {"save_steps"}
+    assert cli.check_argv("echo", ["--save-steps=4", "--config", str(config)], "prog") == {
+        "save_steps",
+        "save_strategy",
+    }
+
+
 def test_grpo_has_no_knobs_of_its_own_and_says_so(capsys):
     _, text, _ = _run(["train", "--method", "grpo", "--help"], capsys)
     headings = _headings(text)

@@ -16,7 +16,12 @@ Defaults compose in layers (each layer only fills what the ones above left unset
 
 With no model and no dataset it trains the embedded policy on the synthetic arithmetic task, offline, and leaves in
 `outputs/<method>-demo`: the model, its card, `trainer_state.json`, `results.json` (held-out greedy accuracy before
-and after) and `reward_accuracy.png`.
+and after), `reward_accuracy.png` and its last two checkpoints (one every 20 steps).
+
+A run holds its output folder (`trl_groupopt.run_folder.RunLock`): a second run into it refuses. A fresh run into a
+folder that holds checkpoints refuses too, naming the two ways on: `--resume_from_checkpoint last` (the newest
+complete checkpoint) or a checkpoint's path, or `--overwrite_output_dir` (or another `--output_dir`). `--save_steps`
+without `--save_strategy` saves every that many steps.
 
 Before any model loads, the data is checked at the door (:func:`check_argv` for paths, :func:`load_datasets` for the
 rows): an empty or missing file, a missing local model folder, unusable gold answers (counted; above
@@ -45,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import adapters, offline, options, rewards
 from .registry import METHODS, get_method
+from .run_folder import RunLock, checkpoints, resolve_resume
 from .trainers.schedule import off_policy_schedule
 
 if TYPE_CHECKING:
@@ -67,14 +73,17 @@ RUN_DEFAULTS = dict(
 #: README.md), so RL on the accuracy reward alone learns to box the answers it already computes right: measured
 #: (seeded, one CPU thread) held-out greedy accuracy rises from 18.0% to 29.5-33% in 80 steps for ECHO, DFPO,
 #: CTPO and GRPO-fix (OTB at its own lr below: 34.5%), in ~85-105 s of CPU time. Learning rates above ~2e-4 made this
-#: 1 M-parameter policy worse.
+#: 1 M-parameter policy worse. A checkpoint every 20 steps (on a generation boundary, so a resumed run is the
+#: uninterrupted one), the last 2 kept.
 EMBEDDED_POLICY_DEFAULTS = dict(
     learning_rate=1e-4,
     lr_scheduler_type="constant",
     temperature=1.0,  # rollouts sample the unboxed answers too: the contrast the accuracy reward learns from
     max_completion_length=48,  # the task's completions need <= 46 tokens
     max_steps=80,
-    save_strategy="no",
+    save_strategy="steps",
+    save_steps=20,
+    save_total_limit=2,
     gradient_checkpointing=False,  # 1 M parameters: recomputation only costs time
     ddp_find_unused_parameters=False,  # every parameter is used: skip DDP's extra graph traversal (and its warning)
     logging_steps=2,
@@ -85,8 +94,15 @@ EMBEDDED_POLICY_DEFAULTS = dict(
 #: collapsed it, while 5e-5 gave 18.0% -> 34.5%.
 EMBEDDED_POLICY_METHOD_DEFAULTS: dict[str, dict] = {"otb": dict(learning_rate=5e-5)}
 
-#: Everything the embedded-policy demo sets; the benchmarks start from it so their runs compare with the demo's.
-DEMO_DEFAULTS = {**RUN_DEFAULTS, **EMBEDDED_POLICY_DEFAULTS, "bf16": False, "disable_tqdm": True}
+#: Everything the embedded-policy demo sets; the benchmarks start from it so their runs compare with the demo's (they
+#: save no checkpoints).
+DEMO_DEFAULTS = {
+    **RUN_DEFAULTS,
+    **EMBEDDED_POLICY_DEFAULTS,
+    "bf16": False,
+    "disable_tqdm": True,
+    "save_strategy": "no",
+}
 
 #: The reward functions the script can use, by name (``--reward_funcs``).
 REWARD_FUNCS = {"accuracy_reward": rewards.accuracy_reward, "format_reward": rewards.format_reward}
@@ -187,11 +203,11 @@ def _read_config_file(argv: Sequence[str], prog: str) -> dict[str, Any]:
     return content
 
 
-def check_argv(method: str, argv: Sequence[str], prog: str) -> None:
+def check_argv(method: str, argv: Sequence[str], prog: str) -> set[str]:
     """Answer ``--help`` and reject what argparse can before TRL is imported: a missing or malformed ``--config``
     file, an unknown option (in argv or the file), a bad choice or value, an unknown reward function, a local model
     folder or data file that does not exist, an empty data file. Help and argument errors exit; a path error
-    raises."""
+    raises. Returns the options argv sets, on the command line (abbreviated or not) or in its ``--config`` file."""
     config = _read_config_file(argv, prog)
     model = _given_value(argv, "model_name_or_path", config)
     if not {"-h", "--help"} & set(argv):  # before the options are read: fast even when they are not cached yet
@@ -220,6 +236,7 @@ def check_argv(method: str, argv: Sequence[str], prog: str) -> None:
         options.die(prog, f"--reward_funcs: unknown {unknown}; choose from {sorted(REWARD_FUNCS)}.")
     check_model_path(given.get("model_name_or_path"))
     check_data_path(given.get("dataset_name"))
+    return set(given) - {"config"}
 
 
 def _given_value(argv: Sequence[str], dest: str, config: Mapping[str, Any]) -> Any:
@@ -243,11 +260,15 @@ def parse(method: str, argv: Sequence[str] | None = None, *, prog: str | None = 
     get_method(method)  # an unknown name fails here, before TRL is imported
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or os.path.basename(sys.argv[0])
-    check_argv(method, argv, prog)
+    given = check_argv(method, argv, prog)
     from .script import build_parser
 
-    parser = build_parser(method, argv, prog)
+    parser = build_parser(method, argv, prog, given=given)
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
+    if not hasattr(training_args, "max_all_none_reward_batches"):  # TRL's GRPOConfig (--method grpo): the CLI stops
+        from .checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES  # on no reward, as documented (TRL is loaded by now)
+
+        training_args.max_all_none_reward_batches = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
     demo = uses_embedded_policy(model_args.model_name_or_path) and script_args.dataset_name is None
     return script_args, training_args, model_args, demo
 
@@ -444,26 +465,57 @@ def _quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
+def prepare_output_dir(output_dir: str, resume_from_checkpoint: str | None, overwrite: bool, main: bool = True):
+    """The checkpoint to resume from (None: a fresh run), after refusing a fresh run that would overwrite an earlier
+    run's checkpoints. ``"last"``: the newest complete checkpoint of `output_dir`. ``overwrite`` (a fresh run only)
+    deletes the earlier checkpoints first (on the main process)."""
+    if resume_from_checkpoint is not None and overwrite:
+        raise ValueError(
+            "--overwrite_output_dir starts a fresh run; it cannot be combined with --resume_from_checkpoint."
+        )
+    if resume_from_checkpoint is not None:
+        return resolve_resume(output_dir, resume_from_checkpoint)
+    earlier = checkpoints(output_dir)
+    if earlier and overwrite:
+        if main:
+            for folder in earlier:
+                shutil.rmtree(folder)
+    elif earlier:
+        names = ", ".join(p.name for p in earlier[:3]) + (", ..." if len(earlier) > 3 else "")
+        raise ValueError(
+            f"--output_dir {output_dir} already holds checkpoints of an earlier run ({names}); a fresh run would "
+            "overwrite them. Resume it with --resume_from_checkpoint last (or a checkpoint's path), or start anew "
+            "with another --output_dir or with --overwrite_output_dir (which deletes those checkpoints)."
+        )
+    return None
+
+
+def _is_main_process() -> bool:
+    """Rank 0 of a launched run (torchrun/accelerate set RANK), or a single process."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def train(method: str, argv: Sequence[str] | None = None, *, prog: str | None = None) -> GroupOptTrainer:
     """Parse argv, check the data, train `method`, save the model, card, state and results; returns the trainer.
 
-    Errors raise (the console entry points :func:`main` and :func:`command` print them as one line)."""
+    The data is read and checked before the output folder is touched. The run then holds its output folder; a failed
+    run leaves no empty output folder behind (`RunLock`; a half-written one is kept for inspection). Errors raise
+    (the console entry points :func:`main` and :func:`command` print them as one line)."""
     _quiet_known_warnings()
     script_args, training_args, model_args, demo = parse(method, argv, prog=prog)
-    output_dir = training_args.output_dir
-    existed = os.path.exists(output_dir)
-    try:
-        train_dataset, eval_dataset = load_datasets(
-            script_args, model_args, trust_remote_code=training_args.trust_remote_code
+    train_dataset, eval_dataset = load_datasets(
+        script_args, model_args, trust_remote_code=training_args.trust_remote_code
+    )
+    with RunLock(training_args.output_dir, enabled=_is_main_process()):
+        training_args.resume_from_checkpoint = prepare_output_dir(
+            training_args.output_dir,
+            training_args.resume_from_checkpoint,
+            script_args.overwrite_output_dir,
+            main=_is_main_process(),
         )
         from .script import run
 
         return run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset)
-    except BaseException:
-        # A failed run leaves no empty output folder behind (a half-written one is kept for inspection).
-        if not existed and os.path.isdir(output_dir) and not os.listdir(output_dir):
-            shutil.rmtree(output_dir, ignore_errors=True)
-        raise
 
 
 # ---------------------------------------------------------------------------------------------------- console entry

@@ -13,7 +13,7 @@ import inspect
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -95,6 +95,13 @@ class DemoScriptArguments(ScriptArguments):
     heldout_eval_examples: int = field(
         default=64, metadata={"help": "Synthetic task: held-out prompts of the accuracy measured while training."}
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start a fresh run in an --output_dir that holds an earlier run's checkpoints: they are deleted "
+            "first. Without it such a run refuses; --resume_from_checkpoint last resumes the earlier run instead."
+        },
+    )
 
     def __post_init__(self):
         if not 0.0 <= self.max_unusable_answer_fraction <= 1.0:
@@ -128,10 +135,22 @@ def _trl_sections() -> dict[str, str]:
     return sections
 
 
+#: transformers' TrainingArguments fields the training command reads its own way: listed with the script's options,
+#: this help instead of transformers' (`trl_groupopt.cli.prepare_output_dir` and `build_parser`).
+SCRIPT_READ_TRAINING_OPTIONS = {
+    "resume_from_checkpoint": "Resume the run of --output_dir: 'last' (its newest complete checkpoint) or a "
+    "checkpoint folder's path. Unset: a fresh run, which refuses an --output_dir that holds checkpoints (see "
+    "--overwrite_output_dir).",
+    "save_steps": "Save a checkpoint every this many optimizer steps (below 1: that fraction of the run); given "
+    "without --save_strategy, it implies --save_strategy steps.",
+}
+
+
 def _option_groups(config_class: type) -> dict[str, str]:
     """dest -> the help's group key (`trl_groupopt.options`), in the order the help lists them: the method's own
     fields (declared by its config class and its mixins, overrides of GRPOConfig fields included, in declaration
-    order), the script's (DemoScriptArguments, and the config fields every method shares), TRL's GRPOConfig
+    order), the script's (DemoScriptArguments, the config fields every method shares and
+    :data:`SCRIPT_READ_TRAINING_OPTIONS`), TRL's GRPOConfig
     headings, ModelConfig's, then transformers' TrainingArguments."""
     own, shared = {}, {}  # the config class's own body first, then its mixins'
     for cls in config_class.__mro__:
@@ -142,6 +161,7 @@ def _option_groups(config_class: type) -> dict[str, str]:
     groups = dict.fromkeys(own, options.METHOD_GROUP)
     groups.update(dict.fromkeys((f.name for f in dataclasses.fields(DemoScriptArguments)), options.SCRIPT_GROUP))
     groups.update(dict.fromkeys(shared, options.SCRIPT_GROUP))
+    groups.update(dict.fromkeys(SCRIPT_READ_TRAINING_OPTIONS, options.SCRIPT_GROUP))
     groups.update({name: trl_sections[name] for name in trl_sections if name not in groups})
     groups.update({f.name: options.MODEL_GROUP for f in dataclasses.fields(ModelConfig) if f.name not in groups})
     for f in dataclasses.fields(config_class):
@@ -173,7 +193,7 @@ def _describe(action: argparse.Action, group: str) -> dict:
         "const": None if store_false else action.const,
         "choices": None if choices is None else [str(c) for c in choices],
         "default": getattr(action.default, "__name__", None) or str(action.default),  # argparse's %(default)s
-        "help": action.help,
+        "help": SCRIPT_READ_TRAINING_OPTIONS.get(action.dest, action.help),
         "group": group,
     }
 
@@ -196,7 +216,9 @@ def live_options(method: str) -> list[dict]:
     return [_describe(action, groups[action.dest]) for action in actions]
 
 
-def build_parser(method: str, argv: Sequence[str] = (), prog: str | None = None) -> TrlParser:
+def build_parser(
+    method: str, argv: Sequence[str] = (), prog: str | None = None, *, given: Collection[str] = ()
+) -> TrlParser:
     """The method's full parser (script, method config and model arguments), its defaults layered as described in
     `trl_groupopt.cli` for what argv names. (Its `--help` is `trl_groupopt.options`'s, shown before this is built.)"""
     spec = get_method(method)
@@ -208,6 +230,8 @@ def build_parser(method: str, argv: Sequence[str] = (), prog: str | None = None)
     parser.set_defaults(
         **layered_defaults(method, model_args.model_name_or_path, use_cpu=use_cpu, bf16=device_supports_bf16(use_cpu))
     )
+    if "save_steps" in given and "save_strategy" not in given:
+        parser.set_defaults(save_strategy="steps")  # --save_steps alone saves every that many steps
     return parser
 
 
@@ -309,7 +333,9 @@ def run(method, script_args, training_args, model_args, demo, train_dataset, eva
     say(
         f"training {training_args.max_steps if training_args.max_steps > 0 else ''} steps -> {training_args.output_dir}"
     )
-    trainer.train()
+    if training_args.resume_from_checkpoint is not None:
+        say(f"resuming from {training_args.resume_from_checkpoint}")
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     if evaluate:
         after = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
         say(f"held-out greedy accuracy ({len(eval_dataset)} prompts): {before:.1%} -> {after:.1%}")

@@ -21,6 +21,11 @@ tool-use estimator); ``"absolute"`` uses the column index (verl's single-turn es
 ``handle_zero_tail`` zeroes the baseline of a group's unique longest member past the second-longest valid-token
 count, where it would otherwise be compared with itself. Members without a score (NaN reward) or without a valid
 token leave their group; a group of one member has baseline 0.
+
+Two rules keep a group without a learning signal from training (docs/otb.md, against verl): where the summed energy
+``sum_i mask_it W_it`` of a position is ~0 (near-deterministic prefixes), ``b_t`` is the plain mean of the active
+members' returns (the equal-weights limit) instead of collapsing to 0 through the 1e-8; and a group whose members all
+have the same return gets advantage exactly 0 (its optimal baseline is that return, whatever the weights).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from .common import (
     compute_dtype,
     group_index,
     group_max,
+    group_min,
     group_sum,
     named,
     names_of,
@@ -49,6 +55,10 @@ DEFAULT_ENERGY_CHUNK_SIZE = 256
 _NEGATIVE_ENERGY_TOLERANCE = 1e-3
 #: What the position index t of the baseline b_t counts (module docstring).
 TOKEN_POSITIONS = ("valid", "absolute")
+#: Summed realized energy of a position's active members at or below which b_t is their plain mean (the equal-weights
+#: limit). float32 resolves each e = 1 - 2p + sum p^2 only to ~1e-7, so weights this small are rounding noise, and the
+#: 1e-8 in the denominator would shrink b_t toward 0 (by 1% at 1e-6, by half at 1e-8).
+MIN_SUMMED_ENERGY = 1e-6
 
 
 def _energy(log_p_y: Tensor, log_sum_sq: Tensor) -> Tensor:
@@ -206,7 +216,8 @@ def otb_advantages(
         baseline = _token_baseline(e, active, returns, member, group_ids, epsilon)  # (B, T)
         if handle_zero_tail:
             baseline = _zero_tail(baseline, active, member, group_ids)  # (B, T)
-        advantages = torch.where(active, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
+        trains = active & ~_constant_group(returns, member, group_ids).unsqueeze(-1)  # (B, T)
+        advantages = torch.where(trains, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
         if order is not None:  # back to the columns of the input
             advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
     return advantages
@@ -252,17 +263,33 @@ def _active_energy(energy: Tensor, importance_weights: Tensor | None, active: Te
 def _token_baseline(
     e: Tensor, active: Tensor, returns: Tensor, member: Tensor, group_ids: Tensor, epsilon: float
 ) -> Tensor:
-    """(B, T) ``b_t`` of each row's group (Theorem 4.1) over its members active at ``t``; 0 for a group of one."""
+    """(B, T) ``b_t`` of each row's group (Theorem 4.1) over its members active at ``t``; the plain mean of their
+    returns where their summed energy is at most `MIN_SUMMED_ENERGY`; 0 for a group of one."""
     cum_energy = e.cumsum(-1)  # (B, T) W_t, including t (e is 0 off the mask)
     weight = torch.where(active, cum_energy, torch.zeros_like(cum_energy))  # (B, T) mask_t W_t
     # Per-group, per-position sums over the active members: (K, T), gathered back to rows
     index, num_groups = group_index(group_ids)  # (B,), K
-    numer = weight.new_zeros(num_groups, weight.shape[1]).index_add_(0, index, weight * returns.unsqueeze(-1))
-    denom = weight.new_zeros(num_groups, weight.shape[1]).index_add_(0, index, weight)  # (K, T)
-    baseline = numer[index] / (denom[index] + epsilon)  # (B, T)
+
+    def per_group(values: Tensor) -> Tensor:  # (B, T) -> (K, T) sums over each group's rows
+        return values.new_zeros(num_groups, values.shape[1]).index_add_(0, index, values)
+
+    numer = per_group(weight * returns.unsqueeze(-1))  # (K, T)
+    denom = per_group(weight)  # (K, T)
+    weighted = numer / (denom + epsilon)  # (K, T)
+    count = per_group(active.to(weight.dtype))  # (K, T) active members
+    plain = per_group(torch.where(active, returns.unsqueeze(-1), torch.zeros_like(weight))) / count.clamp_min(1.0)
+    baseline = torch.where(denom > MIN_SUMMED_ENERGY, weighted, plain)[index]  # (B, T)
     # A group of one member has nothing to compare with: baseline 0 (verl: N == 1)
     n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
     return torch.where(n_members.unsqueeze(-1) > 1, baseline, torch.zeros_like(baseline))  # (B, T)
+
+
+def _constant_group(returns: Tensor, member: Tensor, group_ids: Tensor) -> Tensor:
+    """(B,) whether the row is a member of a group of two or more members that all have the same return."""
+    lowest = group_min(torch.where(member, returns, torch.full_like(returns, torch.inf)), group_ids)  # (B,)
+    highest = group_max(torch.where(member, returns, torch.full_like(returns, -torch.inf)), group_ids)  # (B,)
+    n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
+    return member & (n_members > 1) & (lowest == highest)  # (B,)
 
 
 def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, group_ids: Tensor) -> Tensor:

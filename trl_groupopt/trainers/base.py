@@ -8,7 +8,9 @@ It is assembled from one mixin per concern; this module holds the shell: the met
 - `metrics.py`: the objective's metrics reduced over processes as TRL does, in one collective per micro-batch;
 - `energy.py`: the logit-gradient energy from TRL's fused head, on only for estimators that need it (OTB's);
 - `schedule.py`: the on-policy warning and the dataset-size check; `compat.py`: the Unsloth/Liger guard;
-- `report.py`: whether the method's mechanism acted (`acted/<method>` per step, `mechanism_report`, `train()`'s report).
+- `report.py`: whether the method's mechanism acted (`acted/<method>` per step, `mechanism_report`, `train()`'s report);
+- `guard.py`: a NaN/inf loss or gradient norm stops training before it is applied, saved or pushed;
+- `checkpointing.py`: resume from complete checkpoints only, completion records, the output folder's lock.
 
 The advantages the objective receives come from the config's `advantage_estimator` (`"grpo"`, TRL's own, when the
 config has no such field, e.g. TRL's `GRPOConfig`): one registry of estimators, `trl_groupopt/objectives/estimators.py`,
@@ -45,9 +47,11 @@ from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss
 from ..objectives.estimators import AdvantageEstimator, EstimatorInputs, estimator_of
 from ..spec import MethodSpec, Paper
 from .batching import GroupBatchingMixin
+from .checkpointing import RunFolderMixin
 from .compat import check_loss_routed_through_compute_loss
-from .config import estimator_knobs
+from .config import estimator_knobs, tokens_withheld
 from .energy import EnergyCaptureMixin
+from .guard import NonFiniteGuardMixin
 from .loss import SUPPORTED_LOSS_TYPES, TRL_SURROGATE_LOSS_TYPES, LossMixin
 from .metrics import MetricsMixin
 from .report import MechanismReportMixin
@@ -70,7 +74,14 @@ def _card_metadata(spec: MethodSpec) -> tuple[str, list[str], dict[str, str | No
 
 
 class GroupOptTrainer(
-    EnergyCaptureMixin, LossMixin, GroupBatchingMixin, MetricsMixin, MechanismReportMixin, GRPOTrainer
+    EnergyCaptureMixin,
+    LossMixin,
+    GroupBatchingMixin,
+    MetricsMixin,
+    MechanismReportMixin,
+    NonFiniteGuardMixin,
+    RunFolderMixin,
+    GRPOTrainer,
 ):
     """`GRPOTrainer` whose policy objective is a pure function (see module docstring).
 
@@ -237,15 +248,21 @@ class GroupOptTrainer(
         create_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, **kwargs)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """transformers' `_save`, then our card in the saved folder (replacing PEFT's empty template for adapters)."""
-        super()._save(output_dir, state_dict=state_dict)
+        """transformers' `_save` (its `training_args.bin` without the token; weights checked finite, `guard.py`), then
+        our card in the saved folder (replacing PEFT's empty template for adapters)."""
+        with tokens_withheld():
+            super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
             self.create_model_card(output_dir=output_dir if output_dir is not None else self.args.output_dir)
 
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """transformers' checkpoint push; the `training_args.bin` it writes before uploading holds no token."""
+        with tokens_withheld():
+            super()._push_from_checkpoint(checkpoint_folder)
+
     def _generate_and_score_completions(self, inputs):
         """TRL's, plus the batch fields the objective and estimator need (`group_ids`, raw `rewards`; `batching.py`)."""
-        if self.estimator.needs_raw_rewards:
-            self._raw_rewards_per_func = None  # filled by `_calculate_rewards` during TRL's call
+        self._raw_rewards_per_func = None  # filled by `_calculate_rewards` during TRL's call
         return self._add_batch_fields(super()._generate_and_score_completions(inputs), inputs)
 
     # ------------------------------------------------------------------ the method's hooks

@@ -5,6 +5,10 @@ that do (OTB's) declare `needs_whole_groups`: every micro-batch then holds whole
 generation batch is replaced by a shuffle of whole groups) and carries an explicit `group_ids` tensor, so no objective
 infers groups from positions. Estimators that read the raw rewards (OTB's) declare `needs_raw_rewards`: the batch then
 carries them as `rewards`.
+
+Every batch's rewards are checked (an infinite reward fails at its first batch, naming the function and the
+completion; no reward at all warns, then stops where the config says), and for the method trainers a group whose
+rewards are all equal gets advantage exactly 0 (`equal_reward_rows`).
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ import torch
 from torch import Tensor
 from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
-from ..checks import watch_all_none_rewards
+from ..checks import check_finite_rewards, watch_all_none_rewards
 
-__all__ = ["GroupBatchingMixin", "group_ids_for_local_batch", "shuffle_whole_groups"]
+__all__ = ["GroupBatchingMixin", "equal_reward_rows", "group_ids_for_local_batch", "shuffle_whole_groups"]
 
 
 def group_ids_for_local_batch(num_rows: int, num_generations: int, process_index: int, device=None) -> Tensor:
@@ -66,6 +70,20 @@ def shuffle_whole_groups(batch: dict[str, Any], group_ids: Tensor, generator: to
     return {key: permute(value) for key, value in batch.items()}
 
 
+def equal_reward_rows(rewards: Tensor, num_generations: int) -> Tensor:
+    """(N,) True on the rows of every group whose scored `rewards` (N,) are all equal (NaN: unscored).
+
+    Groups are consecutive blocks of `num_generations` rows, as in TRL's global generation batch. TRL centres by the
+    group mean, which float rounding does not always return exactly (float32: 0.3 six times leaves ~3e-8), and then
+    divides by ``std + 1e-4``: such a group would train with advantages ~3e-4 of one sign instead of 0.
+    """
+    grouped = rewards.view(-1, num_generations)  # (K, G)
+    scored = ~torch.isnan(grouped)
+    highest = torch.where(scored, grouped, -torch.inf).amax(dim=1)  # (K,)
+    lowest = torch.where(scored, grouped, torch.inf).amin(dim=1)  # (K,); an all-unscored group: inf > -inf
+    return (highest == lowest).repeat_interleave(num_generations)  # (N,)
+
+
 def _check_groups_share_prompts(prompt_ids: Tensor, num_generations: int) -> None:
     """Every row of a group must hold the same prompt; anything else means groups were misaligned."""
     grouped = prompt_ids.view(-1, num_generations, prompt_ids.size(-1))  # (K, G, P)
@@ -108,30 +126,40 @@ class GroupBatchingMixin:
                 _check_groups_share_rows([x.get("prompt") for x in inputs], num_generations)
         if self.estimator.needs_raw_rewards:
             output["rewards"] = self._local_raw_rewards(num_rows)
+        if self.has_own_objective and self.multi_objective_aggregation == "sum_then_normalize":
+            # A method's rule: a group without a reward contrast contributes exactly nothing. (TRL's own GRPO keeps
+            # TRL's advantages; "normalize_then_sum" centres over the whole batch, where an equal group has a signal.)
+            start = self.accelerator.process_index * num_rows
+            equal = equal_reward_rows(self._global_raw_rewards(), num_generations)[start : start + num_rows]
+            output["advantages"] = torch.where(equal.to(output["advantages"].device), 0.0, output["advantages"])
         return output
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Environment-owned rewards (`get_reward`) are one more column of TRL's (N_global, F) matrix, with weight 1.
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        watch_all_none_rewards(self, rewards_per_func, inputs)  # warn, then stop, when no reward is ever returned
-        if self.estimator.needs_raw_rewards:
-            self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
+        check_finite_rewards(rewards_per_func, self.reward_func_names)  # +-inf fails here, naming the function
+        watch_all_none_rewards(self, rewards_per_func, inputs)  # warn (then stop, for the method configs)
+        self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
         return rewards_per_func
 
-    def _local_raw_rewards(self, num_rows: int) -> Tensor:
-        """(num_rows,) weighted sum of the reward functions for this process's rows; NaN where unscorable.
+    def _global_raw_rewards(self) -> Tensor:
+        """(N_global,) weighted sum of the reward functions for the generation batch; NaN where unscorable.
 
         The same combination TRL logs as `reward` (weights applied, NaN-skipping sum, NaN when every reward function
         returned None), before any group centring or scaling. Environment-owned rewards are included (TRL appends
         them as a reward column with weight 1).
         """
-        # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): the `rewards` sum and `process_slice`
+        # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): the `rewards` sum
         rewards_per_func = self._raw_rewards_per_func
         weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
         rewards = (rewards_per_func * weights).nansum(dim=1)  # (N_global,)
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        start = self.accelerator.process_index * num_rows
-        return rewards[start : start + num_rows]
+        return rewards
+
+    def _local_raw_rewards(self, num_rows: int) -> Tensor:
+        """(num_rows,) `_global_raw_rewards` of this process's rows."""
+        start = self.accelerator.process_index * num_rows  # mirrors TRL's `process_slice` (trl 1.16.0)
+        return self._global_raw_rewards()[start : start + num_rows]
 
     def _prepare_inputs(self, generation_batch):
         """TRL's `_prepare_inputs`, with a shuffle of whole groups in place of the row shuffle (group methods)."""

@@ -1,10 +1,13 @@
-"""What every method config shares: `TokenSafeConfigMixin` (token safety, bf16 by device, the no-reward cap),
-`AdvantageEstimatorConfigMixin` (which advantages the objective receives, and the estimators' knobs), and
-`objective_arguments`, the one binding of an objective's hyper-parameters to the config fields that set them."""
+"""What every method config shares: `TokenSafeConfigMixin` (token safety, bf16 by device, the no-reward cap, the
+non-finite guard), `AdvantageEstimatorConfigMixin` (which advantages the objective receives, and the estimators'
+knobs), and `objective_arguments`, the one binding of an objective's hyper-parameters to the config fields that set
+them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -18,7 +21,22 @@ __all__ = [
     "TokenSafeConfigMixin",
     "estimator_knobs",
     "objective_arguments",
+    "tokens_withheld",
 ]
+
+_WITHHOLD_TOKENS: ContextVar[bool] = ContextVar("trl_groupopt_withhold_tokens", default=False)
+
+
+@contextmanager
+def tokens_withheld() -> Iterator[None]:
+    """Within it, a method config pickles without its `*_token` fields: what `GroupOptTrainer` writes to disk
+    (`training_args.bin` in checkpoints and the output folder) and uploads. Elsewhere (`copy.deepcopy`, pickling in
+    memory, e.g. to another process) the token is kept."""
+    reset = _WITHHOLD_TOKENS.set(True)
+    try:
+        yield
+    finally:
+        _WITHHOLD_TOKENS.reset(reset)
 
 
 def objective_arguments(config: Any, fields: Mapping[str, str]) -> dict[str, Any]:
@@ -39,12 +57,13 @@ class TokenSafeConfigMixin:
     """Mixed into every method config (put it first, and use `@dataclass(repr=False)`).
 
     transformers pickles the whole config into every checkpoint and `output_dir` as `training_args.bin`, which
-    `push_to_hub` uploads, and `@dataclass` regenerates a field-by-field `__repr__` that shows `hub_token`. The pickled
-    state drops every `*_token` field and `repr()` is the redacting `str()` of `TrainingArguments`; the live object
-    keeps its token for pushing.
+    `push_to_hub` uploads, and `@dataclass` regenerates a field-by-field `__repr__` that shows `hub_token`. Pickled
+    under `tokens_withheld()` (the trainer's saves and uploads) the state drops every `*_token` field, and `repr()` is
+    the redacting `str()` of `TrainingArguments`; the live object, its deep copies and in-memory pickles keep the token
+    for pushing.
 
     It also picks `bf16` for the device when the user leaves it unset (see `__post_init__`) and adds
-    `max_all_none_reward_batches` (read with a default, so plain `GRPOConfig`s work too).
+    `max_all_none_reward_batches` and `nonfinite_guard` (both read with a default, so plain `GRPOConfig`s work too).
     """
 
     max_all_none_reward_batches: int = field(
@@ -52,6 +71,15 @@ class TokenSafeConfigMixin:
         metadata={
             "help": "Stop training after this many consecutive generation batches in which every reward function "
             "returned None for every completion (each such batch warns, naming the functions and the columns)."
+        },
+    )
+
+    nonfinite_guard: bool = field(
+        default=True,
+        metadata={
+            "help": "Stop training with an error naming the step at the first NaN/inf loss or gradient norm, before "
+            "the optimizer applies it, and refuse to save or push weights holding NaN/inf. False: transformers' "
+            "behaviour (training goes on)."
         },
     )
 
@@ -72,6 +100,8 @@ class TokenSafeConfigMixin:
         return str(self)
 
     def __getstate__(self) -> dict[str, Any]:
+        if not _WITHHOLD_TOKENS.get():
+            return dict(self.__dict__)
         return {key: (None if key.endswith("_token") else value) for key, value in self.__dict__.items()}
 
 

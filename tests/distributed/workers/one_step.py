@@ -91,8 +91,7 @@ def fixed_generation(self, inputs):
         for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
     }
     output["num_items_in_batch"] = batch["num_items_in_batch"].to(device)  # global token count, as TRL gathers it
-    if self.estimator.needs_raw_rewards:
-        self._raw_rewards_per_func = batch["rewards_per_func"].to(device)  # (N_global, F), as _calculate_rewards
+    self._raw_rewards_per_func = batch["rewards_per_func"].to(device)  # (N_global, F), as _calculate_rewards
     for key in ("sampling_per_token_logps", "importance_sampling_ratio"):  # vLLM's, where a test fixes them
         if key in fixed:
             output[key] = fixed[key][rows].to(device)
