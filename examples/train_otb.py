@@ -75,7 +75,7 @@ vLLM/trainer mismatch is applied on top of the objective):
         --push_to_hub
 """
 
-from trl_groupopt.cli import train
+from trl_groupopt.cli import command
 
 if __name__ == "__main__":
-    train("otb")
+    command("otb")  # train("otb") with errors as one line (--debug: the traceback)

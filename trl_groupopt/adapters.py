@@ -1,8 +1,8 @@
 """Adapters from the usual math datasets to TRL's conversational prompt-only format.
 
 ``{"prompt": [{"role": "user", "content": ...}], "solution": "\\boxed{...}"}``, usable with ``Dataset.map``:
-:func:`gsm8k_to_conversational` (GSM8K, answer after ``####``) and :func:`math_to_conversational` (MATH, last
-``\\boxed{}`` of the solution).
+:func:`gsm8k_to_conversational` (GSM8K, answer after ``####``), :func:`math_to_conversational` (MATH, last
+``\\boxed{}`` of the solution) and :func:`string_prompt_to_conversational` (a plain-string ``prompt``).
 """
 
 from __future__ import annotations
@@ -50,3 +50,11 @@ def math_to_conversational(row: dict[str, Any], system_prompt: str | None = None
         "prompt": _messages(str(row["problem"]), system_prompt),
         "solution": f"\\boxed{{{content}}}" if content else "",
     }
+
+
+def string_prompt_to_conversational(row: dict[str, Any], system_prompt: str | None = None) -> dict[str, Any]:
+    """Map a row whose ``prompt`` is a plain string to one user message (other columns are kept by ``map``).
+
+    A chat model given the raw string continues the text instead of answering it; as a message, the trainer applies
+    the tokenizer's chat template, as it does for conversational prompts."""
+    return {"prompt": _messages(str(row["prompt"]), system_prompt)}

@@ -7,33 +7,29 @@ and argument errors never import TRL. The default layers the parser applies are 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
+import inspect
 import os
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
+from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
-from . import offline
-from .cli import (
-    DATASET_FORMATS,
-    EMBEDDED_POLICY_DEFAULTS,
-    EMBEDDED_POLICY_METHOD_DEFAULTS,
-    REWARD_FUNCS,
-    RUN_DEFAULTS,
-    default_output_dir,
-    load_datasets,
-    uses_embedded_policy,
-)
+from . import offline, options
+from .cli import DATASET_FORMATS, REWARD_FUNCS, STRING_PROMPTS, layered_defaults, uses_embedded_policy
 from .device import device_supports_bf16, has_accelerator
 from .model_card import SYNTHETIC_DATASET_NAME
 from .registry import get_method
 from .reporting import HeldOutAccuracyCallback, ReadableProgressCallback, plot_reward_accuracy, write_results
 from .trainers.base import GroupOptTrainer
+from .trainers.config import TokenSafeConfigMixin
 
-__all__ = ["DemoScriptArguments", "build_parser", "run"]
+__all__ = ["DemoScriptArguments", "build_parser", "live_options", "run"]
 
 
 @dataclass
@@ -63,6 +59,24 @@ class DemoScriptArguments(ScriptArguments):
             "alone can be maximised by boxing any number, so the demo trains on accuracy only."
         },
     )
+    max_unusable_answer_fraction: float = field(
+        default=0.1,
+        metadata={
+            "help": "Rows whose gold answer is unusable (empty or null; for gsm8k no '#### <answer>', for math no "
+            "\\boxed{}) get no reward. They are counted when the data loads: above this fraction of the rows the run "
+            "stops before the model loads, at or below it (but not zero) it warns. 0: any such row stops the run."
+        },
+    )
+    string_prompts: str = field(
+        default="user_message",
+        metadata={
+            "help": "Prompts given as plain strings, for a model whose tokenizer has a chat template: 'user_message' "
+            "sends each as one user message (the chat template applies, as for conversational prompts), 'raw' "
+            "keeps the text as is (the model continues it) and warns. Prompts that already hold the tokenizer's "
+            "special tokens are kept as they are.",
+            "choices": list(STRING_PROMPTS),
+        },
+    )
     num_train_examples: int = field(default=2000, metadata={"help": "Synthetic task: training prompts."})
     num_eval_examples: int = field(default=200, metadata={"help": "Synthetic task: held-out prompts for accuracy."})
     evaluate_accuracy: bool = field(
@@ -89,6 +103,12 @@ class DemoScriptArguments(ScriptArguments):
         },
     )
 
+    def __post_init__(self):
+        if not 0.0 <= self.max_unusable_answer_fraction <= 1.0:
+            raise ValueError(
+                f"--max_unusable_answer_fraction must be within [0, 1], got {self.max_unusable_answer_fraction}."
+            )
+
 
 def _preparse(argv: Sequence[str]) -> tuple[DemoScriptArguments, ModelConfig]:
     """The script and model arguments alone (from argv and its --config YAML), to choose the default layers before
@@ -99,47 +119,118 @@ def _preparse(argv: Sequence[str]) -> tuple[DemoScriptArguments, ModelConfig]:
     return script_args, model_args
 
 
-def _options_set(argv: Sequence[str]) -> set[str]:
-    """The option names argv sets, on the command line or in its --config YAML file."""
-    names = {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
-    config = argparse.ArgumentParser(add_help=False)
-    config.add_argument("--config")
-    path = config.parse_known_args(list(argv))[0].config
-    if path and os.path.isfile(path):
-        import yaml
+# ---------------------------------------------------------------------------------------------------- options
+def _trl_sections() -> dict[str, str]:
+    """field -> TRL's heading for it, from the ``> Parameters that control ...`` headings of GRPOConfig's docstring,
+    in TRL's order (a field TRL lists under none falls to transformers' TrainingArguments group)."""
+    sections, title = {}, None
+    for line in inspect.cleandoc(GRPOConfig.__doc__ or "").splitlines():
+        heading = re.match(r"\s*> (?:Parameters that control (.+)|(Deprecated parameters))$", line)
+        if heading:
+            title = heading.group(1) or heading.group(2).lower()
+            continue
+        entry = re.match(r"    (\w+)(?: \(|:$)", line)
+        if entry and title:
+            sections[entry.group(1)] = options.TRL_GROUP_PREFIX + title
+    return sections
 
-        with open(path, encoding="utf-8") as handle:
-            content = yaml.safe_load(handle)
-        if isinstance(content, dict):
-            names |= set(content)
-    return names
+
+#: transformers' TrainingArguments fields the training command reads its own way: listed with the script's options,
+#: this help instead of transformers' (`trl_groupopt.cli.prepare_output_dir` and `build_parser`).
+SCRIPT_READ_TRAINING_OPTIONS = {
+    "resume_from_checkpoint": "Resume the run of --output_dir: 'last' (its newest complete checkpoint) or a "
+    "checkpoint folder's path. Unset: a fresh run, which refuses an --output_dir that holds checkpoints (see "
+    "--overwrite_output_dir).",
+    "save_steps": "Save a checkpoint every this many optimizer steps (below 1: that fraction of the run); given "
+    "without --save_strategy, it implies --save_strategy steps.",
+}
 
 
-def build_parser(method: str, argv: Sequence[str] = ()) -> TrlParser:
+def _option_groups(config_class: type) -> dict[str, str]:
+    """dest -> the help's group key (`trl_groupopt.options`), in the order the help lists them: the method's own
+    fields (declared by its config class and its mixins, overrides of GRPOConfig fields included, in declaration
+    order), the script's (DemoScriptArguments, the config fields every method shares and
+    :data:`SCRIPT_READ_TRAINING_OPTIONS`), TRL's GRPOConfig
+    headings, ModelConfig's, then transformers' TrainingArguments."""
+    own, shared = {}, {}  # the config class's own body first, then its mixins'
+    for cls in config_class.__mro__:
+        if cls.__module__.startswith(f"{__package__}."):
+            for name in inspect.get_annotations(cls):
+                (shared if cls is TokenSafeConfigMixin else own).setdefault(name, None)
+    trl_sections = _trl_sections()
+    groups = dict.fromkeys(own, options.METHOD_GROUP)
+    groups.update(dict.fromkeys((f.name for f in dataclasses.fields(DemoScriptArguments)), options.SCRIPT_GROUP))
+    groups.update(dict.fromkeys(shared, options.SCRIPT_GROUP))
+    groups.update(dict.fromkeys(SCRIPT_READ_TRAINING_OPTIONS, options.SCRIPT_GROUP))
+    groups.update({name: trl_sections[name] for name in trl_sections if name not in groups})
+    groups.update({f.name: options.MODEL_GROUP for f in dataclasses.fields(ModelConfig) if f.name not in groups})
+    for f in dataclasses.fields(config_class):
+        groups.setdefault(f.name, options.TRANSFORMERS_GROUP)
+    return groups
+
+
+def _describe(action: argparse.Action, group: str) -> dict:
+    """One option of TRL's parser as JSON-able data (what `trl_groupopt.options` rebuilds a parser from)."""
+    value_type, accepts_none = action.type, False
+    if getattr(value_type, "__qualname__", "").startswith("_accept_none."):  # trl.scripts._hf_argparser (1.16.0)
+        value_type, accepts_none = value_type.__closure__[0].cell_contents, True
+    choices = action.choices
+    if isinstance(value_type, type) and issubclass(value_type, enum.Enum):  # e.g. transformers' DebugOption
+        choices = [member.value for member in value_type]
+    name = getattr(value_type, "__name__", "")
+    if value_type is None:
+        type_name = None
+    else:
+        type_name = "bool" if name == "string_to_bool" else name if name in options.VALUE_TYPES else "any"
+    store_false = isinstance(action, argparse._StoreFalseAction)
+    return {
+        "flags": list(action.option_strings),
+        "dest": action.dest,
+        "store_false": store_false,
+        "type": type_name,
+        "accepts_none": accepts_none,
+        "nargs": None if store_false else action.nargs,
+        "const": None if store_false else action.const,
+        "choices": None if choices is None else [str(c) for c in choices],
+        "default": getattr(action.default, "__name__", None) or str(action.default),  # argparse's %(default)s
+        "help": SCRIPT_READ_TRAINING_OPTIONS.get(action.dest, action.help),
+        "group": group,
+    }
+
+
+def live_options(method: str) -> list[dict]:
+    """`method`'s command-line options as TRL's parser builds them, grouped for the help (`trl_groupopt.options`
+    caches this; the defaults are the dataclasses', the CLI's layers are applied when the help is shown)."""
+    spec = get_method(method)
+    parser = TrlParser((DemoScriptArguments, spec.config_class, ModelConfig), add_help=False)
+    groups = _option_groups(spec.config_class)
+    rank = {group: i for i, group in enumerate(dict.fromkeys(groups.values()))}
+    declared = {dest: i for i, dest in enumerate(groups)}
+
+    def position(action: argparse.Action) -> tuple[int, int]:
+        # by group; the method's options in declaration order, the others in the parser's (stable sort)
+        group = groups[action.dest]
+        return rank[group], declared[action.dest] if group == options.METHOD_GROUP else 0
+
+    actions = sorted(parser._actions, key=position)
+    return [_describe(action, groups[action.dest]) for action in actions]
+
+
+def build_parser(
+    method: str, argv: Sequence[str] = (), prog: str | None = None, *, given: Collection[str] = ()
+) -> TrlParser:
     """The method's full parser (script, method config and model arguments), its defaults layered as described in
-    `trl_groupopt.cli` for what argv names."""
+    `trl_groupopt.cli` for what argv names. (Its `--help` is `trl_groupopt.options`'s, shown before this is built.)"""
     spec = get_method(method)
     _, model_args = _preparse(argv)
-    parser = TrlParser(
-        (DemoScriptArguments, spec.config_class, ModelConfig),
-        prog=f"trl-groupopt train --method {method}",
-        description=f"Train with {spec.trainer_name} ({spec.paper}). {spec.summary}".strip(),
-    )
-    parser.set_defaults(**spec.config_defaults)  # a mode's settings (GRPO-fix); the command line still wins
+    parser = TrlParser((DemoScriptArguments, spec.config_class, ModelConfig), prog=prog)
     use_cpu = not has_accelerator()
+    # the method configs pick bf16 by device themselves; TRL's GRPOConfig (the base trainer) would train in bf16
+    # autocast on a CPU, several times slower than fp32
     parser.set_defaults(
-        **RUN_DEFAULTS,
-        output_dir=default_output_dir(method, model_args.model_name_or_path),
-        use_cpu=use_cpu,
-        # the method configs pick bf16 by device themselves; TRL's GRPOConfig (the base trainer) would train in bf16
-        # autocast on a CPU, several times slower than fp32
-        bf16=device_supports_bf16(use_cpu),
+        **layered_defaults(method, model_args.model_name_or_path, use_cpu=use_cpu, bf16=device_supports_bf16(use_cpu))
     )
-    if uses_embedded_policy(model_args.model_name_or_path):
-        parser.set_defaults(**EMBEDDED_POLICY_DEFAULTS, model_name_or_path=offline.EMBEDDED_POLICY_PATH)
-        parser.set_defaults(**EMBEDDED_POLICY_METHOD_DEFAULTS.get(method, {}))
-    named = _options_set(argv)
-    if "save_steps" in named and "save_strategy" not in named:
+    if "save_steps" in given and "save_strategy" not in given:
         parser.set_defaults(save_strategy="steps")  # --save_steps alone saves every that many steps
     return parser
 
@@ -216,11 +307,11 @@ def _save_outputs(trainer, method, training_args, model_args, dataset_name, curv
     say(f"saved the model, README.md (card), trainer_state.json, results.json and plots in {training_args.output_dir}")
 
 
-def run(method, script_args, training_args, model_args, demo) -> GroupOptTrainer:
-    """Train `method` with parsed arguments; save the model, card, state and results; returns the trainer."""
+def run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset=None) -> GroupOptTrainer:
+    """Train `method` with parsed arguments on the datasets `trl_groupopt.cli.load_datasets` checked; save the model,
+    card, state and results; returns the trainer."""
     set_cpu_threads(training_args, uses_embedded_policy(model_args.model_name_or_path))
     start = time.perf_counter()
-    train_dataset, eval_dataset = load_datasets(script_args, demo)
     trainer = _build_trainer(method, script_args, training_args, model_args, train_dataset)
     main = trainer.accelerator.is_main_process
 

@@ -106,7 +106,7 @@ def test_toy_reaches_the_cli(toy, monkeypatch, capsys):
         cli.parse("toy", ["--toy_advantage_scale", "-1"])
 
     calls = []
-    monkeypatch.setattr(cli, "train", lambda method, argv: calls.append((method, argv)))
+    monkeypatch.setattr(cli, "train", lambda method, argv, **kwargs: calls.append((method, argv)))  # kwargs: prog
     cli.main(["train", "--method", "toy", "--toy_advantage_scale", "3"])  # `trl-groupopt train --method toy ...`
     assert calls == [("toy", ["--toy_advantage_scale", "3"])]
     with pytest.raises(SystemExit):
