@@ -5,7 +5,7 @@
     python -m benchmarks.report --results-dir outputs/bench --page P.md   # and spliced into P.md
 
 Writes, for each input that exists: `overhead_cpu.md` (from `overhead_cpu.json`), `overhead_cuda.md` (from
-`overhead_cuda.json`), `sample_efficiency.md` (from `sample_efficiency.json`), `claims.md` and `stress.md` (from
+`overhead_cuda.json`), `overhead_cpu_estimators.md` (from `overhead_cpu_estimators.json`, the estimator rows), `sample_efficiency.md` (from `sample_efficiency.json`), `claims.md` and `stress.md` (from
 `stress.json`). Then each block of the page between `<!-- BEGIN GENERATED: benchmarks/results/NAME.md -->` and
 `<!-- END GENERATED -->` is replaced by that file. The page is `--page` (`--readme` is an alias), by default
 `docs/results.md` when the tables are the committed ones (`--results-dir` is `benchmarks/results/`); tables written
@@ -168,6 +168,7 @@ def write_tables(results_dir: Path) -> list[Path]:
     tables = [
         ("overhead_cpu.json", "overhead_cpu.md", overhead_markdown),
         ("overhead_cuda.json", "overhead_cuda.md", overhead_markdown),
+        ("overhead_cpu_estimators.json", "overhead_cpu_estimators.md", overhead_markdown),
         ("sample_efficiency.json", "sample_efficiency.md", sample_efficiency_markdown),
         ("stress.json", "claims.md", claims_markdown),
         ("stress.json", "stress.md", stress_markdown),
