@@ -164,9 +164,16 @@ REGIMES.update(
 )
 #: The regimes the full grid runs by default (the probe regimes run with `--claims`).
 GRID_REGIMES = [name for name, spec in REGIMES.items() if "probe" not in spec]
+#: Seeds 0..PILOT_SEEDS-1 of every claim cell are the pilot (an internal pilot: they stay in the claims' samples)
+#: whose paired standard deviations size each claim's seeds (`benchmarks/power.py`).
+PILOT_SEEDS = 8
 #: A probed mechanism: the per-step metric whose range the probe reports (its extremes over a step's micro-batches
-#: where recorded, `EXTREMES`), and the value it leaves alone (R = 1: on-policy).
-PROBES: dict[str, dict[str, Any]] = {"echo": {"metric": "echo/batch_ratio", "what": "R"}}
+#: where recorded, `EXTREMES`), and `cells`, (regime, value) -> seeds where its configurations also run: ECHO's
+#: claims were first tested at staleness 16 (the paper's 8-16 updates per rollout), where the clip never acted in the
+#: pilot's 8 seeds; the claims moved to where it acts (`acting_setting`), and these runs stay in the probe.
+PROBES: dict[str, dict[str, Any]] = {
+    "echo": {"metric": "echo/batch_ratio", "what": "R", "cells": {("staleness", 16): PILOT_SEEDS}},
+}
 PROBE_SEEDS = 3  # seeds per probe cell: the probe measures R's range, not accuracy
 SMOKE_REGIMES = {"staleness": [1], "group_size": [2], "long": [1]}
 SMOKE_CONFIGS = {"staleness": ["grpo", "echo"], "group_size": ["otb"], "long": ["ctpo"]}
@@ -202,11 +209,13 @@ MECHANISM_ACTS: dict[str, tuple[str, tuple[str, ...], Callable[..., bool]]] = {
 #: Each paper's claim and where it is tested: (claim id, paper, claim, regime, value, config, baseline, outcome,
 #: better). `outcome` is a per-run number (see `outcome_of`); `better` is +1 when larger is the claimed direction.
 CLAIMS: tuple[dict[str, Any], ...] = (
+    # ECHO: at the paper's 8-16 updates per rollout (staleness 16) the batch clip never acted; tested where it acts,
+    # the probe setting `acting_setting` picks (a test checks it against the committed runs).
     dict(id="echo_off_policy", paper="ECHO", claim="batch-level clipping trains better than token-level clipping "
-         "far off-policy (8-16 updates per rollout)", regime="staleness", value=16, config="echo", baseline="grpo",
-         outcome="final_accuracy", better=+1, probe="echo"),
+         "far off-policy (8-16 updates per rollout)", regime="echo_probe_lr3", value=32, config="echo",
+         baseline="grpo", outcome="final_accuracy", better=+1, probe="echo"),
     dict(id="echo_step_off_policy", paper="ECHO", claim="the same with the batch ratio over the whole optimizer "
-         "step", regime="staleness", value=16, config="echo_step", baseline="grpo", outcome="final_accuracy",
+         "step", regime="echo_probe_lr3", value=32, config="echo_step", baseline="grpo", outcome="final_accuracy",
          better=+1, probe="echo"),
     dict(id="ctpo_off_policy", paper="CTPO (arXiv:2605.07331)", claim="the cumulative prefix ratio with sqrt(t) "
          "clipping trains better than token-level IS far off-policy", regime="staleness", value=16, config="ctpo",
@@ -243,9 +252,6 @@ CLAIMS: tuple[dict[str, Any], ...] = (
 #: The claims grid's budget (`--claims`): the demo's policy gains 11-16 points in 80 steps, and 200 held-out prompts
 #: put a single accuracy's binomial standard error near 3 points (64 prompts: 5.6).
 CLAIMS_BUDGET = dict(max_steps=64, num_eval=200)
-#: Seeds 0..PILOT_SEEDS-1 of every claim cell are the pilot (an internal pilot: they stay in the claims' samples)
-#: whose paired standard deviations size each claim's seeds (`benchmarks/power.py`).
-PILOT_SEEDS = 8
 #: Per claim, its seeds at stage 1 and (None: no second stage) at stage 2, planned before running them
 #: (`STAGE_RULE`).
 CLAIM_SEEDS: dict[str, tuple[int, int | None]] = {claim["id"]: (PILOT_SEEDS, None) for claim in CLAIMS}
@@ -505,10 +511,12 @@ def probe_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     every seed (each step's extremes over its micro-batches where recorded, `EXTREMES`)."""
     ok = [r for r in runs if "error" not in r]
     claimed = [(c["regime"], c["value"], c["config"]) for c in CLAIMS if c.get("probe")]
-    probed = [(regime, value, config) for regime, spec in REGIMES.items() if "probe" in spec
-              for value in spec["values"] for config in spec["configs"] if CONFIGS[config].method in PROBES]  # fmt: skip
+    probed = [
+        (regime, value, config) for regime, value, config, _ in probe_cells() if CONFIGS[config].method in PROBES
+    ]
+    order = {name: i for i, name in enumerate(REGIMES)}
     rows = []
-    for regime, value, config in dict.fromkeys(claimed + probed):
+    for regime, value, config in sorted(set(claimed + probed), key=lambda c: (order[c[0]], c[1], c[2])):
         rs = sorted((r for r in ok if (r["regime"], r["value"], r["config"]) == (regime, value, config)),
                     key=lambda r: r["seed"])  # fmt: skip
         metric = PROBES[CONFIGS[config].method]["metric"]
@@ -522,6 +530,42 @@ def probe_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "steps": acted["steps"], "acted": acted["acted"],
                      "low": min(low) if low else None, "high": max(high) if high else None})  # fmt: skip
     return rows
+
+
+ACTING_FRACTION = 0.1  # `acting_setting`: the batch clip acted on at least this share of the optimizer steps
+
+
+def acting_setting(runs: list[dict[str, Any]]) -> tuple[str, int] | None:
+    """Where ECHO's claims are tested when the probe found the batch clip acting (declared before the probe ran):
+    the mildest probe setting (regime, value), by learning-rate scale, then updates per rollout, among those that run
+    both scopes, where the clip acted on >= `ACTING_FRACTION` of the optimizer steps of each scope and the mean final
+    accuracies of both scopes and of GRPO are above `FLOOR`; None if there is no such setting."""
+    ok = [r for r in runs if "error" not in r]
+    acting = {(row["regime"], row["value"], row["config"]) for row in probe_table(ok)
+              if row["steps"] and row["acted"] >= ACTING_FRACTION * row["steps"]}  # fmt: skip
+    candidates = sorted(((spec["learning_rate_scale"], value, regime) for regime, spec in REGIMES.items()
+                         if spec.get("probe") == "echo" and {"echo", "echo_step"} <= set(spec["configs"])
+                         for value in spec["values"]))  # fmt: skip
+    for _, value, regime in candidates:
+        levels = [common.mean([r["final_accuracy"] for r in ok if (r["regime"], r["value"], r["config"]) == cell])
+                  for cell in ((regime, value, c) for c in ("echo", "echo_step", "grpo"))]  # fmt: skip
+        scopes_act = all((regime, value, c) in acting for c in ("echo", "echo_step"))
+        if scopes_act and all(level is not None and level > FLOOR for level in levels):
+            return regime, value
+    return None
+
+
+def probe_cells() -> list[tuple[str, int, str, int]]:
+    """Every (regime, value, configuration, seeds) the probes run: each probe regime's values and configurations with
+    `PROBE_SEEDS` seeds, and each probe's extra `cells` with its probed configurations."""
+    cells = [(regime, value, config, PROBE_SEEDS) for regime, spec in REGIMES.items() if "probe" in spec
+             for value in spec["values"] for config in spec["configs"]]  # fmt: skip
+    for method, probe in PROBES.items():
+        probed = [c for c in CONFIGS if CONFIGS[c].method == method and any(
+            c in REGIMES[r]["configs"] for r, spec in REGIMES.items() if spec.get("probe") == method)]  # fmt: skip
+        cells += [(regime, value, config, n) for (regime, value), n in probe.get("cells", {}).items()
+                  for config in probed]  # fmt: skip
+    return cells
 
 
 def _extreme_series(run: dict[str, Any], metric: str, which: str) -> list[float]:
@@ -873,11 +917,10 @@ def claims_plan(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[dic
             if config:
                 key = (claim["regime"], claim["value"], config)
                 cells[key] = max(cells.get(key, 0), 1 if args.smoke else CLAIM_SEEDS[claim["id"]][0])
-    probes = SMOKE_PROBE if args.smoke else {r: spec["values"] for r, spec in REGIMES.items() if "probe" in spec}
-    for regime, values in probes.items():
-        for value in values:
-            for config in REGIMES[regime]["configs"]:
-                cells[(regime, value, config)] = 1 if args.smoke else PROBE_SEEDS
+    probes = ([(r, v, c, 1) for r, values in SMOKE_PROBE.items() for v in values for c in REGIMES[r]["configs"]]
+              if args.smoke else probe_cells())  # fmt: skip
+    for regime, value, config, n in probes:
+        cells[(regime, value, config)] = max(cells.get((regime, value, config), 0), n)
     cells = {key: n for key, n in cells.items() if _wanted(args, key[0], key[2])}
     skipped = _check_available(list(dict.fromkeys((r, c) for r, _, c in cells)), settings)
     return {key: n for key, n in cells.items() if key[2] not in skipped}, skipped

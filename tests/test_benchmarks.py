@@ -197,10 +197,13 @@ def _run(config: str, method: str, series: dict[str, list[float]], final: float,
 
 def test_claim_whose_mechanism_never_acted_is_not_tested():
     # ECHO's accuracy claim against GRPO, with ECHO clearly ahead: reproduced only if its batch clip acted at all.
-    grpo = [_run("grpo", "grpo", {"clip_ratio/region_mean": [0.0, 0.1]}, 0.2, s) for s in range(5)]
+    claim = next(c for c in stress.CLAIMS if c["id"] == "echo_off_policy")
+    cell = {"regime": claim["regime"], "value": claim["value"]}
+    grpo = [{**_run("grpo", "grpo", {"clip_ratio/region_mean": [0.0, 0.1]}, 0.2, s), **cell} for s in range(5)]
 
     def echo_rows(clipped):
-        echo = [_run("echo", "echo", {"echo/batch_clipped": clipped}, 0.3 + 0.01 * s, s) for s in range(5)]
+        echo = [{**_run("echo", "echo", {"echo/batch_clipped": clipped}, 0.3 + 0.01 * s, s), **cell}
+                for s in range(5)]  # fmt: skip
         return {row["id"]: row for row in stress.claims_table(grpo + echo)}
 
     row = echo_rows([0.0, 0.0])["echo_off_policy"]
@@ -262,6 +265,27 @@ def test_echo_claims_are_decided_inert_only_when_the_probe_never_clipped():
             assert row["verdict"] == "inconclusive" and row["note"].endswith("does not test the claim"), row
     # other claims never get the inert verdict, whatever their mechanism did
     assert all(row["verdict"] != stress.INERT for cid, row in inert.items() if cid not in {c["id"] for c in claims})
+
+
+def test_echo_claims_move_to_the_mildest_probe_setting_where_the_clip_acts():
+    def runs(acting: dict[tuple, tuple[float, float]]) -> list[dict]:  # (regime, value) -> (clipped share, accuracy)
+        out = []
+        for regime, value, config, _ in stress.probe_cells():
+            share, accuracy = acting.get((regime, value), (0.0, 0.3))
+            series = {"echo/batch_clipped": [1.0] * int(10 * share) + [0.0] * (10 - int(10 * share))}
+            for seed in range(2):
+                out.append({**_run(config, stress.CONFIGS[config].method, series, accuracy, seed),
+                            "regime": regime, "value": value})  # fmt: skip
+        return out
+
+    assert stress.acting_setting(runs({})) is None  # never clipped: no setting (the inert verdict's case)
+    acting = {("echo_probe_lr3", 32): (0.3, 0.05), ("echo_probe_lr10", 16): (0.5, 0.05)}
+    assert stress.acting_setting(runs(acting)) == ("echo_probe_lr3", 32)  # the lower learning rate first
+    acting[("echo_probe_lr3", 16)] = (0.1, 0.05)
+    assert stress.acting_setting(runs(acting)) == ("echo_probe_lr3", 16)  # then fewer updates per rollout
+    acting[("echo_probe_lr3", 16)] = (0.1, 0.01)  # at the floor
+    acting[("echo_probe_mb8_lr1", 16)] = (0.5, 0.3)  # one scope only: not a candidate
+    assert stress.acting_setting(runs(acting)) == ("echo_probe_lr3", 32)
 
 
 def test_stage_two_runs_only_claims_left_inconclusive_by_stage_one(monkeypatch):
@@ -336,10 +360,14 @@ def test_claims_plan_runs_each_claims_cells_and_the_probe(monkeypatch):
     for claim in stress.CLAIMS:
         for config in filter(None, (claim["config"], claim["baseline"])):
             assert cells[(claim["regime"], claim["value"], config)] >= stress.CLAIM_SEEDS[claim["id"]][0]
-    probe = {key: n for key, n in cells.items() if "probe" in stress.REGIMES[key[0]]}
-    assert set(probe.values()) == {stress.PROBE_SEEDS} and len(probe) == sum(
+    probe = stress.probe_cells()  # every probe regime's cells with PROBE_SEEDS, and ECHO's paper-regime cells
+    assert len(probe) == len(stress.PROBES["echo"]["cells"]) * 2 + sum(
         len(spec["values"]) * len(spec["configs"]) for spec in stress.REGIMES.values() if "probe" in spec
     )
+    assert {n for *_, n in probe} == {stress.PROBE_SEEDS, stress.PILOT_SEEDS}
+    for regime, value, config, n in probe:  # a cell both a claim and the probe run gets the larger count
+        assert cells[(regime, value, config)] >= n
+    assert cells[("echo_probe_lr3", 32, "echo")] == stress.CLAIM_SEEDS["echo_off_policy"][0]
     # the OTB keys the lead runs later: only otb and the composition's cells, with their claims' seeds
     later, _ = stress.claims_plan(stress.parse_args(["--claims", "--configs", "otb,ctpo_otb"]), RUN_SETTINGS)
     assert set(later) == {("group_size", 2, "otb"), ("long", 4, "otb"), ("long", 4, "ctpo_otb")}
@@ -479,6 +507,9 @@ def test_power_analysis_reproduces_and_sized_the_claims_grid(tmp_path, capsys):
         name: runner.read_runs(results / f"{name}_runs.jsonl", stress.GRID).records for name in ("stress", "claims")
     }
     assert power.plan(runs["stress"], runs["claims"]) == stress.CLAIM_SEEDS
+    # ECHO's claims are where the declared rule puts them, on the committed probe
+    echo = {(c["regime"], c["value"]) for c in stress.CLAIMS if c.get("probe") == "echo"}
+    assert echo == {stress.acting_setting(runs["claims"])}
     for row in committed["claims"]:
         if row["accuracy"] and row["pilot"]:  # every claim with a pilot is planned to h <= 1.5 points or 60 seeds
             assert row["projected_half_width"] <= power.TARGET_HALF_WIDTH or row["planned_seeds"] == power.MAX_SEEDS
