@@ -76,9 +76,10 @@ def estimate(diffs: list[float]) -> dict[str, Any] | None:
 
 
 def cell_wall_s(records: list[dict[str, Any]], claim: dict[str, Any]) -> float | None:
-    """Mean wall time of one run of the claim's configuration and baseline cells."""
-    walls = [r["wall_s"] for r in records if "error" not in r and r["regime"] == claim["regime"]
-             and r["value"] == claim["value"] and r["config"] in (claim["config"], claim["baseline"])]  # fmt: skip
+    """Mean wall time of one pilot run (seeds < `PILOT_SEEDS`) of the claim's configuration and baseline cells."""
+    walls = [r["wall_s"] for r in records if "error" not in r and r["seed"] < stress.PILOT_SEEDS
+             and r["regime"] == claim["regime"] and r["value"] == claim["value"]
+             and r["config"] in (claim["config"], claim["baseline"])]  # fmt: skip
     return statistics.fmean(walls) if walls else None
 
 
@@ -143,7 +144,7 @@ def power_markdown(payload: dict[str, Any]) -> str:
 
     def est(e, accuracy):
         if not e:
-            return "n/a"
+            return "n/a | - | -"
         f = (lambda x: f"{100 * x:.1f}") if accuracy else (lambda x: f"{x:.3g}")
         return f"{e['n']} | {f(e['sd'])} | {f(e['half_width'])}"
 

@@ -252,9 +252,24 @@ CLAIMS: tuple[dict[str, Any], ...] = (
 #: The claims grid's budget (`--claims`): the demo's policy gains 11-16 points in 80 steps, and 200 held-out prompts
 #: put a single accuracy's binomial standard error near 3 points (64 prompts: 5.6).
 CLAIMS_BUDGET = dict(max_steps=64, num_eval=200)
-#: Per claim, its seeds at stage 1 and (None: no second stage) at stage 2, planned before running them
-#: (`STAGE_RULE`).
-CLAIM_SEEDS: dict[str, tuple[int, int | None]] = {claim["id"]: (PILOT_SEEDS, None) for claim in CLAIMS}
+#: Per claim, its seeds at stage 1 and (None: no second stage) at stage 2 (`STAGE_RULE`): the plan of the power
+#: analysis (`python -m benchmarks.power`, from the full grid's runs and the pilot; a test checks they agree), fixed
+#: before any seed beyond the pilot ran.
+CLAIM_SEEDS: dict[str, tuple[int, int | None]] = {
+    "echo_off_policy": (30, 60),
+    "echo_step_off_policy": (52, 100),
+    "ctpo_off_policy": (22, 44),
+    "ctpo_long": (20, 40),
+    "dfpo_off_policy": (20, 40),
+    "dfpo_large_group": (43, 86),
+    "dfpo_asymmetry": (20, None),
+    "grpo_fix_off_policy": (60, 100),
+    "otb_small_group": (32, 64),
+    "otb_long": (20, 40),
+    "otb_variance": (32, None),
+    "ctpo_otb_vs_ctpo": (20, 40),
+    "ctpo_otb_vs_otb": (20, 40),
+}
 FLOOR = 0.02  # accuracy outcomes where config and baseline both end at or below this: inconclusive (floor effect)
 EQUIVALENCE_MARGIN = 0.02  # accuracy: differences inside +-2 points are "no effect of practical size"
 VERDICT_RULE = (
