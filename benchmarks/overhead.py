@@ -12,7 +12,7 @@ energy there, as in real training), the group-preserving shuffle, and then the o
 Which trainers. TRL's `GRPOTrainer` (the baseline, `trl_grpo`), then every method of the registry
 (`trl_groupopt.METHODS`; its "grpo" entry, our base trainer with TRL's objective, is reported as `base`), then the
 extra variants of `EXTRA_VARIANTS` (a data table: ECHO's "micro_batch" batch-ratio scope, the other DFPO transforms,
-CTPO's geometric-mean ratio, ...), then `trl_grpo_again`, TRL's GRPOTrainer a second time: the A/A control. A
+CTPO's geometric-mean ratio, CTPO and ECHO on OTB's advantages, ...), then `trl_grpo_again`, TRL's GRPOTrainer a second time: the A/A control. A
 variant whose config field does not exist or whose value the config rejects is reported as "not available" with the
 config's message, never a crash.
 
@@ -106,6 +106,10 @@ EXTRA_VARIANTS: tuple[Variant, ...] = (
             "DFPO orth_proj over unclipped tokens"),
     Variant("dfpo_orth_proj_qp", "dfpo", {"dfpo_transform": "orth_proj_qp"}, "DFPO orth_proj_qp (exact QP)"),
     Variant("ctpo_geomean", "ctpo", {"ctpo_ratio_mode": "geomean"}, "CTPO, geometric-mean prefix ratio"),
+    # OTB's advantages under another objective: the energy capture is OTB's cost, so OTB's target
+    Variant("ctpo+otb", "ctpo", {"advantage_estimator": "otb"}, "CTPO on OTB's advantages", METHOD_TARGETS["otb"]),
+    Variant("echo+otb", "echo", {"advantage_estimator": "otb", "batch_ratio_scope": "micro_batch"},
+            "ECHO (batch ratio per micro-batch) on OTB's advantages", METHOD_TARGETS["otb"]),
 )  # fmt: skip
 
 

@@ -58,7 +58,6 @@ import argparse
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,18 +192,19 @@ MECHANISM_METRICS: dict[str, tuple[str, ...]] = {
     "otb": ("otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"),
 }
 
-#: When a logged optimizer step shows the method's mechanism changing the objective: (what acted, the logged keys,
-#: a predicate on their values). The claims table reports on how many of a claim's optimizer steps it acted; a claim
-#: whose mechanism never acted is not tested by its regime.
-MECHANISM_ACTS: dict[str, tuple[str, tuple[str, ...], Callable[..., bool]]] = {
-    "grpo": ("a token ratio was clipped", ("clip_ratio/region_mean",), lambda rate: rate > 0),
-    "echo": ("the batch ratio R was clipped", ("echo/batch_clipped",), lambda rate: rate > 0),
-    "ctpo": ("a prefix ratio was clipped", ("clip_ratio/region_mean",), lambda rate: rate > 0),
-    "dfpo": ("the transform re-weighted a group", ("dfpo/shrink",), lambda shrink: shrink < 1 - 1e-9),
-    "grpo_fix": ("the symmetric clip removed a token", ("dfpo/sym_clip_ratio",), lambda rate: rate > 0),
-    "otb": ("its baseline's gradient second moment was below the group mean's",
-            ("otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"), lambda ours, mean: ours < mean),
-}  # fmt: skip
+
+def __getattr__(name: str):
+    """`MECHANISM_ACTS`: when a logged optimizer step shows the method's mechanism changing the objective (what acted,
+    the logged keys, a predicate on their values), the library's one definition per method
+    (`trl_groupopt.methods.MECHANISM_ACTS`, also read by the trainers' report), imported on first use so that `--help`
+    imports no trl_groupopt. The claims table reports on how many of a claim's optimizer steps it acted; a claim whose
+    mechanism never acted is not tested by its regime."""
+    if name == "MECHANISM_ACTS":
+        from trl_groupopt.methods import MECHANISM_ACTS
+
+        return MECHANISM_ACTS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Each paper's claim and where it is tested: (claim id, paper, claim, regime, value, config, baseline, outcome,
 #: better). `outcome` is a per-run number (see `outcome_of`); `better` is +1 when larger is the claimed direction.
@@ -506,6 +506,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def mechanism_acted(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """On how many logged optimizer steps of `runs` (one configuration) its method's mechanism acted
     (`MECHANISM_ACTS`); None for a method without an entry."""
+    from trl_groupopt.methods import MECHANISM_ACTS
+
     if not runs or runs[0].get("method") not in MECHANISM_ACTS:
         return None
     what, keys, acts = MECHANISM_ACTS[runs[0]["method"]]

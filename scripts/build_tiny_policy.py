@@ -154,8 +154,8 @@ def sft_step(model, opt, p_ids: list[list[int]], t_ids: list[list[int]], pad_id:
     return loss
 
 
-def sft_pairs(tok, exprs: list[str], boxed: list[bool]) -> tuple[list[list[int]], list[list[int]]]:
-    """Token ids of the chat prompts and of the SFT targets (+ eos) for `exprs`."""
+def sft_texts(tok, exprs: list[str], boxed: list[bool]) -> tuple[list[str], list[str]]:
+    """The chat prompts and the SFT targets (+ eos) for `exprs`, as text."""
     prompts = [
         tok.apply_chat_template(
             [{"role": "user", "content": f"Compute {e}"}], tokenize=False, add_generation_prompt=True
@@ -163,6 +163,12 @@ def sft_pairs(tok, exprs: list[str], boxed: list[bool]) -> tuple[list[list[int]]
         for e in exprs
     ]
     targets = [arithmetic_chain_of_thought(e, boxed=b) + tok.eos_token for e, b in zip(exprs, boxed)]
+    return prompts, targets
+
+
+def sft_pairs(tok, exprs: list[str], boxed: list[bool]) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of the chat prompts and of the SFT targets (+ eos) for `exprs`."""
+    prompts, targets = sft_texts(tok, exprs, boxed)
     return tok(prompts, add_special_tokens=False)["input_ids"], tok(targets, add_special_tokens=False)["input_ids"]
 
 
@@ -186,48 +192,39 @@ def unbox_stage(model, tok, args: argparse.Namespace) -> list[tuple[int, float]]
     return losses
 
 
-def main() -> None:
-    args = parse_args()
-    t0 = time.time()
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
+def build_model(args: argparse.Namespace, tok):
+    """The policy to train: `--init-from`'s (its architecture and weights), or a fresh 1.06 M-parameter Llama."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    tok = build_tokenizer()
     if args.init_from:  # continue a saved policy: same architecture, its weights
         model = AutoModelForCausalLM.from_pretrained(args.init_from, local_files_only=True).float()
         if model.config.vocab_size != len(tok):
             raise SystemExit(f"{args.init_from} has vocabulary {model.config.vocab_size}, the tokenizer {len(tok)}")
-    else:
-        config = LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=128,
-            intermediate_size=512,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=256,
-            tie_word_embeddings=True,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-        )
-        model = LlamaForCausalLM(config).float()
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"params: {n_params:,}  vocab: {len(tok)}", flush=True)
+        return model
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    return LlamaForCausalLM(config).float()
 
-    # SFT data: one fresh problem per example (no repeats), ~40% with a bare (unboxed) answer.
+
+def sft_data(args: argparse.Namespace, tok, t0: float) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of the SFT prompts and targets: one fresh problem per example (no repeats), ~40% with a bare
+    (unboxed) answer."""
     n_train = args.steps * args.batch_size
     exprs = arithmetic_problems(n_train, seed=args.seed, split="train", **args.task)
     fmt_rng = random.Random(args.seed + 1)
     boxed = [fmt_rng.random() >= args.unboxed_fraction for _ in exprs]
-    prompts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": f"Compute {e}"}], tokenize=False, add_generation_prompt=True
-        )
-        for e in exprs
-    ]
-    targets = [arithmetic_chain_of_thought(e, boxed=b) + tok.eos_token for e, b in zip(exprs, boxed)]
+    prompts, targets = sft_texts(tok, exprs, boxed)
     # The template's prompt is a token prefix of the full conversation (checked on a sample),
     # so prompt and target can be tokenized separately and concatenated.
     for e, b, p, t in list(zip(exprs, boxed, prompts, targets))[:32]:
@@ -246,56 +243,92 @@ def main() -> None:
         f"max completion {max(map(len, t_ids))} tokens ({time.time() - t0:.1f}s)",
         flush=True,
     )
+    return p_ids, t_ids
 
-    test_ds = make_arithmetic_dataset(args.num_test, seed=args.seed, split="test", **args.task)
 
+def lr_at(args: argparse.Namespace, step: int) -> float:
+    """Linear warmup, then cosine to 0 over ``--steps``."""
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    frac = (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps)
+    return args.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
+
+
+def evaluate_step(model, tok, args, test_ds, done: int, loss: float, lr: float, t_train: float, log: dict) -> dict:
+    """Greedy accuracy on the held-out prompts at step `done`, printed and logged."""
+    res = greedy_accuracy(model, tok, test_ds, max_new_tokens=args.max_new_tokens)
+    elapsed = time.time() - t_train
+    print(
+        f"step {done:5d}  loss {loss:.4f}  lr {lr:.2e}  "
+        f"greedy acc {res['accuracy']:.3f}  format {res['format_rate']:.3f}  ({elapsed:.0f}s)",
+        flush=True,
+    )
+    log["evals"].append({"step": done, "loss": loss, **res, "elapsed_s": elapsed})
+    return res
+
+
+def train_sft(model, tok, args, p_ids, t_ids, test_ds, log: dict) -> tuple[list[dict], int]:
+    """SFT with evaluations; keeps every checkpoint whose accuracy lies in [--acc-min, --acc-max] and stops once one
+    was kept and accuracy passes --acc-stop (or --acc-max). Returns (candidates, the step it stopped at)."""
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-
-    def lr_at(step: int) -> float:  # linear warmup, then cosine to 0 over args.steps
-        if step < args.warmup_steps:
-            return args.lr * (step + 1) / args.warmup_steps
-        frac = (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps)
-        return args.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
-
-    log: dict = {"args": vars(args), "params": n_params, "evals": [], "losses": []}
     candidates: list[dict] = []
     next_eval = args.eval_every
     model.train()
     t_train = time.time()
-    stop_step = args.steps
     for step in range(args.steps):
         lo = step * args.batch_size
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = lr_at(args, step)
         loss = sft_step(
             model, opt, p_ids[lo : lo + args.batch_size], t_ids[lo : lo + args.batch_size], tok.pad_token_id
         )
         done = step + 1
         if done % 25 == 0:
             log["losses"].append((done, round(loss.item(), 4)))
-        if done == next_eval:
-            res = greedy_accuracy(model, tok, test_ds, max_new_tokens=args.max_new_tokens)
-            elapsed = time.time() - t_train
-            print(
-                f"step {done:5d}  loss {loss.item():.4f}  lr {lr_at(step):.2e}  "
-                f"greedy acc {res['accuracy']:.3f}  format {res['format_rate']:.3f}  ({elapsed:.0f}s)",
-                flush=True,
-            )
-            log["evals"].append({"step": done, "loss": loss.item(), **res, "elapsed_s": elapsed})
-            if args.acc_min <= res["accuracy"] <= args.acc_max:
-                candidates.append(
-                    {
-                        "step": done,
-                        "accuracy": res["accuracy"],
-                        "format_rate": res["format_rate"],
-                        "state": copy.deepcopy(model.state_dict()),
-                    }
-                )
-            if candidates and (res["accuracy"] > args.acc_stop or res["accuracy"] > args.acc_max):
-                stop_step = done
-                break
-            interval = args.eval_every_near if res["accuracy"] >= args.near else args.eval_every
-            next_eval = done + interval
+        if done != next_eval:
+            continue
+        res = evaluate_step(model, tok, args, test_ds, done, loss.item(), lr_at(args, step), t_train, log)
+        if args.acc_min <= res["accuracy"] <= args.acc_max:
+            state = copy.deepcopy(model.state_dict())
+            candidates.append({"step": done, "accuracy": res["accuracy"], "format_rate": res["format_rate"],
+                               "state": state})  # fmt: skip
+        if candidates and (res["accuracy"] > args.acc_stop or res["accuracy"] > args.acc_max):
+            return candidates, done
+        next_eval = done + (args.eval_every_near if res["accuracy"] >= args.near else args.eval_every)
+    return candidates, args.steps
+
+
+def save_outputs(model, tok, args, candidates: list[dict], test_ds) -> tuple[dict, int]:
+    """Write the chosen policy (and, with --candidates-dir, every kept checkpoint), then re-measure it from disk with
+    the function scripts/eval_policy.py uses. Returns (the reloaded accuracy, the artifact's size in bytes)."""
+    out = Path(args.out)
+    save_policy(model, tok, out)
+    if args.candidates_dir:  # every kept checkpoint, to compare their RL headroom before choosing
+        chosen_state = copy.deepcopy(model.state_dict())
+        for c in candidates:
+            model.load_state_dict(c["state"])
+            save_policy(model, tok, Path(args.candidates_dir) / f"step-{c['step']}")
+        model.load_state_dict(chosen_state)
+    model2, tok2 = load_embedded_policy(out)
+    res = greedy_accuracy(model2, tok2, test_ds, max_new_tokens=args.max_new_tokens)
+    return res, sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+
+
+def main() -> None:
+    args = parse_args()
+    t0 = time.time()
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    tok = build_tokenizer()
+    model = build_model(args, tok)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"params: {n_params:,}  vocab: {len(tok)}", flush=True)
+    p_ids, t_ids = sft_data(args, tok, t0)
+    test_ds = make_arithmetic_dataset(args.num_test, seed=args.seed, split="test", **args.task)
+
+    log: dict = {"args": vars(args), "params": n_params, "evals": [], "losses": []}
+    t_train = time.time()
+    candidates, stop_step = train_sft(model, tok, args, p_ids, t_ids, test_ds, log)
     train_s = time.time() - t_train
     if not candidates:
         raise SystemExit(f"no checkpoint reached greedy accuracy in [{args.acc_min}, {args.acc_max}]")
@@ -316,37 +349,16 @@ def main() -> None:
             flush=True,
         )
 
-    out = Path(args.out)
-    save_policy(model, tok, out)
-    if args.candidates_dir:  # every kept checkpoint, to compare their RL headroom before choosing
-        chosen_state = copy.deepcopy(model.state_dict())
-        for c in candidates:
-            model.load_state_dict(c["state"])
-            save_policy(model, tok, Path(args.candidates_dir) / f"step-{c['step']}")
-        model.load_state_dict(chosen_state)
-
-    # Re-measure from disk with the same function scripts/eval_policy.py uses.
-    model2, tok2 = load_embedded_policy(out)
-    res = greedy_accuracy(model2, tok2, test_ds, max_new_tokens=args.max_new_tokens)
-    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    res, size = save_outputs(model, tok, args, candidates, test_ds)
     total_s = time.time() - t0
     print(
         f"reloaded: greedy acc {res['accuracy']:.3f} format {res['format_rate']:.3f}; "
         f"artifact {size / 1e6:.2f} MB; train {train_s:.0f}s, total {total_s:.0f}s",
         flush=True,
     )
-    log.update(
-        {
-            "chosen_step": best["step"],
-            "chosen_accuracy": best["accuracy"],
-            "stop_step": stop_step,
-            "reloaded": res,
-            "artifact_bytes": size,
-            "train_s": train_s,
-            "total_s": total_s,
-            "torch": torch.__version__,
-        }
-    )
+    log.update({"chosen_step": best["step"], "chosen_accuracy": best["accuracy"], "stop_step": stop_step,
+                "reloaded": res, "artifact_bytes": size, "train_s": train_s, "total_s": total_s,
+                "torch": torch.__version__})  # fmt: skip
     if args.log_json:
         Path(args.log_json).write_text(json.dumps(log, indent=2) + "\n")
 

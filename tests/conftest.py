@@ -8,6 +8,7 @@ folder, and the guard that keeps the fast selection (`-m "not slow"`) in this pr
 | `tests/hub/` | the model card, and `push_to_hub` against a local Hub server (`test_push.py`: `slow`) | |
 | `tests/e2e/` | full `trainer.train()` runs and launched processes: the CLI, the examples, the notebook | `slow` |
 | `tests/distributed/` | `torchrun` launches of 2 CPU processes (gloo) | `distributed`, `slow` |
+| `tests/vllm/` | a real vLLM engine (skipped where vLLM is not installed; CI's vLLM stage runs them) | `vllm`, `slow` |
 | `tests/test_*.py` | the offline kit, the CLI's parsing and checks, the benchmarks' statistics, the docs | |
 
 A few tests outside tests/e2e/ are marked `slow` where they are: the generic checks a toy method runs through
@@ -37,7 +38,7 @@ torch.set_num_threads(1)
 TESTS = Path(__file__).resolve().parent
 
 #: folder under tests/ -> the markers every test in it gets
-FOLDER_MARKERS = {"e2e": ("slow",), "distributed": ("distributed", "slow")}
+FOLDER_MARKERS = {"e2e": ("slow",), "distributed": ("distributed", "slow"), "vllm": ("vllm", "slow")}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -154,9 +154,24 @@ def random_batch(
 
 
 def _forward(trainer, model, batch):
-    from trl_groupopt.trainers.base import GroupOptTrainer
+    """TRL's log-prob forward (`LossMixin`'s, without energy capture), for a GRPOTrainer or any of ours."""
+    from trl_groupopt.trainers.loss import LossMixin
 
-    return GroupOptTrainer._forward_logps_and_entropies(trainer, model, batch)
+    return LossMixin._forward_logps_and_entropies(trainer, model, batch)
+
+
+def float64_forward(trainer, model, batch):
+    """(B, T) float64 log-probs and entropies of the completion tokens: stands in for a trainer's
+    `_forward_logps_and_entropies` where TRL's fused LM head (float32) would limit a float64 reference test."""
+    prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, P + T, V)
+    logits = logits[:, prompt_ids.size(1) - 1 : -1].double()  # (B, T, V) the logits that predict the completion
+    log_probs = logits.log_softmax(-1)  # (B, T, V)
+    logps = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    entropies = -(log_probs.exp() * log_probs).sum(-1)  # (B, T)
+    return logps, entropies, None
 
 
 def inputs_with_policies(trainer, batch):

@@ -73,6 +73,7 @@ def test_overhead_variants_cover_the_registry_and_reject_unknown_knobs():
     targets = {v.name: overhead.target_of(v) for v in overhead.variants()}
     assert targets["base"] == 1.01 and targets["otb"] == 1.05 and targets["echo_micro_batch"] == 1.03
     assert targets[overhead.BASELINE] is None and targets["echo"] is None  # step scope (default): reported only
+    assert targets["ctpo+otb"] == targets["echo+otb"] == 1.05  # OTB's advantages: OTB's target
     args = overhead.parse_args(["--smoke"])
     args.completion_length = 24
     bogus = overhead.Variant("echo_bogus", "echo", {"no_such_knob": 1})

@@ -59,7 +59,7 @@ def test_top_level_help_lists_subcommands_and_every_method(capsys):
 
 # ------------------------------------------------------------------------------------------------ 3. defaults
 def test_bf16_follows_the_device_unless_set(tmp_path):
-    from trl_groupopt.trainers.base import device_supports_bf16
+    from trl_groupopt.device import device_supports_bf16
 
     assert ECHOConfig(str(tmp_path)).bf16 is device_supports_bf16(False)
     assert ECHOConfig(str(tmp_path), use_cpu=True).bf16 is False
@@ -103,6 +103,15 @@ def test_missing_prompt_column_names_the_fix():
     data = Dataset.from_dict({"question": ["1+1?"], "answer": ["#### 2"]})
     with pytest.raises(ValueError, match=r"no 'prompt' column.*'question'.*gsm8k_to_conversational"):
         checks.check_train_dataset(data, [accuracy_reward])
+
+
+def test_an_environment_may_supply_the_prompts():
+    """GRPOTrainer 1.16 trains without a `prompt` column when an `environment_factory` owns the data (e.g. a dict of
+    environments picked by an `environment` column, each `reset()` returning the prompt): not refused (issue 29)."""
+    routing = Dataset.from_dict({"environment": ["math", "code"]})
+    checks.check_train_dataset(routing, None, has_environments=True)
+    with pytest.raises(ValueError, match="no 'prompt' column"):
+        checks.check_train_dataset(routing, None)
 
 
 def test_malformed_conversational_prompt_is_rejected():
@@ -185,7 +194,9 @@ def test_all_none_watch_warns_then_raises():
         watch.update(nan, ["always_none"], ["solution"])
     with pytest.raises(RuntimeError, match="max_all_none_reward_batches"):
         watch.update(nan, ["always_none"], ["solution"])
-    assert checks.all_none_limit(object()) == checks.DEFAULT_MAX_ALL_NONE_REWARD_BATCHES  # plain GRPOConfig
+    # the method configs stop; TRL's plain GRPOConfig (no such field) only warns, as GRPOTrainer does (issue 29)
+    assert checks.all_none_limit(ECHOConfig("x")) == checks.DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
+    assert checks.all_none_limit(object()) is None
     with pytest.raises(ValueError, match="max_all_none_reward_batches"):
         ECHOConfig("x", max_all_none_reward_batches=0)
 

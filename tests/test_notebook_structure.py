@@ -3,6 +3,8 @@ are in tests/e2e/test_notebooks.py)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.environment import REPO_ROOT
@@ -35,3 +37,8 @@ def test_notebook_structure():
     assert 'marker="o"' in text  # a 2-step smoke run still draws visible points
     assert "import matplotlib.pyplot as plt" in text and "trainer.state.log_history" in text
     assert not any(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")  # committed clean
+    (login,) = [cell.source for cell in nb.cells if cell.source.startswith("### Log in to Hugging Face")]
+    assert "**write** access" in login and "`read` token cannot push" in login
+    assert "trainer.heldout_accuracy = " in text and "print(trainer.mechanism_report)" in text
+    # the README's test command, with the time it took (measured, not guessed)
+    assert re.search(r"`python -m pytest -q tests` took \d+ min \d+ s on a shared 2-core", text)

@@ -6,20 +6,22 @@ fix, instead of a bare ``KeyError`` or ``TypeError`` from deep inside TRL after 
 - :func:`check_train_dataset`: the ``prompt`` column exists and is standard (a string) or conversational (a list of
   ``{"role", "content"}`` messages); each reward function's required parameters are dataset columns (read from its
   signature) and it accepts the keyword arguments GRPOTrainer passes.
-- :func:`checked_reward_func`: wraps a reward function so that a return value other than one number (or None) per
-  completion fails with the function's name.
-- :class:`AllNoneRewardWatch`: warns when a whole generation batch got no reward (every function returned None for
-  every completion) and raises after ``limit`` such batches in a row.
+- :func:`checked_reward_func`: wraps a reward function so that a return value GRPOTrainer could not read as one
+  number (or None) per completion fails with the function's name.
+- :func:`check_finite_rewards`: an infinite reward fails at its first batch, naming the function and the completion.
+- :class:`AllNoneRewardWatch`: warns when a whole generation batch got no reward (every function returned None or NaN
+  for every completion) and, with a limit (the method configs and the CLI), raises after ``limit`` such batches in a
+  row.
 """
 
 from __future__ import annotations
 
 import inspect
-import numbers
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from trl.trainer.utils import get_callable_name, is_async_callable
 
@@ -29,6 +31,7 @@ __all__ = [
     "AllNoneRewardWatch",
     "CheckedRewardFunc",
     "all_none_limit",
+    "check_finite_rewards",
     "check_reward_output",
     "check_train_dataset",
     "checked_reward_func",
@@ -122,10 +125,13 @@ def check_train_dataset(train_dataset: Any, reward_funcs: Any = None, *, has_env
     Checks the ``prompt`` column and its format (first row), and for every reward function that is a Python
     callable (not a reward model or a model id) that its signature accepts what GRPOTrainer passes. ``None``
     arguments are skipped (an ``environment_factory`` may own both the data and the reward); datasets whose columns
-    are unknown (streaming without features) skip the column checks.
+    are unknown (streaming without features) skip the column checks. With environments the ``prompt`` column is
+    optional, as in GRPOTrainer: each rollout's ``reset()`` supplies the prompt (e.g. a dataset with only the
+    ``environment`` column that routes rows to a dict of environments).
     """
     columns = _column_names(train_dataset) if train_dataset is not None else None
-    if columns is not None and "prompt" not in columns:
+    has_prompt = columns is not None and "prompt" in columns
+    if columns is not None and not has_prompt and not has_environments:
         hint = ""
         for src, adapter in (("question", "gsm8k_to_conversational"), ("problem", "math_to_conversational")):
             if src in columns:
@@ -139,7 +145,8 @@ def check_train_dataset(train_dataset: Any, reward_funcs: Any = None, *, has_env
     if columns is not None and hasattr(train_dataset, "__getitem__") and hasattr(train_dataset, "__len__"):
         if len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: there is nothing to train on.")
-        _check_prompt_format(train_dataset[0]["prompt"])
+        if has_prompt:
+            _check_prompt_format(train_dataset[0]["prompt"])
     if reward_funcs is None:
         return
     funcs = reward_funcs if isinstance(reward_funcs, list | tuple) else [reward_funcs]
@@ -149,34 +156,72 @@ def check_train_dataset(train_dataset: Any, reward_funcs: Any = None, *, has_env
         _check_reward_signature(func, columns, has_environments)
 
 
+def _reward_value_problem(value: Any) -> str | None:
+    """Why GRPOTrainer could not read ``value`` as one reward, or None if it can (a number, a bool, a numpy scalar,
+    a one-element 0-d tensor or array, or None)."""
+    if value is None:
+        return None
+    if isinstance(value, str | bytes):
+        return "a string"
+    if isinstance(value, torch.Tensor):  # (no copy: torch.tensor(tensor) warns)
+        return None if value.ndim == 0 else f"of shape {tuple(value.shape)}, not one number"
+    try:
+        converted = torch.tensor(value, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        return "not a number"
+    return None if converted.ndim == 0 else f"of shape {tuple(converted.shape)}, not one number"
+
+
 def check_reward_output(name: str, output: Any, num_expected: int | None = None) -> None:
-    """Raise a ``TypeError`` naming the reward function unless ``output`` is a list of numbers or None."""
-    if isinstance(output, str | bytes) or not isinstance(output, Sequence | torch.Tensor):
+    """Raise naming the reward function unless GRPOTrainer can read ``output`` as one reward per completion.
+
+    Accepted is exactly what `GRPOTrainer._calculate_rewards` converts: any sized iterable (a list, a numpy array, a
+    1-D tensor) of numbers, bools (numpy's too), 0-d tensors or None, which it reads with ``None -> NaN`` and
+    ``torch.tensor(..., dtype=float32)``. Non-finite values are checked over the whole batch later
+    (:func:`check_finite_rewards`).
+    """
+    if isinstance(output, str | bytes | Mapping) or not hasattr(output, "__len__") or not hasattr(output, "__iter__"):
         raise TypeError(
             f"Reward function {name!r} returned {type(output).__name__} {str(output)[:60]!r}; it must return a list "
             "with one float (or None to skip) per completion."
         )
-    if isinstance(output, torch.Tensor):
-        if output.ndim != 1 or not (output.is_floating_point() or output.dtype in (torch.int64, torch.int32)):
-            raise TypeError(
-                f"Reward function {name!r} returned a tensor of shape {tuple(output.shape)} and dtype {output.dtype}; "
-                "it must return one number per completion."
-            )
-        return
-    for i, value in enumerate(output):
-        if value is None or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
-            continue
-        if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.numel() == 1):
-            continue  # True/False read as 1/0; a 0-d tensor converts
+    if isinstance(output, torch.Tensor | np.ndarray) and output.ndim != 1:
         raise TypeError(
-            f"Reward function {name!r} returned {type(value).__name__} {str(value)[:60]!r} for completion {i}; "
-            "reward functions return one float (or None to skip the completion) per completion."
+            f"Reward function {name!r} returned a {type(output).__name__} of shape {tuple(output.shape)}; it must "
+            "return one number per completion (a list, or a 1-D array or tensor)."
         )
+    for i, value in enumerate(output):
+        problem = _reward_value_problem(value)
+        if problem is not None:
+            raise TypeError(
+                f"Reward function {name!r} returned {type(value).__name__} {str(value)[:60]!r} for completion {i} "
+                f"({problem}); reward functions return one float (or None to skip the completion) per completion."
+            )
     if num_expected is not None and len(output) != num_expected:
         raise ValueError(
             f"Reward function {name!r} returned {len(output)} rewards for {num_expected} completions: return exactly "
             "one reward per completion."
         )
+
+
+def check_finite_rewards(rewards_per_func: torch.Tensor, func_names: Sequence[str]) -> None:
+    """Raise naming the reward function and the completion if a reward of the (N, F) generation batch is +-inf.
+
+    NaN is TRL's mark of an unscorable completion (a reward function returned None or NaN) and passes; an infinite
+    reward (or one beyond float32's range, which TRL's float32 conversion turns into inf) would make its group's
+    advantages NaN or zero without a word, in every trainer. Every reward source is checked (functions, reward
+    models, environments); the matrix is gathered over processes, so every rank raises together.
+    """
+    infinite = torch.isinf(rewards_per_func)
+    if not bool(infinite.any()):
+        return
+    row, column = (int(i) for i in infinite.nonzero()[0])
+    name = func_names[column] if column < len(func_names) else f"#{column}"
+    raise ValueError(
+        f"Reward function {name!r} returned {rewards_per_func[row, column].item()} for completion {row} of the "
+        f"generation batch ({int(infinite.sum())} infinite reward(s) in this batch). Rewards must be finite numbers "
+        "within float32's range (|r| < 3.4e38); return None (or NaN) for a completion the function cannot score."
+    )
 
 
 class CheckedRewardFunc:
@@ -225,15 +270,15 @@ def prepare_trainer_inputs(reward_funcs: Any, train_dataset: Any, environment_fa
 
 
 class AllNoneRewardWatch:
-    """Counts generation batches in which every reward function returned None for every completion.
+    """Counts generation batches in which every reward function returned None (or NaN) for every completion.
 
     Each such batch logs a warning naming the functions and the dataset columns they received; ``limit``
     consecutive ones raise a ``RuntimeError`` (a run with no reward would otherwise "train" with zero loss and
-    write checkpoints). A batch with any reward resets the count.
+    write checkpoints). A batch with any reward resets the count. ``limit=None`` only warns, as GRPOTrainer does.
     """
 
-    def __init__(self, limit: int = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES):
-        if limit < 1:
+    def __init__(self, limit: int | None = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES):
+        if limit is not None and limit < 1:
             raise ValueError(f"max_all_none_reward_batches must be >= 1, got {limit}.")
         self.limit = limit
         self.consecutive = 0
@@ -244,14 +289,14 @@ class AllNoneRewardWatch:
             self.consecutive = 0
             return
         self.consecutive += 1
+        stops = "" if self.limit is None else f"; the run stops at {self.limit}"
         message = (
-            f"Every reward function ({', '.join(func_names) or 'none'}) returned None for every completion of a "
-            f"generation batch ({self.consecutive} such batch(es) in a row; the run stops at {self.limit}). "
-            f"They received the dataset columns {sorted(columns)}. A reward function returns None when it cannot "
-            "score a completion (e.g. an unparseable gold answer): check that the column it reads holds what it "
-            "expects."
+            f"Every reward function ({', '.join(func_names) or 'none'}) returned None or NaN for every completion of a "
+            f"generation batch ({self.consecutive} such batch(es) in a row{stops}). They received the dataset "
+            f"columns {sorted(columns)}. A reward function returns None (or NaN) when it cannot score a completion "
+            "(e.g. an unparseable gold answer): check that the column it reads holds what it expects."
         )
-        if self.consecutive >= self.limit:
+        if self.limit is not None and self.consecutive >= self.limit:
             raise RuntimeError(
                 message + " No reward means no learning signal, so training stops here; fix the reward functions or "
                 "the data (or raise max_all_none_reward_batches)."
@@ -259,10 +304,11 @@ class AllNoneRewardWatch:
         warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def all_none_limit(args: Any) -> int:
-    """The config's ``max_all_none_reward_batches``, or the default for configs without it (TRL's GRPOConfig)."""
+def all_none_limit(args: Any) -> int | None:
+    """The config's ``max_all_none_reward_batches``; None (warn only, as GRPOTrainer does) for configs without it:
+    TRL's plain ``GRPOConfig`` in the base trainer keeps GRPOTrainer's behaviour."""
     value = getattr(args, "max_all_none_reward_batches", None)
-    return DEFAULT_MAX_ALL_NONE_REWARD_BATCHES if value is None else int(value)
+    return None if value is None else int(value)
 
 
 def watch_all_none_rewards(trainer: Any, rewards_per_func: torch.Tensor, inputs: Sequence[dict[str, Any]]) -> None:

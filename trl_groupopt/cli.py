@@ -16,7 +16,15 @@ Defaults compose in layers (each layer only fills what the ones above left unset
 
 With no model and no dataset it trains the embedded policy on the synthetic arithmetic task, offline, and leaves in
 `outputs/<method>-demo`: the model, its card, `trainer_state.json`, `results.json` (held-out greedy accuracy before
-and after) and `reward_accuracy.png`.
+and after), `reward_accuracy.png` and its last two checkpoints (one every 20 steps).
+
+A run holds its output folder (`trl_groupopt.run_folder.RunLock`): a second run into it refuses. A fresh run into a
+folder that holds checkpoints refuses too, naming the two ways on: `--resume_from_checkpoint last` (the newest
+complete checkpoint) or a checkpoint's path, or `--overwrite_output_dir` (or another `--output_dir`). `--save_steps`
+without `--save_strategy` saves every that many steps.
+
+This module imports no TRL: `trl-groupopt --help`, `methods`, `train --help` and an unknown `--method` answer at once.
+The parser, the trainer and the run live in `trl_groupopt.script`, imported once a method is chosen.
 """
 
 from __future__ import annotations
@@ -25,27 +33,25 @@ import argparse
 import os
 import shutil
 import sys
-import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
-
-from . import adapters, offline, rewards, trainers  # noqa: F401  (importing trainers registers the methods)
-from .model_card import SYNTHETIC_DATASET_NAME
+from . import adapters, offline, rewards
 from .registry import METHODS, get_method
-from .reporting import ReadableProgressCallback, plot_reward_accuracy, write_results
-from .trainers.base import GroupOptTrainer, device_supports_bf16
+from .run_folder import RunLock, checkpoints, resolve_resume
+from .trainers.schedule import off_policy_schedule
+
+if TYPE_CHECKING:
+    from .script import DemoScriptArguments
+    from .trainers.base import GroupOptTrainer
 
 #: Every run, whatever the model: an off-policy schedule sized for one small device, readable logs.
 RUN_DEFAULTS = dict(
     per_device_train_batch_size=16,  # 4 prompts x 4 completions: whole groups per micro-batch
     num_generations=4,
-    gradient_accumulation_steps=2,
-    steps_per_generation=4,  # > gradient_accumulation_steps: off-policy, so the ratios differ from 1
+    # 2 optimizer steps per rollout of 2 micro-batches each: off-policy, so the ratios differ from 1
+    **off_policy_schedule(updates_per_rollout=2, gradient_accumulation_steps=2),
     beta=0.0,
     logging_steps=5,
     report_to="none",
@@ -56,14 +62,17 @@ RUN_DEFAULTS = dict(
 #: README.md), so RL on the accuracy reward alone learns to box the answers it already computes right: measured
 #: (seeded, one CPU thread) held-out greedy accuracy rises from 18.0% to 29.5-33% in 80 steps for ECHO, DFPO,
 #: CTPO and GRPO-fix (OTB at its own lr below: 34.5%), in ~85-105 s of CPU time. Learning rates above ~2e-4 made this
-#: 1 M-parameter policy worse.
+#: 1 M-parameter policy worse. A checkpoint every 20 steps (on a generation boundary, so a resumed run is the
+#: uninterrupted one), the last 2 kept.
 EMBEDDED_POLICY_DEFAULTS = dict(
     learning_rate=1e-4,
     lr_scheduler_type="constant",
     temperature=1.0,  # rollouts sample the unboxed answers too: the contrast the accuracy reward learns from
     max_completion_length=48,  # the task's completions need <= 46 tokens
     max_steps=80,
-    save_strategy="no",
+    save_strategy="steps",
+    save_steps=20,
+    save_total_limit=2,
     gradient_checkpointing=False,  # 1 M parameters: recomputation only costs time
     ddp_find_unused_parameters=False,  # every parameter is used: skip DDP's extra graph traversal (and its warning)
     logging_steps=2,
@@ -74,59 +83,20 @@ EMBEDDED_POLICY_DEFAULTS = dict(
 #: collapsed it, while 5e-5 gave 18.0% -> 34.5%.
 EMBEDDED_POLICY_METHOD_DEFAULTS: dict[str, dict] = {"otb": dict(learning_rate=5e-5)}
 
-#: Everything the embedded-policy demo sets; the benchmarks start from it so their runs compare with the demo's.
-DEMO_DEFAULTS = {**RUN_DEFAULTS, **EMBEDDED_POLICY_DEFAULTS, "bf16": False, "disable_tqdm": True}
+#: Everything the embedded-policy demo sets; the benchmarks start from it so their runs compare with the demo's (they
+#: save no checkpoints).
+DEMO_DEFAULTS = {
+    **RUN_DEFAULTS,
+    **EMBEDDED_POLICY_DEFAULTS,
+    "bf16": False,
+    "disable_tqdm": True,
+    "save_strategy": "no",
+}
 
 #: The reward functions the script can use, by name (``--reward_funcs``).
 REWARD_FUNCS = {"accuracy_reward": rewards.accuracy_reward, "format_reward": rewards.format_reward}
 DATASET_FORMATS = ("prompt-answer", "gsm8k", "math")
 LOCAL_DATA_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-@dataclass
-class DemoScriptArguments(ScriptArguments):
-    """TRL's `ScriptArguments` plus the data format, the reward functions and the demo's before/after evaluation."""
-
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Hub dataset (e.g. openai/gsm8k with --dataset_config main), a local file (.jsonl .json .parquet "
-            ".csv) or a folder of them. Unset: the offline synthetic arithmetic task."
-        },
-    )
-    dataset_format: str = field(
-        default="prompt-answer",
-        metadata={
-            "help": "How to read --dataset_name: 'prompt-answer' (columns 'prompt', a string or a list of messages, and "
-            "'solution', the gold answer), 'gsm8k' (question/answer with '#### 42') or 'math' (problem/solution with "
-            "a final \\boxed{}). Never guessed from the name.",
-            "choices": list(DATASET_FORMATS),
-        },
-    )
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["accuracy_reward"],
-        metadata={
-            "help": f"Reward functions from trl_groupopt.rewards, any of {sorted(REWARD_FUNCS)}. format_reward "
-            "alone can be maximised by boxing any number, so the demo trains on accuracy only."
-        },
-    )
-    num_train_examples: int = field(default=2000, metadata={"help": "Synthetic task: training prompts."})
-    num_eval_examples: int = field(default=200, metadata={"help": "Synthetic task: held-out prompts for accuracy."})
-    evaluate_accuracy: bool = field(
-        default=True,
-        metadata={
-            "help": "Synthetic task: measure held-out greedy accuracy before and after training (results.json)."
-        },
-    )
-
-
-def _preparse(argv: Sequence[str]) -> tuple[DemoScriptArguments, ModelConfig]:
-    """The script and model arguments alone (from argv and its --config YAML), to choose the default layers before
-    the training config is built (building it validates device settings those layers may change). `--help` is left
-    for the full parser."""
-    parser = TrlParser((DemoScriptArguments, ModelConfig), add_help=False)
-    script_args, model_args, _ = parser.parse_args_and_config(list(argv), return_remaining_strings=True)
-    return script_args, model_args
 
 
 def uses_embedded_policy(model_name_or_path: str | None) -> bool:
@@ -143,49 +113,23 @@ def default_output_dir(method: str, model_name_or_path: str | None) -> str:
     return os.path.join("outputs", f"{method}-{os.path.basename(os.path.normpath(model_name_or_path))}")
 
 
-def build_parser(method: str, argv: Sequence[str] = ()) -> TrlParser:
-    """The method's full parser (script, method config and model arguments), its defaults layered as described in
-    the module docstring for what argv names."""
-    spec = get_method(method)
-    _, model_args = _preparse(argv)
-    embedded = uses_embedded_policy(model_args.model_name_or_path)
-    parser = TrlParser(
-        (DemoScriptArguments, spec.config_class, ModelConfig),
-        prog=f"trl-groupopt train --method {method}",
-        description=f"Train with {spec.trainer_class.__name__} ({spec.paper}). {spec.summary}".strip(),
-    )
-    parser.set_defaults(**spec.config_defaults)  # a mode's settings (GRPO-fix); the command line still wins
-    use_cpu = not (torch.cuda.is_available() or _has_other_accelerator())
-    parser.set_defaults(
-        **RUN_DEFAULTS,
-        output_dir=default_output_dir(method, model_args.model_name_or_path),
-        use_cpu=use_cpu,
-        # the method configs pick bf16 by device themselves; TRL's GRPOConfig (the base trainer) would train in bf16
-        # autocast on a CPU, several times slower than fp32
-        bf16=device_supports_bf16(use_cpu),
-    )
-    if embedded:
-        parser.set_defaults(**EMBEDDED_POLICY_DEFAULTS, model_name_or_path=offline.EMBEDDED_POLICY_PATH)
-        parser.set_defaults(**EMBEDDED_POLICY_METHOD_DEFAULTS.get(method, {}))
-    return parser
-
-
-def _has_other_accelerator() -> bool:
-    return bool(getattr(torch, "xpu", None) and torch.xpu.is_available()) or (
-        hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
-    )
-
-
 def parse(method: str, argv: Sequence[str] | None = None):
     """(script_args, training_args, model_args, demo) for `method` from argv (default: sys.argv[1:]).
 
     ``demo`` is True when the run trains the embedded policy on the synthetic task."""
+    get_method(method)  # an unknown name fails here, before TRL is imported
+    from .script import build_parser
+
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(method, argv)
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
     unknown = sorted(set(script_args.reward_funcs) - set(REWARD_FUNCS))
     if unknown:
         parser.error(f"--reward_funcs: unknown {unknown}; choose from {sorted(REWARD_FUNCS)}.")
+    if not hasattr(training_args, "max_all_none_reward_batches"):  # TRL's GRPOConfig (--method grpo): the CLI stops
+        from .checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES  # on no reward, as documented (TRL is loaded by now)
+
+        training_args.max_all_none_reward_batches = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
     demo = uses_embedded_policy(model_args.model_name_or_path) and script_args.dataset_name is None
     return script_args, training_args, model_args, demo
 
@@ -250,122 +194,87 @@ def load_datasets(script_args: DemoScriptArguments, demo: bool = True):
 
 
 # ---------------------------------------------------------------------------------------------------- training
-def set_cpu_threads(training_args, embedded: bool) -> None:
-    """One torch thread per process for the tiny policy (its matrices are too small to split: more threads only
-    add synchronisation, ~30x slower on 2 cores); for larger models the cores divided among local processes."""
-    if not training_args.use_cpu and torch.cuda.is_available():
-        return
-    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    threads = 1 if embedded else max(1, (os.cpu_count() or 1) // local_processes)
-    torch.set_num_threads(threads)
-
-
 def _quiet_known_warnings() -> None:
     # TRL 1.16 reads `model.is_gradient_checkpointing` (deprecated in transformers 5) at every generation; the
     # warning names nothing the user can change.
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
+def prepare_output_dir(output_dir: str, resume_from_checkpoint: str | None, overwrite: bool, main: bool = True):
+    """The checkpoint to resume from (None: a fresh run), after refusing a fresh run that would overwrite an earlier
+    run's checkpoints. ``"last"``: the newest complete checkpoint of `output_dir`. ``overwrite`` (a fresh run only)
+    deletes the earlier checkpoints first (on the main process)."""
+    if resume_from_checkpoint is not None and overwrite:
+        raise ValueError(
+            "--overwrite_output_dir starts a fresh run; it cannot be combined with --resume_from_checkpoint."
+        )
+    if resume_from_checkpoint is not None:
+        return resolve_resume(output_dir, resume_from_checkpoint)
+    earlier = checkpoints(output_dir)
+    if earlier and overwrite:
+        if main:
+            for folder in earlier:
+                shutil.rmtree(folder)
+    elif earlier:
+        names = ", ".join(p.name for p in earlier[:3]) + (", ..." if len(earlier) > 3 else "")
+        raise ValueError(
+            f"--output_dir {output_dir} already holds checkpoints of an earlier run ({names}); a fresh run would "
+            "overwrite them. Resume it with --resume_from_checkpoint last (or a checkpoint's path), or start anew "
+            "with another --output_dir or with --overwrite_output_dir (which deletes those checkpoints)."
+        )
+    return None
+
+
+def _is_main_process() -> bool:
+    """Rank 0 of a launched run (torchrun/accelerate set RANK), or a single process."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def train(method: str, argv: Sequence[str] | None = None) -> GroupOptTrainer:
-    """Parse argv, train `method`, save the model, card, state and results; returns the trainer."""
+    """Parse argv, train `method`, save the model, card, state and results; returns the trainer.
+
+    The run holds its output folder; a failed run leaves no empty output folder behind (`RunLock`; a half-written
+    one is kept for inspection)."""
     _quiet_known_warnings()
     script_args, training_args, model_args, demo = parse(method, argv)
-    output_dir = training_args.output_dir
-    existed = os.path.exists(output_dir)
-    try:
-        return _train(method, script_args, training_args, model_args, demo)
-    except BaseException:
-        # A failed run leaves no empty output folder behind (a half-written one is kept for inspection).
-        if not existed and os.path.isdir(output_dir) and not os.listdir(output_dir):
-            shutil.rmtree(output_dir, ignore_errors=True)
-        raise
-
-
-def _train(method, script_args, training_args, model_args, demo) -> GroupOptTrainer:
-    spec = get_method(method)
-    embedded = uses_embedded_policy(model_args.model_name_or_path)
-    set_cpu_threads(training_args, embedded)
-    start = time.perf_counter()
-
-    # As TRL's grpo.py: model kwargs from ModelConfig (trust_remote_code lives on the training config, default False).
-    model_init_kwargs = dict(
-        revision=model_args.model_revision,
-        trust_remote_code=training_args.trust_remote_code,
-        attn_implementation=model_args.attn_implementation,
-        dtype=model_args.dtype,
-    )
-    model_init_kwargs.update(training_args.model_init_kwargs or {})
-    training_args.model_init_kwargs = model_init_kwargs
-    train_dataset, eval_dataset = load_datasets(script_args, demo)
-    trainer = spec.trainer_class(
-        model=model_args.model_name_or_path,
-        reward_funcs=[REWARD_FUNCS[name] for name in script_args.reward_funcs],
-        args=training_args,
-        train_dataset=train_dataset,
-        peft_config=get_peft_config(model_args),
-    )
-    trainer.remove_callback(ProgressCallback)  # one of these two is installed, by disable_tqdm
-    trainer.remove_callback(PrinterCallback)
-    trainer.add_callback(ReadableProgressCallback(spec.headline_metric, show_bar=not training_args.disable_tqdm))
-    main = trainer.accelerator.is_main_process
-
-    def say(text: str) -> None:
-        if main:
-            print(f"[{method}] {text}", flush=True)
-
-    evaluate = demo and script_args.evaluate_accuracy and eval_dataset is not None
-    before = after = float("nan")
-    evaluate = evaluate and main  # one process measures; the others wait at training's first collective
-    if evaluate:
-        say(f"held-out greedy accuracy before training ({len(eval_dataset)} prompts)...")
-        before = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
-        say(f"  {before:.1%}")
-    say(
-        f"training {training_args.max_steps if training_args.max_steps > 0 else ''} steps -> {training_args.output_dir}"
-    )
-    trainer.train()
-    if evaluate:
-        after = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
-        say(f"held-out greedy accuracy ({len(eval_dataset)} prompts): {before:.1%} -> {after:.1%}")
-    # The card describes the synthetic task when no dataset was named (model_card.SYNTHETIC_DATASET_NAME).
-    dataset_name = script_args.dataset_name or SYNTHETIC_DATASET_NAME
-    trainer.save_model(training_args.output_dir)
-    if main:
-        trainer.create_model_card(dataset_name=dataset_name)  # after save_model: replaces PEFT's template card
-        trainer.save_state()
-        heldout = [(0, before), (trainer.state.global_step, after)] if evaluate else []
-        plot = plot_reward_accuracy(
-            trainer.state.log_history,
-            os.path.join(training_args.output_dir, "reward_accuracy.png"),
-            heldout=heldout,
-            title=f"{method}: {os.path.basename(os.path.normpath(model_args.model_name_or_path))}",
-        )
-        if plot is None:
-            say("matplotlib is not installed: no reward_accuracy.png (pip install matplotlib)")
-        write_results(
+    with RunLock(training_args.output_dir, enabled=_is_main_process()):
+        training_args.resume_from_checkpoint = prepare_output_dir(
             training_args.output_dir,
-            method=method,
-            accuracy_before=before,
-            accuracy_after=after,
-            steps=trainer.state.global_step,
-            wall_seconds=round(time.perf_counter() - start, 1),
-            num_processes=trainer.accelerator.num_processes,
+            training_args.resume_from_checkpoint,
+            script_args.overwrite_output_dir,
+            main=_is_main_process(),
         )
-        say(
-            f"saved the model, README.md (card), trainer_state.json, results.json and plots in {training_args.output_dir}"
-        )
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=dataset_name)
-    return trainer
+        from .script import run
+
+        return run(method, script_args, training_args, model_args, demo)
 
 
 # ---------------------------------------------------------------------------------------------------- console entry
 def _methods_table() -> str:
     width = max(len(name) for name in METHODS)
     return "\n".join(
-        f"  {name:<{width}}  {spec.trainer_class.__name__}: {spec.summary or spec.paper}"
-        for name, spec in METHODS.items()
+        f"  {name:<{width}}  {spec.trainer_name}: {spec.summary or spec.paper}" for name, spec in METHODS.items()
     )
+
+
+def _check_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """`--config PATH` names a YAML mapping: checked before TRL is imported (TRL's parser reads it later)."""
+    config_arg = argparse.ArgumentParser(add_help=False)
+    config_arg.add_argument("--config")
+    path = config_arg.parse_known_args(argv)[0].config
+    if path is None:
+        return
+    if not os.path.isfile(path):
+        parser.error(f"--config {path}: no such file.")
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = yaml.safe_load(handle)
+    except yaml.YAMLError as err:
+        parser.error(f"--config {path} is not valid YAML: {err}")
+    if not isinstance(content, dict):
+        parser.error(f"--config {path} must hold a mapping of option: value, got {type(content).__name__}.")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -407,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
                 sys.exit(0)
             train_parser.error(f"--method is required; one of {', '.join(METHODS)}")
+        _check_config_file(train_parser, rest)
         train(known.method, rest)
     else:
         parser.print_help()

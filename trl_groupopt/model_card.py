@@ -1,21 +1,30 @@
 """Hub model cards for trl-groupopt trainers, rendered on top of TRL's own card.
 
 TRL's card (`trl.trainer.utils.generate_model_card` with `trl/templates/lm_model_card.md`, fed with the trainer's
-`_name`, `_tag_names` and `_paper`) provides the standard parts: the front matter (`ModelCardData`), the tracking
-badges and the "trained with <method>, introduced in <paper>" line, the framework versions, and the citations (the
-method's BibTeX and TRL's). The package template `trl_groupopt/templates/model_card.md` lays them out and adds what a
-reader of an RL checkpoint needs to use and reproduce it:
+`_name`, `_tag_names` and `_paper`, which `GroupOptTrainer` derives from the method's spec: the paper's title, arXiv
+id and BibTeX are written once, in `trl_groupopt/methods/<method>.py`) provides the standard parts: the front matter
+(`ModelCardData`), the tracking badges and the "trained with <method>, introduced in <paper>" line, the framework
+versions, and the citations (the method's BibTeX and TRL's). The package template
+`trl_groupopt/templates/model_card.md` lays them out and adds what a reader of an RL checkpoint needs to use and
+reproduce it:
 
 - an introduction and a quick start with no blank holes: the base model is a Hub link only when it is a Hub id (the
   embedded policy `trl_groupopt/assets/tiny_policy` is named as such; a local path never reaches the card), the dataset
   is a Hub link only when it is a Hub id, the question is one of the model's task (see `quick_start_question`), and
   an adapter is loaded on top of its base model;
-- the method section: every field of the method's config that `GRPOConfig` does not have (its knobs), then the
+- the method section: the advantage estimator the objective trained on (`advantage_estimator`, TRL's `"grpo"` for a
+  config without it), every field of the method's config that `GRPOConfig` does not have (its knobs), then the
   GRPO/training settings that differ from what `GRPOConfig` would use by default;
-- a summary of the training reward curve from `trainer.state.log_history` (first, last and best logged `reward`, with
-  their steps, and the same for each reward function);
-- metadata: `library_name` `transformers` (`peft` for an adapter, as PEFT writes it), `pipeline_tag`, and tags
-  (TRL's, the method's, `peft`/the adapter type).
+- the results: the held-out accuracy before and after training when the run measured it
+  (`trainer.heldout_accuracy`), the training reward as the mean of the first and of the last 10% of the logged steps
+  (`trainer.state.log_history`; single logged points of a noisy curve would read as a trend), and the same for each
+  reward function, and whether the method's mechanism acted (`trainer.mechanism_report`, `trl_groupopt.mechanism`);
+- metadata: `library_name` `transformers` (`peft` for an adapter, as PEFT writes it), `pipeline_tag`, `license` when
+  it is known (the embedded policy's, or the caller's `license=`; TRL's card writes a stray `licence: license`, which is
+  dropped), and tags (TRL's, the method's, `peft`/the adapter type).
+
+The quick start loads the model from where it lives: the Hub repo id when the run pushes (`push_to_hub`, or a
+`hub_model_id` already set), else the absolute path of the folder the card is written in, so it runs from any folder.
 
 Secrets never reach the card: fields whose name ends in `token` (e.g. `hub_token`) and other secret-like names are
 skipped, string values are not read from the environment, and anything shaped like a Hugging Face token (`hf_...`) is
@@ -28,6 +37,7 @@ replaced by `<redacted>` in the rendered text.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
@@ -37,8 +47,8 @@ from importlib.metadata import PackageNotFoundError, version
 from importlib.resources import files
 from typing import Any
 
-__all__ = ["SYNTHETIC_DATASET_NAME", "TEMPLATE_PATH", "create_model_card", "method_knobs", "quick_start_question",
-           "render_model_card", "reward_summary"]  # fmt: skip
+__all__ = ["SYNTHETIC_DATASET_NAME", "TEMPLATE_PATH", "create_model_card", "heldout_summary", "method_knobs",
+           "quick_start_question", "render_model_card", "reward_summary"]  # fmt: skip
 
 #: The package's card template (package data, see pyproject's `package-data`).
 TEMPLATE_PATH = files("trl_groupopt") / "templates" / "model_card.md"
@@ -85,7 +95,7 @@ def _declared_defaults(config_cls) -> dict[str, Any]:
 
 
 def _format(value: Any) -> str:
-    if hasattr(value, "value") and not isinstance(value, (int, float, str)):  # enums (lr_scheduler_type, optim)
+    if isinstance(value, enum.Enum):  # lr_scheduler_type, optim (str enums: their value, not "SchedulerType.X")
         value = value.value
     if isinstance(value, float):
         return f"{value:.6g}"
@@ -134,24 +144,35 @@ def method_knobs(args) -> list[dict[str, str | None]]:
     return rows
 
 
+#: The share of the logged steps each end of the reward summary averages (at least one logged step).
+SUMMARY_FRACTION = 0.1
+
+
+def _steps(points: list[tuple[Any, float]]) -> str:
+    first, last = points[0][0], points[-1][0]
+    return f"step {first}" if first == last else f"steps {first}-{last}"
+
+
 def _curve(log_history: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    """The mean of `key` over the first and over the last `SUMMARY_FRACTION` of its logged steps, with their steps."""
     points = [(entry.get("step"), entry[key]) for entry in log_history
               if isinstance(entry.get(key), (int, float)) and not math.isnan(entry[key])]  # fmt: skip
     if not points:
         return None
-    best_step, best = max(points, key=lambda p: p[1])
+    count = max(1, math.ceil(SUMMARY_FRACTION * len(points)))
+    head, tail = points[:count], points[-count:]
     return {
         "name": key,
-        "first_step": points[0][0], "first": f"{points[0][1]:.4g}",
-        "last_step": points[-1][0], "last": f"{points[-1][1]:.4g}",
-        "best_step": best_step, "best": f"{best:.4g}",
-        "num_logged": len(points),
+        "first": f"{sum(v for _, v in head) / count:.4g}", "first_steps": _steps(head),
+        "last": f"{sum(v for _, v in tail) / count:.4g}", "last_steps": _steps(tail),
+        "num_logged": len(points), "num_averaged": count,
     }  # fmt: skip
 
 
 def reward_summary(log_history: list[dict[str, Any]], num_steps: int | None = None) -> dict[str, Any] | None:
-    """First/last/best logged `reward` (TRL's weighted sum of the reward functions, mean over completions) and the
-    same for each `rewards/<function>/mean`, with their steps; None when no reward was logged."""
+    """The logged `reward` (TRL's weighted sum of the reward functions, mean over completions) and each
+    `rewards/<function>/mean`: the mean over the first and over the last 10% of the logged steps (at least one), with
+    those steps; None when no reward was logged."""
     total = _curve(log_history, "reward")
     if total is None:
         return None
@@ -159,8 +180,22 @@ def reward_summary(log_history: list[dict[str, Any]], num_steps: int | None = No
                            if key.startswith("rewards/") and key.endswith("/mean")})  # fmt: skip
     rows = [total] + [row for row in (_curve(log_history, key) for key in per_function) if row is not None]
     steps = [entry["step"] for entry in log_history if "step" in entry]
-    return {"rows": rows, "num_logged": total["num_logged"],
+    return {"rows": rows, "num_logged": total["num_logged"], "num_averaged": total["num_averaged"],
             "num_steps": num_steps if num_steps is not None else (max(steps) if steps else 0)}  # fmt: skip
+
+
+def heldout_summary(heldout: dict[str, Any] | None) -> dict[str, str] | None:
+    """The card's held-out accuracy row from `trainer.heldout_accuracy` (`before`, `after`, `num_examples`); None
+    when it was not measured."""
+    if not heldout or heldout.get("after") is None:
+        return None
+    before = heldout.get("before")
+    return {
+        "before": "not measured" if before is None else f"{before:.1%}",
+        "after": f"{heldout['after']:.1%}",
+        "num_examples": str(heldout.get("num_examples", "?")),
+        "metric": heldout.get("metric", "greedy-decoding accuracy"),
+    }
 
 
 def _package_version(name: str) -> str:
@@ -197,6 +232,10 @@ def _is_hub_id(name: str | None) -> bool:
     except HFValidationError:
         return False
     return True
+
+
+#: The license of the embedded tiny policy: trl-groupopt's own (pyproject.toml), as a Hub license id.
+EMBEDDED_POLICY_LICENSE = "apache-2.0"
 
 
 def _is_embedded_policy(name: str | None) -> bool:
@@ -339,10 +378,37 @@ def _trl_card(trainer, model_name: str, hub_model_id: str, base_model: str | Non
     )
 
 
+def _estimator(args) -> dict[str, str]:
+    """The advantage estimator the objective trained on: its name and one-line summary."""
+    from .objectives.estimators import estimator_of
+
+    estimator = estimator_of(args)
+    return {"name": estimator.name, "summary": estimator.summary}
+
+
 def _default_model_name(trainer) -> str:
     """TRL's choice in `GRPOTrainer._save_checkpoint` and transformers' in `Trainer.push_to_hub`."""
     hub_model_id = trainer.args.hub_model_id
     return hub_model_id.split("/")[-1] if hub_model_id else os.path.basename(os.path.normpath(trainer.args.output_dir))
+
+
+def _model_location(trainer, output_dir: str | os.PathLike | None) -> str:
+    """Where the quick start loads the model from: the Hub repo id when the run pushes (or already has a repo), else
+    the absolute path of the card's folder (a relative path would work only from the folder the run started in)."""
+    repo_id = trainer.hub_model_id or trainer.args.hub_model_id
+    if repo_id and (trainer.args.push_to_hub or trainer.hub_model_id):
+        return repo_id
+    return os.path.abspath(os.fspath(output_dir if output_dir is not None else trainer.args.output_dir))
+
+
+def _license(trainer, model, license: str | None) -> str | None:
+    """The `license` metadata: the caller's, else the embedded policy's; None when unknown (a Hub base model's
+    license is its own, read on the Hub, not here)."""
+    from trl.trainer.utils import get_config_model_id
+
+    if license:
+        return license
+    return EMBEDDED_POLICY_LICENSE if _is_embedded_policy(get_config_model_id(model.config)) else None
 
 
 def render_model_card(
@@ -351,6 +417,8 @@ def render_model_card(
     dataset_name: str | None = None,
     tags: str | list[str] | None = None,
     question: str | None = None,
+    output_dir: str | os.PathLike | None = None,
+    license: str | None = None,
 ) -> str:
     """The model card (markdown with YAML front matter) of a trained trl-groupopt trainer.
 
@@ -360,6 +428,9 @@ def render_model_card(
             `SYNTHETIC_DATASET_NAME`, or any other name (mentioned without a link).
         tags: extra tags, added to TRL's and the method's.
         question: the quick start's prompt; default `quick_start_question(...)`.
+        output_dir: the folder the card describes (default `trainer.args.output_dir`): the quick start loads it by
+            absolute path unless the run pushes to the Hub.
+        license: the `license` metadata (a Hub license id); default the embedded policy's, else none.
     """
     from huggingface_hub import ModelCard
 
@@ -376,6 +447,8 @@ def render_model_card(
         logging.getLogger(__name__).warning("TRL's model card has no %s section; the card leaves it out.", missing)
     card_data = trl_card.data
     card_data.pipeline_tag = "text-generation"
+    card_data.__dict__.pop("licence", None)  # TRL's `licence="license"`: not a license, and a misspelt key
+    card_data.license = _license(trainer, model, license)
     if adapter is not None:
         card_data.library_name = "peft"  # what PEFT itself writes for an adapter repo
     default_question, max_new_tokens = quick_start_question(model, dataset_name)
@@ -384,7 +457,7 @@ def render_model_card(
         card_data,
         template_str=TEMPLATE_PATH.read_text(encoding="utf-8"),
         model_name=model_name,
-        hub_model_id=hub_model_id,
+        model_location=_model_location(trainer, output_dir),
         base_text=base["text"],
         base_ref=base["ref"],
         base_import=base["import"],
@@ -396,8 +469,11 @@ def render_model_card(
         question=json.dumps(question or default_question, ensure_ascii=False),  # a Python string literal
         max_new_tokens=max_new_tokens,
         config_class=type(trainer.args).__name__,
+        estimator=_estimator(trainer.args),
         knobs=method_knobs(trainer.args),
         rewards=reward_summary(trainer.state.log_history, trainer.state.global_step),
+        heldout=heldout_summary(getattr(trainer, "heldout_accuracy", None)),
+        mechanism=getattr(trainer, "mechanism_report", None),
         groupopt_version=_package_version("trl-groupopt"),
         peft_version=_package_version("peft") if adapter is not None else None,
         trl_training_procedure=trl.get("Training procedure", ""),
@@ -414,6 +490,7 @@ def create_model_card(
     tags: str | list[str] | None = None,
     question: str | None = None,
     output_dir: str | os.PathLike | None = None,
+    license: str | None = None,
 ) -> str | None:
     """Write the card to `<output_dir>/README.md` (default `trainer.args.output_dir`) on the main process; returns
     its path (None on other processes).
@@ -427,7 +504,8 @@ def create_model_card(
     output_dir = os.fspath(output_dir if output_dir is not None else trainer.args.output_dir)
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, "README.md")
-    text = render_model_card(trainer, model_name=model_name, dataset_name=dataset_name, tags=tags, question=question)
+    text = render_model_card(trainer, model_name=model_name, dataset_name=dataset_name, tags=tags, question=question,
+                             output_dir=output_dir, license=license)  # fmt: skip
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
     return path

@@ -1,5 +1,6 @@
-"""What a training run shows while it runs and leaves behind: readable log lines, a progress bar, ``results.json``
-and a reward/accuracy plot. Used by the example scripts (:mod:`trl_groupopt.cli`); usable with any trainer."""
+"""What a training run shows while it runs and leaves behind: readable log lines, a progress bar, the held-out
+accuracy measured while training, ``results.json`` and a plot of the run (reward and accuracy; the mechanism's
+metrics). Used by the example scripts (:mod:`trl_groupopt.cli`) and the notebook; usable with any trainer."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_callback import ProgressCallback, TrainerCallback
 
-__all__ = ["ReadableProgressCallback", "format_log_line", "plot_reward_accuracy", "write_results"]
+__all__ = ["HeldOutAccuracyCallback", "ReadableProgressCallback", "distinct_series", "format_log_line",
+           "plot_reward_accuracy", "write_results"]  # fmt: skip
 
 #: Training-log keys shown on each line, in this order (label, key); the method's headline metric is added.
 _LINE_KEYS = (
@@ -90,16 +92,112 @@ def write_results(output_dir: str, **results: Any) -> str:
     return path
 
 
+class HeldOutAccuracyCallback(TrainerCallback):
+    """Greedy accuracy on a small held-out set every ``every`` optimizer steps, while training runs.
+
+    Each measurement is kept in :attr:`points` (``[(step, accuracy), ...]``) and logged as ``heldout/accuracy`` with
+    the trainer's next log (through ``trainer.log_step_metric``, so W&B / trackio show it; a trainer without that
+    method only keeps the points). Measured on the main process (greedy decoding draws no random numbers, so the
+    training samples do not change); ``every <= 0`` measures nothing.
+    """
+
+    def __init__(self, trainer, dataset, every: int, *, max_new_tokens: int | None = None) -> None:
+        self.trainer, self.dataset, self.every = trainer, dataset, every
+        self.max_new_tokens = max_new_tokens or getattr(trainer.args, "max_completion_length", None) or 48
+        self.points: list[tuple[int, float]] = []
+
+    def _measure(self, state) -> float | None:
+        if self.every <= 0 or state.global_step % self.every or not state.is_world_process_zero:
+            return None
+        from .offline import greedy_accuracy
+
+        trainer = self.trainer
+        accuracy = greedy_accuracy(trainer.model, trainer.processing_class, self.dataset,
+                                   max_new_tokens=self.max_new_tokens)["accuracy"]  # fmt: skip
+        self.points.append((state.global_step, accuracy))
+        return accuracy
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._measure(state)  # the curve's start (step 0, or the step a resumed run starts from)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        accuracy = self._measure(state)
+        if accuracy is not None and hasattr(self.trainer, "log_step_metric"):
+            self.trainer.log_step_metric("heldout/accuracy", accuracy)
+
+
+#: The training series of the reward panel, in drawing order: (logged key, label, marker).
+TRAINING_SERIES = (
+    ("reward", "reward (train)", "o"),
+    ("rewards/accuracy_reward/mean", "accuracy (train, sampled)", "x"),
+)
+
+
+def _logged(log_history: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    return [(e["step"], e[key]) for e in log_history
+            if isinstance(e.get(key), (int, float)) and "step" in e and not math.isnan(e[key])]  # fmt: skip
+
+
+def _same_points(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:
+    return len(a) == len(b) and all(sa == sb and math.isclose(va, vb, rel_tol=1e-9, abs_tol=1e-12)
+                                    for (sa, va), (sb, vb) in zip(a, b))  # fmt: skip
+
+
+def distinct_series(log_history: Sequence[dict[str, Any]], series=TRAINING_SERIES) -> list[tuple[str, list, str]]:
+    """The ``series`` that were logged, each once: a series equal to an earlier one at every step (the training
+    reward and accuracy when accuracy is the only reward) is merged into it, the labels joined with " = "."""
+    drawn: list[tuple[str, list, str]] = []
+    for key, label, marker in series:
+        points = _logged(log_history, key)
+        if not points:
+            continue
+        same = next((i for i, (_, other, _) in enumerate(drawn) if _same_points(other, points)), None)
+        if same is None:
+            drawn.append((label, points, marker))
+        else:
+            drawn[same] = (f"{drawn[same][0]} = {label}", drawn[same][1], drawn[same][2])
+    return drawn
+
+
+def _draw_mechanism(ax, log_history: Sequence[dict[str, Any]], report) -> None:
+    """The mechanisms' logged metrics per logged step, and the share of each log's steps on which they acted."""
+    titles = []
+    for outcome in report.outcomes:
+        mechanism = outcome.mechanism
+        for key in mechanism.watched_keys:
+            points = _logged(log_history, key)
+            if points:
+                ax.plot(*zip(*points), marker=".", markersize=3, linewidth=1, label=key)
+        acted = _logged(log_history, mechanism.metric)
+        if acted:
+            ax.plot(*zip(*acted), linestyle="none", marker="x", markersize=5, color="black",
+                    label=f"{mechanism.metric} (share of the logged steps)")  # fmt: skip
+        titles.append(f"{mechanism.name}: acted on {outcome.acted} of {outcome.steps} optimizer steps")
+    ax.set_title("\n".join(titles), fontsize=9)
+    ax.set_xlabel("optimizer step")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
 def plot_reward_accuracy(
     log_history: Sequence[dict[str, Any]],
     path: str,
     *,
     heldout: Sequence[tuple[int, float]] = (),
+    heldout_curve: Sequence[tuple[int, float]] = (),
+    heldout_label: str = "accuracy (held-out, greedy)",
+    curve_label: str = "accuracy (held-out slice, greedy)",
+    mechanism_report=None,
     title: str = "",
 ) -> str | None:
-    """Plot the training reward and sampled accuracy per logged step (markers, so one point shows) and the held-out
-    greedy accuracy points ``heldout`` = [(step, accuracy), ...] to ``path`` (PNG). Returns the path, or None when
-    matplotlib is not installed."""
+    """Plot a run to ``path`` (PNG); returns the path, or None when matplotlib is not installed.
+
+    Top panel: the training reward and sampled accuracy per logged step, each distinct series once
+    (:func:`distinct_series`), the held-out accuracy measured while training ``heldout_curve`` = [(step, accuracy)]
+    (a line) and the full evaluations ``heldout`` (before and after: points, not joined, since nothing was measured in
+    between). Bottom panel, with a ``mechanism_report`` (`trl_groupopt.mechanism.MechanismReport`): the metrics its
+    mechanisms are decided by, per logged step, and the ``acted/<method>`` metric."""
     try:
         import matplotlib
 
@@ -107,19 +205,22 @@ def plot_reward_accuracy(
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
-    series = (("reward", "reward (train)", "o"), ("rewards/accuracy_reward/mean", "accuracy (train, sampled)", "x"))
-    for key, label, marker in series:
-        points = [(e["step"], e[key]) for e in log_history if key in e and "step" in e]
-        if points:
-            ax.plot(*zip(*points), marker=marker, markersize=4, label=label)
+    rows = 2 if mechanism_report is not None and mechanism_report.outcomes else 1
+    fig, axes = plt.subplots(rows, 1, figsize=(6.5, 3.6 * rows), dpi=100, squeeze=False)
+    ax = axes[0][0]
+    for label, points, marker in distinct_series(log_history):
+        ax.plot(*zip(*points), marker=marker, markersize=4, label=label)
+    if heldout_curve:
+        ax.plot(*zip(*heldout_curve), marker="s", markersize=4, color="black", label=curve_label)
     if heldout:
-        ax.plot(*zip(*heldout), marker="s", linestyle="--", color="black", label="accuracy (held-out, greedy)")
-    ax.set_xlabel("step")
+        ax.plot(*zip(*heldout), linestyle="none", marker="D", markersize=7, color="tab:red", label=heldout_label)
+    ax.set_xlabel("optimizer step")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
+    if rows == 2:
+        _draw_mechanism(axes[1][0], log_history, mechanism_report)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -8,7 +8,9 @@ and backprops. Checked to 1e-10 in float64:
   * the totals alone (no coupling_sum): the loss is right, but when R is not clipped the
     gradient misses the cross-process coupling terms (so it differs); when R is clipped there is
     no coupling and it is exact;
-  * "micro_batch" scope (no totals) differs from the union when the halves' mean log-ratios differ.
+  * "micro_batch" scope (no totals) differs from the union when the halves' mean log-ratios differ;
+  * with per-token loss weights (the trainer's vLLM IS weights and masks, zeros included) and the weighted coupling,
+    the ranks' gradients are the union's weighted gradient.
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ def make_batch(shift_first: float, shift_second: float):
     return logp, old, adv, mask
 
 
+def make_weights():
+    """(8, 6) per-token loss weights: IS-like values in [0, 3), a masked token per row, a masked row on each rank."""
+    g = torch.Generator().manual_seed(12)
+    weights = 3 * torch.rand(8, 6, generator=g, dtype=F64)
+    weights[torch.arange(8), torch.randint(0, 6, (8,), generator=g)] = 0.0
+    weights[[2, 7]] = 0.0
+    return weights
+
+
 SCENARIOS = {
     # union mean log-ratio ~ 0 (R not clipped) while each half alone is clipped (e^{+-0.3} vs 1 +- 0.15)
     "halves_differ": (0.3, -0.3),
@@ -70,8 +81,14 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             scope = dict(log_ratio_sum=totals[0], token_count=totals[1])
             coupling = echo_batch_ratio_coupling(logp, old, adv, mask, **EPS, **scope)
             dist.all_reduce(coupling)
+            weights = make_weights()[rows]
+            weighted = echo_batch_ratio_coupling(logp, old, adv, mask, importance_weights=weights, **EPS, **scope)
+            dist.all_reduce(weighted)
             results[name] = {
                 "exact": _backward(logp, old, adv, mask, totals[1], coupling_sum=coupling, **scope),
+                "weighted": _backward(
+                    logp, old, adv, mask, totals[1], coupling_sum=weighted, importance_weights=weights, **scope
+                ),
                 "totals_only": _backward(logp, old, adv, mask, totals[1], **scope),
                 "micro_batch": _backward(logp, old, adv, mask, totals[1]),
             }
@@ -101,6 +118,12 @@ def test_global_scope_two_processes_match_union(tmp_path):
         loss, grad = combined("exact")
         torch.testing.assert_close(loss, union_loss, rtol=0, atol=1e-10)
         torch.testing.assert_close(grad, union_grad, rtol=0, atol=1e-10)
+
+        weighted_loss, weighted_grad = _backward(logp, old, adv, mask, mask.sum(), importance_weights=make_weights())
+        loss, grad = combined("weighted")
+        torch.testing.assert_close(loss, weighted_loss, rtol=0, atol=1e-10)
+        torch.testing.assert_close(grad, weighted_grad, rtol=0, atol=1e-10)
+        assert (weighted_grad - union_grad).abs().max() > 1e-3  # the weights matter
 
         loss, grad = combined("totals_only")
         torch.testing.assert_close(loss, union_loss, rtol=0, atol=1e-10)

@@ -4,7 +4,9 @@ on 1 process and on 2 CPU processes (gloo), `workers/echo_step.py`.
 Both runs train the same 16 rows in one optimizer step, split differently into micro-batches (TRL shuffles the
 generation batch). "step" forms R and the Eq. 34 coupling over the whole step, so the gradients entering the optimizer
 agree (float32, TRL's fused LM head; `atol=1e-6, rtol=1e-5`) and the logged R is the step's; "micro_batch" depends on
-the split ("split" log-ratios: each micro-batch's R differs), so it is checked to differ.
+the split ("split" log-ratios: each micro-batch's R differs), so it is checked to differ. "step_weighted" adds TRL's
+off-policy mask and vLLM IS weights (`token_mask`): the gradient still does not depend on the split, and differs from
+the unweighted one.
 """
 
 from __future__ import annotations
@@ -40,6 +42,18 @@ def test_step_scope_gradient_does_not_depend_on_the_split(runs):
     for world in (1, 2):
         for rank_result in runs[world][0]:
             assert rank_result["cases"]["step"]["batch_ratio"] == pytest.approx([expected], abs=1e-5)
+
+
+def test_step_scope_with_loss_multipliers_does_not_depend_on_the_split(runs):
+    one, two = runs[1][1][0]["step_weighted"]["grads"], runs[2][1][0]["step_weighted"]["grads"]
+    assert max(g.abs().max().item() for g in one.values()) > 1e-2
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], atol=ATOL, rtol=RTOL, msg=name)
+    assert _max_diff(one, runs[1][1][0]["step"]["grads"]) > 1e-3  # the multipliers act on this batch
+    expected = runs[1][0][0]["cases"]["step"]["batch_ratio"]  # R does not depend on the multipliers
+    for world in (1, 2):
+        for rank_result in runs[world][0]:
+            assert rank_result["cases"]["step_weighted"]["batch_ratio"] == pytest.approx(expected, abs=1e-5)
 
 
 def test_micro_batch_scope_depends_on_the_split(runs):

@@ -11,7 +11,8 @@ and the order of float32 sums, measured at <= 6e-8 absolute on gradients of size
 `atol=1e-6, rtol=1e-5`.
 
 Invariant: base trainer with grpo / dr_grpo / dapo / luspo, ECHO `batch_ratio_scope="global"`, DFPO (min_replace,
-orth_proj, orth_proj_qp, none), GRPO-fix, CTPO, OTB. Not invariant, pinned with the exact reason:
+orth_proj, orth_proj_qp, none), GRPO-fix, CTPO, OTB, and ECHO (default "step" scope), CTPO and GRPO-fix on OTB's
+advantages (`advantage_estimator="otb"`). Not invariant, pinned with the exact reason:
   * `loss_type="bnpo"`: each process divides by ITS token count and DDP averages the processes, i.e.
     (S0/N0 + S1/N1)/2 instead of (S0+S1)/(N0+N1) (TRL's documented semantics: local normaliser).
   * ECHO `batch_ratio_scope="micro_batch"`: R is each process's own. With the halves' R clipped and the union's not,

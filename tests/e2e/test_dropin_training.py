@@ -135,7 +135,7 @@ def test_environment_owned_reward_trains_two_steps(tmp_path, name):
         if trainer_cls.requires_whole_groups or trainer.whole_groups:
             group_ids = inputs["group_ids"]  # whole groups: each group's rows adjacent, all of them present
             assert torch.equal(torch.bincount(group_ids)[group_ids.unique()], torch.full_like(group_ids.unique(), 4))
-        if trainer_cls.requires_raw_rewards:  # OTB: the environment's own rewards, raw (not centred, not scaled)
+        if trainer.estimator.needs_raw_rewards:  # OTB: the environment's own rewards, raw (not centred, not scaled)
             expected = [_expected_env_reward(tokenizer, ids) for ids in inputs["completion_ids"].tolist()]
             torch.testing.assert_close(inputs["rewards"], torch.tensor(expected))
 

@@ -57,7 +57,7 @@ def test_model_card_renders_method_knobs_rewards_and_citations(method, tokenizer
         assert f"| `steps_per_generation` | `{args.steps_per_generation}` | `1` |" in card
     (entry,) = [e for e in trainer.state.log_history if "reward" in e]
     reward = f"{entry['reward']:.4g}"
-    assert f"| `reward` | {reward} (1) | {reward} (1) | {reward} (1) |" in card
+    assert f"| `reward` | {reward} (step 1) | {reward} (step 1) |" in card
     assert "| `rewards/length_reward/mean` |" in card and "Optimizer steps: 1;" in card
     assert trainer_cls._paper["citation"].strip() in card
     assert "{" + _bibtex_key(trainer_cls._paper["citation"]) + "," in card

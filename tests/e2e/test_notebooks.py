@@ -47,12 +47,17 @@ def test_notebook_smoke_run(method, tmp_path, monkeypatch):
     )  # fmt: skip
     assert f"METHOD = '{method}', smoke mode: True" in outputs
     assert "accuracy before training:" in outputs and "before ->" in outputs
+    assert "held-out accuracy: " in outputs and " after training (8 prompts)" in outputs  # smoke mode: readable
+    assert "optimizer steps" in outputs and "Advantage estimator: " in outputs  # the mechanism report
     assert "method metrics logged: [" in outputs and f"'{method}/" in outputs  # the method's own metrics
     run_dir = tmp_path / f"smoke-{method}"
     assert (run_dir / "adapter_model.safetensors").is_file()  # LoRA adapter saved
     assert (run_dir / "reward_curve.png").stat().st_size > 1000
     card = (run_dir / "README.md").read_text(encoding="utf-8")
     assert "## Citations" in card and "### Training reward" in card and "| `reward` |" in card
+    assert (
+        "Held-out greedy-decoding accuracy (8 prompts): **" in card and "### Did the method's mechanism act?" in card
+    )
     images = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
               if "image/png" in o.get("data", {})]  # fmt: skip
     assert images, "the reward plot was not displayed"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from transformers.trainer_utils import SchedulerType
 from trl import GRPOConfig
 
 from tests.helpers import (
@@ -31,6 +32,7 @@ from trl_groupopt.model_card import (
     TEMPLATE_PATH,
     TRL_SECTIONS,
     _sections,
+    heldout_summary,
     method_knobs,
     render_model_card,
     reward_summary,
@@ -164,10 +166,23 @@ def test_model_card_redacts_token_shaped_values():
     assert rows["my_note"]["value"] == f"pushed with {REDACTED}"
     history = [{"reward": 0.5, "step": 1}, {"reward": float("nan"), "step": 2}, {"reward": 0.9, "step": 3},
                {"reward": 0.7, "step": 4}, {"loss": 1.0, "step": 4}]  # fmt: skip
-    (row,) = reward_summary(history)["rows"]
-    assert (row["first"], row["first_step"], row["last"], row["last_step"]) == ("0.5", 1, "0.7", 4)
-    assert (row["best"], row["best_step"], row["num_logged"]) == ("0.9", 3, 3)
+    (row,) = reward_summary(history)["rows"]  # 3 logged points: each 10% end is one point
+    assert (row["first"], row["first_steps"], row["last"], row["last_steps"]) == ("0.5", "step 1", "0.7", "step 4")
+    assert (row["num_logged"], row["num_averaged"]) == (3, 1)
     assert reward_summary([{"loss": 1.0, "step": 1}]) is None
+
+
+def test_reward_summary_averages_the_first_and_last_tenth():
+    """Means over the first and the last 10% of the logged steps (rounded up), not single noisy points."""
+    rewards = [0.0, 0.5] + [0.9] * 16 + [0.25, 0.75]  # 20 logged steps: 2 at each end
+    history = [{"reward": r, "rewards/accuracy_reward/mean": r, "step": 2 * (i + 1)} for i, r in enumerate(rewards)]
+    summary = reward_summary(history, num_steps=40)
+    total, accuracy = summary["rows"]
+    assert (total["first"], total["first_steps"], total["last"], total["last_steps"]) == (
+        "0.25", "steps 2-4", "0.5", "steps 38-40")  # fmt: skip
+    assert accuracy["name"] == "rewards/accuracy_reward/mean" and accuracy["first"] == "0.25"
+    assert (summary["num_logged"], summary["num_averaged"], summary["num_steps"]) == (20, 2, 40)
+    assert reward_summary(history + [{"reward": 1.0, "step": 42}])["num_averaged"] == 3  # 21 logged: 3 per end
 
 
 def test_knobs_list_only_what_differs_from_grpo_defaults(tmp_path):
@@ -180,3 +195,51 @@ def test_knobs_list_only_what_differs_from_grpo_defaults(tmp_path):
         row["name"]: row for row in method_knobs(GRPOConfig(**cpu_config_kwargs(tmp_path, steps_per_generation=4)))
     }
     assert rows["steps_per_generation"]["value"] == "4" and rows["steps_per_generation"]["default"] == "1"
+
+
+# ------------------------------------------------------------------------------------------------ issue 30
+def test_card_license_and_enum_values(untrained, monkeypatch):
+    """No `licence: license` (TRL's stray key); `license` only when known (the embedded policy's, or the caller's);
+    enum settings by value (`constant`, not `SchedulerType.CONSTANT`)."""
+    from trl_groupopt.offline import EMBEDDED_POLICY_PATH
+
+    monkeypatch.setattr(untrained.args, "lr_scheduler_type", SchedulerType("constant"))
+    card = render_model_card(untrained)
+    meta = _front_matter(card)
+    assert "licence" not in meta and "license" not in meta  # a model from a config: its license is unknown
+    assert "| `lr_scheduler_type` | `constant` | `linear` |" in card and "SchedulerType" not in card
+    assert _front_matter(render_model_card(untrained, license="mit"))["license"] == "mit"
+    monkeypatch.setattr(untrained.model.config, "_name_or_path", EMBEDDED_POLICY_PATH)
+    assert _front_matter(render_model_card(untrained))["license"] == "apache-2.0"  # the package's, pyproject.toml
+
+
+def _quick_start_model(card: str) -> str:
+    return re.search(r'pipeline\("text-generation", model="([^"]+)"', card).group(1)
+
+
+def test_quick_start_loads_from_any_folder(untrained, tmp_path, monkeypatch):
+    """Locally: the absolute path of the card's folder (a relative one works only where the run started); after a
+    push: the repo id."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(untrained.args, "output_dir", "outputs/echo-demo")
+    assert _quick_start_model(render_model_card(untrained)) == str(tmp_path / "outputs" / "echo-demo")
+    assert _quick_start_model(render_model_card(untrained, output_dir="elsewhere")) == str(tmp_path / "elsewhere")
+    monkeypatch.setattr(untrained.args, "hub_model_id", "me/echo-demo")
+    assert _quick_start_model(render_model_card(untrained)) == str(tmp_path / "outputs" / "echo-demo")  # no push
+    monkeypatch.setattr(untrained.args, "push_to_hub", True)
+    assert _quick_start_model(render_model_card(untrained)) == "me/echo-demo"
+    monkeypatch.setattr(untrained.args, "push_to_hub", False)
+    monkeypatch.setattr(untrained, "hub_model_id", "me/echo-demo")  # `push_to_hub()` created the repo
+    assert _quick_start_model(render_model_card(untrained)) == "me/echo-demo"
+
+
+def test_card_states_heldout_accuracy_and_the_mechanism_report(untrained, monkeypatch):
+    """The held-out accuracy when the run measured it, and what the method's mechanism did."""
+    card = render_model_card(untrained)
+    assert "Held-out" not in card  # not measured: no line
+    assert "### Did the method's mechanism act?" in card
+    assert "- ECHO's batch clip: not measured" in card and "- Advantage estimator: `grpo`." in card
+    monkeypatch.setattr(untrained, "heldout_accuracy", {"before": 0.18, "after": 0.315, "num_examples": 200})
+    card = render_model_card(untrained)
+    assert "Held-out greedy-decoding accuracy (200 prompts): **18.0% before training, 31.5% after**." in card
+    assert heldout_summary(None) is None and heldout_summary({"before": 0.1, "after": None}) is None

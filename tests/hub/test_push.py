@@ -74,6 +74,13 @@ def _config(config_cls, output_dir: Path, repo_id: str, **overrides):
     return config_cls(**kwargs)
 
 
+def character_reward(completions, **kwargs) -> list[float]:
+    """A reward that differs within a group although every completion is cut at `max_completion_length` (8 tokens
+    here): `length_reward` would give each group one reward, so no signal and, rightly, no update (issue 29)."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(map(ord, t)) % 97 / 97.0 for t in texts]
+
+
 class WaitForPush(TrainerCallback):
     """Wait for each checkpoint's background upload before training on. transformers uploads a checkpoint from the
     output folder while training continues, skips a save whose predecessor is still uploading, and may upload a file
@@ -96,9 +103,9 @@ class Runs:
             self.cache[key] = getattr(self, "_" + key.split(":")[0])(key)
         return self.cache[key]
 
-    def _trainer(self, config_cls, trainer_cls, args, **kwargs):
+    def _trainer(self, config_cls, trainer_cls, args, reward=length_reward, **kwargs):
         model, tokenizer = self.policy
-        return trainer_cls(copy.deepcopy(model), length_reward, args=args, train_dataset=tiny_dataset(32),
+        return trainer_cls(copy.deepcopy(model), reward, args=args, train_dataset=tiny_dataset(32),
                            processing_class=tokenizer, **kwargs)  # fmt: skip
 
     def _method(self, key: str) -> dict:
@@ -118,7 +125,7 @@ class Runs:
         args = _config(OTBConfig, self.root / "every-save", repo_id, save_strategy="steps", save_steps=1,
                        hub_strategy="every_save", hub_always_push=True)  # fmt: skip
         wait = WaitForPush()
-        trainer = self._trainer(OTBConfig, OTBTrainer, args, callbacks=[wait])
+        trainer = self._trainer(OTBConfig, OTBTrainer, args, reward=character_reward, callbacks=[wait])
         wait.trainer = trainer
         trainer.train()
         trainer._finish_current_push()  # the checkpoint pushes run in the background
@@ -194,8 +201,9 @@ def check_card(run: dict, card: str, knob_row: str | None) -> None:
     if knob_row:
         assert knob_row in card
     logged = [(entry["step"], entry["reward"]) for entry in trainer.state.log_history if "reward" in entry]
+    assert len(logged) <= 10  # each 10% end of the summary is one logged step
     (first_step, first), (last_step, last) = logged[0], logged[-1]
-    assert f"| `reward` | {first:.4g} ({first_step}) | {last:.4g} ({last_step}) |" in card
+    assert f"| `reward` | {first:.4g} (step {first_step}) | {last:.4g} (step {last_step}) |" in card
     assert f"Optimizer steps: {trainer.state.global_step};" in card
     assert trainer._paper["citation"].strip() in card and "@software{vonwerra2020trl," in card
     question = ARITHMETIC_QUESTION[0]

@@ -35,19 +35,26 @@ def ref_echo(
     totals=None,
     coupling_total=None,
     agg_count=None,
+    weights=None,
 ):
-    """dapo-aggregated loss sum(loss*mask)/agg_count and its gradient d/d logp (nested lists).
+    """dapo-aggregated loss sum(w*loss*mask)/agg_count and its gradient d/d logp (nested lists).
 
     totals = (global sum log_r, global count) simulates the "global" scope for a slice: only this
     slice's tokens carry gradient into log R. coupling_total replaces the slice's own coupling
-    sum_{j,k} d loss_jk / d log R by the all-process total (the exact global gradient).
+    sum_{j,k} d loss_jk / d log R by the all-process total (the exact global gradient). weights: (B, T) or (B, 1)
+    per-token loss weights w (constants; None: 1): every token's loss and its d / d log rho are scaled by w, so the
+    coupling is sum_{j,k} w_jk d loss_jk / d log R, and R is unchanged.
     """
     logp, old, mask = logp.tolist(), old.tolist(), mask.tolist()
     adv = adv.tolist()
     B, T = len(logp), len(logp[0])
+    weights = [[1.0]] * B if weights is None else weights.tolist()
 
     def a(i, t):
         return adv[i] if not isinstance(adv[i], list) else adv[i][t]
+
+    def w(i, t):
+        return weights[i][t if len(weights[i]) > 1 else 0]
 
     log_r = [[(logp[i][t] - old[i][t]) if mask[i][t] > 0 else 0.0 for t in range(T)] for i in range(B)]
     n_local = sum(1 for i in range(B) for t in range(T) if mask[i][t] > 0)
@@ -74,8 +81,8 @@ def ref_echo(
                     loss, grad = -clipped * A, 0.0
             else:
                 loss, grad = -rho * A, -rho * A
-            total += loss
-            d[i][t] = grad
+            total += w(i, t) * loss
+            d[i][t] = w(i, t) * grad
     coupling = sum(map(sum, d)) if coupling_total is None else coupling_total
     coupling = coupling if batch_free else 0.0
     agg = agg_count if agg_count is not None else max(n, 1)
@@ -166,6 +173,73 @@ def test_global_scope_equals_micro_batch_on_whole_batch():
     b = run_echo(logp, old, adv, mask, **EPS, log_ratio_sum=log_r.sum(), token_count=mask.sum())
     torch.testing.assert_close(a[0].per_token_loss, b[0].per_token_loss, rtol=1e-13, atol=1e-13)
     torch.testing.assert_close(a[2], b[2], rtol=1e-13, atol=1e-13)
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-token loss weights (the trainer's vLLM IS weights, off-policy and entropy masks)
+# ----------------------------------------------------------------------------------------------
+WEIGHT_KINDS = ("token", "sequence", "token_mask", "sequence_mask")
+
+
+def loss_weights(kind, batch, length, seed=0):
+    """(B, T) or (B, 1) weights as the trainer passes them: positive IS-like weights or 0/1 masks; row 0 all 0 (a
+    masked-out sequence: it still forms R, so it still carries the coupling)."""
+    g = torch.Generator().manual_seed(seed)
+    size = (batch, length) if kind.startswith("token") else (batch, 1)
+    weights = torch.rand(size, generator=g, dtype=F64)
+    weights = (weights < 0.6).to(F64) if kind.endswith("mask") else 3 * weights
+    weights[0] = 0.0
+    return weights
+
+
+@pytest.mark.parametrize("name,shift,scale,overrides", CASES)
+@pytest.mark.parametrize("kind", WEIGHT_KINDS)
+def test_weighted_micro_batch_matches_loop_reference(name, shift, scale, overrides, kind):
+    logp, old, adv, mask = make_inputs(11, shift=shift, scale=scale)
+    weights = loss_weights(kind, *mask.shape)
+    kw = {**EPS, **overrides}
+    out, loss, grad = run_echo(logp, old, adv, mask, importance_weights=weights, **kw)
+    ref_loss, ref_grad, _, _ = ref_echo(logp, old, adv, mask, weights=weights, **kw)
+    assert loss.item() == pytest.approx(ref_loss, rel=1e-12, abs=1e-12)
+    torch.testing.assert_close(grad, torch.tensor(ref_grad, dtype=F64), rtol=1e-12, atol=1e-12)
+    # row 0 has weight 0: no loss of its own, but with R unclipped its tokens carry the coupling through log R
+    assert (out.per_token_loss[0] == 0).all()
+    assert bool((grad[0] != 0).any()) == (name == "unclipped")
+
+
+@pytest.mark.parametrize("name,shift,scale,overrides", CASES)
+@pytest.mark.parametrize("kind", WEIGHT_KINDS)
+def test_weighted_global_scope_slices_sum_to_the_union(name, shift, scale, overrides, kind):
+    """Two slices with the union's totals and the weighted coupling_sum give the union's weighted gradient; a
+    coupling that ignores the weights does not (when R is unclipped)."""
+    logp, old, adv, mask = make_inputs(12, B=8, shift=shift, scale=scale)
+    weights = loss_weights(kind, *mask.shape, seed=1)
+    kw = {**EPS, **overrides}
+    full_loss, full_grad, _, _ = ref_echo(logp, old, adv, mask, weights=weights, **kw)
+    count = mask.sum()
+    g_kw = dict(kw, log_ratio_sum=((logp - old) * mask).sum(), token_count=count)
+    parts = (slice(0, 3), slice(3, 8))
+
+    def union_from_slices(coupling_weights):
+        coupling = sum(
+            echo_batch_ratio_coupling(logp[s], old[s], adv[s], mask[s], importance_weights=coupling_weights[s], **g_kw)
+            for s in parts
+        )
+        runs = [
+            run_echo(logp[s], old[s], adv[s], mask[s], agg_count=count, coupling_sum=coupling,
+                     importance_weights=weights[s], **g_kw)
+            for s in parts
+        ]  # fmt: skip
+        return sum(run[1] for run in runs), torch.cat([run[2] for run in runs])
+
+    loss, grad = union_from_slices(weights)
+    assert loss.item() == pytest.approx(full_loss, rel=1e-12, abs=1e-12)
+    torch.testing.assert_close(grad, torch.tensor(full_grad, dtype=F64), rtol=0, atol=1e-12)
+    _, unweighted = union_from_slices(torch.ones_like(weights))
+    if name == "unclipped":
+        assert (unweighted - grad).abs().max() > 1e-6  # 1e6 times the tolerance above
+    else:  # R clipped: no coupling at all
+        torch.testing.assert_close(unweighted, grad, rtol=0, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -322,3 +396,5 @@ def test_input_validation():
         echo_loss(logp, old, adv, mask, **EPS, log_ratio_sum=torch.tensor(0.0))
     with pytest.raises(ValueError, match="coupling_sum"):
         echo_loss(logp, old, adv, mask, **EPS, coupling_sum=torch.tensor(0.0))
+    with pytest.raises(ValueError, match=r"importance_weights must be \(5, 7\) or \(5, 1\)"):
+        echo_loss(logp, old, adv, mask, **EPS, importance_weights=torch.ones(5))

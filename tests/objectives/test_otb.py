@@ -385,6 +385,21 @@ def _tool_use_batch(seed, holes=True):
     return outcome, token_rewards, mask, torch.tensor(ids), old_logp, sum_pi_sq, weights
 
 
+def _zero_equal_return_groups(ref, outcome, mask, ids):
+    """verl's advantages with our one deviation on these batches (docs/otb.md): a group whose members (rows with a
+    valid token) all have the same outcome c gets exactly 0, where verl leaves the residue c * 1e-8 / (sum W + 1e-8)
+    of its denominator's epsilon (checked here to be that small), or c itself on a unique longest member's zero tail."""
+    ref = torch.tensor(ref, dtype=torch.float64)
+    members = mask.sum(-1) > 0
+    for group in ids.unique():
+        rows = (ids == group) & members
+        if int(rows.sum()) > 1 and outcome[rows].unique().numel() == 1:
+            verl = ref[rows]
+            assert bool(((verl.abs() < 1e-7) | (verl == outcome[rows][0])).all()), verl
+            ref[rows] = 0.0
+    return ref
+
+
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("zero_tail", [True, False])
 @pytest.mark.parametrize("use_weights", [False, True])
@@ -399,7 +414,8 @@ def test_valid_positions_match_verl_tool_use_estimator(seed, zero_tail, use_weig
         token_rewards.tolist(), mask.tolist(), ids.tolist(), old_logp.tolist(), sum_pi_sq.tolist(),
         None if w is None else w.tolist(), zero_tail,
     )  # fmt: skip
-    torch.testing.assert_close(out, torch.tensor(ref, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    ref = _zero_equal_return_groups(ref, outcome, mask, ids)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     # not vacuous: with holes, absolute positions give other advantages
     absolute = otb_advantages(
         outcome, energy, mask, ids, handle_zero_tail=zero_tail, token_positions="absolute", importance_weights=w
@@ -420,7 +436,8 @@ def test_valid_equals_absolute_without_holes(seed, zero_tail):
         token_rewards.tolist(), mask.tolist(), ids.tolist(), old_logp.tolist(), sum_pi_sq.tolist(),
         weights.tolist(), zero_tail,
     )  # fmt: skip
-    torch.testing.assert_close(valid, torch.tensor(ref, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    ref = _zero_equal_return_groups(ref, outcome, mask, ids)
+    torch.testing.assert_close(valid, ref, rtol=1e-12, atol=1e-12)
 
 
 def test_valid_positions_hand_example():
@@ -610,3 +627,60 @@ def test_energy_memory_grows_with_chunk_not_with_rows():
     with TensorSizeRecorder() as rec_full:
         logit_gradient_energy(logits, ids, 0.7, chunk_size=rows)
     assert rec_full.largest[torch.float32] >= rows * vocab
+
+
+# --------------------------------------------------------------------------------------------------
+# Groups without a learning signal (docs/otb.md, deviation 7)
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("energy_scale", [1.0, 1e-3, 1e-7, 1e-12, 0.0])
+@pytest.mark.parametrize("reward", [0.5, 0.1, 1.0 / 3.0, -2.7])
+@pytest.mark.parametrize(("zero_tail", "positions"), [(False, "absolute"), (True, "valid"), (True, "absolute")])
+def test_equal_rewards_give_zero_loss_and_gradient(energy_scale, reward, zero_tail, positions):
+    """float64: groups of 2-7 members with one reward each (ragged, with holes, a unique longest member, importance
+    weights) get exactly zero advantages, so the trained surrogate has exactly zero loss and gradient, for energies
+    down to 0. verl's b_t = sum W G / (sum W + 1e-8) gives c * 1e-8 / (sum W + 1e-8) there, and c itself where the
+    summed energy is 0 (near-deterministic tokens)."""
+    from trl_groupopt.objectives.common import clipped_surrogate_loss
+
+    gen = torch.Generator().manual_seed(3)
+    sizes = [2, 3, 4, 5, 6, 7]
+    ids = torch.tensor([g for g, n in enumerate(sizes) for _ in range(n)])
+    B, T = len(ids), 10
+    lengths = torch.randint(1, T + 1, (B,), generator=gen)
+    lengths[0] = T  # group 0: a unique longest member (zero tail)
+    lengths[1] = 3
+    mask = (torch.arange(T) < lengths.unsqueeze(-1)).double() * (torch.rand(B, T, generator=gen) > 0.2).double()
+    mask[:, 0] = 1.0
+    rewards = torch.tensor([reward + g for g in ids.tolist()], dtype=torch.float64)  # one reward per group
+    energy = torch.rand(B, T, generator=gen, dtype=torch.float64) * 1.5 * energy_scale
+    weights = torch.rand(B, T, generator=gen, dtype=torch.float64) + 0.5
+    advantages = otb_advantages(rewards, energy, mask, ids, handle_zero_tail=zero_tail, token_positions=positions,
+                                importance_weights=weights)  # fmt: skip
+    assert bool((advantages == 0).all()), advantages.abs().max()
+
+    logps = (torch.randn(B, T, generator=gen, dtype=torch.float64) - 2.0).requires_grad_(True)
+    old = logps.detach() + 0.3 * torch.randn(B, T, generator=gen, dtype=torch.float64)
+    out = clipped_surrogate_loss(logps, old, advantages, mask, epsilon_low=0.2, epsilon_high=0.2)
+    loss = (out.per_token_loss * mask).sum()
+    loss.backward()
+    assert loss.item() == 0.0 and bool((logps.grad == 0).all())
+
+
+def test_zero_summed_energy_falls_back_to_the_plain_group_mean():
+    """Where the members active at t have (almost) no realized energy, b_t is the plain mean of their returns (the
+    equal-weights limit), not 0 (verl's sum W G / (sum W + 1e-8) -> 0, which hands out the raw rewards); where the
+    energy is larger, the energy weighting is unchanged."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 0, 0])
+    mask = torch.ones(4, 3, dtype=torch.float64)
+    energy = torch.zeros(4, 3, dtype=torch.float64)
+    energy[:, 2] = torch.tensor([1.0, 3.0, 3.0, 1.0])  # informative energy from the third token on
+    energy[0, 1] = 1e-9  # below MIN_SUMMED_ENERGY: still the equal-weights limit
+    out = otb_advantages(rewards, energy, mask, ids)
+    mean = rewards.mean()
+    torch.testing.assert_close(out[:, :2], (rewards - mean).unsqueeze(-1).expand(4, 2), rtol=0, atol=0)
+    cum = torch.tensor([1.0 + 1e-9, 3.0, 3.0, 1.0], dtype=torch.float64)  # W at the third token
+    weighted = (cum * rewards).sum() / (cum.sum() + 1e-8)
+    torch.testing.assert_close(out[:, 2], rewards - weighted, rtol=0, atol=1e-15)

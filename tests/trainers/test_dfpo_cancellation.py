@@ -237,3 +237,19 @@ def test_unclipped_rejected_where_it_cannot_hold():
                   orthogonal_over="unclipped")  # fmt: skip
     with pytest.raises(ValueError, match="epsilon_high must be a finite number > 0"):
         dfpo_loss(logp, old, adv, mask, gids, transform="none", epsilon_low=0.2, epsilon_high=float("inf"))
+
+
+@pytest.mark.parametrize("clip", [False, True])
+@pytest.mark.parametrize("loss_type", [DEFAULT_LOSS_TYPE, "grpo"])
+@pytest.mark.parametrize("transform", DFPO_TRANSFORMS)
+def test_gspo_residual_is_the_residual_transform_none_leaves(transform, loss_type, clip):
+    """`dfpo/cancellation_residual_gspo` (what the mechanism report compares DFPO's residual with) is exactly the
+    residual GSPO (`transform="none"`) leaves on the same batch; DFPO's own residual is below it."""
+    batch = clipped_toy(4, seed=21, clip=clip)
+    _, _, gspo_metrics = shared_grad(*batch, loss_type, transform="none")
+    _, _, metrics = shared_grad(*batch, loss_type, transform=transform)
+    gspo = gspo_metrics["dfpo/cancellation_residual"]
+    assert metrics["dfpo/cancellation_residual_gspo"] == gspo == gspo_metrics["dfpo/cancellation_residual_gspo"]
+    assert gspo > 1e-6
+    if loss_type == DEFAULT_LOSS_TYPE and not clip:  # the transforms cancel: DFPO's residual is ~0
+        assert metrics["dfpo/cancellation_residual"] < 1e-6

@@ -144,7 +144,10 @@ def test_vllm_importance_weights_applied_once(tiny, transform, shape):
 
 def test_all_equal_rewards_contribute_nothing_on_the_embedded_policy(tmp_path):
     """TRL's own advantage computation on a group whose rewards are all 0.1 (float32 noise of ~1e-4): every DFPO
-    transform gives zero loss and zero gradient; 'none' (GSPO) pushes the group."""
+    transform gives zero loss and zero gradient; 'none' (GSPO) pushes the group. The trainer's batch itself carries
+    exact zeros for such a group (`batching.equal_reward_rows`), so the noise is put back here as TRL computes it."""
+    from trl.trainer.utils import nanstd
+
     model, tokenizer = load_embedded_policy()
     args = DFPOConfig(**cpu_config_kwargs(tmp_path, per_device_train_batch_size=8, num_generations=8))
     trainer = DFPOTrainer(model, lambda completions, **kw: [0.1] * len(completions), args=args,
@@ -152,6 +155,10 @@ def test_all_equal_rewards_contribute_nothing_on_the_embedded_policy(tmp_path):
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     inputs = trainer._generate_and_score_completions([tiny_dataset(8)[0]] * 8)
+    assert bool((inputs["advantages"] == 0).all())  # the trainer's rule: an equal-reward group has no signal
+    rewards = torch.full((1, 8), 0.1)  # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0)
+    noise = (rewards - torch.nanmean(rewards, dim=1, keepdim=True)) / (nanstd(rewards, dim=1).unsqueeze(1) + 1e-4)
+    inputs["advantages"] = noise.view(-1)
     assert bool((inputs["advantages"] != 0).all()) and inputs["advantages"].abs().max() < 1e-3  # the noise
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():

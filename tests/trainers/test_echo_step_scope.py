@@ -6,7 +6,9 @@ off-policy log-ratios `old = logp_initial - log_ratio`. In float64: TRL's fused 
 the trainer's forward is replaced by a plain float64 log-softmax of the (float64) model's logits. Reference: `echo_loss` over the union of the two
 micro-batches (R over every token of the step), aggregated as dapo does (`sum(loss * mask) / num_items_in_batch`),
 differentiated once. "step" must give that gradient (accumulated over the micro-batches) to 1e-10 in every scenario;
-"micro_batch" must not (so the comparison can fail).
+"micro_batch" must not (so the comparison can fail). The same with TRL's per-token loss multipliers (vLLM IS weights in
+every mode, the entropy mask, the off-policy mask, all three): the reference then weighs each token's loss by the
+multipliers TRL computes for its micro-batch at the step's parameters, with R still over every token of the step.
 """
 
 from __future__ import annotations
@@ -15,25 +17,15 @@ from types import MethodType
 
 import pytest
 import torch
+from trl import GRPOTrainer
 
 from tests.distributed import batches
-from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
+from tests.helpers import cpu_config_kwargs, float64_forward, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
 from trl_groupopt import ECHOConfig, ECHOTrainer
 from trl_groupopt.objectives.echo import echo_log_ratio_totals, echo_loss
 
 ATOL = 1e-10
 EPS = dict(epsilon=0.2, epsilon_high=0.28)  # batch_epsilon defaults to epsilon: R clipped outside [0.8, 1.2]
-
-
-def _forward(trainer, model, batch):
-    """(B, T) float64 log-probs of the completion tokens (stands in for TRL's float32 fused forward), no entropies."""
-    prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, P + T, V)
-    logits = logits[:, prompt_ids.size(1) - 1 : -1].double()  # (B, T, V) the logits that predict the completion
-    logps = logits.log_softmax(-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    return logps, torch.zeros_like(logps), None
 
 
 def _trainer(tmp_path, tokenizer, scope: str, **overrides):
@@ -59,7 +51,7 @@ def _trainer(tmp_path, tokenizer, scope: str, **overrides):
     )
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 2
-    trainer._forward_logps_and_entropies = MethodType(_forward, trainer)
+    trainer._forward_logps_and_entropies = MethodType(float64_forward, trainer)
     return trainer
 
 
@@ -107,10 +99,11 @@ def _accumulated_step(trainer, inputs, global_step: int = 0):
     return total, _grads(trainer.model), dict(trainer._metrics["train"])
 
 
-def _whole_step_reference(trainer, inputs):
-    """The objective formed over the whole step: R over all 16 rows, dapo aggregation, one backward."""
+def _whole_step_reference(trainer, inputs, weights=None):
+    """The objective formed over the whole step: R over all 16 rows, dapo aggregation, one backward; `weights`
+    (a function of the step's log-probs and entropies) gives the per-token loss multipliers."""
     trainer.model.zero_grad(set_to_none=True)
-    logps, _, _ = trainer._forward_logps_and_entropies(trainer.model, inputs)
+    logps, entropies = trainer._forward_logps_and_entropies(trainer.model, inputs)[:2]
     mask = inputs["completion_mask"].double()
     out = echo_loss(
         logps,
@@ -121,6 +114,7 @@ def _whole_step_reference(trainer, inputs):
         epsilon_high=0.28,
         batch_epsilon_low=0.2,
         batch_epsilon_high=0.2,
+        importance_weights=None if weights is None else weights(logps.detach(), entropies.detach()),
     )
     loss = (out.per_token_loss * mask).sum() / inputs["num_items_in_batch"]
     loss.backward()
@@ -213,3 +207,116 @@ def test_log_ratio_totals_mask_like_the_loss():
     mask = torch.tensor([[1, 0], [0, 0]])
     totals = echo_log_ratio_totals(logp, old, mask)
     torch.testing.assert_close(totals, torch.tensor([0.5, 1.0], dtype=torch.float64))
+
+
+# ---------------------------------------------------------------- with TRL's per-token loss multipliers
+VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+IS_CLIP_MAX = 3.0  # TRL's default vllm_importance_sampling_clip_max (clip_min: None)
+OFF_POLICY_THRESHOLD = 0.02  # masks some negative-advantage rows of both scenarios below, not all
+ENTROPY_QUANTILE = 0.5
+MULTIPLIERS = {  # name -> (config overrides, vLLM IS mode or None)
+    **{f"vllm_is_{mode}": ({}, mode) for mode in VLLM_IS_MODES},
+    "entropy_mask": ({"top_entropy_quantile": ENTROPY_QUANTILE}, None),
+    "off_policy_mask": ({"off_policy_mask_threshold": OFF_POLICY_THRESHOLD}, None),
+    "all_three": (
+        {"top_entropy_quantile": ENTROPY_QUANTILE, "off_policy_mask_threshold": OFF_POLICY_THRESHOLD},
+        "token_mask",
+    ),
+}
+
+
+def _vllm_is_ratio(old, sampling, mask, mode: str):
+    """TRL 1.16's `importance_sampling_ratio` (`GRPOTrainer._generate_and_score_completions`) for one mode."""
+    diff = (old - sampling) * mask  # (B, T)
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)  # (B, 1)
+    ratio = diff.exp()
+    if mode.endswith("truncate"):
+        return ratio.clamp(max=IS_CLIP_MAX)
+    return ratio.masked_fill(ratio > IS_CLIP_MAX, 0.0)
+
+
+@pytest.fixture(scope="module")
+def weighted(tmp_path_factory):
+    """{name: "step" trainer with that multiplier on}, same model and tokenizer as `setup`'s."""
+    tokenizer = tiny_tokenizer()
+    trainers = {}
+    for name, (overrides, mode) in MULTIPLIERS.items():
+        trainer = _trainer(tmp_path_factory.mktemp(name), tokenizer, "step", **overrides)
+        assert trainer.args.batch_ratio_scope == "step"
+        if mode is not None:  # as TRL sets them with use_vllm=True (no vLLM engine needed for `_compute_loss`)
+            trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+            trainer.vllm_importance_sampling_mode = mode
+        trainers[name] = trainer
+    return tokenizer, trainers
+
+
+def _weighted_inputs(trainer, tokenizer, scenario: str) -> dict:
+    """`_union_inputs` plus, with vLLM IS on, vLLM's sampling log-probs (0.6 off the behaviour policy per token) and
+    TRL's IS ratio from them (some ratios above the clip: truncated or masked, by mode)."""
+    inputs = _union_inputs(trainer, tokenizer, scenario)
+    if trainer.use_vllm:
+        gen = torch.Generator().manual_seed(5)
+        mask = inputs["completion_mask"].double()
+        noise = 0.6 * torch.randn(mask.shape, generator=gen, dtype=torch.float64)
+        sampling = inputs["old_per_token_logps"] + noise * mask
+        inputs["sampling_per_token_logps"] = sampling
+        mode = trainer.vllm_importance_sampling_mode
+        ratio = _vllm_is_ratio(inputs["old_per_token_logps"], sampling, mask, mode)
+        rows = ratio.expand(mask.shape)[mask.bool()]  # the valid tokens' ratios
+        assert bool((rows == (0.0 if mode.endswith("mask") else IS_CLIP_MAX)).any()) and bool((rows < 1).any())
+        inputs["importance_sampling_ratio"] = ratio
+    return inputs
+
+
+def _reference_weights(trainer, inputs):
+    """The multipliers TRL applies (`GRPOTrainer._compute_loss`), from TRL's own functions, per micro-batch."""
+    mask = inputs["completion_mask"]
+    halves = (slice(0, batches.HALF), slice(batches.HALF, batches.NUM_ROWS))
+
+    def weights(logps, entropies):
+        product = torch.ones(mask.shape, dtype=torch.float64)
+        if trainer.off_policy_mask_threshold is not None:  # per row: the union's mask is its halves' masks
+            product = product * GRPOTrainer.get_off_policy_mask(
+                inputs["advantages"].unsqueeze(1),
+                logps,
+                inputs.get("sampling_per_token_logps", inputs["old_per_token_logps"]),
+                mask,
+                trainer.off_policy_mask_threshold,
+            )
+        if trainer.top_entropy_quantile < 1:  # TRL's quantile is over one micro-batch (on all processes)
+            threshold = 1 - trainer.top_entropy_quantile
+            product = product * torch.cat(
+                [trainer.get_high_entropy_mask(entropies[h], mask[h], threshold) for h in halves]
+            )
+        if trainer.use_vllm:
+            product = product * inputs["importance_sampling_ratio"]
+        return product
+
+    return weights
+
+
+@pytest.mark.parametrize("scenario", ["unclipped", "mixed"])
+@pytest.mark.parametrize("name", list(MULTIPLIERS))
+def test_step_scope_is_exact_with_loss_multipliers(weighted, name, scenario):
+    """The accumulated gradient equals the whole-step objective's with TRL's multipliers on every token's loss, to
+    1e-10 in float64; the multipliers act (they change the gradient) and R stays the step's, unclipped here, so the
+    coupling of Eq. 34 spans both micro-batches and must count the multipliers."""
+    tokenizer, trainers = weighted
+    trainer = trainers[name]
+    inputs = _weighted_inputs(trainer, tokenizer, scenario)
+    weights = _reference_weights(trainer, inputs)
+    ref_loss, ref_grads, ref_metrics = _whole_step_reference(trainer, inputs, weights)
+    plain_loss, plain_grads, _ = _whole_step_reference(trainer, inputs)
+    loss, grads, metrics = _accumulated_step(trainer, inputs)
+
+    assert ref_metrics["echo/batch_clipped"].item() == 0.0
+    with torch.no_grad():
+        logps, entropies, _ = trainer._forward_logps_and_entropies(trainer.model, inputs)
+    applied = weights(logps, entropies).expand(inputs["completion_mask"].shape)[inputs["completion_mask"].bool()]
+    assert bool((applied == 0).any() or (applied != 1).any()) and bool((applied != 0).any())  # not all 1, not all 0
+    assert _max_diff(ref_grads, plain_grads) > 1e-4  # the multipliers matter on this batch
+    torch.testing.assert_close(loss, ref_loss, atol=ATOL, rtol=0)
+    assert _max_diff(grads, ref_grads) < ATOL
+    step_ratio = ref_metrics["echo/batch_ratio"].item()
+    assert metrics["echo/batch_ratio"] == pytest.approx([step_ratio, step_ratio], abs=1e-6)

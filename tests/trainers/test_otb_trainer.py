@@ -27,6 +27,7 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from trl_groupopt import OTBConfig, OTBTrainer
+from trl_groupopt.objectives.estimators import otb_zero_tail
 from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages
 
 TEMPERATURE = 0.7
@@ -169,8 +170,10 @@ def test_environment_rewards_and_tool_mask_reach_the_otb_advantages(tmp_path, to
     torch.testing.assert_close(energy[valid].double(), reference[valid], rtol=1e-5, atol=1e-5)
 
     # Defaults on a tool-use batch: valid positions and zero tail on (verl's tool-use estimator's defaults)
-    assert trainer.zero_tail_for(batch) is True
-    assert trainer.zero_tail_for({k: v for k, v in batch.items() if k != "tool_mask"}) is False
+    zero_tail = trainer.args.otb_handle_zero_tail
+    assert otb_zero_tail(zero_tail, trainer._estimator_inputs(batch, mask).tool_use) is True
+    single_turn = {k: v for k, v in batch.items() if k != "tool_mask"}
+    assert otb_zero_tail(zero_tail, trainer._estimator_inputs(single_turn, mask).tool_use) is False
 
     losses, advantages = {}, {}
     for zero_tail in (None, True, False):
@@ -375,12 +378,25 @@ def test_config_values_are_validated_at_construction(tmp_path, bad, match):
 
 
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
-def test_otb_rejects_trl_loss_types_itself(tmp_path, monkeypatch, loss_type):
-    """TRL's cispo/sapo/vespo compute their loss from TRL's group-mean advantages: OTB rejects them even where the
-    base trainer defers to TRL for them."""
+def test_otb_rejects_trl_loss_types_itself(tmp_path, loss_type):
+    """TRL's cispo/sapo/vespo compute their loss from TRL's group-mean advantages: every trainer whose estimator is
+    OTB's rejects them, through the base's one check. That includes the base trainer given an OTBConfig, which
+    hands these loss types to TRL's own loss otherwise, and the method trainers with `advantage_estimator="otb"`."""
+    from trl_groupopt import CTPOConfig, CTPOTrainer, DFPOConfig, DFPOTrainer, ECHOConfig, ECHOTrainer
     from trl_groupopt.trainers.base import GroupOptTrainer
 
-    monkeypatch.setattr(GroupOptTrainer, "validate_args", classmethod(lambda cls, args: None))
-    args = OTBConfig(**cpu_config_kwargs(tmp_path, loss_type=loss_type))
-    with pytest.raises(ValueError, match=rf"loss_type='{loss_type}' is not supported by OTBTrainer: .*drop OTB's"):
-        OTBTrainer.validate_args(args)
+    kwargs = cpu_config_kwargs(tmp_path, loss_type=loss_type)
+    cases = [
+        (OTBTrainer, OTBConfig(**kwargs)),
+        (GroupOptTrainer, OTBConfig(**kwargs)),
+        (ECHOTrainer, ECHOConfig(**kwargs, advantage_estimator="otb", batch_ratio_scope="micro_batch")),
+        (CTPOTrainer, CTPOConfig(**kwargs, advantage_estimator="otb")),
+        (DFPOTrainer, DFPOConfig(**kwargs, advantage_estimator="otb", dfpo_transform="symmetric_clip")),
+    ]
+    for trainer_cls, args in cases:
+        with pytest.raises(
+            ValueError,
+            match=rf"loss_type='{loss_type}' is not supported by {trainer_cls.__name__}: .*drop the advantages of "
+            r"advantage_estimator='otb'",
+        ):
+            trainer_cls.validate_args(args)

@@ -41,7 +41,8 @@ from trl_groupopt.objectives.common import (
     masked_mean,
 )
 from trl_groupopt.registry import unregister_method
-from trl_groupopt.trainers.base import GroupOptTrainer, TokenSafeConfigMixin
+from trl_groupopt.trainers.base import GroupOptTrainer
+from trl_groupopt.trainers.config import TokenSafeConfigMixin
 
 BUILT_IN = {"grpo", "echo", "dfpo", "grpo_fix", "ctpo", "otb"}
 

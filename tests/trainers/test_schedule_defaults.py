@@ -74,6 +74,31 @@ def test_echo_default_scope_is_step_and_falls_back_with_a_warning(tmp_path):
         assert _config(ECHOConfig, tmp_path, loss_type="grpo").batch_ratio_scope == "micro_batch"
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        *({"use_vllm": True, "vllm_importance_sampling_mode": mode}
+          for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")),
+        {"top_entropy_quantile": 0.2},
+        {"off_policy_mask_threshold": 0.5},
+        {"use_vllm": True, "top_entropy_quantile": 0.2, "off_policy_mask_threshold": 0.5},
+    ],
+    ids=lambda overrides: ",".join(f"{k}={v}" for k, v in overrides.items()),
+)  # fmt: skip
+def test_echo_keeps_the_step_scope_with_loss_multipliers(tmp_path, overrides):
+    """vLLM's IS correction (on by default with use_vllm), the entropy and off-policy masks: "step" stays the
+    default, without a warning (the scope is exact with them, tests/trainers/test_echo_step_scope.py)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        args = _config(ECHOConfig, tmp_path, **overrides)
+    assert args.batch_ratio_scope == "step"
+    assert not args.use_vllm or args.vllm_importance_sampling_correction  # TRL's default: the correction is on
+    # a loss type with per-sequence normalisers still falls back, naming it (and only it)
+    with pytest.warns(UserWarning, match=r"defaults to 'micro_batch', not the paper's 'step', because of "
+                      r"loss_type='grpo' \(use one of \('dapo', 'dr_grpo'\)\)\. Set"):  # fmt: skip
+        assert _config(ECHOConfig, tmp_path, loss_type="grpo", **overrides).batch_ratio_scope == "micro_batch"
+
+
 ON_POLICY_CASES = {
     "echo": (ECHOTrainer, ECHOConfig, {}, "ECHO's batch clip never acts"),
     "ctpo": (CTPOTrainer, CTPOConfig, {}, "CTPO is exactly token-level GRPO"),

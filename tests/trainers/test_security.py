@@ -5,15 +5,18 @@ Findings fixed here (in `TokenSafeConfigMixin`, trainers/base.py):
 
 * `training_args.bin` (transformers pickles the whole config into every checkpoint and into `output_dir` on
   `save_model`/`push_to_hub`, and uploads it with `push_to_hub`) held `hub_token` verbatim: the method configs now
-  drop `*_token` fields from their pickled state. The base trainer with TRL's plain `GRPOConfig` still pickles it
-  (upstream behaviour): use `HF_TOKEN` / `hf auth login` rather than `hub_token` there.
+  drop `*_token` fields from what the trainer pickles to disk or uploads (`tokens_withheld`), while `copy.deepcopy`
+  and in-memory pickles keep it (issue 29: dropping it there broke copies). The base trainer with TRL's plain
+  `GRPOConfig` still pickles it (upstream behaviour): use `HF_TOKEN` / `hf auth login` rather than `hub_token` there.
 * `repr()` of the method configs showed `hub_token` (`@dataclass` regenerates `__repr__`): it is now the redacting
   `str()` of `TrainingArguments`.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 from pathlib import Path
 
 import pytest
@@ -89,3 +92,19 @@ def test_config_str_redacts_the_token(config_cls, tmp_path):
 def test_config_repr_redacts_the_token(config_cls, tmp_path):
     args = config_cls(**cpu_config_kwargs(tmp_path, hub_token=CONFIG_TOKEN))
     assert not _leaks(repr(args))
+
+
+@pytest.mark.parametrize("config_cls", METHOD_CONFIGS, ids=lambda c: c.__name__)
+def test_copies_and_in_memory_pickles_keep_the_token(config_cls, tmp_path):
+    """`copy.deepcopy`, `copy.copy` and a pickle round trip in memory keep `hub_token` (as TRL's GRPOConfig does);
+    only what the trainer writes to disk or uploads (pickled under `tokens_withheld`) drops it."""
+    from trl_groupopt.trainers.config import tokens_withheld
+
+    args = config_cls(**cpu_config_kwargs(tmp_path, hub_token=CONFIG_TOKEN))
+    assert copy.deepcopy(args).hub_token == CONFIG_TOKEN
+    assert copy.copy(args).hub_token == CONFIG_TOKEN
+    assert pickle.loads(pickle.dumps(args)).hub_token == CONFIG_TOKEN
+    with tokens_withheld():
+        on_disk = pickle.dumps(args)
+    assert not _leaks(on_disk) and pickle.loads(on_disk).hub_token is None
+    assert args.hub_token == CONFIG_TOKEN and pickle.loads(pickle.dumps(args)).hub_token == CONFIG_TOKEN  # reset

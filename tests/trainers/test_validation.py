@@ -28,7 +28,8 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from trl_groupopt import METHODS, get_method
-from trl_groupopt.trainers.base import GroupOptTrainer, check_loss_routed_through_compute_loss
+from trl_groupopt.trainers.base import GroupOptTrainer
+from trl_groupopt.trainers.compat import check_loss_routed_through_compute_loss
 
 #: Pinned declarations of the built-in methods: whether they couple the sequences of a group (then every micro-batch
 #: holds whole groups) and whether TRL's `delta` (two-sided clip of TRL's surrogate) means anything for them.
@@ -96,24 +97,7 @@ CONFIG_CASES = [
     ("echo_global_loss_bnpo", "echo", {"batch_ratio_scope": "global", "loss_type": "bnpo"}, r"loss_type='bnpo'"),
     ("echo_global_loss_luspo", "echo", {"batch_ratio_scope": "global", "loss_type": "luspo"}, r"loss_type='luspo'"),
     (
-        "echo_global_entropy_mask",
-        "echo",
-        {"batch_ratio_scope": "global", "top_entropy_quantile": 0.5},
-        r"incompatible: top_entropy_quantile < 1\. Use batch_ratio_scope='micro_batch'",
-    ),
-    (
-        "echo_global_off_policy_mask",
-        "echo",
-        {"batch_ratio_scope": "global", "off_policy_mask_threshold": 0.5},
-        r"incompatible: off_policy_mask_threshold\. Use",
-    ),
-    (
-        "echo_global_vllm_is",
-        "echo",
-        {"batch_ratio_scope": "global", "use_vllm": True},
-        r"incompatible: vllm_importance_sampling_correction=True\. Use",
-    ),
-    (
+        # the loss multipliers are exact in the wide scopes (issue 26): only the normaliser is named
         "echo_global_all_at_once",
         "echo",
         {
@@ -121,8 +105,9 @@ CONFIG_CASES = [
             "loss_type": "grpo",
             "top_entropy_quantile": 0.5,
             "off_policy_mask_threshold": 1.0,
+            "use_vllm": True,
         },
-        r"loss_type='grpo' .*, top_entropy_quantile < 1, off_policy_mask_threshold\. Use",
+        r"incompatible: loss_type='grpo' \(use one of \('dapo', 'dr_grpo'\)\)\. Use batch_ratio_scope='micro_batch'",
     ),
     # CTPO: log-space bounds, position power, token-level ratios
     ("ctpo_epsilon_zero", "ctpo", {"epsilon": 0.0}, r"epsilon must be > 0 for CTPO \(a log-space bound\)"),
@@ -197,6 +182,10 @@ def test_valid_neighbours_of_the_invalid_configs_construct(tmp_path):
     assert (echo.batch_epsilon, echo.batch_epsilon_high) == (0.99, 5.0)
     assert _config("echo", tmp_path, batch_ratio_scope="global", loss_type="dr_grpo").loss_type == "dr_grpo"
     _config("echo", tmp_path, batch_ratio_scope="global", use_vllm=True, vllm_importance_sampling_correction=False)
+    for scope in ("global", "step"):  # TRL's per-token loss multipliers are exact in the wide scopes
+        args = _config("echo", tmp_path, batch_ratio_scope=scope, use_vllm=True, top_entropy_quantile=0.5,
+                       off_policy_mask_threshold=0.5)  # fmt: skip
+        assert args.batch_ratio_scope == scope and args.vllm_importance_sampling_correction
     assert _config("ctpo", tmp_path, ctpo_position_power=0.0, epsilon_high=None).epsilon_high == 0.025
     assert _config("dfpo", tmp_path, importance_sampling_level="sequence").importance_sampling_level == "sequence"
     grpo_fix = _config("grpo_fix", tmp_path)

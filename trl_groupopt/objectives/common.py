@@ -7,8 +7,9 @@ divide by zero: an empty mask (a row, a batch, a group with no valid token) redu
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -77,11 +78,34 @@ def reduce_metrics(metrics: dict[str, Tensor], mask: Tensor) -> dict[str, Tensor
     return {name: clip_fraction(value, mask) if value.dim() == 2 else value for name, value in metrics.items()}
 
 
-def check_positive(*, finite: bool = False, **values: float) -> None:
-    """Raise unless every keyword value is > 0 (NaN rejected too); with `finite=True`, +inf is rejected as well."""
+def named(names: Mapping[str, str] | None, **values: Any) -> dict[str, Any]:
+    """`values` keyed by the caller's names for them: `names` maps an objective's argument to what the caller calls
+    it (a config field, e.g. ``{"epsilon_low": "epsilon"}``), so that a `validate_<method>` error names the setting
+    the user wrote. Arguments not in `names` keep their own name."""
+    names = names or {}
+    return {names.get(key, key): value for key, value in values.items()}
+
+
+def names_of(names: Mapping[str, str] | None, *arguments: str) -> tuple[str, ...]:
+    """What the caller calls each of `arguments` (see `named`)."""
+    return tuple((names or {}).get(argument, argument) for argument in arguments)
+
+
+def check_positive(*, finite: bool = False, reason: str = "", **values: float) -> None:
+    """Raise unless every keyword value is > 0 (NaN rejected too); with `finite=True`, +inf is rejected as well.
+
+    `reason` follows "> 0" in the message (e.g. " for CTPO (a log-space bound)")."""
     for name, value in values.items():
-        if not value > 0 or (finite and not math.isfinite(value)):
-            raise ValueError(f"{name} must be {'a finite number ' if finite else ''}> 0, got {value!r}")
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0{reason}, got {value!r}")
+        if finite and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number > 0{reason}, got {value!r}")
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+    """Raise unless `value` is one of `choices`, naming them."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}.")
 
 
 def check_token_shapes(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> None:

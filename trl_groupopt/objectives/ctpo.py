@@ -23,6 +23,7 @@ the authors' code are in docs/ctpo.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -30,18 +31,99 @@ from torch import Tensor
 from .common import (
     ObjectiveOutput,
     as_token_advantages,
+    check_choice,
     check_positive,
     check_token_inputs,
     compute_dtype,
     masked_mean,
+    named,
+    names_of,
     nan_if_empty,
 )
+
+__all__ = ["DEFAULT_POSITION_POWER", "RATIO_MODES", "ctpo_loss", "validate_ctpo"]
 
 LOG_RATIO_CLAMP = 20.0  # per-token log-ratio clamp before the cumulative sum (authors' code)
 MAX_LOG_RHO = 10.0  # cap on the cumulative log ratio (authors' code)
 _MAX_DUAL_LOG = 20.0  # > MAX_LOG_RHO: never changes a value, avoids exp overflow (docs/ctpo.md)
 RATIO_MODES = ("cumprod", "geomean")  # the authors' cum-token-cumprod-la and cum-token-geomean-la
+# The authors' recommended position power per ratio mode (core_algos.py): the log prefix ratio's spread grows like
+# sqrt(t), its per-token mean's shrinks like 1/sqrt(t).
+DEFAULT_POSITION_POWER = {"cumprod": 0.5, "geomean": -0.5}
 POSITION_BUCKETS = ((0, 16, "t<=16"), (16, 256, "t<=256"), (256, None, "t>256"))  # (lo, hi] in t
+
+
+def validate_ctpo(
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    epsilon_c: float,
+    position_power: float,
+    ratio_mode: str,
+    names: Mapping[str, str] | None = None,
+) -> None:
+    """Raise, naming the fix, unless `ctpo_loss` can take these hyper-parameters (`CTPOConfig` checks its fields
+    with it; `names`: what the caller calls each argument, see `common.named`)."""
+    check_positive(
+        **named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high, epsilon_c=epsilon_c),
+        reason=" for CTPO (a log-space bound)",
+    )
+    mode_name, power_name = names_of(names, "ratio_mode", "position_power")
+    check_choice(mode_name, ratio_mode, RATIO_MODES)
+    if not math.isfinite(position_power):
+        raise ValueError(f"{power_name} must be finite, got {position_power}.")
+    if ratio_mode == "cumprod" and position_power < 0:
+        raise ValueError(
+            f"{power_name} must be >= 0 with {mode_name}='cumprod' (0.5 = the paper's sqrt(t): the prefix log-ratio's "
+            f"spread grows with t), got {position_power}. Negative powers (the authors' -0.5) go with "
+            f"{mode_name}='geomean'."
+        )
+
+
+def _prefix_log_ratio(
+    logp: Tensor, old: Tensor, valid: Tensor, ratio_mode: str, position_power: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(L_t, t, s_t), each (B, T) and without gradient: the prefix only enters the loss as a value."""
+    with torch.no_grad():
+        zeros = torch.zeros_like(logp)
+        step = (logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T) l_t, 0 off-mask
+        position = valid.to(logp.dtype).cumsum(-1)  # (B, T) t: counts valid tokens only
+        cum_log_ratio = step.cumsum(-1)  # (B, T) log of the prefix ratio
+        if ratio_mode == "geomean":
+            cum_log_ratio = cum_log_ratio / position.clamp(min=1.0)  # (B, T) log of its geometric mean
+        cum_log_ratio = torch.where(valid, cum_log_ratio, zeros)  # (B, T) L_t
+        scale = position.clamp(min=1.0) ** position_power  # (B, T) s_t
+    return cum_log_ratio, position, scale
+
+
+def _ctpo_metrics(
+    log_rho: Tensor, loss: Tensor, dual: Tensor, adv: Tensor, valid: Tensor, prefix: tuple[Tensor, Tensor, Tensor],
+    epsilon_low: float, epsilon_high: float,
+) -> dict[str, Tensor]:  # fmt: skip
+    """The clip indicators TRL logs, the dual-clip fraction and mean |L_t| per position bucket (see `ctpo_loss`)."""
+    cum_log_ratio, position, scale = prefix
+    dtype = log_rho.dtype
+    with torch.no_grad():
+        negative = adv < 0  # (B, T)
+        log_rho_d = log_rho.detach()  # (B, T)
+        is_low = (log_rho_d < -epsilon_low * scale) & negative & valid  # (B, T)
+        is_high = (log_rho_d > epsilon_high * scale) & (adv > 0) & valid  # (B, T)
+        is_dual = (loss.detach() > dual) & negative & valid  # (B, T)
+        metrics = {
+            # per-token indicators: the trainer reduces them over processes token-weighted, as TRL does
+            "clip_ratio/low": is_low.float(),  # (B, T)
+            "clip_ratio/high": is_high.float(),  # (B, T)
+            "clip_ratio/region": (is_low | is_high).float(),  # (B, T)
+            "ctpo/dual_clip": nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), valid.sum()),
+        }
+        abs_cum = cum_log_ratio.abs()  # (B, T)
+        for lo, hi, label in POSITION_BUCKETS:
+            in_bucket = valid & (position > lo)  # (B, T)
+            if hi is not None:
+                in_bucket = in_bucket & (position <= hi)
+            bucket = in_bucket.to(dtype)  # (B, T)
+            metrics[f"ctpo/abs_cum_log_ratio/{label}"] = nan_if_empty(masked_mean(abs_cum, bucket), bucket.sum())
+    return metrics
 
 
 def ctpo_loss(
@@ -66,7 +148,7 @@ def ctpo_loss(
         epsilon_low, epsilon_high: log-space clip bases, window ``[-eps_low s_t, eps_high s_t]``.
         epsilon_c: log-space dual-clip base, threshold ``exp(eps_c s_t)`` for A < 0.
         position_power: p in ``s_t = max(t, 1) ** p`` (0.5: sqrt(t); 0: constant window). Must be >= 0
-            for "cumprod"; any finite value for "geomean" (the authors recommend -0.5).
+            for "cumprod"; any finite value for "geomean" (the authors recommend -0.5, `DEFAULT_POSITION_POWER`).
         ratio_mode: "cumprod" (prefix ratio, ``L_t`` the cumulative log-ratio) or "geomean" (its
             geometric mean, ``L_t / t``).
 
@@ -77,14 +159,8 @@ def ctpo_loss(
         "ctpo/abs_cum_log_ratio/t<=16|t<=256|t>256": mean |L_t| over valid tokens with
         t in (0, 16], (16, 256], (256, inf) (disjoint buckets; NaN when a bucket is empty).
     """
-    check_positive(epsilon_low=epsilon_low, epsilon_high=epsilon_high, epsilon_c=epsilon_c)
-    if ratio_mode not in RATIO_MODES:
-        raise ValueError(f"ratio_mode must be one of {RATIO_MODES}, got {ratio_mode!r}")
-    if not math.isfinite(position_power) or (ratio_mode == "cumprod" and position_power < 0):
-        raise ValueError(
-            f"position_power must be finite, and >= 0 with ratio_mode='cumprod' (the prefix log-ratio's spread grows "
-            f"with t), got {position_power}; negative powers (e.g. -0.5) are for ratio_mode='geomean'"
-        )
+    validate_ctpo(epsilon_low=epsilon_low, epsilon_high=epsilon_high, epsilon_c=epsilon_c,
+                  position_power=position_power, ratio_mode=ratio_mode)  # fmt: skip
     check_token_inputs(per_token_logps, old_per_token_logps, advantages, mask)
 
     dtype = compute_dtype(per_token_logps)
@@ -94,43 +170,15 @@ def ctpo_loss(
     logp = torch.where(valid, per_token_logps.to(dtype), zeros)  # (B, T)
     old = torch.where(valid, old_per_token_logps.to(dtype).detach(), zeros)  # (B, T)
     adv = as_token_advantages(advantages.to(dtype).detach()).expand(valid.shape)  # (B, T)
-
-    with torch.no_grad():  # the prefix only enters as a value (stop-gradient)
-        step = (logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T) l_t, 0 off-mask
-        position = valid.to(dtype).cumsum(-1)  # (B, T) t: counts valid tokens only
-        cum_log_ratio = step.cumsum(-1)  # (B, T) log of the prefix ratio
-        if ratio_mode == "geomean":
-            cum_log_ratio = cum_log_ratio / position.clamp(min=1.0)  # (B, T) log of its geometric mean
-        cum_log_ratio = torch.where(valid, cum_log_ratio, zeros)  # (B, T) L_t
-        scale = position.clamp(min=1.0) ** position_power  # (B, T) s_t
+    prefix = _prefix_log_ratio(logp, old, valid, ratio_mode, position_power)
+    cum_log_ratio, _, scale = prefix
 
     # value exactly L_t (logp - sg(logp) == 0), gradient d/d logp_t only: the prefix stop-gradient
     log_rho = (cum_log_ratio + (logp - logp.detach())).clamp(max=MAX_LOG_RHO)  # (B, T)
     clipped = torch.clamp(log_rho, min=-epsilon_low * scale, max=epsilon_high * scale)  # (B, T)
     loss = torch.maximum(-adv * torch.exp(log_rho), -adv * torch.exp(clipped))  # (B, T) PPO clip
     dual = -adv * torch.exp((epsilon_c * scale).clamp(max=_MAX_DUAL_LOG))  # (B, T) dual-clip bound
-    negative = adv < 0  # (B, T)
-    final = torch.where(negative, torch.minimum(loss, dual), loss)  # (B, T)
+    final = torch.where(adv < 0, torch.minimum(loss, dual), loss)  # (B, T)
     final = torch.where(valid, final, zeros)  # (B, T)
-
-    with torch.no_grad():
-        n = valid.sum()
-        log_rho_d = log_rho.detach()  # (B, T)
-        is_low = (log_rho_d < -epsilon_low * scale) & negative & valid  # (B, T)
-        is_high = (log_rho_d > epsilon_high * scale) & (adv > 0) & valid  # (B, T)
-        is_dual = (loss.detach() > dual) & negative & valid  # (B, T)
-        metrics = {
-            # per-token indicators: the trainer reduces them over processes token-weighted, as TRL does
-            "clip_ratio/low": is_low.float(),  # (B, T)
-            "clip_ratio/high": is_high.float(),  # (B, T)
-            "clip_ratio/region": (is_low | is_high).float(),  # (B, T)
-            "ctpo/dual_clip": nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), n),
-        }
-        abs_cum = cum_log_ratio.abs()  # (B, T)
-        for lo, hi, label in POSITION_BUCKETS:
-            in_bucket = valid & (position > lo)  # (B, T)
-            if hi is not None:
-                in_bucket = in_bucket & (position <= hi)
-            bucket = in_bucket.to(dtype)  # (B, T)
-            metrics[f"ctpo/abs_cum_log_ratio/{label}"] = nan_if_empty(masked_mean(abs_cum, bucket), bucket.sum())
+    metrics = _ctpo_metrics(log_rho, loss, dual, adv, valid, prefix, epsilon_low, epsilon_high)
     return ObjectiveOutput(per_token_loss=final, metrics=metrics)

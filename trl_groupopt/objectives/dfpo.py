@@ -6,7 +6,7 @@ of a group::
 
     s_i     = exp( (1/|y_i|) sum_t log r_it )                      (44)  GSPO ratio, with gradient
     s_bar_i = min(s_i, clip(s_i)) if A_i >= 0 else max(...)        (46)-(47)  sign-aware post-clip
-    e_i     = s_bar_i * w_i                                        w_i: vLLM IS weight (1 without vLLM)
+    e_i     = s_bar_i * w_i                                        w_i: the trainer's loss weight (1: none)
     s_til   = T(sg(e), A) over the members M of each group         (50) min_replace, (52)-(55) orth_proj, (51) QP
     loss_i  = -A_i * sg(s_til_i / s_bar_i) * s_bar_i               phi-form, App. C/K
 
@@ -19,12 +19,16 @@ gradient. GRPO-fix (App. H, Eq. 79-80) is token-level ``-A clip(r, 0, 1 + eps_hi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from .common import (
     ObjectiveOutput,
     as_token_advantages,
+    check_choice,
     check_positive,
     check_token_shapes,
     compute_dtype,
@@ -35,6 +39,8 @@ from .common import (
     log_importance_weights,
     masked_mean,
     masked_sum,
+    named,
+    names_of,
     nan_if_empty,
 )
 
@@ -46,6 +52,7 @@ __all__ = [
     "group_dense_view",
     "group_transform",
     "symmetric_clip_loss",
+    "validate_dfpo",
 ]
 
 #: The in-group transforms of the post-clip weights (the one list of names; the trainer imports it).
@@ -56,6 +63,9 @@ ORTHOGONAL_OVER: tuple[str, ...] = ("all", "unclipped")
 _SUBSET_TRANSFORMS: tuple[str, ...] = ("orth_proj", "orth_proj_qp")
 #: Aggregations whose per-token weight is one batch constant (``"grpo"`` weights sequence i by 1 / |y_i|).
 _TOKEN_SUM_LOSS_TYPES: tuple[str, ...] = ("bnpo", "dr_grpo", "dapo", "luspo")
+#: The group metrics of `dfpo_loss` (NaN for an empty batch).
+_GROUP_METRICS = ("dfpo/asym_before", "dfpo/asym_after", "dfpo/shrink", "dfpo/cancellation_residual",
+                  "dfpo/cancellation_residual_gspo")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -63,19 +73,22 @@ _TOKEN_SUM_LOSS_TYPES: tuple[str, ...] = ("bnpo", "dr_grpo", "dapo", "luspo")
 # --------------------------------------------------------------------------------------------
 
 
-def check_orthogonal_over(
-    transform: str, orthogonal_over: str, *, names: tuple[str, str] = ("transform", "orthogonal_over")
-) -> None:
-    """Raise, naming the fix, unless ``orthogonal_over`` is valid for ``transform`` (``names``: how the caller
-    calls the two settings, for the message).
+def validate_dfpo(*, epsilon_low: float, epsilon_high: float, names: Mapping[str, str] | None = None) -> None:
+    """Raise unless GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` has finite widths > 0 (`DFPOConfig` checks its
+    fields with it; `names`: what the caller calls each argument, see `common.named`)."""
+    check_positive(**named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high), finite=True)
+
+
+def check_orthogonal_over(transform: str, orthogonal_over: str, *, names: Mapping[str, str] | None = None) -> None:
+    """Raise, naming the fix, unless ``orthogonal_over`` is valid for ``transform`` (``names``: what the caller
+    calls the two settings, see `common.named`).
 
     ``"unclipped"`` needs a transform that can make ``sum_i A_i s_til_i = 0`` over any subset of a group: the
     projections. ``min_replace`` gives ``min_j s_j * sum_{i in M} A_i``, zero only when the advantages of the
     unclipped members sum to zero, which a clipped member breaks; ``"none"`` has no constraint to restrict.
     """
-    transform_name, over_name = names
-    if orthogonal_over not in ORTHOGONAL_OVER:
-        raise ValueError(f"{over_name} must be one of {ORTHOGONAL_OVER}, got {orthogonal_over!r}.")
+    transform_name, over_name = names_of(names, "transform", "orthogonal_over")
+    check_choice(over_name, orthogonal_over, ORTHOGONAL_OVER)
     if orthogonal_over == "unclipped" and transform not in _SUBSET_TRANSFORMS:
         raise ValueError(
             f"{over_name}='unclipped' needs a transform that enforces sum_i A_i s_til_i = 0 over the unclipped "
@@ -282,8 +295,7 @@ def group_transform(
         formulas; for ``min_replace`` it is a deviation, see docs/dfpo.md). With TRL's group-centred advantages
         such a group is one whose rewards are all equal, whose advantages are float32 rounding noise.
     """
-    if method not in TRANSFORMS:
-        raise ValueError(f"unknown DFPO transform {method!r}; valid: {', '.join(TRANSFORMS)}")
+    check_choice("method", method, TRANSFORMS)
     if s_bar.dim() != 1:
         raise ValueError(f"s_bar must be (B,), got shape {tuple(s_bar.shape)}")
     if advantages.shape != s_bar.shape:
@@ -338,9 +350,10 @@ def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
 
 
 def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
-    """(B,) one vLLM importance weight per sequence, detached; ones without weights.
+    """(B,) one loss weight per sequence, detached; ones without weights.
 
-    TRL's weights are (B, 1) (``sequence_*`` modes) or (B, T) (``token_*`` modes). A (B, 1) loss times (B, T)
+    The weights are (B, 1) (vLLM IS ``sequence_*`` modes, the off-policy mask) or (B, T) (``token_*`` modes, the
+    entropy mask, or a product with one of them). A (B, 1) loss times (B, T)
     weights, aggregated by any ``loss_type``, weighs sequence ``i`` by the mean of its weights over its valid tokens,
     so that mean is the sequence's weight (0 for a row without valid tokens).
     """
@@ -382,14 +395,16 @@ def dfpo_loss(
         epsilon_low, epsilon_high: GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` (finite, > 0).
         orth_floor: the floor of Eq. 52 (``transform="orth_proj"``).
         orthogonal_over: ``"all"``: the transform and its constraint range over every member of a group with a
-            valid token and a non-zero IS weight (the paper's Eq. 50-55; a clipped member counts with its clip
+            valid token and a non-zero loss weight (the paper's Eq. 50-55; a clipped member counts with its clip
             bound although it carries no gradient). ``"unclipped"``: over those members that are not clipped, i.e.
             that carry gradient, so the shared-token gradient cancels under clipping too (``orth_proj`` and
             ``orth_proj_qp`` only, see `check_orthogonal_over`); clipped members keep GSPO's constant value.
-        importance_weights: TRL's vLLM importance-sampling weights, (B, 1) or (B, T), or None. They are applied here
-            (the caller must not multiply them again): the transform acts on the effective weights ``s_bar_i w_i``,
-            ``w_i`` the sequence's weight (`_sequence_is_weights`), so the cancellation includes them. For
-            ``"none"`` they multiply GSPO's loss token by token, exactly as TRL does.
+        importance_weights: the trainer's per-token loss weights, (B, 1) or (B, T), or None: TRL's vLLM
+            importance-sampling weights times its off-policy mask and high-entropy mask (0/1), as far as they are
+            on. They are applied here (the caller must not multiply them again): the transform acts on the effective
+            weights ``s_bar_i w_i``, ``w_i`` the sequence's weight (`_sequence_is_weights`), so the cancellation
+            includes them, and a member with ``w_i = 0`` (masked out) leaves its group. For ``"none"`` they multiply
+            GSPO's loss token by token, exactly as TRL does.
         loss_type: the trainer's aggregation, used only for ``dfpo/cancellation_residual``: ``"grpo"`` weighs the
             tokens of sequence ``i`` by ``1 / |y_i|``, the others (``"dapo"``, ``"luspo"``, ``"dr_grpo"``,
             ``"bnpo"``) by one batch constant.
@@ -405,80 +420,105 @@ def dfpo_loss(
         ``|sum_i A_i c_i| / sum_i |A_i| c_i`` over the members with a non-zero gradient, ``c_i`` the effective
         shared-token coefficient (``s_til_i``, times ``1 / |y_i|`` under ``"grpo"``), averaged over the groups with
         at least two such members; 0 means a token shared by the whole group gets no gradient (NaN: no group).
+        ``dfpo/cancellation_residual_gspo``: the same with GSPO's weights ``s_bar w_IS`` in place of ``s_til`` (the
+        residual ``transform="none"`` leaves on the same batch).
     """
-    if transform not in TRANSFORMS:
-        raise ValueError(f"unknown DFPO transform {transform!r}; valid: {', '.join(TRANSFORMS)}")
+    check_choice("transform", transform, TRANSFORMS)
     check_orthogonal_over(transform, orthogonal_over)
-    check_positive(epsilon_low=epsilon_low, epsilon_high=epsilon_high, finite=True)
-    if loss_type != "grpo" and loss_type not in _TOKEN_SUM_LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {('grpo', *_TOKEN_SUM_LOSS_TYPES)}, got {loss_type!r}")
+    validate_dfpo(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
+    check_choice("loss_type", loss_type, ("grpo", *_TOKEN_SUM_LOSS_TYPES))
     check_token_shapes(per_token_logps, old_per_token_logps, mask)
     batch, length = per_token_logps.shape
     _check_group_ids(group_ids, batch)
 
     dtype = compute_dtype(per_token_logps, old_per_token_logps)
     logp = per_token_logps.to(dtype)  # (B, T)
-    old_logp = old_per_token_logps.detach().to(dtype)  # (B, T)
     mask_f = mask.to(dtype)  # (B, T)
     adv = _sequence_advantages(advantages, batch, length).detach().to(dtype)  # (B,)
     group_ids = group_ids.to(logp.device)
+    log_ratio = logp - old_per_token_logps.detach().to(dtype)  # (B, T)
+    log_s = log_importance_weights(log_ratio, mask_f, "sequence").squeeze(-1)  # (B,) Eq. 44, in log space
+    is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)
+    seq = _post_clip(log_s, adv, is_weight, mask_f, (1.0 - epsilon_low, 1.0 + epsilon_high), orthogonal_over)
 
-    log_s = log_importance_weights(logp - old_logp, mask_f, "sequence").squeeze(-1)  # (B,) Eq. 44, in log space
-    s = torch.exp(log_s)  # (B,)
+    s_til = seq.effective if transform == "none" else _transformed(seq, adv, group_ids, transform, orth_floor)  # (B,)
+    coefficient = seq.s_bar if transform == "none" else s_til  # (B,) "none": TRL's GSPO, IS weights per token below
+    per_token_loss = (-adv * coefficient * torch.exp(seq.log_factor)).unsqueeze(-1)  # (B, 1) -A sg(s_til/s_bar) s_bar
+    if transform == "none" and importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
+        per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
+    metrics = _dfpo_metrics(seq, adv, s_til, group_ids, mask_f.sum(-1), loss_type)
+    return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
 
-    lower, upper = 1.0 - epsilon_low, 1.0 + epsilon_high
+
+class _SequenceWeights(NamedTuple):
+    """Per-sequence (B,) quantities of `dfpo_loss` before the in-group transform."""
+
+    s: Tensor  # GSPO ratio, detached
+    bounds: tuple[float, float]  # (1 - eps_low, 1 + eps_high)
+    s_bar: Tensor  # Eq. 47 post-clip values
+    clipped: Tensor  # bool: on a clip bound, no gradient
+    log_factor: Tensor  # value 0; gradient d log s where unclipped, 0 where clipped
+    effective: Tensor  # s_bar times the loss weight: the coefficient GSPO's gradient carries
+    present: Tensor  # bool: rows that can carry loss at all
+    members: Tensor  # bool: the rows the transform's constraint ranges over
+
+
+def _transformed(seq: _SequenceWeights, adv: Tensor, group_ids: Tensor, transform: str, orth_floor: float) -> Tensor:
+    """(B,) ``s_til``: the in-group transform over the members; clipped members under "unclipped" keep GSPO's
+    constant value, rows without loss get 0."""
+    transformed = group_transform(seq.effective, adv, group_ids, transform, orth_floor=orth_floor, members=seq.members)
+    return torch.where(seq.members, transformed, torch.where(seq.present, seq.effective, 0.0))
+
+
+def _post_clip(
+    log_s: Tensor, adv: Tensor, is_weight: Tensor, mask_f: Tensor, bounds: tuple[float, float], orthogonal_over: str
+) -> _SequenceWeights:
+    """Eq. 47's sign-aware post-clip of the GSPO ratios, and the members the transform ranges over."""
+    lower, upper = bounds
+    s_det = torch.exp(log_s).detach()  # (B,)
     # Eq. 47: A >= 0 takes min(s, c), which is the bound only above it; A < 0 takes max(s, c),
     # the bound only below it. Clipped sequences sit on a constant and get no gradient.
-    clipped_high = (adv >= 0) & (s > upper)  # (B,)
-    clipped_low = (adv < 0) & (s < lower)  # (B,)
+    clipped_high = (adv >= 0) & (s_det > upper)  # (B,)
+    clipped_low = (adv < 0) & (s_det < lower)  # (B,)
     clipped = clipped_high | clipped_low  # (B,)
-    s_det = s.detach()  # (B,)
-    s_bar = torch.where(
-        clipped_high,
-        torch.full_like(s_det, upper),
-        torch.where(clipped_low, torch.full_like(s_det, lower), s_det),
-    )  # (B,) Eq. 47, values only
+    s_bar = torch.where(clipped_high, upper, torch.where(clipped_low, lower, s_det))  # (B,) Eq. 47, values only
     # exp(log s - sg(log s)): value exactly 1, gradient d log s for unclipped sequences, 0 for clipped ones.
     log_factor = torch.where(clipped, torch.zeros_like(log_s), log_s - log_s.detach())  # (B,)
+    present = (mask_f.sum(-1) > 0) & (is_weight > 0)  # (B,)
+    members = present & ~clipped if orthogonal_over == "unclipped" else present  # (B,)
+    return _SequenceWeights(s_det, bounds, s_bar, clipped, log_factor, s_bar * is_weight, present, members)
 
-    is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)
-    effective = s_bar * is_weight  # (B,) the coefficient GSPO's gradient carries
-    present = (mask_f.sum(-1) > 0) & (is_weight > 0)  # (B,) rows that can carry loss at all
-    members = present & ~clipped if orthogonal_over == "unclipped" else present  # (B,) the constraint's set
 
-    if transform == "none":
-        s_til = effective  # (B,)
-        per_token_loss = (-adv * s_bar * torch.exp(log_factor)).unsqueeze(-1)  # (B, 1) TRL's -min(coef A, clip A)
-        if importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
-            per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
-    else:
-        transformed = group_transform(effective, adv, group_ids, transform, orth_floor=orth_floor, members=members)
-        # clipped members under "unclipped" keep GSPO's constant value; rows without loss get 0
-        s_til = torch.where(members, transformed, torch.where(present, effective, torch.zeros_like(effective)))
-        per_token_loss = (-adv * s_til * torch.exp(log_factor)).unsqueeze(-1)  # (B, 1) = -A sg(s_til/s_bar) s_bar
-
+def _dfpo_metrics(
+    seq: _SequenceWeights, adv: Tensor, s_til: Tensor, group_ids: Tensor, lengths: Tensor, loss_type: str
+) -> dict[str, Tensor]:
+    """`dfpo_loss`'s metrics (see its docstring)."""
+    lower, upper = seq.bounds
     with torch.no_grad():
+        is_low = ((seq.s < lower) & (adv < 0)).float().unsqueeze(-1)  # (B, 1) TRL's indicators
+        is_high = ((seq.s > upper) & (adv > 0)).float().unsqueeze(-1)  # (B, 1)
         metrics = {
-            "clip_ratio/low": ((s_det < lower) & (adv < 0)).float().unsqueeze(-1),  # (B, 1) TRL's indicators
-            "clip_ratio/high": ((s_det > upper) & (adv > 0)).float().unsqueeze(-1),
-            "clip_ratio/region": (((s_det < lower) & (adv < 0)) | ((s_det > upper) & (adv > 0))).float().unsqueeze(-1),
+            "clip_ratio/low": is_low,
+            "clip_ratio/high": is_high,
+            "clip_ratio/region": torch.maximum(is_low, is_high),
         }
-        if batch:
-            metrics["dfpo/asym_before"] = _mean_group_variance(effective * adv, group_ids).float()
-            metrics["dfpo/asym_after"] = _mean_group_variance(s_til * adv, group_ids).float()
-            informative = members & _both_signs(torch.where(members, adv, torch.zeros_like(adv)), group_ids)
-            shrink = s_til / effective.clamp_min(torch.finfo(dtype).tiny)  # (B,) Eq. 87
-            count = informative.sum()
-            metrics["dfpo/shrink"] = nan_if_empty(
-                torch.where(informative, shrink, 0.0).sum() / count.clamp(min=1), count
-            )
-            metrics["dfpo/cancellation_residual"] = _cancellation_residual(
-                adv, s_til, present & ~clipped, mask_f.sum(-1), group_ids, loss_type
-            )
-        else:
-            for name in ("dfpo/asym_before", "dfpo/asym_after", "dfpo/shrink", "dfpo/cancellation_residual"):
-                metrics[name] = torch.tensor(float("nan"))
-    return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
+        if not adv.numel():
+            return {**metrics, **dict.fromkeys(_GROUP_METRICS, torch.tensor(float("nan")))}
+        metrics["dfpo/asym_before"] = _mean_group_variance(seq.effective * adv, group_ids).float()
+        metrics["dfpo/asym_after"] = _mean_group_variance(s_til * adv, group_ids).float()
+        informative = seq.members & _both_signs(torch.where(seq.members, adv, torch.zeros_like(adv)), group_ids)
+        shrink = s_til / seq.effective.clamp_min(torch.finfo(s_til.dtype).tiny)  # (B,) Eq. 87
+        count = informative.sum()
+        metrics["dfpo/shrink"] = nan_if_empty(torch.where(informative, shrink, 0.0).sum() / count.clamp(min=1), count)
+        carries = seq.present & ~seq.clipped
+        metrics["dfpo/cancellation_residual"] = _cancellation_residual(
+            adv, s_til, carries, lengths, group_ids, loss_type
+        )
+        # the same for GSPO's untransformed weights on this batch: what the transform is measured against
+        metrics["dfpo/cancellation_residual_gspo"] = _cancellation_residual(
+            adv, seq.effective, carries, lengths, group_ids, loss_type
+        )
+    return metrics
 
 
 def _cancellation_residual(
@@ -487,7 +527,7 @@ def _cancellation_residual(
     """0-dim mean over groups of ``|sum_i A_i c_i| / sum_i |A_i| c_i`` (see `dfpo_loss`), in float64.
 
     ``c_i`` is the coefficient of ``grad log p`` at a token of sequence ``i`` up to a batch constant: ``s_til_i``
-    (IS weight included) and, for ``loss_type="grpo"``, ``1 / |y_i|`` (the sequence mean of Eq. 44 is not undone
+    (loss weight included) and, for ``loss_type="grpo"``, ``1 / |y_i|`` (the sequence mean of Eq. 44 is not undone
     by a token sum). Only members with ``A_i c_i != 0`` that are unclipped and present count.
     """
     adv, s_til = adv.double(), s_til.double()
@@ -522,8 +562,9 @@ def symmetric_clip_loss(
         advantages: (B,), (B, 1) or (B, T).
         mask: (B, T) completion mask.
         epsilon_high: upper clip ``1 + eps_high`` (finite, > 0). There is no lower clip (Eq. 79's 0 never binds).
-        importance_weights: TRL's vLLM IS weights, (B, 1) or (B, T), multiplied after the clip exactly as TRL does
-            (the caller must not multiply them again); None without vLLM.
+        importance_weights: the trainer's per-token loss weights (TRL's vLLM IS weights, off-policy and entropy
+            masks), (B, 1) or (B, T), multiplied after the clip exactly as TRL does (the caller must not multiply
+            them again); None when all are off.
 
     Returns:
         ObjectiveOutput with per_token_loss (B, T) (before masking). Metrics: ``clip_ratio/high`` = (B, T)

@@ -8,7 +8,9 @@ With ``log r_{i,t} = (log pi_theta - log pi_old)(o_{i,t}) * mask`` (Eq. 5) and `
     rho    = r * C                                         (Eq. 8-10, effective token ratio)
     loss   = -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)      (Eq. 11)
 
-``token_clip=False`` drops the token-level min/clip (``loss = -rho * A``). Unclipped, the gradient is
+``token_clip=False`` drops the token-level min/clip (``loss = -rho * A``). ``importance_weights`` ``w`` (the
+trainer's per-token multipliers: vLLM IS weights, off-policy and entropy masks; constants) give ``w * loss``, R
+unchanged. Unclipped and without weights, the gradient is
 Eq. 34, ``dJ / d logp_{i,t} = C (1/N) (A_{i,t} r_{i,t} + L) mask_{i,t}`` with ``L = (1/N) sum r A``:
 every token carries the coupling ``L`` through ``log R``.
 
@@ -16,7 +18,7 @@ Scopes of R. ``log_ratio_sum=None``: R over this micro-batch. Otherwise R's valu
 detached totals ``log_ratio_sum`` / ``token_count`` (over processes, or over every micro-batch of
 the optimizer step) while the local tokens keep their graph; ``coupling_sum`` (the summed
 :func:`echo_batch_ratio_coupling` of every part) supplies the other parts' share of ``L`` so the
-summed gradient equals the gradient of the objective formed over the union.
+summed gradient equals the gradient of the objective formed over the union, weights included.
 :func:`echo_log_ratio_totals` gives the totals with the same masking as the loss.
 
 The derivations, the Eq. 15 vs Eq. 34 discrepancy, the exactness conditions of the coupling and the
@@ -26,6 +28,7 @@ log-rho cap are in docs/echo.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -36,6 +39,7 @@ from .common import (
     check_positive,
     check_token_inputs,
     compute_dtype,
+    named,
     nan_if_empty,
 )
 
@@ -63,6 +67,16 @@ def echo_log_ratio_totals(per_token_logps: Tensor, old_per_token_logps: Tensor, 
     return torch.stack([log_r.sum(), mask.bool().sum().to(log_r.dtype)])
 
 
+def _token_weights(weights: Tensor | None, shape: torch.Size, dtype: torch.dtype) -> Tensor | None:
+    """The loss weights, detached in the compute dtype: (B, T) or (B, 1), checked against the (B, T) mask."""
+    if weights is None:
+        return None
+    batch, length = shape
+    if weights.dim() != 2 or weights.shape[0] != batch or weights.shape[1] not in (1, length):
+        raise ValueError(f"importance_weights must be ({batch}, {length}) or ({batch}, 1), got {tuple(weights.shape)}")
+    return weights.detach().to(dtype)
+
+
 def _batch_log_bounds(batch_epsilon_low: float, batch_epsilon_high: float) -> tuple[float, float]:
     """log(1 - eps_b_low), log(1 + eps_b_high); eps_b_low >= 1 means no lower bound (R > 0)."""
     low = math.log1p(-batch_epsilon_low) if batch_epsilon_low < 1 else -math.inf
@@ -74,13 +88,15 @@ def _surrogate(
     log_ratio: Tensor,
     advantages: Tensor,
     valid: Tensor,
+    weights: Tensor | None,
     *,
     epsilon_low: float,
     epsilon_high: float,
     batch_bounds: tuple[float, float],
     token_clip: bool,
 ) -> tuple[Tensor, Tensor]:
-    """Per-token ECHO loss (Eq. 7-11) given the token log-ratios and log R. Returns (loss, rho)."""
+    """Per-token ECHO loss (Eq. 7-11) given the token log-ratios and log R, times the loss weights (None: 1).
+    Returns (loss, rho)."""
     log_ratio_bar = log_ratio.clamp(min=batch_bounds[0], max=batch_bounds[1])  # () log R_bar, Eq. 7
     log_c = log_ratio_bar - log_ratio.detach()  # () log C = log R_bar - sg(log R), Eq. 8
     log_rho = (log_r + log_c).clamp(max=MAX_LOG_RHO)  # (B, T) overflow guard, see module doc
@@ -90,11 +106,13 @@ def _surrogate(
         loss = -torch.min(rho * advantages, clipped * advantages)  # (B, T) Eq. 11
     else:
         loss = -rho * advantages  # (B, T) batch clip only
+    if weights is not None:
+        loss = loss * weights  # (B, T) the trainer's per-token multipliers (constants)
     return torch.where(valid, loss, torch.zeros_like(loss)), rho  # (B, T), (B, T)
 
 
 class _Prepared:
-    """Upcast inputs, token log-ratios and log R (with the scope's stop-gradients)."""
+    """Upcast inputs, token log-ratios, loss weights and log R (with the scope's stop-gradients)."""
 
     def __init__(
         self,
@@ -104,6 +122,7 @@ class _Prepared:
         mask: Tensor,
         log_ratio_sum: Tensor | float | None,
         token_count: Tensor | float | None,
+        importance_weights: Tensor | None,
     ) -> None:
         check_token_inputs(per_token_logps, old_per_token_logps, advantages, mask)
         if (log_ratio_sum is None) != (token_count is None):
@@ -113,6 +132,7 @@ class _Prepared:
         self.log_r = masked_log_ratio(per_token_logps, old_per_token_logps, mask)  # (B, T) with gradient
         device = self.log_r.device
         self.advantages = as_token_advantages(advantages.to(dtype).detach())  # (B, 1) or (B, T)
+        self.weights = _token_weights(importance_weights, mask.shape, dtype)  # (B, T), (B, 1) or None
         self.num_valid = self.valid.sum()  # () local valid tokens
         local_sum = self.log_r.sum()  # () keeps the graph to the local tokens
         if log_ratio_sum is None:
@@ -127,11 +147,32 @@ class _Prepared:
         self.log_ratio = total / self.count.clamp(min=1.0)  # () log R, Eq. 6
 
 
+def validate_echo(
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    batch_epsilon_low: float,
+    batch_epsilon_high: float,
+    names: Mapping[str, str] | None = None,
+) -> None:
+    """Raise unless every clip width is > 0 (`ECHOConfig` checks its fields with it; `names`: what the caller calls
+    each argument, see `common.named`). ``batch_epsilon_low >= 1`` is allowed here: no lower batch bound."""
+    check_positive(
+        **named(
+            names,
+            epsilon_low=epsilon_low,
+            epsilon_high=epsilon_high,
+            batch_epsilon_low=batch_epsilon_low,
+            batch_epsilon_high=batch_epsilon_high,
+        )
+    )
+
+
 def _surrogate_kwargs(
     epsilon_low: float, epsilon_high: float, batch_epsilon_low: float, batch_epsilon_high: float, token_clip: bool
 ) -> dict:
     """Validated keyword arguments of `_surrogate` (shared by the loss and the coupling)."""
-    check_positive(
+    validate_echo(
         epsilon_low=epsilon_low,
         epsilon_high=epsilon_high,
         batch_epsilon_low=batch_epsilon_low,
@@ -149,7 +190,7 @@ def _local_coupling(prep: _Prepared, **surrogate_kwargs) -> Tensor:
     """sum over local valid tokens of d loss_{i,t} / d log R (detached, by autograd on a leaf log R)."""
     with torch.enable_grad():
         leaf = prep.log_ratio.detach().clone().requires_grad_(True)  # ()
-        loss, _ = _surrogate(prep.log_r.detach(), leaf, prep.advantages, prep.valid, **surrogate_kwargs)
+        loss, _ = _surrogate(prep.log_r.detach(), leaf, prep.advantages, prep.valid, prep.weights, **surrogate_kwargs)
         (grad,) = torch.autograd.grad(loss.sum(), leaf)
     return grad.detach()
 
@@ -167,15 +208,18 @@ def echo_batch_ratio_coupling(
     token_clip: bool = True,
     log_ratio_sum: Tensor | float | None = None,
     token_count: Tensor | float | None = None,
+    importance_weights: Tensor | None = None,
 ) -> Tensor:
-    """This process's coupling ``sum_{i,t} mask * d loss_{i,t} / d log R`` (0-dim, detached).
+    """This process's coupling ``sum_{i,t} mask * w_{i,t} * d loss_{i,t} / d log R`` (0-dim, detached).
 
     For an exact scope wider than one micro-batch: sum this over the parts that form R (processes,
     micro-batches of the optimizer step) and pass the total to :func:`echo_loss` as ``coupling_sum``,
-    with the same arguments. Zero when R is clipped.
+    with the same arguments (``w``: ``importance_weights``, 1 when None). Zero when R is clipped.
     """
     kwargs = _surrogate_kwargs(epsilon_low, epsilon_high, batch_epsilon_low, batch_epsilon_high, token_clip)
-    prep = _Prepared(per_token_logps, old_per_token_logps, advantages, mask, log_ratio_sum, token_count)
+    prep = _Prepared(
+        per_token_logps, old_per_token_logps, advantages, mask, log_ratio_sum, token_count, importance_weights
+    )
     return _local_coupling(prep, **kwargs)
 
 
@@ -193,6 +237,7 @@ def echo_loss(
     log_ratio_sum: Tensor | float | None = None,
     token_count: Tensor | float | None = None,
     coupling_sum: Tensor | float | None = None,
+    importance_weights: Tensor | None = None,
 ) -> ObjectiveOutput:
     """ECHO per-token loss (Eq. 6-11); equations in the module docstring, derivations in docs/echo.md.
 
@@ -209,6 +254,10 @@ def echo_loss(
             micro-batches of an optimizer step); None: R over this micro-batch.
         coupling_sum: :func:`echo_batch_ratio_coupling` summed over the same parts; makes the parts'
             summed gradient the gradient over the union (requires log_ratio_sum/token_count).
+        importance_weights: (B, T) or (B, 1) per-token loss weights, constants (detached): the trainer's
+            multipliers of the policy loss (vLLM importance-sampling weights, off-policy and entropy masks). The
+            loss is ``w * loss`` and the coupling counts them (pass the same weights to
+            :func:`echo_batch_ratio_coupling`); R stays Eq. 6 over every token of ``mask``. None: 1.
 
     Returns:
         ObjectiveOutput with per_token_loss (B, T) (0 where mask is 0) and metrics
@@ -216,10 +265,12 @@ def echo_loss(
         (token clip relative to rho; 0 when token_clip=False). NaN where undefined.
     """
     kwargs = _surrogate_kwargs(epsilon_low, epsilon_high, batch_epsilon_low, batch_epsilon_high, token_clip)
-    prep = _Prepared(per_token_logps, old_per_token_logps, advantages, mask, log_ratio_sum, token_count)
+    prep = _Prepared(
+        per_token_logps, old_per_token_logps, advantages, mask, log_ratio_sum, token_count, importance_weights
+    )
     if coupling_sum is not None and not prep.global_scope:
         raise ValueError("coupling_sum is only meaningful with log_ratio_sum and token_count (global scope)")
-    loss, rho = _surrogate(prep.log_r, prep.log_ratio, prep.advantages, prep.valid, **kwargs)  # (B, T)
+    loss, rho = _surrogate(prep.log_r, prep.log_ratio, prep.advantages, prep.valid, prep.weights, **kwargs)  # (B, T)
 
     if coupling_sum is not None and prep.log_ratio.requires_grad:
         # Supply the other parts' d loss / d log R through this part's log R graph; the term's

@@ -21,16 +21,33 @@ tool-use estimator); ``"absolute"`` uses the column index (verl's single-turn es
 ``handle_zero_tail`` zeroes the baseline of a group's unique longest member past the second-longest valid-token
 count, where it would otherwise be compared with itself. Members without a score (NaN reward) or without a valid
 token leave their group; a group of one member has baseline 0.
+
+Two rules keep a group without a learning signal from training (docs/otb.md, against verl): where the summed energy
+``sum_i mask_it W_it`` of a position is ~0 (near-deterministic prefixes), ``b_t`` is the plain mean of the active
+members' returns (the equal-weights limit) instead of collapsing to 0 through the 1e-8; and a group whose members all
+have the same return gets advantage exactly 0 (its optimal baseline is that return, whatever the weights).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor
 
-from .common import check_positive, compute_dtype, group_index, group_max, group_sum
+from .common import (
+    check_choice,
+    check_positive,
+    compute_dtype,
+    group_index,
+    group_max,
+    group_min,
+    group_sum,
+    named,
+    names_of,
+)
 
-__all__ = ["TOKEN_POSITIONS", "energy_from_log_probs", "logit_gradient_energy", "otb_advantages"]
+__all__ = ["TOKEN_POSITIONS", "energy_from_log_probs", "logit_gradient_energy", "otb_advantages", "validate_otb"]
 
 # Rows of logits upcast to float32 at a time: 256 x 152k vocabulary is ~155 MB per temporary.
 DEFAULT_ENERGY_CHUNK_SIZE = 256
@@ -38,6 +55,10 @@ DEFAULT_ENERGY_CHUNK_SIZE = 256
 _NEGATIVE_ENERGY_TOLERANCE = 1e-3
 #: What the position index t of the baseline b_t counts (module docstring).
 TOKEN_POSITIONS = ("valid", "absolute")
+#: Summed realized energy of a position's active members at or below which b_t is their plain mean (the equal-weights
+#: limit). float32 resolves each e = 1 - 2p + sum p^2 only to ~1e-7, so weights this small are rounding noise, and the
+#: 1e-8 in the denominator would shrink b_t toward 0 (by 1% at 1e-6, by half at 1e-8).
+MIN_SUMMED_ENERGY = 1e-6
 
 
 def _energy(log_p_y: Tensor, log_sum_sq: Tensor) -> Tensor:
@@ -122,6 +143,14 @@ def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> 
     return _energy(per_token_logps.detach().to(dtype), log_sum_sq_probs.detach().to(dtype))  # (B, T)
 
 
+def validate_otb(*, token_positions: str, epsilon: float = 1e-8, names: Mapping[str, str] | None = None) -> None:
+    """Raise unless `otb_advantages` can take these settings (`OTBConfig` checks its field with it; `names`: what the
+    caller calls each argument, see `common.named`)."""
+    (positions_name,) = names_of(names, "token_positions")
+    check_choice(positions_name, token_positions, TOKEN_POSITIONS)
+    check_positive(**named(names, epsilon=epsilon))
+
+
 def _valid_first_order(active: Tensor) -> Tensor:
     """(B, T) per-row permutation that puts each row's valid positions first, in their order (a stable sort).
 
@@ -163,6 +192,41 @@ def otb_advantages(
         (B, T) advantages, detached, float32 (float64 if any input is float64); 0 at masked positions and on rows
         with a NaN reward.
     """
+    _check_inputs(rewards, energy, mask, group_ids, importance_weights)
+    validate_otb(token_positions=token_positions, epsilon=epsilon)
+
+    dtype = compute_dtype(rewards, energy, importance_weights)
+    with torch.no_grad():
+        returns = rewards.detach().to(dtype)  # (B,)
+        scored = ~torch.isnan(returns)  # (B,)
+        returns = torch.where(scored, returns, torch.zeros_like(returns))  # (B,)
+        active = (mask != 0) & scored.unsqueeze(-1)  # (B, T)
+        # A member needs a score and a valid token: the others leave their group (verl's tool-use estimator drops
+        # rows without a valid token the same way)
+        member = active.any(-1)  # (B,)
+        e = _active_energy(energy, importance_weights, active, dtype)  # (B, T)
+
+        order = None
+        if token_positions == "valid":
+            # Compact each row's valid tokens to the left: column k is then its k-th valid token, and the rest of
+            # the computation below is the absolute-position estimator on right-padded rows.
+            order = _valid_first_order(active)  # (B, T)
+            e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
+
+        baseline = _token_baseline(e, active, returns, member, group_ids, epsilon)  # (B, T)
+        if handle_zero_tail:
+            baseline = _zero_tail(baseline, active, member, group_ids)  # (B, T)
+        trains = active & ~_constant_group(returns, member, group_ids).unsqueeze(-1)  # (B, T)
+        advantages = torch.where(trains, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
+        if order is not None:  # back to the columns of the input
+            advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
+    return advantages
+
+
+def _check_inputs(
+    rewards: Tensor, energy: Tensor, mask: Tensor, group_ids: Tensor, importance_weights: Tensor | None
+) -> None:
+    """Shapes and dtypes of `otb_advantages`' tensors."""
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be (B,), got shape {tuple(rewards.shape)}")
     batch = rewards.shape[0]
@@ -178,68 +242,66 @@ def otb_advantages(
         raise ValueError(
             f"importance_weights {tuple(importance_weights.shape)} and energy {tuple(energy.shape)} differ"
         )
-    if token_positions not in TOKEN_POSITIONS:
-        raise ValueError(f"token_positions must be one of {TOKEN_POSITIONS}, got {token_positions!r}")
-    check_positive(epsilon=epsilon)
     if torch.isinf(rewards).any():
         raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
 
-    dtype = compute_dtype(rewards, energy, importance_weights)
-    with torch.no_grad():
-        returns = rewards.detach().to(dtype)  # (B,)
-        scored = ~torch.isnan(returns)  # (B,)
-        returns = torch.where(scored, returns, torch.zeros_like(returns))  # (B,)
-        active = (mask != 0) & scored.unsqueeze(-1)  # (B, T)
-        # A member needs a score and a valid token: the others leave their group (verl's tool-use estimator drops
-        # rows without a valid token the same way)
-        member = active.any(-1)  # (B,)
 
-        e = energy.detach().to(dtype)  # (B, T)
-        if importance_weights is not None:
-            e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
-        # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
-        e = torch.where(active, e, torch.zeros_like(e))  # (B, T)
-        if not torch.isfinite(e).all():
-            raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
-        if (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
-            raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
-        e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
+def _active_energy(energy: Tensor, importance_weights: Tensor | None, active: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, T) ``w^2 e`` on the active tokens, 0 elsewhere; raises on non-finite or negative values there."""
+    e = energy.detach().to(dtype)  # (B, T)
+    if importance_weights is not None:
+        e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
+    # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
+    e = torch.where(active, e, torch.zeros_like(e))  # (B, T)
+    if not torch.isfinite(e).all():
+        raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
+    if (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
+        raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
+    return e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
 
-        order = None
-        if token_positions == "valid":
-            # Compact each row's valid tokens to the left: column k is then its k-th valid token, and the rest of
-            # the computation below is the absolute-position estimator on right-padded rows.
-            order = _valid_first_order(active)  # (B, T)
-            e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
 
-        cum_energy = e.cumsum(-1)  # (B, T) W_t, including t (e is 0 off the mask)
-        weight = torch.where(active, cum_energy, torch.zeros_like(cum_energy))  # (B, T) mask_t W_t
+def _token_baseline(
+    e: Tensor, active: Tensor, returns: Tensor, member: Tensor, group_ids: Tensor, epsilon: float
+) -> Tensor:
+    """(B, T) ``b_t`` of each row's group (Theorem 4.1) over its members active at ``t``; the plain mean of their
+    returns where their summed energy is at most `MIN_SUMMED_ENERGY`; 0 for a group of one."""
+    cum_energy = e.cumsum(-1)  # (B, T) W_t, including t (e is 0 off the mask)
+    weight = torch.where(active, cum_energy, torch.zeros_like(cum_energy))  # (B, T) mask_t W_t
+    # Per-group, per-position sums over the active members: (K, T), gathered back to rows
+    index, num_groups = group_index(group_ids)  # (B,), K
 
-        # Per-group, per-position sums over the active members: (K, T), gathered back to rows
-        index, num_groups = group_index(group_ids)  # (B,), K
-        numer = weight.new_zeros(num_groups, weight.shape[1]).index_add_(
-            0, index, weight * returns.unsqueeze(-1)
-        )  # (K, T)
-        denom = weight.new_zeros(num_groups, weight.shape[1]).index_add_(0, index, weight)  # (K, T)
-        baseline = numer[index] / (denom[index] + epsilon)  # (B, T) b_t of each row's group
+    def per_group(values: Tensor) -> Tensor:  # (B, T) -> (K, T) sums over each group's rows
+        return values.new_zeros(num_groups, values.shape[1]).index_add_(0, index, values)
 
-        # A group of one member has nothing to compare with: baseline 0 (verl: N == 1)
-        n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
-        baseline = torch.where(n_members.unsqueeze(-1) > 1, baseline, torch.zeros_like(baseline))  # (B, T)
+    numer = per_group(weight * returns.unsqueeze(-1))  # (K, T)
+    denom = per_group(weight)  # (K, T)
+    weighted = numer / (denom + epsilon)  # (K, T)
+    count = per_group(active.to(weight.dtype))  # (K, T) active members
+    plain = per_group(torch.where(active, returns.unsqueeze(-1), torch.zeros_like(weight))) / count.clamp_min(1.0)
+    baseline = torch.where(denom > MIN_SUMMED_ENERGY, weighted, plain)[index]  # (B, T)
+    # A group of one member has nothing to compare with: baseline 0 (verl: N == 1)
+    n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
+    return torch.where(n_members.unsqueeze(-1) > 1, baseline, torch.zeros_like(baseline))  # (B, T)
 
-        if handle_zero_tail:
-            # verl: lengths are valid-token counts; non-members get -1 so they never rank
-            lengths = torch.where(member, active.sum(-1), torch.full_like(member, -1, dtype=torch.int64))  # (B,)
-            longest = group_max(lengths, group_ids)  # (B,)
-            is_longest = member & (lengths == longest)  # (B,)
-            n_longest = group_sum(is_longest.to(torch.int64), group_ids)  # (B,)
-            second = group_max(torch.where(is_longest, torch.full_like(lengths, -1), lengths), group_ids)  # (B,)
-            unique_longest = is_longest & (n_longest == 1) & (n_members > 1)  # (B,)
-            positions = torch.arange(weight.shape[1], device=weight.device)  # (T,)
-            tail = unique_longest.unsqueeze(-1) & (positions >= second.unsqueeze(-1))  # (B, T)
-            baseline = torch.where(tail, torch.zeros_like(baseline), baseline)  # (B, T)
 
-        advantages = torch.where(active, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
-        if order is not None:  # back to the columns of the input
-            advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
-    return advantages
+def _constant_group(returns: Tensor, member: Tensor, group_ids: Tensor) -> Tensor:
+    """(B,) whether the row is a member of a group of two or more members that all have the same return."""
+    lowest = group_min(torch.where(member, returns, torch.full_like(returns, torch.inf)), group_ids)  # (B,)
+    highest = group_max(torch.where(member, returns, torch.full_like(returns, -torch.inf)), group_ids)  # (B,)
+    n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
+    return member & (n_members > 1) & (lowest == highest)  # (B,)
+
+
+def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, group_ids: Tensor) -> Tensor:
+    """`baseline` with 0 on a group's unique longest member past the second-longest valid-token count (verl)."""
+    # verl: lengths are valid-token counts; non-members get -1 so they never rank
+    lengths = torch.where(member, active.sum(-1), torch.full_like(member, -1, dtype=torch.int64))  # (B,)
+    longest = group_max(lengths, group_ids)  # (B,)
+    is_longest = member & (lengths == longest)  # (B,)
+    n_longest = group_sum(is_longest.to(torch.int64), group_ids)  # (B,)
+    n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
+    second = group_max(torch.where(is_longest, torch.full_like(lengths, -1), lengths), group_ids)  # (B,)
+    unique_longest = is_longest & (n_longest == 1) & (n_members > 1)  # (B,)
+    positions = torch.arange(baseline.shape[1], device=baseline.device)  # (T,)
+    tail = unique_longest.unsqueeze(-1) & (positions >= second.unsqueeze(-1))  # (B, T)
+    return torch.where(tail, torch.zeros_like(baseline), baseline)  # (B, T)

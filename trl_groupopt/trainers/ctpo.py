@@ -1,35 +1,37 @@
 """CTPO: cumulative token importance ratio with position-adaptive log-space clipping.
 
-Zhang, Ye, Jin, Yu, Xiong, Sahu, Jiang, "Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative
-Token Perspective", arXiv:2605.07331. The loss is the authors' `cum-token-cumprod-la` / `cum-token-geomean-la`
-(github.com/horizon-llm/CTPO); equations in `trl_groupopt.objectives.ctpo`, derivations in docs/ctpo.md.
+The paper and registry entry: `trl_groupopt/methods/ctpo.py`. The loss is the authors' `cum-token-cumprod-la` /
+`cum-token-geomean-la` (github.com/horizon-llm/CTPO); equations in `trl_groupopt.objectives.ctpo`, derivations in
+docs/ctpo.md.
 """
 
 from __future__ import annotations
 
-import math
-import textwrap
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor
 from trl import GRPOConfig
 
+from ..methods import ctpo
 from ..objectives.common import ObjectiveOutput
-from ..objectives.ctpo import RATIO_MODES, ctpo_loss
-from ..registry import register_method
-from .base import GroupOptTrainer, TokenSafeConfigMixin
-from .schedule import default_off_policy_schedule
+from ..objectives.ctpo import DEFAULT_POSITION_POWER, ctpo_loss, validate_ctpo
+from .base import GroupOptTrainer
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
+from .schedule import OffPolicyScheduleMixin
 
-# The authors' schedule (ctpo.sh): a 512-prompt rollout trained in mini-batches of 32 prompts, 16 steps per rollout.
-CTPO_UPDATES_PER_ROLLOUT = 16
-# The authors' recommended position power per ratio mode (core_algos.py): the log prefix ratio's spread grows like
-# sqrt(t), its per-token mean's shrinks like 1/sqrt(t).
-DEFAULT_POSITION_POWER = {"cumprod": 0.5, "geomean": -0.5}
+#: `ctpo_loss`'s hyper-parameters -> the CTPOConfig fields that set them (the names its errors use).
+CTPO_ARGUMENTS = {
+    "epsilon_low": "epsilon",
+    "epsilon_high": "epsilon_high",
+    "epsilon_c": "ctpo_dual_clip",
+    "position_power": "ctpo_position_power",
+    "ratio_mode": "ctpo_ratio_mode",
+}
 
 
 @dataclass(repr=False)
-class CTPOConfig(TokenSafeConfigMixin, GRPOConfig):
+class CTPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     r"""
     Configuration class for [`CTPOTrainer`].
 
@@ -39,9 +41,8 @@ class CTPOConfig(TokenSafeConfigMixin, GRPOConfig):
 
     Schedule. CTPO's clips only act off-policy (on-policy it is token-level GRPO). When none of
     `steps_per_generation`, `generation_batch_size` and `num_iterations` is set, CTPOConfig uses the authors' 16
-    optimizer steps per rollout (512 prompts per rollout, mini-batches of 32): `steps_per_generation =
-    16 * gradient_accumulation_steps`, `num_iterations = 1`, so the generation batch is 16 effective training batches.
-    Set any of the three to choose another schedule; an on-policy one makes the trainer warn.
+    optimizer steps per rollout (512 prompts per rollout, mini-batches of 32; `OffPolicyScheduleMixin`). Set any of
+    the three to choose another schedule; an on-policy one makes the trainer warn.
 
     Parameters:
         epsilon (`float`, *optional*, defaults to `0.025`):
@@ -69,6 +70,9 @@ class CTPOConfig(TokenSafeConfigMixin, GRPOConfig):
             No KL term, as the authors.
     """
 
+    #: The authors' schedule (ctpo.sh): a 512-prompt rollout trained in mini-batches of 32 prompts.
+    updates_per_rollout: ClassVar[int] = 16
+
     epsilon: float = field(default=0.025, metadata={"help": "Lower log-space clip bound per unit of t**p."})
     epsilon_high: float | None = field(default=0.05, metadata={"help": "Upper log-space clip bound per unit of t**p."})
     ctpo_dual_clip: float = field(
@@ -87,30 +91,16 @@ class CTPOConfig(TokenSafeConfigMixin, GRPOConfig):
     vllm_importance_sampling_clip_max: float | None = field(
         default=5.0, metadata={"help": "vLLM IS cap; the authors' 5.0."}
     )
-    num_iterations: int | None = field(
-        default=None, metadata={"help": "Iterations per generation batch; unset: 1 (see the default schedule)."}
-    )
     loss_type: str = field(default="dapo", metadata={"help": "Aggregation; the authors use token-mean (dapo)."})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient; the authors use none."})
 
     def __post_init__(self):
-        default_off_policy_schedule(self, CTPO_UPDATES_PER_ROLLOUT)
         super().__post_init__()
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
-        for name in ("epsilon", "epsilon_high", "ctpo_dual_clip"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0 for CTPO (a log-space bound), got {getattr(self, name)}.")
-        if self.ctpo_ratio_mode not in RATIO_MODES:
-            raise ValueError(f"ctpo_ratio_mode must be one of {RATIO_MODES}, got {self.ctpo_ratio_mode!r}.")
-        if self.ctpo_position_power is None:
+        if self.ctpo_position_power is None and self.ctpo_ratio_mode in DEFAULT_POSITION_POWER:
             self.ctpo_position_power = DEFAULT_POSITION_POWER[self.ctpo_ratio_mode]
-        power = self.ctpo_position_power
-        if not math.isfinite(power) or (self.ctpo_ratio_mode == "cumprod" and power < 0):
-            raise ValueError(
-                f"ctpo_position_power must be >= 0 with ctpo_ratio_mode='cumprod' (0.5 = the paper's sqrt(t)), got "
-                f"{power}. Negative powers (the authors' -0.5) go with ctpo_ratio_mode='geomean'."
-            )
+        validate_ctpo(**objective_arguments(self, CTPO_ARGUMENTS), names=CTPO_ARGUMENTS)
         if self.importance_sampling_level != "token":
             raise ValueError(
                 "CTPO builds its own cumulative (prefix) ratio from token log-ratios: set importance_sampling_level="
@@ -121,27 +111,10 @@ class CTPOConfig(TokenSafeConfigMixin, GRPOConfig):
 class CTPOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with the CTPO objective (cumulative prefix ratio, position-scaled log-space clip)."""
 
+    method_spec = ctpo.METHOD
     config_class = CTPOConfig
-    _tag_names = ["trl", "ctpo", "trl-groupopt"]
-    _name = "CTPO"
-    _paper = {
-        "title": "Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token Perspective",
-        "id": "2605.07331",
-        "citation": textwrap.dedent("""\
-            @article{zhang2026ctpo,
-                title        = {{Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token Perspective}},
-                author       = {Zhang and Ye and Jin and Yu and Xiong and Sahu and Jiang},
-                year         = 2026,
-                eprint       = {arXiv:2605.07331},
-                howpublished = {\\url{https://github.com/horizon-llm/CTPO}},
-            }"""),
-    }
     supports_delta = False
-    inert_on_policy_fix = (
-        "CTPO is exactly token-level GRPO. Leave steps_per_generation, generation_batch_size and num_iterations unset "
-        "(CTPOConfig then uses 16 optimizer steps per rollout), or set steps_per_generation to a multiple k > 1 of "
-        "gradient_accumulation_steps (or num_iterations > 1)."
-    )
+    inert_on_policy = "CTPO is exactly token-level GRPO"
 
     def objective(
         self,
@@ -152,23 +125,5 @@ class CTPOTrainer(GroupOptTrainer):
         inputs: dict[str, Any],
     ) -> ObjectiveOutput:
         return ctpo_loss(
-            per_token_logps,
-            old_per_token_logps,
-            advantages,
-            mask,
-            epsilon_low=self.args.epsilon,
-            epsilon_high=self.args.epsilon_high,
-            epsilon_c=self.args.ctpo_dual_clip,
-            position_power=self.args.ctpo_position_power,
-            ratio_mode=self.args.ctpo_ratio_mode,
+            per_token_logps, old_per_token_logps, advantages, mask, **objective_arguments(self.args, CTPO_ARGUMENTS)
         )
-
-
-register_method(
-    "ctpo",
-    config_class=CTPOConfig,
-    trainer_class=CTPOTrainer,
-    paper="arXiv:2605.07331",
-    headline_metric="ctpo/dual_clip",
-    summary="cumulative-prefix token ratio with position-adaptive log-space clipping",
-)

@@ -1,24 +1,47 @@
 """DFPO: in-group re-weighting on GSPO that restores token-gradient cancellation, and GRPO-fix.
 
-Paper: Ding et al., "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation",
-arXiv:2604.13088. The equations are in `trl_groupopt/objectives/dfpo.py` and docs/dfpo.md.
+The paper and registry entries (DFPO and its GRPO-fix mode): `trl_groupopt/methods/dfpo.py`. The equations are in
+`trl_groupopt/objectives/dfpo.py` and docs/dfpo.md.
 """
 
 from __future__ import annotations
 
-import textwrap
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 from trl import GRPOConfig
 
-from ..objectives.common import ObjectiveOutput, check_positive
-from ..objectives.dfpo import TRANSFORMS, check_orthogonal_over, dfpo_loss, symmetric_clip_loss
-from ..registry import register_method
-from .base import GroupOptTrainer, TokenSafeConfigMixin
+from ..methods import dfpo
+from ..methods.dfpo import GRPO_FIX
+from ..objectives.common import ObjectiveOutput, check_choice, check_positive
+from ..objectives.dfpo import TRANSFORMS, check_orthogonal_over, dfpo_loss, symmetric_clip_loss, validate_dfpo
+from ..objectives.estimators import get_estimator
+from ..spec import MethodSpec
+from .base import GroupOptTrainer
+from .compat import dropping_trl_warning
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
 
-GRPO_FIX = "symmetric_clip"
+#: `dfpo_loss`'s hyper-parameters -> the DFPOConfig fields that set them (the names its errors use).
+DFPO_ARGUMENTS = {
+    "transform": "dfpo_transform",
+    "epsilon_low": "epsilon",
+    "epsilon_high": "epsilon_high",
+    "orth_floor": "dfpo_orth_floor",
+    "orthogonal_over": "dfpo_orthogonal_over",
+}
+
+#: The opening words of TRL's warning (`GRPOTrainer.__init__`, trl 1.16.0) for sequence-level ratios with a token-sum loss
+#: type, which advises loss_type="grpo": the opposite of DFPO's choice, so the trainer replaces it with `SUM_LOSS_NOTE`.
+TRL_SEQUENCE_LOSS_ADVICE = "When using `importance_sampling_level='sequence'`, the `'"
+SUM_LOSS_NOTE = (
+    "DFPOTrainer: loss_type={loss_type!r} with sequence-level ratios is deliberate: it weighs every token by one batch "
+    "constant, so the gradients of a token shared by a group's completions cancel whatever their lengths; "
+    "loss_type='grpo' (GSPO's recipe) would weigh sequence i by 1/|y_i| and lose that cancellation when the lengths "
+    "differ (docs/dfpo.md)."
+)
+logger = logging.getLogger(__name__)
 
 # GSPO's clip range (Zheng et al. 2025, Sec. 5.1); DFPO builds on GSPO and its paper sets no other value.
 GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
@@ -26,8 +49,21 @@ GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
 GRPO_FIX_EPSILON_HIGH = 0.2
 
 
+def check_sequence_advantages(transform: str, advantage_estimator: str) -> None:
+    """DFPO's transforms need one advantage per sequence: refuse a per-token estimator for them (docs/dfpo.md)."""
+    if transform == GRPO_FIX or not get_estimator(advantage_estimator).per_token:
+        return
+    raise ValueError(
+        f"dfpo_transform={transform!r} does not take advantage_estimator={advantage_estimator!r}: DFPO's in-group "
+        "transform makes sum_i A_i s_til_i = 0 with ONE advantage A_i per sequence, and these advantages differ at "
+        "every token (A_it): one weight s_til_i per sequence cannot make sum_i A_it s_til_i = 0 at every position "
+        "(docs/dfpo.md, 'DFPO and per-token advantages'). Use dfpo_transform='symmetric_clip' (GRPO-fix, per-token) "
+        "with it, or advantage_estimator='grpo' with DFPO's transforms."
+    )
+
+
 @dataclass(repr=False)
-class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
+class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig):
     r"""
     Configuration class for [`DFPOTrainer`].
 
@@ -50,7 +86,9 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
             group, as in the paper (the algorithm it evaluated); a member on a clip bound carries no gradient but is
             counted, so under clipping the shared-token gradient does not cancel. `"unclipped"`: the members that
             carry gradient, so it cancels exactly under clipping too; only for `"orth_proj"` and `"orth_proj_qp"`
-            (`"min_replace"` cannot satisfy the constraint once a member is clipped; other transforms raise).
+            (`"min_replace"` cannot satisfy the constraint once a member is clipped; other transforms raise). Under
+            both, a member that TRL's loss weights drop (off-policy mask, vLLM IS `*_mask` modes, no high-entropy
+            token) leaves its group, and the weights enter the transform (docs/dfpo.md).
         epsilon (`float`, *optional*):
             Lower clip of the sequence ratio. Defaults to GSPO's `3e-4` (unused by GRPO-fix).
         epsilon_high (`float`, *optional*):
@@ -58,6 +96,9 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
         importance_sampling_level (`str`, *optional*):
             Fixed by the mode: `"sequence"` for the DFPO transforms, `"token"` for GRPO-fix (it only matters for
             `use_bias_correction_kl`); setting the other one raises.
+        advantage_estimator (`str`, *optional*, defaults to `"grpo"`):
+            `AdvantageEstimatorConfigMixin`. The DFPO transforms take one advantage per sequence, so a per-token
+            estimator (`"otb"`) is refused for them with the reason; GRPO-fix takes it (docs/dfpo.md).
         loss_type (`str`, *optional*, defaults to `"dapo"`):
             Aggregation, for both modes. `"dapo"` (TRL's default) weighs every token by one batch constant, so the
             gradients of a token shared by a group cancel whatever the completion lengths; for GRPO-fix it is
@@ -86,11 +127,9 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
     )
 
     def __post_init__(self):
-        if self.dfpo_transform not in (*TRANSFORMS, GRPO_FIX):
-            raise ValueError(f"dfpo_transform must be one of {(*TRANSFORMS, GRPO_FIX)}, got {self.dfpo_transform!r}.")
-        check_orthogonal_over(
-            self.dfpo_transform, self.dfpo_orthogonal_over, names=("dfpo_transform", "dfpo_orthogonal_over")
-        )
+        check_choice("dfpo_transform", self.dfpo_transform, (*TRANSFORMS, GRPO_FIX))
+        check_sequence_advantages(self.dfpo_transform, self.advantage_estimator)
+        check_orthogonal_over(self.dfpo_transform, self.dfpo_orthogonal_over, names=DFPO_ARGUMENTS)
         grpo_fix = self.dfpo_transform == GRPO_FIX
         level = "token" if grpo_fix else "sequence"
         if self.importance_sampling_level not in (None, level):
@@ -104,39 +143,35 @@ class DFPOConfig(TokenSafeConfigMixin, GRPOConfig):
         if self.epsilon_high is None:
             self.epsilon_high = GRPO_FIX_EPSILON_HIGH if grpo_fix else GSPO_EPSILON_HIGH
         super().__post_init__()
-        check_positive(epsilon=self.epsilon, epsilon_high=self.epsilon_high, dfpo_orth_floor=self.dfpo_orth_floor)
+        validate_dfpo(epsilon_low=self.epsilon, epsilon_high=self.epsilon_high, names=DFPO_ARGUMENTS)
+        check_positive(dfpo_orth_floor=self.dfpo_orth_floor)  # > 0 here; the pure transform also takes 0
 
 
 class DFPOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with DFPO's in-group re-weighted GSPO objective, or GRPO-fix's symmetric clip."""
 
+    method_spec = dfpo.METHOD
     config_class = DFPOConfig
-    _tag_names = ["trl", "dfpo", "trl-groupopt"]
-    _name = "DFPO"
-    _paper = {
-        "title": "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation",
-        "id": "2604.13088",
-        "citation": textwrap.dedent("""\
-            @article{ding2026design,
-                title        = {{Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation}},
-                author       = {Fei Ding and Yongkang Zhang and Youwei Wang and Zijian Zeng},
-                year         = 2026,
-                eprint       = {arXiv:2604.13088},
-            }"""),
-    }
     supports_delta = False
-    inert_on_policy_fix = (
-        "DFPO's re-weighting (or GRPO-fix's clip) never acts: set steps_per_generation to a multiple k > 1 of "
-        "gradient_accumulation_steps (or num_iterations > 1)."
-    )
-    # dfpo_loss folds the vLLM IS weights into the in-group transform (so the cancellation includes them);
-    # symmetric_clip_loss multiplies them as TRL does. Either way the base must not multiply them again.
-    objective_applies_is_weights = True
+    inert_on_policy = "DFPO's re-weighting (or GRPO-fix's clip) never acts"
+    # dfpo_loss folds TRL's loss weights (vLLM IS weights, off-policy and entropy masks) into the in-group transform,
+    # so the cancellation includes them; symmetric_clip_loss multiplies them as TRL does.
+    objective_applies_loss_weights = True
+
+    def __init__(self, *args, **kwargs):
+        with dropping_trl_warning(TRL_SEQUENCE_LOSS_ADVICE) as dropped:  # its advice would lose the cancellation
+            super().__init__(*args, **kwargs)
+        if dropped:
+            logger.warning(SUM_LOSS_NOTE.format(loss_type=self.args.loss_type))
+
+    @classmethod
+    def method_for(cls, args: GRPOConfig) -> MethodSpec:
+        return dfpo.GRPO_FIX_METHOD if getattr(args, "dfpo_transform", None) == GRPO_FIX else cls.method_spec
 
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:
         # The transforms (and the asymmetry metrics, also under "none") look at whole groups; GRPO-fix does not.
-        return getattr(args, "dfpo_transform", "min_replace") != GRPO_FIX
+        return super().needs_whole_groups(args) or getattr(args, "dfpo_transform", "min_replace") != GRPO_FIX
 
     def objective(
         self,
@@ -145,11 +180,9 @@ class DFPOTrainer(GroupOptTrainer):
         advantages: Tensor,
         mask: Tensor,
         inputs: dict[str, Any],
+        *,
+        loss_weights: Tensor | None = None,
     ) -> ObjectiveOutput:
-        # the same condition as the base's multiplication it replaces (GroupOptTrainer._compute_loss)
-        is_weights = (
-            inputs["importance_sampling_ratio"] if self.use_vllm and self.vllm_importance_sampling_correction else None
-        )
         if self.args.dfpo_transform == GRPO_FIX:
             return symmetric_clip_loss(
                 per_token_logps,
@@ -157,7 +190,7 @@ class DFPOTrainer(GroupOptTrainer):
                 advantages,
                 mask,
                 epsilon_high=self.args.epsilon_high,
-                importance_weights=is_weights,
+                importance_weights=loss_weights,
             )
         return dfpo_loss(
             per_token_logps,
@@ -165,30 +198,7 @@ class DFPOTrainer(GroupOptTrainer):
             advantages,
             mask,
             inputs["group_ids"],
-            transform=self.args.dfpo_transform,
-            epsilon_low=self.args.epsilon,
-            epsilon_high=self.args.epsilon_high,
-            orth_floor=self.args.dfpo_orth_floor,
-            orthogonal_over=self.args.dfpo_orthogonal_over,
-            importance_weights=is_weights,
+            **objective_arguments(self.args, DFPO_ARGUMENTS),
+            importance_weights=loss_weights,
             loss_type=self.loss_type,
         )
-
-
-register_method(
-    "dfpo",
-    config_class=DFPOConfig,
-    trainer_class=DFPOTrainer,
-    paper="arXiv:2604.13088",
-    headline_metric="dfpo/shrink",
-    summary="GSPO sequence ratios re-weighted inside each group to restore token-gradient cancellation",
-)
-register_method(
-    "grpo_fix",
-    config_class=DFPOConfig,
-    trainer_class=DFPOTrainer,
-    paper="arXiv:2604.13088 (App. H)",
-    headline_metric="dfpo/sym_clip_ratio",
-    config_defaults={"dfpo_transform": GRPO_FIX},
-    summary="GRPO with the symmetric clip -A * clip(r, 0, 1 + epsilon_high) for both advantage signs (Eq. 80)",
-)

@@ -1,37 +1,44 @@
 """ECHO: clip at batch, learn at token (batch-level clipping with token-level importance sampling).
 
-Paper: "ECHO: Efficient Coarse-grained Hybrid Optimization - Clip at Batch, Learn at Token" (arXiv preprint under
-double-blind review). Equations in `trl_groupopt.objectives.echo`, derivations and deviations in docs/echo.md.
+The paper and registry entry: `trl_groupopt/methods/echo.py`. Equations in `trl_groupopt.objectives.echo`,
+derivations and deviations in docs/echo.md.
 """
 
 from __future__ import annotations
 
-import textwrap
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
 
-from ..objectives.common import ObjectiveOutput
-from ..objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss
-from ..registry import register_method
-from .base import GroupOptTrainer, TokenSafeConfigMixin
-from .schedule import default_off_policy_schedule
+from ..methods import echo
+from ..objectives.common import ObjectiveOutput, check_choice
+from ..objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss, validate_echo
+from .base import GroupOptTrainer
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
+from .loss import loss_mask
+from .schedule import OffPolicyScheduleMixin
 
 BATCH_RATIO_SCOPES = ("step", "global", "micro_batch")
 # Loss types whose normaliser is one constant shared by every micro-batch and process: the only ones for which the
-# coupling completion of the "step" and "global" scopes is exact (docs/echo.md).
+# coupling completion of the "step" and "global" scopes is exact (docs/echo.md). TRL's per-token loss weights (vLLM
+# IS weights, off-policy and entropy masks) are constants of the step and enter the coupling: no restriction.
 GLOBAL_SCOPE_LOSS_TYPES = ("dapo", "dr_grpo")
-# The paper's schedule: a 512-prompt rollout trained in mini-batches of 64 prompts, i.e. 8 optimizer steps per rollout.
-ECHO_UPDATES_PER_ROLLOUT = 8
+#: `echo_loss`'s clip hyper-parameters -> the ECHOConfig fields that set them (the names its errors use).
+ECHO_ARGUMENTS = {
+    "epsilon_low": "epsilon",
+    "epsilon_high": "epsilon_high",
+    "batch_epsilon_low": "batch_epsilon",
+    "batch_epsilon_high": "batch_epsilon_high",
+}
 
 
 @dataclass(repr=False)
-class ECHOConfig(TokenSafeConfigMixin, GRPOConfig):
+class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     r"""
     Configuration class for [`ECHOTrainer`].
 
@@ -42,8 +49,7 @@ class ECHOConfig(TokenSafeConfigMixin, GRPOConfig):
 
     Schedule. The batch clip only acts off-policy. When none of `steps_per_generation`, `generation_batch_size` and
     `num_iterations` is set, ECHOConfig uses the paper's schedule of 8 optimizer steps per rollout (a 512-prompt rollout
-    in mini-batches of 64 prompts): `steps_per_generation = 8 * gradient_accumulation_steps`, `num_iterations = 1`, so
-    the generation batch is 8 effective training batches. Set any of the three to choose another schedule; an
+    in mini-batches of 64 prompts; `OffPolicyScheduleMixin`). Set any of the three to choose another schedule; an
     on-policy one makes the trainer warn.
 
     Which tokens form R (`batch_ratio_scope`). The paper forms R over a PPO mini-batch, i.e. over all the tokens of one
@@ -51,10 +57,12 @@ class ECHOConfig(TokenSafeConfigMixin, GRPOConfig):
     processes' current micro-batches only, `"micro_batch"` this process's micro-batch only (with the default
     `per_device_train_batch_size`, one group: a noisy R that clips for the wrong reasons). `"step"` and `"global"` are
     exact: the accumulated (and process-summed) gradient equals the gradient of the objective formed over the whole
-    step (resp. the union of the micro-batches), including the coupling term of Eq. 34.
+    step (resp. the union of the micro-batches), including the coupling term of Eq. 34 and TRL's per-token loss
+    multipliers (vLLM importance-sampling weights in every mode, entropy mask, off-policy mask): with `use_vllm=True`
+    the default stays `"step"`.
 
     Cost of `"step"`: at the first micro-batch of each optimizer step, one extra no-grad forward of each of the step's
-    micro-batches (log-probs only), plus two scalar all-reduces. Measured on CPU (one process, 2 cores shared with
+    micro-batches (no backward), plus two scalar all-reduces. Measured on CPU (one process, 2 cores shared with
     other jobs; 2 micro-batches of 8 completions x 32 tokens per step; `_compute_loss` + backward only, generation
     excluded; median of 10 steps): 1.50x the time of `"micro_batch"` with a tiny Qwen2 (hidden 32, 2 layers) and
     1.40x with hidden 256, 4 layers (a no-grad forward costs about a third of a forward + backward, so ~1.33x is the
@@ -71,9 +79,9 @@ class ECHOConfig(TokenSafeConfigMixin, GRPOConfig):
             Keep the token-level min/clip of Eq. 11. `False` trains with the batch clip alone (`-rho * A`).
         batch_ratio_scope (`str`, *optional*):
             `"step"` (the paper's mini-batch), `"global"` or `"micro_batch"`, see above. `"step"` and `"global"` need a
-            loss type with one shared normaliser (`dapo`, `dr_grpo`) and no per-token loss multipliers
-            (`top_entropy_quantile=1`, no `off_policy_mask_threshold`, no vLLM importance-sampling correction);
-            `"step"` also needs every optimizer step inside one generation batch
+            loss type with one shared normaliser (`dapo`, `dr_grpo`); TRL's per-token loss multipliers (vLLM
+            importance-sampling correction in every mode, `off_policy_mask_threshold`, `top_entropy_quantile < 1`)
+            are included exactly. `"step"` also needs every optimizer step inside one generation batch
             (`steps_per_generation * num_iterations` a multiple of `gradient_accumulation_steps`). Default: `"step"`
             when the configuration allows it (the default configuration does), else `"global"` when that is allowed,
             else `"micro_batch"`, with a warning naming what prevented `"step"`.
@@ -83,6 +91,9 @@ class ECHOConfig(TokenSafeConfigMixin, GRPOConfig):
             `1 / sum|o_i|` token-mean aggregation (Eq. 11).
     """
 
+    #: The paper's schedule: a 512-prompt rollout trained in mini-batches of 64 prompts.
+    updates_per_rollout: ClassVar[int] = 8
+
     batch_epsilon: float | None = field(default=None, metadata={"help": "Lower batch clip; default: epsilon."})
     batch_epsilon_high: float | None = field(
         default=None, metadata={"help": "Upper batch clip; default: batch_epsilon."}
@@ -91,22 +102,16 @@ class ECHOConfig(TokenSafeConfigMixin, GRPOConfig):
     batch_ratio_scope: str | None = field(
         default=None, metadata={"help": "step | global | micro_batch; default: step when the configuration allows it."}
     )
-    num_iterations: int | None = field(
-        default=None, metadata={"help": "Iterations per generation batch; unset: 1 (see the default schedule)."}
-    )
     loss_type: str = field(default="dapo", metadata={"help": "Aggregation; ECHO uses token-mean (dapo)."})
 
     def __post_init__(self):
-        default_off_policy_schedule(self, ECHO_UPDATES_PER_ROLLOUT)
         super().__post_init__()
         if self.batch_epsilon is None:
             self.batch_epsilon = self.epsilon
         if self.batch_epsilon_high is None:
             self.batch_epsilon_high = self.batch_epsilon
-        for name in ("epsilon", "epsilon_high", "batch_epsilon", "batch_epsilon_high"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
-        if self.batch_epsilon >= 1:
+        validate_echo(**objective_arguments(self, ECHO_ARGUMENTS), names=ECHO_ARGUMENTS)
+        if self.batch_epsilon >= 1:  # the objective reads it as "no lower bound"; a config asks for one
             raise ValueError(
                 f"batch_epsilon must be < 1 (the lower batch bound is 1 - batch_epsilon), got {self.batch_epsilon} "
                 "(it defaults to epsilon: set batch_epsilon explicitly if epsilon >= 1 is intended)."
@@ -118,13 +123,12 @@ class ECHOConfig(TokenSafeConfigMixin, GRPOConfig):
             )
         if self.batch_ratio_scope is None:
             self.batch_ratio_scope = self._default_scope()
-        if self.batch_ratio_scope not in BATCH_RATIO_SCOPES:
-            raise ValueError(f"batch_ratio_scope must be one of {BATCH_RATIO_SCOPES}, got {self.batch_ratio_scope!r}.")
+        check_choice("batch_ratio_scope", self.batch_ratio_scope, BATCH_RATIO_SCOPES)
         problems = self._scope_problems(self.batch_ratio_scope)
         if problems:
             raise ValueError(
-                f"batch_ratio_scope={self.batch_ratio_scope!r} is exact only with one shared loss normaliser, no "
-                "per-token loss multipliers and (for 'step') every optimizer step inside one generation batch; "
+                f"batch_ratio_scope={self.batch_ratio_scope!r} is exact only with one shared loss normaliser and (for "
+                "'step') every optimizer step inside one generation batch; "
                 f"incompatible: {', '.join(problems)}. Use batch_ratio_scope='micro_batch' or change those settings."
             )
 
@@ -135,12 +139,6 @@ class ECHOConfig(TokenSafeConfigMixin, GRPOConfig):
             return problems
         if self.loss_type not in GLOBAL_SCOPE_LOSS_TYPES:
             problems.append(f"loss_type={self.loss_type!r} (use one of {GLOBAL_SCOPE_LOSS_TYPES})")
-        if self.top_entropy_quantile < 1.0:
-            problems.append("top_entropy_quantile < 1")
-        if self.off_policy_mask_threshold is not None:
-            problems.append("off_policy_mask_threshold")
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            problems.append("vllm_importance_sampling_correction=True")
         if scope == "step" and (self.steps_per_generation * self.num_iterations) % self.gradient_accumulation_steps:
             problems.append(
                 f"steps_per_generation * num_iterations = {self.steps_per_generation * self.num_iterations} not a "
@@ -166,46 +164,20 @@ class ECHOConfig(TokenSafeConfigMixin, GRPOConfig):
 class ECHOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with ECHO's objective: batch-level clip, token-level importance sampling."""
 
+    method_spec = echo.METHOD
     config_class = ECHOConfig
-    _tag_names = ["trl", "echo", "trl-groupopt"]
-    _name = "ECHO"
-    _paper = {
-        "title": "ECHO: Efficient Coarse-grained Hybrid Optimization - Clip at Batch, Learn at Token",
-        "id": None,
-        "citation": textwrap.dedent("""\
-            @misc{echo2025,
-                title        = {{ECHO: Efficient Coarse-grained Hybrid Optimization - Clip at Batch, Learn at Token}},
-                author       = {Anonymous},
-                year         = 2025,
-                note         = {Paper under double-blind review},
-            }"""),
-    }
     supports_delta = False
-    inert_on_policy_fix = (
-        "ECHO's batch clip never acts. Leave steps_per_generation, generation_batch_size and num_iterations unset "
-        "(ECHOConfig then uses 8 optimizer steps per rollout), or set steps_per_generation to a multiple k > 1 of "
-        "gradient_accumulation_steps (or num_iterations > 1)."
-    )
+    inert_on_policy = "ECHO's batch clip never acts"
+    # The wide scopes' coupling must count TRL's per-token loss weights, so echo_loss applies them (docs/echo.md).
+    objective_applies_loss_weights = True
 
     def __init__(self, *args, **kwargs):
         # ({(global_step, micro-step) it serves}, echo_loss's totals) of the current optimizer step ("step" scope)
         self._step_totals: tuple[set[tuple[int, int]], dict[str, Tensor]] | None = None
         super().__init__(*args, **kwargs)
 
-    @staticmethod
-    def _loss_mask(inputs: dict[str, Any]) -> Tensor:
-        """(B, T) the tokens the loss is taken over, as `GroupOptTrainer._compute_loss` forms it."""
-        completion_mask = inputs["completion_mask"]
-        return completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-
     def _surrogate_kwargs(self) -> dict[str, Any]:
-        return dict(
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            batch_epsilon_low=self.args.batch_epsilon,
-            batch_epsilon_high=self.args.batch_epsilon_high,
-            token_clip=self.args.token_clip,
-        )
+        return dict(objective_arguments(self.args, ECHO_ARGUMENTS), token_clip=self.args.token_clip)
 
     def _compute_loss(self, model, inputs):
         if self.args.batch_ratio_scope == "step" and self.model.training:
@@ -239,22 +211,33 @@ class ECHOTrainer(GroupOptTrainer):
     def _compute_step_totals(self, model, batches: list[dict[str, Any]]) -> dict[str, Tensor]:
         """`echo_loss`'s log_ratio_sum, token_count and coupling_sum over `batches` on every process.
 
-        One no-grad forward per micro-batch gives its log-probs at the current parameters, which do not change before
-        the optimizer step. Totals are summed over micro-batches, then over processes.
+        One no-grad forward per micro-batch gives its log-probs and entropies at the current parameters, which do not
+        change before the optimizer step, hence the same loss weights (`_loss_weights`: masks of detached log-probs
+        and entropies, IS weights of the batch) as its training forward will. Totals are summed over micro-batches,
+        then over processes.
         """
         parts = []
         # mirrors the no-grad behaviour forward of `GRPOTrainer._generate_and_score_completions`
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        # (the estimator's metrics are logged by the loss's own call of `compute_advantages`, not here)
+        with (
+            torch.no_grad(),
+            disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
+            self._metrics_discarded(),
+        ):
             for batch in batches:
-                logps, _, _ = self._forward_logps_and_entropies(model, batch)  # (B, T)
+                logps, entropies, _ = self._forward_logps_and_entropies(model, batch)  # (B, T) each
                 old = batch.get("old_per_token_logps")
                 old = logps if old is None else old  # on-policy: ratio exactly 1, as in `_compute_loss`
-                mask = self._loss_mask(batch)  # (B, T)
-                parts.append((logps, old, self.compute_advantages(batch, logps, mask), mask))
-        local = sum(echo_log_ratio_totals(logps, old, mask) for logps, old, _, mask in parts)  # (2,)
+                mask = loss_mask(batch)  # (B, T)
+                advantages = self.compute_advantages(batch, logps, mask)
+                weights = self._loss_weights(logps, old, advantages, entropies, mask, batch).product()
+                parts.append((logps, old, advantages, mask, weights))
+        local = sum(echo_log_ratio_totals(logps, old, mask) for logps, old, _, mask, _ in parts)  # (2,)
         totals = self.accelerator.reduce(local, reduction="sum")  # (2,) over processes
         kwargs = dict(self._surrogate_kwargs(), log_ratio_sum=totals[0], token_count=totals[1])
-        coupling = sum(echo_batch_ratio_coupling(*part, **kwargs) for part in parts)  # ()
+        coupling = sum(
+            echo_batch_ratio_coupling(*part, importance_weights=weights, **kwargs) for *part, weights in parts
+        )  # ()
         coupling_sum = self.accelerator.reduce(coupling.reshape(1), reduction="sum")[0]
         return dict(log_ratio_sum=totals[0], token_count=totals[1], coupling_sum=coupling_sum)
 
@@ -265,8 +248,10 @@ class ECHOTrainer(GroupOptTrainer):
         advantages: Tensor,
         mask: Tensor,
         inputs: dict[str, Any],
+        *,
+        loss_weights: Tensor | None = None,
     ) -> ObjectiveOutput:
-        kwargs = self._surrogate_kwargs()
+        kwargs = dict(self._surrogate_kwargs(), importance_weights=loss_weights)
         scope = self.args.batch_ratio_scope
         if scope == "step" and self.model.training:
             kwargs.update(self._step_totals[1])
@@ -278,13 +263,3 @@ class ECHOTrainer(GroupOptTrainer):
                 coupling = echo_batch_ratio_coupling(per_token_logps, old_per_token_logps, advantages, mask, **kwargs)
                 kwargs["coupling_sum"] = self.accelerator.reduce(coupling.reshape(1), reduction="sum")[0]
         return echo_loss(per_token_logps, old_per_token_logps, advantages, mask, **kwargs)
-
-
-register_method(
-    "echo",
-    config_class=ECHOConfig,
-    trainer_class=ECHOTrainer,
-    paper="ECHO (batch-level clipping, token-level IS)",
-    headline_metric="echo/batch_clipped",
-    summary="token ratios times clip(R)/sg(R), R the geometric batch ratio",
-)

@@ -1,33 +1,108 @@
-"""The off-policy rollout schedule that ECHOConfig and CTPOConfig default to.
+"""The off-policy rollout schedule, in one place (TRL-free: the CLI's run defaults read it before TRL is imported).
 
 TRL's `GRPOConfig` defaults to an on-policy schedule (`steps_per_generation = gradient_accumulation_steps`,
 `num_iterations = 1`): every optimizer step sees fresh samples, every importance ratio is exactly 1, and methods whose
-mechanism is a clip of those ratios train as plain GRPO. Their papers instead take several optimizer steps per
-rollout; `default_off_policy_schedule` gives a config that schedule unless the user chose one.
+mechanism acts on those ratios (ECHO, CTPO, DFPO and GRPO-fix) train as plain GRPO. Here:
+
+- `off_policy_schedule`: the schedule fields that split each rollout into k optimizer steps (the one formula);
+- `OffPolicyScheduleMixin`: a config that defaults to its paper's k (ECHOConfig 8, CTPOConfig 16);
+- `is_on_policy` and `warn_if_inert_on_policy`: TRL's on-policy condition, and the warning (naming the fix) that a
+  trainer whose mechanism is then inert gives at construction;
+- `check_dataset_holds_a_generation_batch`: off-policy generation batches are large; a small dataset would train zero
+  steps.
 """
 
 from __future__ import annotations
 
-from trl import GRPOConfig
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = [
+    "OffPolicyScheduleMixin",
+    "check_dataset_holds_a_generation_batch",
+    "is_on_policy",
+    "off_policy_schedule",
+    "warn_if_inert_on_policy",
+]
 
 
-def default_off_policy_schedule(config: GRPOConfig, updates_per_rollout: int) -> None:
-    """Fill the schedule fields of `config` in place; call it before `GRPOConfig.__post_init__`.
+def off_policy_schedule(updates_per_rollout: int, gradient_accumulation_steps: int) -> dict[str, int]:
+    """The schedule fields that split each rollout into `updates_per_rollout` optimizer steps of
+    `gradient_accumulation_steps` micro-batches: the generation batch is `updates_per_rollout` effective training
+    batches, and every optimizer step after a rollout's first trains on samples of an older policy."""
+    return {
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "steps_per_generation": updates_per_rollout * gradient_accumulation_steps,
+    }
 
-    `num_iterations` must be declared `int | None = None` on the config (None: "not set by the user"). When none of
-    `steps_per_generation`, `generation_batch_size` and `num_iterations` is set, each rollout is split into
-    `updates_per_rollout` optimizer steps: `steps_per_generation = updates_per_rollout * gradient_accumulation_steps`
-    (the generation batch is `updates_per_rollout` times the effective training batch). Otherwise the user's schedule
-    is kept, and an unset `num_iterations` becomes TRL's 1.
+
+@dataclass(repr=False)
+class OffPolicyScheduleMixin:
+    """Config mixin (before the `GRPOConfig` base, with `@dataclass(repr=False)`): the paper's off-policy schedule
+    unless the user chose one.
+
+    When none of `steps_per_generation`, `generation_batch_size` and `num_iterations` is set, each rollout is split into
+    `updates_per_rollout` optimizer steps (`off_policy_schedule`) and `num_iterations = 1`. Otherwise the user's
+    schedule is kept (an on-policy one makes the trainer warn), and an unset `num_iterations` becomes TRL's 1.
+
+    Parameters:
+        num_iterations (`int`, *optional*):
+            TRL's `num_iterations`; unset means 1 (and, with `steps_per_generation` unset, the schedule above).
     """
-    user_schedule = (config.steps_per_generation, config.generation_batch_size, config.num_iterations)
-    if all(value is None for value in user_schedule):
-        config.steps_per_generation = updates_per_rollout * config.gradient_accumulation_steps
-    if config.num_iterations is None:
-        config.num_iterations = 1
+
+    #: Optimizer steps per rollout when the user sets no schedule (each config states its paper's).
+    updates_per_rollout: ClassVar[int]
+
+    num_iterations: int | None = field(
+        default=None, metadata={"help": "Iterations per generation batch; unset: 1 (see the default schedule)."}
+    )
+
+    def __post_init__(self):
+        user_schedule = (self.steps_per_generation, self.generation_batch_size, self.num_iterations)
+        if all(value is None for value in user_schedule):
+            schedule = off_policy_schedule(self.updates_per_rollout, self.gradient_accumulation_steps)
+            self.steps_per_generation = schedule["steps_per_generation"]
+        if self.num_iterations is None:
+            self.num_iterations = 1
+        super().__post_init__()
 
 
-def check_dataset_holds_a_generation_batch(args: GRPOConfig, train_dataset) -> None:
+def is_on_policy(args: Any) -> bool:
+    """TRL's condition for skipping the behaviour forward (`old_per_token_logps` is None, every importance ratio is
+    exactly 1): `gradient_accumulation_steps` is a multiple of `steps_per_generation * num_iterations`, and no vLLM
+    importance-sampling correction."""
+    generate_every = args.steps_per_generation * args.num_iterations
+    on_policy = args.gradient_accumulation_steps % generate_every == 0
+    return on_policy and not (args.use_vllm and args.vllm_importance_sampling_correction)
+
+
+def _off_policy_fix(args: Any) -> str:
+    """How to make `args`' schedule off-policy."""
+    change = "steps_per_generation to a multiple k > 1 of gradient_accumulation_steps (or num_iterations > 1)."
+    if isinstance(args, OffPolicyScheduleMixin):
+        return (
+            f"Leave steps_per_generation, generation_batch_size and num_iterations unset ({type(args).__name__} then "
+            f"uses {args.updates_per_rollout} optimizer steps per rollout), or set {change}"
+        )
+    return f"Set {change}"
+
+
+def warn_if_inert_on_policy(trainer_name: str, args: Any, inert: str | None) -> None:
+    """Warn when `args` train on-policy and the trainer's mechanism is then inert (`inert` says what happens then,
+    e.g. "ECHO's batch clip never acts"; None: the mechanism acts on-policy too)."""
+    if inert is None or not is_on_policy(args):
+        return
+    warnings.warn(
+        f"{trainer_name}: this schedule is on-policy (steps_per_generation={args.steps_per_generation}, "
+        f"gradient_accumulation_steps={args.gradient_accumulation_steps}, num_iterations={args.num_iterations}): "
+        f"every importance ratio is 1 and {inert}. {_off_policy_fix(args)}",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def check_dataset_holds_a_generation_batch(args: Any, train_dataset) -> None:
     """Raise when the training set has fewer prompts than one generation batch needs.
 
     TRL's `RepeatSampler` drops incomplete generation batches, so such a run would train zero steps without an error.

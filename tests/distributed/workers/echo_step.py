@@ -4,7 +4,9 @@ Run on 1 process (micro-batches of 8 rows) and on 2 processes (micro-batches of 
 `tests.distributed.batches.group_batch` form one optimizer step either way, but TRL shuffles the rows of the
 generation batch, so the micro-batches hold different rows. With `batch_ratio_scope="step"` R and the gradient are
 those of the objective over all 16 rows, whatever the split; with "micro_batch" they depend on it. The batch and the
-behaviour log-probs are fixed as in `one_step.py` (whose patched generation this worker reuses).
+behaviour log-probs are fixed as in `one_step.py` (whose patched generation this worker reuses). "step_weighted" is
+"step" with TRL's per-sequence and per-token loss multipliers on: the off-policy mask and vLLM IS weights
+(`token_mask` mode, from fixed sampling log-probs), which do not depend on the split either.
 
 Writes `rank{R}.json` ({"world_size", "cases": {scope: {"batch_ratio": [...]}}}) and `rank{R}_tensors.pt`
 ({scope: {"grads"}}: the all-reduced gradients entering the optimizer).
@@ -28,14 +30,28 @@ from tests.distributed.workers.one_step import GradRecorder, fixed_generation  #
 from tests.helpers import _forward, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
 from trl_groupopt.trainers import ECHOConfig, ECHOTrainer  # noqa: E402
 
-SCOPES = ("step", "micro_batch")
+CASES = {"step": "step", "micro_batch": "micro_batch", "step_weighted": "step"}  # case -> batch_ratio_scope
+OFF_POLICY_THRESHOLD = 0.02  # masks the negative-advantage rows of the "split" half with log-ratio -0.3
+IS_CLIP_MAX, SAMPLING_NOISE = 3.0, 0.6  # TRL's default clip; sampling log-probs 0.6 off the behaviour policy
 
 
-def run_scope(scope, cli, tokenizer, batch):
+def vllm_fields(old, mask):
+    """Fixed vLLM sampling log-probs and TRL's `token_mask` IS ratio from them (mirrors
+    `GRPOTrainer._generate_and_score_completions`, trl 1.16.0), over the whole global batch."""
+    noise = torch.randn(old.shape, generator=torch.Generator().manual_seed(5))
+    sampling = old + SAMPLING_NOISE * noise * mask
+    ratio = torch.exp((old - sampling) * mask)
+    ratio = ratio.masked_fill(ratio > IS_CLIP_MAX, 0.0)
+    assert bool((ratio[mask.bool()] == 0).any())  # some tokens masked
+    return {"sampling_per_token_logps": sampling, "importance_sampling_ratio": ratio}
+
+
+def run_scope(case, cli, tokenizer, batch):
+    scope = CASES[case]
     world = cli.world_size
     args = ECHOConfig(
         **cpu_config_kwargs(
-            os.path.join(cli.out, "run", scope),
+            os.path.join(cli.out, "run", case),
             per_device_train_batch_size=batches.NUM_ROWS // (2 * world),
             num_generations=batches.GROUP_SIZE,
             steps_per_generation=2,
@@ -47,6 +63,7 @@ def run_scope(scope, cli, tokenizer, batch):
             warmup_steps=0,
             max_grad_norm=1e9,
             batch_ratio_scope=scope,
+            off_policy_mask_threshold=OFF_POLICY_THRESHOLD if case == "step_weighted" else None,
         )
     )
     trainer = ECHOTrainer(
@@ -56,7 +73,11 @@ def run_scope(scope, cli, tokenizer, batch):
     assert trainer.accelerator.num_processes == world
     with torch.no_grad():  # initial log-probs over the whole global batch, identical on every rank
         logps, _, _ = _forward(trainer, trainer.model, batch)
-    trainer._fixed = {"batch": batch, "old_per_token_logps": (logps - batches.log_ratios("split")).detach()}
+    old = (logps - batches.log_ratios("split")).detach()
+    trainer._fixed = {"batch": batch, "old_per_token_logps": old}
+    if case == "step_weighted":  # as TRL sets them with use_vllm=True (generation is fixed: no engine needed)
+        trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+        trainer._fixed.update(vllm_fields(old, batch["completion_mask"].float()))
     recorder = GradRecorder()
     trainer.add_callback(recorder)
     set_seed(0)
@@ -74,8 +95,8 @@ def main():
     tokenizer = tiny_tokenizer()
     batch = batches.group_batch(len(tokenizer), tokenizer.pad_token_id)
     results, tensors = {}, {}
-    for scope in SCOPES:
-        results[scope], tensors[scope] = run_scope(scope, cli, tokenizer, batch)
+    for case in CASES:
+        results[case], tensors[case] = run_scope(case, cli, tokenizer, batch)
     rank = int(os.environ.get("RANK", "0"))
     torch.save(tensors, os.path.join(cli.out, f"rank{rank}_tensors.pt"))
     write_result(cli.out, {"world_size": cli.world_size, "cases": results})

@@ -8,8 +8,9 @@ patched to return this rank's rows of `tests.distributed.batches.group_batch`, s
 (whole-group methods) and `rewards` (OTB) exactly as in a real run. The global per-function rewards are put on
 `self._raw_rewards_per_func`, where TRL's `_calculate_rewards` would have left them. `old_per_token_logps` is the
 initial model's log-probs minus a fixed log-ratio (`batches.log_ratios`), computed once over the whole global batch
-on every rank; for OTB (whose energy must come from the behaviour-policy forward, recorded beside its log-probs) the behaviour
-policy is instead the initial model with fixed perturbed weights, run inside the patched call on the local rows.
+on every rank; for OTB's advantages (OTB, and ECHO, CTPO, GRPO-fix with `advantage_estimator="otb"`: the energy must
+come from the behaviour-policy forward, recorded beside its log-probs) the behaviour policy is instead the initial
+model with fixed perturbed weights, run inside the patched call on the local rows.
 
 Optimizer: plain SGD (momentum 0, constant learning rate, gradient clipping out of reach), so the update is
 `p - lr * grad` and a scale error in the gradient shows in the parameters (AdamW's first step is sign-like).
@@ -46,8 +47,9 @@ from tests.helpers import (
 from trl_groupopt import METHODS, get_method
 
 LEARNING_RATE = 0.5
-OTB_WEIGHT_NOISE = 0.05  # std of the behaviour policy's weight perturbation (OTB only)
+OTB_WEIGHT_NOISE = 0.05  # std of the behaviour policy's weight perturbation (OTB's advantages only)
 DFPO_EPS = dict(epsilon=0.05, epsilon_high=0.08)  # some sequence ratios clipped, some not ("mixed" scenario)
+OTB_ADVANTAGES = dict(advantage_estimator="otb")  # a method's objective on OTB's advantages
 
 #: registry name -> {case name: (config overrides, off-policy scenario or "weights")} for the methods checked in more
 #: than one configuration or scenario; every other registered method runs one case, named after it, with its defaults
@@ -59,14 +61,17 @@ VARIANTS = {
         for loss in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
     },
     "echo": {
-        f"echo/{scope}/{scenario}": (dict(batch_ratio_scope=scope), scenario)
-        for scope, scenarios in (("micro_batch", ("split", "unclipped")), ("global", ("split", "shifted", "unclipped")))
-        for scenario in scenarios
+        **{f"echo/{scope}/{scenario}": (dict(batch_ratio_scope=scope), scenario)
+           for scope, scenarios in (("micro_batch", ("split", "unclipped")), ("global", ("split", "shifted", "unclipped")))
+           for scenario in scenarios},
+        "echo/otb": (OTB_ADVANTAGES, "weights"),  # the default ("step") scope on OTB's advantages
     },
     "dfpo": {
         f"dfpo/{t}": (dict(dfpo_transform=t, **DFPO_EPS), "mixed") for t in ("min_replace", "orth_proj", "orth_proj_qp", "none")
     },
     "otb": {"otb": (dict(), "weights")},  # OTB's energy must come from the behaviour policy's own forward
+    "ctpo": {"ctpo": (dict(), "mixed"), "ctpo/otb": (OTB_ADVANTAGES, "weights")},
+    "grpo_fix": {"grpo_fix": (dict(), "mixed"), "grpo_fix/otb": (OTB_ADVANTAGES, "weights")},
 }  # fmt: skip
 METHOD_CASES = {method: VARIANTS.get(method, {method: (dict(), "mixed")}) for method in METHODS}
 # name -> (registry name, config overrides, off-policy scenario or "weights")
@@ -86,8 +91,10 @@ def fixed_generation(self, inputs):
         for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
     }
     output["num_items_in_batch"] = batch["num_items_in_batch"].to(device)  # global token count, as TRL gathers it
-    if self.requires_raw_rewards:
-        self._raw_rewards_per_func = batch["rewards_per_func"].to(device)  # (N_global, F), as _calculate_rewards
+    self._raw_rewards_per_func = batch["rewards_per_func"].to(device)  # (N_global, F), as _calculate_rewards
+    for key in ("sampling_per_token_logps", "importance_sampling_ratio"):  # vLLM's, where a test fixes them
+        if key in fixed:
+            output[key] = fixed[key][rows].to(device)
     if fixed["old_per_token_logps"] is not None:
         output["old_per_token_logps"] = fixed["old_per_token_logps"][rows].to(device)
     else:  # behaviour policy = perturbed weights, through the model's own (captured) forward, as TRL scores

@@ -1,0 +1,120 @@
+"""The mechanism report's definitions and counting (`trl_groupopt.mechanism`, the methods' `MECHANISM`s): one
+definition per method, shared by the trainers and the stress benchmark. The trainers' use of it (the `acted/<method>`
+metric, `mechanism_report`, `train()`'s report) is in tests/trainers/test_mechanism_report.py and, trained,
+tests/e2e/test_run_report.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks import stress
+from trl_groupopt import METHODS, methods
+from trl_groupopt.mechanism import Mechanism, MechanismTracker, Observed
+
+TOY = Mechanism(
+    method="toy",
+    name="Toy's clip",
+    what="a toy ratio was clipped",
+    keys=("toy/clipped",),
+    acts=lambda clipped: clipped > 0,
+    observed=(Observed("R", "toy/ratio"), Observed("share", "toy/share", "mean")),
+    inert="this run trained as the base objective",
+    hint="lower toy_epsilon",
+)
+PAIR = Mechanism(method="pair", name="Pair's baseline", what="ours was below theirs", keys=("p/ours", "p/theirs"),
+                 acts=lambda ours, theirs: ours < theirs)  # fmt: skip
+
+
+def test_every_registered_method_has_one_definition_the_benchmark_shares():
+    """The stress benchmark's `MECHANISM_ACTS` is the library's, built from each method's spec."""
+    assert stress.MECHANISM_ACTS is methods.MECHANISM_ACTS
+    assert set(methods.MECHANISM_ACTS) == set(METHODS)
+    for name, spec in METHODS.items():
+        mechanism = spec.mechanism
+        assert mechanism is not None and mechanism.method == name, name
+        assert methods.MECHANISM_ACTS[name] == (mechanism.what, mechanism.keys, mechanism.acts), name
+        assert mechanism.metric == f"acted/{name}" and mechanism.inert and mechanism.hint, name
+
+
+@pytest.mark.parametrize(
+    "method, values, acted",
+    [
+        ("echo", {"echo/batch_clipped": 0.0}, False),
+        ("echo", {"echo/batch_clipped": 0.5}, True),
+        ("ctpo", {"clip_ratio/region_mean": 0.01}, True),
+        ("dfpo", {"dfpo/shrink": 1.0}, False),
+        ("dfpo", {"dfpo/shrink": 0.999}, True),
+        ("grpo_fix", {"dfpo/sym_clip_ratio": 0.0}, False),
+        ("otb", {"otb/grad_second_moment": 1.0, "otb/grad_second_moment_group_mean_baseline": 2.0}, True),
+        ("otb", {"otb/grad_second_moment": 2.0, "otb/grad_second_moment_group_mean_baseline": 2.0}, False),
+        ("grpo", {"clip_ratio/region_mean": 0.0}, False),
+    ],
+)
+def test_the_definitions(method, values, acted):
+    mechanism = METHODS[method].mechanism
+    assert mechanism.acted_on(values) is acted
+    assert mechanism.acted_on({}) is None  # not logged: not measured
+    assert mechanism.acted_on(dict.fromkeys(values, math.nan)) is None
+
+
+def test_tracker_counts_optimizer_steps_on_the_step_mean():
+    tracker = MechanismTracker([TOY, PAIR])
+    assert tracker.keys == {"toy/clipped", "toy/ratio", "toy/share", "p/ours", "p/theirs"}
+    # step 1: two micro-batches, one clipped: the step's mean > 0 -> acted
+    for value in (0.0, 1.0):
+        tracker.record("toy/clipped", value)
+    tracker.record("toy/ratio", 0.95)
+    tracker.record("toy/share", 0.25)
+    tracker.record("unrelated/key", 5.0)
+    tracker.record("p/ours", 1.0)
+    tracker.record("p/theirs", 3.0)
+    assert tracker.end_step() == {"acted/toy": 1.0, "acted/pair": 1.0}
+    # step 2: nothing clipped; the pair not measured (one key NaN)
+    tracker.record("toy/clipped", 0.0)
+    tracker.record("toy/ratio", 1.08)
+    tracker.record("toy/share", 0.75)
+    tracker.record("p/ours", math.nan)
+    tracker.record("p/theirs", 1.0)
+    assert tracker.end_step() == {"acted/toy": 0.0}
+    # step 3: nothing logged at all
+    assert tracker.end_step() == {}
+    report = tracker.report("toy", "grpo")
+    toy, pair = report.outcomes
+    assert (toy.steps, toy.acted, pair.steps, pair.acted) == (2, 1, 1, 1)
+    assert toy.observed == {"R": (0.95, 1.08), "share": 0.5}
+    assert toy.text == "Toy's clip acted on 1 of 2 optimizer steps (R within [0.9500, 1.0800]; share: mean 0.5): " \
+                       "a toy ratio was clipped on 50% of them."  # fmt: skip
+    assert report.never_acted == [] and report.text.endswith("\nAdvantage estimator: grpo.")
+    data = report.to_dict()
+    assert data["method"] == "toy" and data["advantage_estimator"] == "grpo"
+    assert data["mechanisms"][0] | {"text": None} == {
+        "method": "toy", "mechanism": "Toy's clip", "acted_means": "a toy ratio was clipped", "metric": "acted/toy",
+        "steps": 2, "acted": 1, "fraction": 0.5, "observed": {"R": [0.95, 1.08], "share": 0.5}, "text": None,
+    }  # fmt: skip
+    tracker.reset()
+    assert tracker.report("toy", "grpo").outcomes[0].steps == 0
+
+
+def test_report_of_a_mechanism_that_never_acted_says_what_ran_and_how_to_make_it_act():
+    tracker = MechanismTracker([TOY])
+    for ratio in (0.954, 1.008):
+        tracker.record("toy/clipped", 0.0)
+        tracker.record("toy/ratio", ratio)
+        tracker.end_step()
+    report = tracker.report("toy", "otb")
+    (outcome,) = report.never_acted
+    assert outcome.text == (
+        "Toy's clip acted on 0 of 2 optimizer steps (R within [0.9540, 1.0080]): this run trained as the base "
+        "objective; to make it act, lower toy_epsilon."
+    )
+    assert report.text == outcome.text + "\nAdvantage estimator: otb."
+    unmeasured = MechanismTracker([PAIR]).report("pair", "grpo")
+    assert not unmeasured.never_acted
+    assert unmeasured.outcomes[0].text == "Pair's baseline: not measured (no optimizer step logged p/ours, p/theirs)."
+
+
+def test_observed_stat_is_checked():
+    with pytest.raises(ValueError, match="'range' or 'mean'"):
+        Observed("R", "toy/ratio", "median")

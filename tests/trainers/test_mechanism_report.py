@@ -1,0 +1,89 @@
+"""The trainers' side of the mechanism report, without training: which definitions a trainer reports (its method's,
+a mode's, OTB's with OTB advantages), the report before any step, and DFPO's own word in place of TRL's
+`'dapo'`-with-sequence-ratios warning (no other TRL warning silenced). Trained runs: tests/e2e/test_run_report.py."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from trl import GRPOConfig
+
+from tests.helpers import clone_model, cpu_config_kwargs, length_reward, method_trainer, tiny_dataset
+from trl_groupopt import METHODS, DFPOConfig, DFPOTrainer, get_method
+from trl_groupopt.methods import otb
+from trl_groupopt.trainers.base import GroupOptTrainer
+from trl_groupopt.trainers.dfpo import SUM_LOSS_NOTE, TRL_SEQUENCE_LOSS_ADVICE
+
+TRL_LOGGER = "trl.trainer.grpo_trainer"
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_trainer_reports_its_methods_definition(method, tokenizer, base_model, tmp_path):
+    """Each registered method's trainer (GRPO-fix: the DFPO trainer in its mode) reports that method's definition;
+    before training, nothing was measured."""
+    trainer = method_trainer(method, tmp_path, clone_model(base_model), tokenizer, num_generations=2)
+    assert trainer.mechanisms() == (get_method(method).mechanism,)
+    report = trainer.mechanism_report
+    assert report.method == method and report.advantage_estimator == ("otb" if method == "otb" else "grpo")
+    (outcome,) = report.outcomes
+    assert outcome.steps == 0 and "not measured" in outcome.text and not report.never_acted
+
+
+def test_otb_advantages_add_otbs_definition(tokenizer, base_model, tmp_path, monkeypatch):
+    """A config whose `advantage_estimator` is "otb" (any method) reports OTB's token baseline too, and says so."""
+    trainer = method_trainer("ctpo", tmp_path, clone_model(base_model), tokenizer, num_generations=2)
+    monkeypatch.setattr(trainer.args, "advantage_estimator", "otb", raising=False)
+    assert trainer.mechanisms() == (get_method("ctpo").mechanism, otb.MECHANISM)
+    assert trainer.mechanism_report.advantage_estimator == "otb"
+
+
+def test_a_custom_objective_on_the_base_spec_has_no_definition(tokenizer, base_model, tmp_path):
+    """A subclass with its own objective that keeps the base's spec is not GRPO: no report rather than GRPO's."""
+
+    class Custom(GroupOptTrainer):
+        def objective(self, *args, **kwargs):
+            return super().objective(*args, **kwargs)
+
+    args = GRPOConfig(**cpu_config_kwargs(tmp_path, num_generations=2))
+    trainer = Custom(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
+                     processing_class=tokenizer)  # fmt: skip
+    assert trainer.mechanisms() == () and trainer.mechanism_report is None
+
+
+def _messages(caplog, logger: str) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.name == logger]
+
+
+def test_dfpo_replaces_trls_loss_type_advice_with_its_own_line(tokenizer, base_model, tmp_path, caplog):
+    """TRL advises loss_type='grpo' for sequence-level ratios with 'dapo'; DFPO (sequence ratios, 'dapo' by default)
+    says instead why 'dapo' is kept and what 'grpo' would cost, in one line. Fails without the replacement."""
+    args = DFPOConfig(**cpu_config_kwargs(tmp_path, num_generations=2))
+    assert (args.importance_sampling_level, args.loss_type) == ("sequence", "dapo")
+    with caplog.at_level(logging.WARNING):
+        DFPOTrainer(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
+                    processing_class=tokenizer)  # fmt: skip
+    assert not [m for m in _messages(caplog, TRL_LOGGER) if TRL_SEQUENCE_LOSS_ADVICE in m]
+    ours = _messages(caplog, "trl_groupopt.trainers.dfpo")
+    assert ours == [SUM_LOSS_NOTE.format(loss_type="dapo")] and "\n" not in ours[0]
+    assert "cancel" in ours[0] and "loss_type='grpo'" in ours[0] and "1/|y_i|" in ours[0]
+    assert not logging.getLogger(TRL_LOGGER).filters  # the filter is gone once the trainer is built
+
+
+def test_dfpo_silences_no_other_trl_warning(tokenizer, base_model, tmp_path, caplog):
+    """TRL's other warnings pass: DFPO's model_init_kwargs warning; the base trainer's GSPO advice unchanged."""
+    args = DFPOConfig(
+        **cpu_config_kwargs(tmp_path / "dfpo", num_generations=2, model_init_kwargs={"dtype": "float32"})
+    )
+    with caplog.at_level(logging.WARNING):
+        DFPOTrainer(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
+                    processing_class=tokenizer)  # fmt: skip
+    assert any("model_init_kwargs" in m for m in _messages(caplog, TRL_LOGGER))
+    caplog.clear()
+    grpo_args = GRPOConfig(**cpu_config_kwargs(tmp_path / "gspo", num_generations=2, loss_type="dapo",
+                                               importance_sampling_level="sequence"))  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        GroupOptTrainer(clone_model(base_model), length_reward, args=grpo_args, train_dataset=tiny_dataset(8),
+                        processing_class=tokenizer)  # fmt: skip
+    assert any(TRL_SEQUENCE_LOSS_ADVICE in m for m in _messages(caplog, TRL_LOGGER))
+    assert not _messages(caplog, "trl_groupopt.trainers.dfpo")

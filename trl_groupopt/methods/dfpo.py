@@ -1,0 +1,73 @@
+"""DFPO (in-group re-weighting on GSPO) and its GRPO-fix mode (equations: `trl_groupopt/objectives/dfpo.py`)."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import replace
+
+from ..mechanism import Mechanism, Observed
+from ..spec import MethodSpec, Paper
+
+PAPER = Paper(
+    title="Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation",
+    arxiv_id="2604.13088",
+    bibtex=textwrap.dedent("""\
+        @article{ding2026design,
+            title        = {{Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation}},
+            author       = {Fei Ding and Yongkang Zhang and Youwei Wang and Zijian Zeng},
+            year         = 2026,
+            eprint       = {arXiv:2604.13088},
+        }"""),
+)
+
+#: The `dfpo_transform` that selects GRPO-fix (App. H): a mode of the DFPO trainer.
+GRPO_FIX = "symmetric_clip"
+
+#: DFPO acted on a step when its transform re-weighted a group (shrink < 1, Eq. 87); the report quotes the
+#: token-gradient cancellation residual against the one GSPO's weights leave on the same batches.
+MECHANISM = Mechanism(
+    method="dfpo",
+    name="DFPO's in-group re-weighting",
+    what="the transform re-weighted a group",
+    keys=("dfpo/shrink",),
+    acts=lambda shrink: shrink < 1 - 1e-9,
+    observed=(
+        Observed("cancellation residual", "dfpo/cancellation_residual", "mean"),
+        Observed("GSPO's weights on the same batches", "dfpo/cancellation_residual_gspo", "mean"),
+    ),
+    inert="this run trained as GSPO (the transform was the identity)",
+    hint="train off-policy (steps_per_generation > gradient_accumulation_steps, or num_iterations > 1): on-policy "
+    "every sequence ratio is 1",
+)
+
+METHOD = MethodSpec(
+    name="dfpo",
+    trainer_class="trl_groupopt.trainers.dfpo:DFPOTrainer",
+    paper=PAPER,
+    headline_metric="dfpo/shrink",
+    summary="GSPO sequence ratios re-weighted inside each group to restore token-gradient cancellation",
+    mechanism=MECHANISM,
+)
+
+#: GRPO-fix acted on a step when its symmetric clip removed a token (r > 1 + epsilon_high, either advantage sign).
+GRPO_FIX_MECHANISM = Mechanism(
+    method="grpo_fix",
+    name="GRPO-fix's symmetric clip",
+    what="the symmetric clip removed a token",
+    keys=("dfpo/sym_clip_ratio",),
+    acts=lambda rate: rate > 0,
+    observed=(Observed("share of tokens removed", "dfpo/sym_clip_ratio", "mean"),),
+    inert="this run trained with the unclipped surrogate -A * r",
+    hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower epsilon_high",
+)
+
+#: GRPO-fix: the DFPO trainer in its symmetric-clip mode.
+GRPO_FIX_METHOD = MethodSpec(
+    name="grpo_fix",
+    trainer_class="trl_groupopt.trainers.dfpo:DFPOTrainer",
+    paper=replace(PAPER, section="App. H"),
+    headline_metric="dfpo/sym_clip_ratio",
+    config_defaults={"dfpo_transform": GRPO_FIX},
+    summary="GRPO with the symmetric clip -A * clip(r, 0, 1 + epsilon_high) for both advantage signs (Eq. 80)",
+    mechanism=GRPO_FIX_MECHANISM,
+)

@@ -1,0 +1,44 @@
+"""GRPO, TRL's objective through the shared loss path: the baseline every method is compared with."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ..mechanism import Mechanism, Observed
+from ..spec import MethodSpec, Paper
+
+PAPER = Paper(
+    title="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+    arxiv_id="2402.03300",
+    bibtex=textwrap.dedent("""\
+        @article{shao2024deepseekmath,
+            title        = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
+            author       = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},
+            year         = 2024,
+            eprint       = {arXiv:2402.03300},
+        }"""),
+)
+
+#: GRPO's clip acted on a step when a token ratio (a sequence ratio with importance_sampling_level="sequence")
+#: hit its clip bound.
+MECHANISM = Mechanism(
+    method="grpo",
+    name="GRPO's ratio clip",
+    what="a token ratio was clipped",
+    keys=("clip_ratio/region_mean",),
+    acts=lambda rate: rate > 0,
+    observed=(Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),),
+    inert="this run trained as the unclipped policy gradient",
+    hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower epsilon / "
+    "epsilon_high",
+)
+
+METHOD = MethodSpec(
+    name="grpo",
+    trainer_class="trl_groupopt.trainers.base:GroupOptTrainer",
+    paper=PAPER,
+    headline_metric="clip_ratio/region_mean",
+    summary="TRL's GRPO objective through the shared loss path (the baseline)",
+    display_name="GRPO (trl-groupopt base)",
+    mechanism=MECHANISM,
+)

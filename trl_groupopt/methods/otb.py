@@ -1,0 +1,45 @@
+"""OTB: advantages from the optimal token baseline (equations: `trl_groupopt/objectives/otb.py`)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ..mechanism import Mechanism, Observed
+from ..spec import MethodSpec, Paper
+
+PAPER = Paper(
+    title="The Optimal Token Baseline: Variance Reduction for Long-Horizon LLM-RL",
+    arxiv_id="2602.07078",
+    bibtex=textwrap.dedent("""\
+        @article{li2026optimal,
+            title        = {{The Optimal Token Baseline: Variance Reduction for Long-Horizon LLM-RL}},
+            author       = {Yingru Li and Jiawei Xu and Ziniu Li and Jiacai Liu and Wei Liu and Yuxuan Tong and Longtao Zheng and Zhenghai Xue and Yaxiang Zhang and Tianle Cai and Ge Zhang and Qian Liu and Baoxiang Wang},
+            year         = 2026,
+            eprint       = {arXiv:2602.07078},
+        }"""),
+)
+
+#: OTB acted on a step when its token baseline gave a lower gradient second moment E[A^2 ||grad log p||^2] than the
+#: group-mean baseline on the same tokens (its purpose: variance reduction, Theorem 4.1).
+MECHANISM = Mechanism(
+    method="otb",
+    name="OTB's token baseline",
+    what="its baseline's gradient second moment was below the group mean's",
+    keys=("otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"),
+    acts=lambda ours, group_mean: ours < group_mean,
+    observed=(
+        Observed("gradient second moment", "otb/grad_second_moment", "mean"),
+        Observed("the group-mean baseline's", "otb/grad_second_moment_group_mean_baseline", "mean"),
+    ),
+    inert="its advantages had no lower variance than the group-mean baseline's on any step",
+    hint="use it where completions differ in length within a group (docs/otb.md)",
+)
+
+METHOD = MethodSpec(
+    name="otb",
+    trainer_class="trl_groupopt.trainers.otb:OTBTrainer",
+    paper=PAPER,
+    headline_metric="otb/grad_second_moment",
+    summary="advantages G_i - b_t with the optimal token baseline from the logit-gradient energy",
+    mechanism=MECHANISM,
+)

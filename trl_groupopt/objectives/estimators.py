@@ -1,0 +1,210 @@
+"""Advantage estimators: which advantages the policy objective receives, chosen by a config's `advantage_estimator`.
+
+The four papers change two orthogonal things: OTB (arXiv:2602.07078) changes the *advantages*, ECHO, CTPO, DFPO and
+GRPO-fix change the *policy objective*. A trainer picks its objective; its config picks the estimator, from
+:data:`ESTIMATORS`, so every objective runs with every estimator whose advantages it can take (as verl picks
+`algorithm.adv_estimator` and `actor.policy_loss.loss_mode` independently).
+
+An estimator is one pure function ``estimate(inputs: EstimatorInputs, **knobs) -> EstimatorOutput`` plus what it needs
+from the trainer, declared once here (the trainer provides exactly that, and nothing else):
+
+- ``needs_raw_rewards``: the batch carries the weighted, un-normalised rewards (``inputs.rewards``);
+- ``needs_whole_groups``: every micro-batch holds whole groups, with ``inputs.group_ids``;
+- ``needs_energy``: the logit-gradient energy of the rollout policy (``inputs.energy``), which the trainer then reads
+  from its fused LM head (``trl_groupopt/trainers/energy.py``); no other estimator pays for it;
+- ``knobs``: the config fields it reads (passed as keywords; ``validate`` checks them at config time);
+- ``per_token``: its advantages are (B, T), not one per sequence (objectives defined on sequence advantages, such as
+  DFPO's in-group transforms, refuse it);
+- ``trl_advantages``: it returns TRL's own advantages, so TRL's surrogate-replacing loss types (cispo, sapo, vespo),
+  which compute their loss from those, may run.
+
+Shipped: ``"grpo"`` (TRL's group-normalised advantages, as `GRPOTrainer` computes them; the default) and ``"otb"``
+(the optimal token baseline, `trl_groupopt.objectives.otb`). A third, e.g. RLOO's leave-one-out mean, is one
+:func:`register_estimator` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .common import group_mean
+from .otb import otb_advantages, validate_otb
+
+__all__ = [
+    "ESTIMATORS",
+    "AdvantageEstimator",
+    "EstimatorInputs",
+    "EstimatorOutput",
+    "estimator_of",
+    "get_estimator",
+    "otb_metrics",
+    "otb_zero_tail",
+    "register_estimator",
+    "unregister_estimator",
+]
+
+
+@dataclass(frozen=True)
+class EstimatorInputs:
+    """One micro-batch, as an estimator sees it. Fields an estimator does not declare a need for may be None."""
+
+    mask: Tensor  # (B, T) loss mask (completion mask without tool results)
+    trl_advantages: Tensor | None = None  # (B,) TRL's group-normalised advantages (`scale_rewards` applied)
+    rewards: Tensor | None = None  # (B,) raw weighted rewards, NaN where unscorable (`needs_raw_rewards`)
+    group_ids: Tensor | None = None  # (B,) integer group of each row (`needs_whole_groups`)
+    energy: Tensor | None = None  # (B, T) energy of the policy that sampled the batch (`needs_energy`)
+    importance_weights: Tensor | None = None  # (B, T) vLLM rollout importance weights, when the batch has them
+    tool_use: bool = False  # the batch has a tool mask (multi-turn tool use)
+
+
+@dataclass(frozen=True)
+class EstimatorOutput:
+    """Advantages, (B,) or (B, T) and detached, plus metrics: per-token (B, T) tensors that the trainer averages over
+    `metrics_mask` on every process (token-weighted, as TRL reduces its own), logged under their names."""
+
+    advantages: Tensor
+    metrics: Mapping[str, Tensor] = field(default_factory=dict)
+    metrics_mask: Tensor | None = None  # (B, T)
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """One entry of :data:`ESTIMATORS` (module docstring for the fields)."""
+
+    name: str
+    estimate: Callable[..., EstimatorOutput]
+    summary: str
+    knobs: tuple[str, ...] = ()
+    validate: Callable[..., None] | None = None
+    needs_raw_rewards: bool = False
+    needs_whole_groups: bool = False
+    needs_energy: bool = False
+    per_token: bool = False
+    trl_advantages: bool = False
+
+
+#: The estimator of a config without an `advantage_estimator` field (TRL's `GRPOConfig`): TRL's own advantages.
+DEFAULT_ESTIMATOR = "grpo"
+_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+#: Read-only view of the registered estimators, name -> :class:`AdvantageEstimator`, in registration order.
+ESTIMATORS: Mapping[str, AdvantageEstimator] = MappingProxyType(_ESTIMATORS)
+
+
+def register_estimator(estimator: AdvantageEstimator) -> AdvantageEstimator:
+    """Add `estimator` to :data:`ESTIMATORS` (its knobs must be fields of the configs that select it)."""
+    if estimator.name in _ESTIMATORS:
+        raise ValueError(f"An advantage estimator named {estimator.name!r} is already registered.")
+    _ESTIMATORS[estimator.name] = estimator
+    return estimator
+
+
+def unregister_estimator(name: str) -> None:
+    """Remove an estimator (for tests that register a toy one)."""
+    get_estimator(name)
+    del _ESTIMATORS[name]
+
+
+def get_estimator(name: str) -> AdvantageEstimator:
+    """The estimator registered as `name`; the error lists the valid names."""
+    try:
+        return _ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"advantage_estimator must be one of {tuple(_ESTIMATORS)}, got {name!r}.") from None
+
+
+def estimator_of(config: Any) -> AdvantageEstimator:
+    """The estimator a config selects: its `advantage_estimator` (an instance or a config class, whose field default
+    is read), `"grpo"` for a config without the field (TRL's plain `GRPOConfig`)."""
+    return get_estimator(getattr(config, "advantage_estimator", DEFAULT_ESTIMATOR))
+
+
+# ------------------------------------------------------------------------------------------------ grpo
+def _trl_advantages(inputs: EstimatorInputs) -> EstimatorOutput:
+    return EstimatorOutput(inputs.trl_advantages)
+
+
+# ------------------------------------------------------------------------------------------------ otb
+def otb_metrics(
+    rewards: Tensor, energy: Tensor, advantages: Tensor, mask: Tensor, group_ids: Tensor
+) -> tuple[dict[str, Tensor], Tensor]:
+    """OTB's per-token metrics and the mask to average them over (scored, valid tokens).
+
+    `otb/grad_second_moment` is the variance proxy E[A^2 ||grad log p||^2] (token gradient's second moment, with the
+    energy as ||grad log p||^2) and `otb/grad_second_moment_group_mean_baseline` the same with the group-mean
+    baseline's advantages G_i - mean_group(G) on the same tokens: the mechanism shows as the first below the second.
+    Values are zero where the mask is 0, so padding's non-finite values never reach a sum.
+    """
+    valid = (mask != 0) & (~torch.isnan(rewards)).unsqueeze(1)  # (B, T)
+    returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
+    baseline = returns - advantages  # (B, T) b_t where valid
+    group_adv = (returns.squeeze(1) - group_mean(returns.squeeze(1), group_ids)).unsqueeze(1)  # (B, 1)
+    per_token = {
+        "otb/energy_mean": energy,
+        "otb/baseline_mean": baseline,
+        "otb/adv_abs_mean": advantages.abs(),
+        "otb/grad_second_moment": advantages**2 * energy,
+        "otb/grad_second_moment_group_mean_baseline": group_adv**2 * energy,
+    }  # (B, T) each
+    metrics = {name: torch.where(valid, value.detach(), torch.zeros_like(value)) for name, value in per_token.items()}
+    return metrics, valid.to(energy.dtype)
+
+
+def _validate_otb_knobs(*, otb_token_positions: str, otb_handle_zero_tail: bool | None) -> None:
+    validate_otb(token_positions=otb_token_positions, names={"token_positions": "otb_token_positions"})
+    if otb_handle_zero_tail not in (None, True, False):
+        raise ValueError(
+            "otb_handle_zero_tail must be True, False or None (None: on for tool-use batches only), "
+            f"got {otb_handle_zero_tail!r}."
+        )
+
+
+def otb_zero_tail(otb_handle_zero_tail: bool | None, tool_use: bool) -> bool:
+    """`otb_handle_zero_tail` with `None` resolved per batch: on for tool-use batches (verl's defaults for its
+    tool-use and single-turn estimators)."""
+    return tool_use if otb_handle_zero_tail is None else bool(otb_handle_zero_tail)
+
+
+def _otb(inputs: EstimatorInputs, *, otb_token_positions: str, otb_handle_zero_tail: bool | None) -> EstimatorOutput:
+    """OTB's advantages `G_i - b_t` and metrics."""
+    zero_tail = otb_zero_tail(otb_handle_zero_tail, inputs.tool_use)
+    advantages = otb_advantages(
+        inputs.rewards,
+        inputs.energy,
+        inputs.mask,
+        inputs.group_ids,
+        handle_zero_tail=zero_tail,
+        token_positions=otb_token_positions,
+        importance_weights=inputs.importance_weights,
+    )  # (B, T)
+    metrics, valid = otb_metrics(inputs.rewards, inputs.energy, advantages, inputs.mask, inputs.group_ids)
+    return EstimatorOutput(advantages, metrics, valid)
+
+
+register_estimator(
+    AdvantageEstimator(
+        name="grpo",
+        estimate=_trl_advantages,
+        summary="TRL's group-normalised advantages (G_i - group mean, scaled as `scale_rewards` says)",
+        trl_advantages=True,
+    )
+)
+register_estimator(
+    AdvantageEstimator(
+        name="otb",
+        estimate=_otb,
+        summary="the optimal token baseline: A_it = G_i - b_t on the raw rewards, b_t weighted by the "
+        "logit-gradient energy (arXiv:2602.07078)",
+        knobs=("otb_token_positions", "otb_handle_zero_tail"),
+        validate=_validate_otb_knobs,
+        needs_raw_rewards=True,
+        needs_whole_groups=True,
+        needs_energy=True,
+        per_token=True,
+    )
+)

@@ -1,0 +1,176 @@
+"""What each micro-batch carries for group-coupled and reward-reading objectives.
+
+Objectives that couple the sequences of a group (DFPO) set `requires_whole_groups = True`, and advantage estimators
+that do (OTB's) declare `needs_whole_groups`: every micro-batch then holds whole groups (TRL's row shuffle of the
+generation batch is replaced by a shuffle of whole groups) and carries an explicit `group_ids` tensor, so no objective
+infers groups from positions. Estimators that read the raw rewards (OTB's) declare `needs_raw_rewards`: the batch then
+carries them as `rewards`.
+
+Every batch's rewards are checked (an infinite reward fails at its first batch, naming the function and the
+completion; no reward at all warns, then stops where the config says), and for the method trainers a group whose
+rewards are all equal gets advantage exactly 0 (`equal_reward_rows`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
+
+from ..checks import check_finite_rewards, watch_all_none_rewards
+
+__all__ = ["GroupBatchingMixin", "equal_reward_rows", "group_ids_for_local_batch", "shuffle_whole_groups"]
+
+
+def group_ids_for_local_batch(num_rows: int, num_generations: int, process_index: int, device=None) -> Tensor:
+    """(num_rows,) global group index of each local row.
+
+    TRL's `RepeatSampler` yields each prompt `num_generations` times in a row, and each process receives a
+    contiguous slice of `num_rows` rows of the global generation batch (`process_slice` in
+    `_generate_and_score_completions`), so the global row index divided by `num_generations` names the group.
+    """
+    # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): `process_slice` of the gathered batch
+    if num_rows % num_generations != 0:
+        raise ValueError(
+            f"A process holds {num_rows} completions, not a multiple of num_generations={num_generations}: "
+            "groups would straddle processes."
+        )
+    rows = process_index * num_rows + torch.arange(num_rows, device=device)
+    return rows // num_generations
+
+
+def shuffle_whole_groups(batch: dict[str, Any], group_ids: Tensor, generator: torch.Generator | None = None):
+    """Permute whole groups of a generation batch, keeping each group's rows contiguous and in order.
+
+    Replaces TRL's `shuffle_sequence_dict` (a row permutation that scatters groups across micro-batches).
+    Tensors with a leading batch dimension and per-row lists are permuted; scalars and None pass through.
+    """
+    # mirrors trl.trainer.utils.shuffle_sequence_dict (trl 1.16.0): which values are permuted and how
+    unique_groups, inverse = torch.unique_consecutive(group_ids, return_inverse=True)
+    num_groups = unique_groups.numel()
+    if torch.unique(group_ids).numel() != num_groups:
+        raise ValueError("group_ids must be contiguous: the rows of one group must be adjacent")
+    group_order = torch.randperm(num_groups, generator=generator)
+    # Stable sort of each row's position in the new group order keeps the rows of a group in their order.
+    new_rank = torch.empty_like(group_order)
+    new_rank[group_order] = torch.arange(num_groups)
+    row_order = torch.sort(new_rank[inverse.cpu()], stable=True).indices  # (N,)
+
+    num_rows = group_ids.shape[0]
+
+    def permute(value):
+        if isinstance(value, Tensor) and value.ndim >= 1 and value.shape[0] == num_rows:
+            return value[row_order.to(value.device)]
+        if isinstance(value, list) and len(value) == num_rows:
+            return [value[i] for i in row_order.tolist()]
+        return value
+
+    return {key: permute(value) for key, value in batch.items()}
+
+
+def equal_reward_rows(rewards: Tensor, num_generations: int) -> Tensor:
+    """(N,) True on the rows of every group whose scored `rewards` (N,) are all equal (NaN: unscored).
+
+    Groups are consecutive blocks of `num_generations` rows, as in TRL's global generation batch. TRL centres by the
+    group mean, which float rounding does not always return exactly (float32: 0.3 six times leaves ~3e-8), and then
+    divides by ``std + 1e-4``: such a group would train with advantages ~3e-4 of one sign instead of 0.
+    """
+    grouped = rewards.view(-1, num_generations)  # (K, G)
+    scored = ~torch.isnan(grouped)
+    highest = torch.where(scored, grouped, -torch.inf).amax(dim=1)  # (K,)
+    lowest = torch.where(scored, grouped, torch.inf).amin(dim=1)  # (K,); an all-unscored group: inf > -inf
+    return (highest == lowest).repeat_interleave(num_generations)  # (N,)
+
+
+def _check_groups_share_prompts(prompt_ids: Tensor, num_generations: int) -> None:
+    """Every row of a group must hold the same prompt; anything else means groups were misaligned."""
+    grouped = prompt_ids.view(-1, num_generations, prompt_ids.size(-1))  # (K, G, P)
+    if not torch.equal(grouped, grouped[:, :1].expand_as(grouped)):
+        raise RuntimeError(
+            "Completions of one group carry different prompts: the sampler did not deliver whole groups to this "
+            "process. Please report this with your accelerate and TRL versions."
+        )
+
+
+def _check_groups_share_rows(prompts: list[Any], num_generations: int) -> None:
+    """As `_check_groups_share_prompts`, on the dataset rows' prompts, before an environment's `reset()` edits
+    them (rollouts of one row may then see different prompts, as in TRL)."""
+    for start in range(0, len(prompts), num_generations):
+        if any(p != prompts[start] for p in prompts[start : start + num_generations]):
+            raise RuntimeError(
+                "Completions of one group come from different dataset rows: the sampler did not deliver whole "
+                "groups to this process. Please report this with your accelerate and TRL versions."
+            )
+
+
+class GroupBatchingMixin:
+    """`GRPOTrainer`'s batch production with `group_ids` and whole-group micro-batches (`self.whole_groups`), the raw
+    rewards (the estimator's `needs_raw_rewards`), and the all-None reward watch. Mixed into `GroupOptTrainer`, whose
+    `_generate_and_score_completions` calls `_add_batch_fields` on TRL's output."""
+
+    def _add_batch_fields(self, output: dict[str, Any], inputs) -> dict[str, Any]:
+        """`output` of TRL's `_generate_and_score_completions` with `group_ids` (checked against the prompts) and
+        the raw `rewards` where this trainer needs them."""
+        num_rows = output["completion_ids"].shape[0]
+        mode = "train" if self.model.training else "eval"
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        if self.whole_groups:
+            output["group_ids"] = group_ids_for_local_batch(
+                num_rows, num_generations, self.accelerator.process_index, output["completion_ids"].device
+            )
+            if self.environment_factories is None:
+                _check_groups_share_prompts(output["prompt_ids"], num_generations)
+            else:  # each rollout's `reset()` may extend its prompt: the group is the sampler's, the dataset row's
+                _check_groups_share_rows([x.get("prompt") for x in inputs], num_generations)
+        if self.estimator.needs_raw_rewards:
+            output["rewards"] = self._local_raw_rewards(num_rows)
+        if self.has_own_objective and self.multi_objective_aggregation == "sum_then_normalize":
+            # A method's rule: a group without a reward contrast contributes exactly nothing. (TRL's own GRPO keeps
+            # TRL's advantages; "normalize_then_sum" centres over the whole batch, where an equal group has a signal.)
+            start = self.accelerator.process_index * num_rows
+            equal = equal_reward_rows(self._global_raw_rewards(), num_generations)[start : start + num_rows]
+            output["advantages"] = torch.where(equal.to(output["advantages"].device), 0.0, output["advantages"])
+        return output
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Environment-owned rewards (`get_reward`) are one more column of TRL's (N_global, F) matrix, with weight 1.
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        check_finite_rewards(rewards_per_func, self.reward_func_names)  # +-inf fails here, naming the function
+        watch_all_none_rewards(self, rewards_per_func, inputs)  # warn (then stop, for the method configs)
+        self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
+        return rewards_per_func
+
+    def _global_raw_rewards(self) -> Tensor:
+        """(N_global,) weighted sum of the reward functions for the generation batch; NaN where unscorable.
+
+        The same combination TRL logs as `reward` (weights applied, NaN-skipping sum, NaN when every reward function
+        returned None), before any group centring or scaling. Environment-owned rewards are included (TRL appends
+        them as a reward column with weight 1).
+        """
+        # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): the `rewards` sum
+        rewards_per_func = self._raw_rewards_per_func
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        rewards = (rewards_per_func * weights).nansum(dim=1)  # (N_global,)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return rewards
+
+    def _local_raw_rewards(self, num_rows: int) -> Tensor:
+        """(num_rows,) `_global_raw_rewards` of this process's rows."""
+        start = self.accelerator.process_index * num_rows  # mirrors TRL's `process_slice` (trl 1.16.0)
+        return self._global_raw_rewards()[start : start + num_rows]
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's `_prepare_inputs`, with a shuffle of whole groups in place of the row shuffle (group methods)."""
+        if not self.whole_groups or not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        # mirrors GRPOTrainer._prepare_inputs (trl 1.16.0), train branch; only the shuffle differs
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            generation_batch = self._generate_and_score_completions(generation_batch)
+            generation_batch = split_pixel_values_by_grid(generation_batch)
+            generation_batch = shuffle_whole_groups(generation_batch, generation_batch["group_ids"])
+            generation_batches = split_tensor_dict(generation_batch, self.args.steps_per_generation)
+            self._buffered_inputs = [unsplit_pixel_values_by_grid(batch) for batch in generation_batches]
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]

@@ -1,0 +1,68 @@
+"""Guards against stacks that would compute a loss other than `GroupOptTrainer._compute_loss` (Unsloth, old Liger),
+and our own word in place of a TRL warning that would mislead a method's user (`dropping_trl_warning`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+__all__ = ["check_loss_routed_through_compute_loss", "dropping_trl_warning"]
+
+
+def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: bool) -> None:
+    """Raise if the installed stack would compute a loss other than our `_compute_loss`.
+
+    - Unsloth rebinds `trl.GRPOTrainer` and replaces `compute_loss`: any class in the MRO from an Unsloth module, or a
+      `compute_loss` that is not TRL's, means our objective would be silently dropped.
+    - Liger: TRL <= 1.13 routed `use_liger_kernel=True` to a fused Liger GRPO loss that bypasses `_compute_loss`.
+      TRL 1.16 only patches model kernels (RMSNorm, RoPE, SwiGLU) and keeps the loss in `_compute_loss`, so Liger is
+      allowed there. We detect the old routing by the `compute_liger_loss` method it needed.
+    """
+    for klass in trainer_cls.__mro__:
+        if "unsloth" in (klass.__module__ or "").lower() or "unsloth" in klass.__name__.lower():
+            raise ValueError(
+                f"{trainer_cls.__name__} derives from {klass.__module__}.{klass.__name__}: Unsloth's patched "
+                "GRPOTrainer replaces `compute_loss`, which would silently train Unsloth's GRPO loss instead of this "
+                "method's objective. Import trl_groupopt in a process that does not import unsloth (or import "
+                "trl_groupopt before unsloth and do not use Unsloth's patched trainer)."
+            )
+    compute_loss_module = getattr(trainer_cls.compute_loss, "__module__", "") or ""
+    if not compute_loss_module.startswith(("trl.", "trl_groupopt")):
+        raise ValueError(
+            f"{trainer_cls.__name__}.compute_loss comes from {compute_loss_module!r}, not TRL: something (e.g. "
+            "Unsloth) patched the trainer and this method's objective would not be used. Remove the patch."
+        )
+    if use_liger_kernel and hasattr(trainer_cls, "compute_liger_loss"):
+        raise ValueError(
+            "use_liger_kernel=True makes this TRL version compute Liger's fused GRPO loss instead of `_compute_loss`, "
+            "which would silently drop this method's objective. Set use_liger_kernel=False, or upgrade to trl>=1.16 "
+            "where Liger only patches model kernels."
+        )
+
+
+class _DropRecords(logging.Filter):
+    """Drops (and keeps) the log records whose message contains `text`; every other record passes."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.dropped = text, []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.text in record.getMessage():  # accelerate's logger prefixes "[RANK k] "
+            self.dropped.append(record)
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def dropping_trl_warning(text: str) -> Iterator[list[logging.LogRecord]]:
+    """Inside the block, the warnings of `trl.trainer.grpo_trainer` whose message contains `text` are dropped (every
+    other record passes); yields the list of the dropped records, for the caller to put its own word instead."""
+    trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
+    drop = _DropRecords(text)
+    trl_logger.addFilter(drop)
+    try:
+        yield drop.dropped
+    finally:
+        trl_logger.removeFilter(drop)

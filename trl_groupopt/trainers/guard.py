@@ -1,0 +1,119 @@
+"""The non-finite guard: a diverging run stops with an error before any non-finite weight is applied, saved or pushed.
+
+transformers trains on through a NaN: with `learning_rate=100`, ECHO's default off-policy schedule logs `grad_norm nan`
+at step 2, keeps stepping, saves every later checkpoint with all-NaN weights and returns normally. The guard checks
+the two numbers every step already computes, where they are known and before they act:
+
+- the loss of each micro-batch, in `compute_loss`, before its backward pass;
+- the gradient norm of each optimizer step, in `_get_grad_norm` (after clipping, before `optimizer.step()`; the norm
+  is reduced over processes, so every rank stops together).
+
+The error names the step, the metric and the likely causes. Nothing after the last good step is applied, so the last
+checkpoint on disk stays the last good one. Saving weights that hold a NaN or inf (`save_model`, checkpoints,
+`push_to_hub`, which saves first) raises too, before a file is written.
+
+On by default; `nonfinite_guard=False` in a method config restores transformers' behaviour. TRL's plain
+`GRPOConfig` has no such field and reads as on (`guard_enabled`). Under DeepSpeed the optimizer step runs inside the
+backward pass, so there the gradient check comes after it; the loss check and the save check still hold.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..run_folder import newest_complete_checkpoint
+
+__all__ = ["DEFAULT_NONFINITE_GUARD", "NonFiniteError", "NonFiniteGuardMixin", "guard_enabled", "nonfinite_weights"]
+
+#: The guard's setting for configs without a `nonfinite_guard` field (TRL's plain `GRPOConfig`).
+DEFAULT_NONFINITE_GUARD = True
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a NaN or inf loss or gradient norm, or weights holding one were about to be saved."""
+
+
+def guard_enabled(args: Any) -> bool:
+    """The config's `nonfinite_guard`, or `DEFAULT_NONFINITE_GUARD` for configs without the field."""
+    return bool(getattr(args, "nonfinite_guard", DEFAULT_NONFINITE_GUARD))
+
+
+def _local(tensor: Tensor) -> Tensor:
+    """The process's own shard of a distributed tensor (FSDP2's DTensor), the tensor itself otherwise."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def nonfinite_weights(named_tensors: Iterable[tuple[str, Tensor]]) -> list[str]:
+    """Names of the floating-point tensors holding a NaN or inf (one host sync for all of them)."""
+    named = [(name, _local(t)) for name, t in named_tensors if isinstance(t, Tensor) and t.is_floating_point()]
+    named = [(name, t) for name, t in named if t.numel()]
+    if not named:
+        return []
+    finite = torch.stack([torch.isfinite(t).all().to(named[0][1].device) for _, t in named]).tolist()
+    return [name for (name, _), ok in zip(named, finite, strict=True) if not ok]
+
+
+def _causes(args: Any) -> str:
+    fp16 = " fp16 overflow (fp16=True: train in bf16 or fp32)," if getattr(args, "fp16", False) else ""
+    return (
+        f"Likely causes: a learning rate too high for this model (learning_rate={args.learning_rate}: try 10x lower),"
+        f"{fp16} or rewards on a large scale (methods without std normalisation, e.g. OTB, use the raw rewards: "
+        "bring them to order 1)."
+    )
+
+
+def _resume_hint(output_dir: str) -> str:
+    last = newest_complete_checkpoint(output_dir, warn=False) if os.path.isdir(output_dir) else None
+    if last is None:
+        return "No checkpoint was saved before it."
+    return (
+        f"The last good checkpoint is {last}: fix the cause and resume from it (trainer.train("
+        "resume_from_checkpoint=True), or --resume_from_checkpoint last on the command line)."
+    )
+
+
+class NonFiniteGuardMixin:
+    """Mixed into `GroupOptTrainer` before `GRPOTrainer` (see the module docstring)."""
+
+    def _stop_nonfinite(self, metric: str, value: Any) -> None:
+        step = self.state.global_step + 1  # the optimizer step being computed
+        raise NonFiniteError(
+            f"Training diverged at step {step}: the {metric} is {value}, so the optimizer step was not applied. "
+            f"{_causes(self.args)} {_resume_hint(self.args.output_dir)} (nonfinite_guard=False turns this check off.)"
+        )
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(
+            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
+        if model.training and guard_enabled(self.args):
+            value = loss[0] if isinstance(loss, tuple) else loss
+            if not bool(torch.isfinite(value.detach()).all()):
+                self._stop_nonfinite("loss of a micro-batch", value.detach().float().tolist())
+        return loss
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        if grad_norm is not None and guard_enabled(self.args):
+            value = float(grad_norm)
+            if not math.isfinite(value):
+                self._stop_nonfinite("gradient norm", value)
+        return grad_norm
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        if guard_enabled(self.args):
+            tensors = state_dict.items() if state_dict is not None else self.model.state_dict().items()
+            bad = nonfinite_weights(tensors)
+            if bad:
+                where = output_dir if output_dir is not None else self.args.output_dir
+                raise NonFiniteError(
+                    f"Refusing to save weights that hold NaN or inf to {where}: {len(bad)} tensor(s), e.g. "
+                    f"{bad[:3]}. {_causes(self.args)} (nonfinite_guard=False saves them anyway.)"
+                )
+        super()._save(output_dir, state_dict=state_dict)

@@ -1,0 +1,115 @@
+"""The metric reduction of `GroupOptTrainer`: an objective's metrics reduced over processes as TRL reduces its own,
+queued per micro-batch and flushed with one collective and one host sync."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+__all__ = ["CLIP_METRICS", "MetricsMixin"]
+
+#: The objectives' clip indicators, logged under TRL's names (`<name>_mean`, and `_min` / `_max` per sequence).
+CLIP_METRICS = ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region")
+_REDUCTIONS = ("mean", "nanmean", "min", "max")
+
+
+def _masked_stats(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Local (sum, count) of a token-weighted mean ((B, 1) values: one per sequence, mask unused), as TRL."""
+    if values.shape[1] == 1:
+        return values.sum(), values.new_tensor(float(values.shape[0]))
+    mask = mask.to(values.dtype)
+    return (values * mask).sum(), mask.sum()
+
+
+def _sequence_extreme(name: str, value: Tensor, mask: Tensor) -> Tensor:
+    """TRL's `clip_ratio/low_min` / `clip_ratio/high_max` on this process: the nanmin / nanmax over sequences of
+    each sequence's mean indicator (+-inf when there is none)."""
+    per_sequence = value.squeeze(1) if value.shape[1] == 1 else (value * mask).sum(-1) / mask.sum(-1)
+    low = name.endswith("low")
+    fill = torch.full_like(per_sequence, float("inf") if low else float("-inf"))
+    per_sequence = torch.where(torch.isnan(per_sequence), fill, per_sequence)
+    return per_sequence.amin() if low else per_sequence.amax()
+
+
+def _local_columns(metrics: dict[str, Tensor], mask: Tensor, mode: str) -> tuple[list[tuple[str, str, str]], list]:
+    """The columns (mode, logged name, reduction) of one micro-batch's metrics and their local (value, weight) pairs,
+    in the same order on every rank."""
+    columns, local = [], []
+    for name in sorted(metrics):
+        value = metrics[name].detach().float()
+        logged = name + "_mean" if name in CLIP_METRICS else name
+        if value.dim() == 2:
+            local += _masked_stats(value, mask)
+            columns.append((mode, logged, "mean"))
+            if name in ("clip_ratio/low", "clip_ratio/high"):
+                extreme = _sequence_extreme(name, value, mask)
+                local += [extreme, extreme]
+                low = name.endswith("low")
+                columns.append((mode, name + ("_min" if low else "_max"), "min" if low else "max"))
+        else:
+            value = value.reshape(())
+            finite = ~torch.isnan(value)
+            local += [torch.where(finite, value, torch.zeros_like(value)), finite.float()]
+            columns.append((mode, logged, "nanmean"))
+    return columns, local
+
+
+class MetricsMixin:
+    """Mixed into `GroupOptTrainer`: `_log_objective_metrics` queues, `_flush_metrics` reduces and logs."""
+
+    def _global_masked_mean(self, values: Tensor, mask: Tensor) -> float:
+        """Token-weighted mean over all processes ((B, 1) values: one per sequence), as TRL logs it."""
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): its local `global_masked_mean`
+        totals = self.accelerator.reduce(torch.stack(_masked_stats(values.float(), mask)), reduction="sum")
+        return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+    def _log_objective_metrics(self, metrics: dict[str, Tensor], mask: Tensor, mode: str) -> None:
+        """Queue an objective's metrics for `_flush_metrics`, which `_compute_loss` calls once at its end.
+
+        Per-token (B, T) / per-sequence (B, 1) tensors are reduced as TRL reduces its clip indicators (global masked
+        mean, and per-sequence min/max for `clip_ratio/low` / `high`); scalars are averaged over processes ignoring
+        NaN. `clip_ratio/*` keys get TRL's names. Queued, so that every metric of a micro-batch costs one collective
+        and one host sync in all (TRL: one of each per metric, which stalls a GPU a dozen times per micro-batch).
+        """
+        self.__dict__.setdefault("_queued_objective_metrics", []).append((metrics, mask, mode))
+
+    @contextmanager
+    def _metrics_discarded(self) -> Iterator[None]:
+        """Drop the metrics queued inside (computations that only prepare the loss, e.g. ECHO's step totals, would
+        otherwise log a micro-batch's metrics twice)."""
+        queue = self.__dict__.setdefault("_queued_objective_metrics", [])
+        queued = len(queue)
+        try:
+            yield
+        finally:
+            del self._queued_objective_metrics[queued:]
+
+    def _flush_metrics(self) -> None:
+        """Reduce every queued metric over processes with ONE gather and ONE `.tolist()`, and log the results."""
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `clip_ratio/*` metrics (names, nanmin/nanmax over
+        # sequences) and `global_masked_mean`, batched into one collective
+        pending, self._queued_objective_metrics = self.__dict__.get("_queued_objective_metrics", []), []
+        columns: list[tuple[str, str, str]] = []  # (mode, logged name, reduction: one of _REDUCTIONS)
+        local: list[Tensor] = []  # two entries per column
+        for metrics, mask, mode in pending:
+            more_columns, more_local = _local_columns(metrics, mask, mode)
+            columns += more_columns
+            local += more_local
+        if not columns:
+            return
+        device = self.accelerator.device
+        stats = torch.stack([t.to(device) for t in local]).view(1, len(columns), 2)  # (1, K, 2)
+        gathered = self.accelerator.gather(stats)  # (P, K, 2)
+        sums, mins, maxs = gathered.sum(0), gathered.amin(0), gathered.amax(0)  # (K, 2) each
+        mean = sums[:, 0] / sums[:, 1].clamp(min=1.0)  # TRL: 0 for an empty mask
+        nanmean = torch.where(sums[:, 1] > 0, mean, torch.full_like(mean, float("nan")))  # gather().nanmean()
+        kinds = {"mean": mean, "nanmean": nanmean, "min": mins[:, 0], "max": maxs[:, 0]}
+        table = torch.stack([kinds[kind] for kind in _REDUCTIONS]).tolist()  # the one sync
+        for k, (mode, logged, kind) in enumerate(columns):
+            value = table[_REDUCTIONS.index(kind)][k]
+            value = float("nan") if value in (float("inf"), float("-inf")) else value
+            self._metrics[mode][logged].append(value)
+            self._record_mechanism_value(mode, logged, value)  # `report.py`: did the mechanism act on this step?
