@@ -286,11 +286,12 @@ INERT_RULE = (
     "cell (each probe regime x value x configuration, all run); the note gives the probed metric's range. If it acted "
     "in some probe cell, the claim stays inconclusive: its regime does not test it"
 )
+RUNNING = "running"  # a claim whose planned seeds have not all run yet: no verdict
 STAGE_RULE = (
     "each claim is decided on its first `seeds` seeds (stage 1, `CLAIM_SEEDS`, sized by the power analysis); a claim "
     "inconclusive at stage 1 for lack of precision (not the floor, not an idle mechanism) whose plan has a stage 2 "
     "runs seeds up to its stage-2 count and is decided on those; no third stage. A row with fewer seeds than "
-    "planned says so"
+    f'planned has no verdict yet: "{RUNNING}", with how many of its planned seeds have run and the interval so far'
 )
 
 
@@ -656,6 +657,11 @@ def claims_table(runs: list[dict[str, Any]], staged: bool = True) -> list[dict[s
         finding = inert_finding(claim, probes) if staged and claim.get("probe") else None
         if finding and row.get("note", "").endswith("the regime does not test the claim"):
             row["verdict"], row["note"] = INERT, finding
+        if staged and 0 < row["n"] < row["planned_seeds"]:  # not decided before its planned seeds (`STAGE_RULE`)
+            row["verdict"] = RUNNING
+            row["note"] = f"{row['n']} of {row['planned_seeds']} planned seeds" + (
+                " (stage 2)" if row["stage"] == 2 else ""
+            )
         rows.append(row)
     return rows
 
@@ -715,11 +721,11 @@ def claims_markdown(payload: dict[str, Any]) -> str:
 
     def seeds(row):
         text = f"{row['n']}"
+        if row.get("planned_seeds") and row["n"] < row["planned_seeds"]:
+            text += f" of {row['planned_seeds']} planned"
         if row.get("stage") == 2:
             first = row["stage1"]
             text += f" (stage 2; stage 1: {first['n']} seeds, {fmt(first['difference'], row['outcome'])})"
-        elif row.get("planned_seeds") and row["n"] < row["planned_seeds"]:
-            text += f" of {row['planned_seeds']} planned"
         return text
 
     lines = [
@@ -853,6 +859,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "grid's, " + ", ".join(GRID_REGIMES) + "; with --claims every regime a claim or probe "
                         "names).")  # fmt: skip
     parser.add_argument("--configs", help="Comma-separated subset of configurations (default: each regime's).")
+    parser.add_argument("--claim-ids", help="With --claims: only these claims' cells (comma-separated ids of CLAIMS), "
+                        "with these claims' seeds, and no probe cell; a stage 2 only for them.")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=5,
                         help="Seeds per configuration (0..seeds-1); --claims takes CLAIM_SEEDS.")  # fmt: skip
     parser.add_argument("--max-steps", type=int,
@@ -873,6 +881,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     runner.add_grid_arguments(parser)
     args = parser.parse_args(argv)
     default_regimes = REGIMES if args.claims else GRID_REGIMES
+    args.claim_list = [c.strip() for c in (args.claim_ids or "").split(",") if c.strip()] or None
+    unknown_claims = [c for c in args.claim_list or [] if c not in CLAIM_SEEDS]
+    if unknown_claims or (args.claim_list and not args.claims):
+        parser.error(f"--claim-ids takes --claims and ids of {list(CLAIM_SEEDS)} (got {args.claim_ids!r})")
     args.regime_list = [r.strip() for r in (args.regimes or ",".join(default_regimes)).split(",") if r.strip()]
     unknown = [r for r in args.regime_list if r not in REGIMES]
     if unknown:
@@ -928,14 +940,14 @@ def claims_plan(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[dic
     skipped with the reason."""
     cells: dict[tuple, int] = {}
     for claim in CLAIMS:
-        if args.smoke and claim["id"] not in SMOKE_CLAIMS:
+        if args.smoke and claim["id"] not in SMOKE_CLAIMS or not _claim_wanted(args, claim["id"]):
             continue
         for config in (claim["config"], claim["baseline"]):
             if config:
                 key = (claim["regime"], claim["value"], config)
                 cells[key] = max(cells.get(key, 0), 1 if args.smoke else CLAIM_SEEDS[claim["id"]][0])
     probes = ([(r, v, c, 1) for r, values in SMOKE_PROBE.items() for v in values for c in REGIMES[r]["configs"]]
-              if args.smoke else probe_cells())  # fmt: skip
+              if args.smoke else probe_cells()) if args.claim_list is None else []  # fmt: skip
     for regime, value, config, n in probes:
         cells[(regime, value, config)] = max(cells.get((regime, value, config), 0), n)
     cells = {key: n for key, n in cells.items() if _wanted(args, key[0], key[2])}
@@ -943,9 +955,16 @@ def claims_plan(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[dic
     return {key: n for key, n in cells.items() if key[2] not in skipped}, skipped
 
 
+def _claim_wanted(args: argparse.Namespace, claim_id: str) -> bool:
+    """Whether `--claim-ids` selects this claim (all claims without it)."""
+    return getattr(args, "claim_list", None) is None or claim_id in args.claim_list
+
+
 def cell_jobs(cells: dict[tuple, int]) -> list[tuple]:
-    """Every (regime, value, configuration, seed) of the cells, most expensive first (see `jobs_of`)."""
-    return sorted(((*key, seed) for key, n in cells.items() for seed in range(n)), key=_cost_order)
+    """Every (regime, value, configuration, seed) of the cells, most expensive first (see `jobs_of`), and within a
+    cost class seed by seed, so that an interrupted grid leaves its configurations and baselines paired."""
+    jobs = ((*key, seed) for key, n in cells.items() for seed in range(n))
+    return sorted(jobs, key=lambda job: (*_cost_order(job), job[3]))
 
 
 def payload_settings(args: argparse.Namespace, regimes: dict, configs: dict, workers: int) -> dict[str, Any]:
@@ -1017,7 +1036,8 @@ def collect_claims(args: argparse.Namespace, settings: dict[str, Any], runs_path
               f"{device}, {args.workers} worker(s)", flush=True)  # fmt: skip
     runs = runner.collect(GRID, args, cell_jobs(cells), settings, runs_path, command)
     if not args.from_runs and not args.smoke:
-        more = {key: n for key, n in stage2_cells(claims_table(runs.records)).items()
+        rows = [row for row in claims_table(runs.records) if _claim_wanted(args, row["id"])]
+        more = {key: n for key, n in stage2_cells(rows).items()
                 if _wanted(args, key[0], key[2]) and key[2] not in skipped and n > cells.get(key, 0)}  # fmt: skip
         if more:
             print(f"stage 2: {', '.join(f'{r}={v} {c}: {n} seeds' for (r, v, c), n in more.items())}", flush=True)

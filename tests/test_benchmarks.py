@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -196,9 +197,10 @@ def _run(config: str, method: str, series: dict[str, list[float]], final: float,
             "initial_accuracy": 0.2, "final_accuracy": final, "mechanism": mechanism}  # fmt: skip
 
 
-def test_claim_whose_mechanism_never_acted_is_not_tested():
+def test_claim_whose_mechanism_never_acted_is_not_tested(monkeypatch):
     # ECHO's accuracy claim against GRPO, with ECHO clearly ahead: reproduced only if its batch clip acted at all.
     claim = next(c for c in stress.CLAIMS if c["id"] == "echo_off_policy")
+    monkeypatch.setitem(stress.CLAIM_SEEDS, claim["id"], (5, 10))  # the 5 seeds below are its whole plan
     cell = {"regime": claim["regime"], "value": claim["value"]}
     grpo = [{**_run("grpo", "grpo", {"clip_ratio/region_mean": [0.0, 0.1]}, 0.2, s), **cell} for s in range(5)]
 
@@ -238,8 +240,10 @@ def _echo_probe_runs(clipped_cell: tuple | None = None, missing_cell: tuple | No
     return runs  # fmt: skip
 
 
-def test_echo_claims_are_decided_inert_only_when_the_probe_never_clipped():
+def test_echo_claims_are_decided_inert_only_when_the_probe_never_clipped(monkeypatch):
     claims = [c for c in stress.CLAIMS if c.get("probe")]
+    for claim in claims:  # the 2 seeds below are their whole plan
+        monkeypatch.setitem(stress.CLAIM_SEEDS, claim["id"], (2, 4))
     assert {c["config"] for c in claims} == {"echo", "echo_step"}
     probed = {(row["regime"], row["value"], row["config"]) for row in stress.probe_table([])}
     assert {(c["regime"], c["value"], c["config"]) for c in claims} <= probed  # the claims' own cells are probed
@@ -314,6 +318,43 @@ def test_stage_two_runs_only_claims_left_inconclusive_by_stage_one(monkeypatch):
     assert (row["stage"], row["n"]) == (2, 8) and row["stage1"]["n"] == 4
     assert "stage 2" in stress.claims_markdown(_claims_payload([row]))
     assert row_of(runs(wide[:3]))["stage"] == 1  # stage 1 not complete: no stage 2 yet
+
+
+def test_claims_before_their_planned_seeds_have_no_verdict(monkeypatch):
+    claim = next(c for c in stress.CLAIMS if c["id"] == "grpo_fix_off_policy")
+    monkeypatch.setitem(stress.CLAIM_SEEDS, claim["id"], (6, 12))
+
+    def row_of(differences):
+        runs = [_run("grpo", "grpo", {"clip_ratio/region_mean": [0.1]}, 0.3, seed) for seed in range(len(differences))]
+        runs += [_run("grpo_fix", "grpo_fix", {"dfpo/sym_clip_ratio": [0.1]}, 0.3 + d, seed)
+                 for seed, d in enumerate(differences)]  # fmt: skip
+        return next(r for r in stress.claims_table(runs) if r["id"] == claim["id"])
+
+    clear = [-0.10, -0.11, -0.09, -0.10, -0.10, -0.11]  # decided once all 6 planned seeds ran, not before
+    row = row_of(clear[:4])
+    assert (row["verdict"], row["n"], row["note"]) == (stress.RUNNING, 4, "4 of 6 planned seeds")
+    assert row["difference"]["n"] == 4 and row["difference"]["high"] < 0  # the interval so far is still reported
+    table = stress.claims_markdown(_claims_payload([row]))
+    assert "| 4 of 6 planned |" in table and "**running** (4 of 6 planned seeds)" in table
+    assert row_of(clear)["verdict"] == "not reproduced"
+    wide = [0.05, -0.04, 0.06, -0.03, 0.04, -0.05]  # stage 1 inconclusive: stage 2 runs, and is not decided early
+    row = row_of(wide + [0.01, 0.02])
+    assert (row["stage"], row["verdict"], row["note"]) == (2, stress.RUNNING, "8 of 12 planned seeds (stage 2)")
+    assert "8 of 12 planned (stage 2; stage 1: 6 seeds" in stress.claims_markdown(_claims_payload([row]))
+
+
+def test_claim_ids_select_those_claims_cells_with_their_own_seeds(monkeypatch):
+    monkeypatch.setattr(stress, "availability", lambda name, settings, regime=None: None)
+    args = stress.parse_args(["--claims", "--claim-ids", "ctpo_off_policy"])
+    cells, _ = stress.claims_plan(args, RUN_SETTINGS)  # GRPO at staleness 16 also serves GRPO-fix (more seeds)
+    n = stress.CLAIM_SEEDS["ctpo_off_policy"][0]
+    assert cells == {("staleness", 16, "ctpo"): n, ("staleness", 16, "grpo"): n}
+    jobs = stress.cell_jobs(cells)  # seed by seed, so that an interrupted grid leaves pairs
+    assert [job[3] for job in jobs[:4]] == [0, 0, 1, 1] and {job[2] for job in jobs[:2]} == {"ctpo", "grpo"}
+    with pytest.raises(SystemExit):
+        stress.parse_args(["--claims", "--claim-ids", "no_such_claim"])
+    with pytest.raises(SystemExit):
+        stress.parse_args(["--claim-ids", "ctpo_off_policy"])  # without --claims
 
 
 def _claims_payload(rows: list[dict], probe: list[dict] | None = None) -> dict:
@@ -418,6 +459,24 @@ def _fake_run(name: str, seed: int, settings: dict) -> dict:
 
 
 FAKE_GRID = runner.Grid(("name", "seed"), _fake_run, lambda run: f"score {run['score']}")
+
+
+def _terminated_run(name: str, seed: int, settings: dict) -> dict:
+    if seed == 1:  # as `kill -TERM` on the grid would, while this run trains
+        os.kill(os.getpid(), signal.SIGTERM)
+    return _fake_run(name, seed, settings)
+
+
+def test_sigterm_stops_a_grid_with_its_invocation_recorded(tmp_path):
+    path = tmp_path / "fake_runs.jsonl"
+    FAKE_CALLS.clear()
+    before = signal.getsignal(signal.SIGTERM)
+    grid = runner.Grid(("name", "seed"), _terminated_run, FAKE_GRID.describe)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_grid(grid, [("a", 0), ("a", 1), ("a", 2)], {"steps": 4}, 1, path, "stopped grid")
+    assert FAKE_CALLS == [("a", 0)] and signal.getsignal(signal.SIGTERM) == before  # no run after it; restored
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line.get("seed") for line in lines[:1]] == [0] and lines[1]["invocation"]["runs"] == 1 and len(lines) == 2
 
 
 def _collect(path: Path, jobs, settings=None, from_runs=None, fresh=False) -> runner.Runs:
@@ -649,11 +708,13 @@ def test_claims_smoke(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "claims_smoke_runs.jsonl").read_text().splitlines()]
     runs = [r for r in lines if "invocation" not in r]
     cells = {(r["regime"], r["value"], r["config"]) for r in runs}
-    assert cells == {("staleness", 16, "echo"), ("staleness", 16, "grpo"), ("long", 4, "ctpo"), ("long", 4, "grpo"),
+    echo_claim = next(c for c in stress.CLAIMS if c["id"] == "echo_off_policy")  # where the probe put it
+    echo_cell = (echo_claim["regime"], echo_claim["value"])
+    assert cells == {(*echo_cell, "echo"), (*echo_cell, "grpo"), ("long", 4, "ctpo"), ("long", 4, "grpo"),
                      ("echo_probe_lr10", 16, "echo"), ("echo_probe_lr10", 16, "echo_step"),
                      ("echo_probe_lr10", 16, "grpo")}  # fmt: skip
     assert all(r["settings"]["max_steps"] == 2 for r in runs)
-    echo = next(r for r in runs if r["config"] == "echo" and r["regime"] == "staleness")
+    echo = next(r for r in runs if r["config"] == "echo" and (r["regime"], r["value"]) == echo_cell)
     # each step's R extremes over its micro-batches are recorded beside their mean
     low, mean, high = (echo["mechanism"][f"echo/batch_ratio{k}"]["values"] for k in ("_min", "", "_max"))
     assert len(low) == 2 and all(a <= m <= b for a, m, b in zip(low, mean, high))
