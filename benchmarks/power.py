@@ -180,7 +180,9 @@ def power_markdown(payload: dict[str, Any]) -> str:
         f"`{s['committed']}` ({s['committed_budget']}); pilot: seeds 0-{s['pilot_seeds'] - 1} of `{s['pilot']}` "
         f"({s['pilot_budget']}). Plan: stage 1 = the fewest seeds >= {s['min_seeds']} with h <= "
         f"{100 * s['target_half_width']:.1f} points at the pilot's sd, at most {s['max_seeds']}; a claim without a "
-        "pilot takes its committed sd x the median pilot/committed ratio"
+        "pilot when the plan was fixed ("
+        + ", ".join(f"`{c}`" for c in PLANNED_WITHOUT_PILOT)
+        + ": it stays fixed once they run) takes its committed sd x the median pilot/committed ratio"
         + (f" ({ratio:.2f})" if ratio is not None else "")
         + f"; stage 2 = {s['stage2_factor']} x stage 1 (at most {s['max_seeds_stage2']}) for a claim inconclusive "
         "at stage 1; a mechanism claim rides on its cell's accuracy claim. Run time: mean wall time of one pilot run "
