@@ -5,11 +5,13 @@
     python -m benchmarks.report --results-dir outputs/bench --page P.md   # and spliced into P.md
 
 Writes, for each input that exists: `overhead_cpu.md` (from `overhead_cpu.json`), `overhead_cuda.md` (from
-`overhead_cuda.json`), `overhead_cpu_estimators.md` (from `overhead_cpu_estimators.json`, the estimator rows), `sample_efficiency.md` (from `sample_efficiency.json`), `claims.md` and `stress.md` (from
-`stress.json`). Then each block of the page between `<!-- BEGIN GENERATED: benchmarks/results/NAME.md -->` and
-`<!-- END GENERATED -->` is replaced by that file. The page is `--page` (`--readme` is an alias), by default
-`docs/results.md` when the tables are the committed ones (`--results-dir` is `benchmarks/results/`); tables written
-elsewhere are spliced nowhere unless `--page` names a page, so a scratch run never overwrites the committed page.
+`overhead_cuda.json`), `overhead_cpu_estimators.md` (from `overhead_cpu_estimators.json`, the estimator rows),
+`sample_efficiency.md` (from `sample_efficiency.json`), `claims.md` (from `claims.json`), `power.md` (from
+`power.json`) and `stress.md` (from `stress.json`). Then each block of the page between
+`<!-- BEGIN GENERATED: benchmarks/results/NAME.md -->` and `<!-- END GENERATED -->` is replaced by that file. The
+page is `--page` (`--readme` is an alias), by default `docs/results.md` when the tables are the committed ones
+(`--results-dir` is `benchmarks/results/`); tables written elsewhere are spliced nowhere unless `--page` names a
+page, so a scratch run never overwrites the committed page.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import common
+from .power import power_markdown
 from .stress import claims_markdown
 
 #: The page whose generated blocks hold the committed tables.
@@ -170,7 +173,8 @@ def write_tables(results_dir: Path) -> list[Path]:
         ("overhead_cuda.json", "overhead_cuda.md", overhead_markdown),
         ("overhead_cpu_estimators.json", "overhead_cpu_estimators.md", overhead_markdown),
         ("sample_efficiency.json", "sample_efficiency.md", sample_efficiency_markdown),
-        ("stress.json", "claims.md", claims_markdown),
+        ("claims.json", "claims.md", claims_markdown),
+        ("power.json", "power.md", power_markdown),
         ("stress.json", "stress.md", stress_markdown),
     ]
     written = []
@@ -195,8 +199,8 @@ def main(argv=None) -> list[Path]:
     for path in written:
         print(f"wrote {path}")
     if not written:
-        print(f"nothing to do: no overhead_cpu.json, overhead_cuda.json, sample_efficiency.json or stress.json in "
-              f"{args.results_dir}")  # fmt: skip
+        print(f"nothing to do: no overhead_cpu.json, overhead_cuda.json, sample_efficiency.json, claims.json, "
+              f"power.json or stress.json in {args.results_dir}")  # fmt: skip
     page = args.page
     if page is None and args.results_dir.resolve() == common.DEFAULT_OUTPUT_DIR.resolve():
         page = DEFAULT_PAGE if DEFAULT_PAGE.is_file() else None

@@ -7,7 +7,7 @@ A runs file holds two kinds of lines, appended as they happen:
   (stress: regime, value, config, seed; sample_efficiency: method, seed), and carrying the run settings it was made
   with (`settings`) and its own wall time (`wall_s`); a failed run's record has `error` instead of results;
 - an invocation record, `{"invocation": {command, workers, runs, started, wall_s}}`, when an invocation that trained
-  runs ends (also when it is interrupted).
+  runs ends (also when it is interrupted by Ctrl-C or SIGTERM: the runs in flight are lost, no further one starts).
 
 Running a grid again with the same runs file runs only the keys it lacks (a failed run is run again, and its new
 record supersedes the failed one), so one grid can be split over several invocations; runs made with other settings
@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -188,8 +190,18 @@ def _finished(grid: Grid, jobs: list[tuple], settings: dict[str, Any], workers: 
 
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=init_worker) as pool:
         futures = [pool.submit(run_safely, grid.run_one, grid.key_fields, job, settings) for job in jobs]
-        for future in as_completed(futures):
-            yield future.result()
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        except BaseException:  # interrupted (see `_stop_on_sigterm`): start no further job
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM stops a grid as Ctrl-C does, so that its invocation record is written (a grid started in the
+    background of a non-interactive shell ignores SIGINT, so SIGTERM is how it is stopped)."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], workers: int, path: Path, command: str) -> int:
@@ -199,6 +211,8 @@ def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], workers: i
         return 0
     started, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     done = 0
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if main_thread else None
     try:
         for record in _finished(grid, jobs, settings, workers):
             done += 1
@@ -209,6 +223,8 @@ def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], workers: i
             else:
                 print(f"{head}: {grid.describe(record)}", flush=True)
     finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
         if done:
             invocation = dict(command=command, workers=workers, runs=done, started=started_at,
                               wall_s=time.perf_counter() - started)  # fmt: skip

@@ -95,6 +95,8 @@ CONFIGS: dict[str, Config] = {
     ),
     "grpo_fix": Config("grpo_fix", {}, "GRPO-fix (symmetric clip)"),
     "otb": Config("otb", {}, "OTB"),
+    # CTPO's objective on OTB's per-token baseline: skipped with a note until CTPOConfig takes the knob.
+    "ctpo_otb": Config("ctpo", {"advantage_estimator": "otb"}, "CTPO with OTB's token baseline"),
 }
 
 # regime -> the knob it varies, its values, and the configurations run at every value.
@@ -126,14 +128,60 @@ REGIMES: dict[str, dict[str, Any]] = {
         "knob": "8-12 operations on operands 1-20, completions of 71-143 tokens, long-chain policy, 4 optimizer "
         "steps per generation",
         "values": [4],
-        "configs": ["grpo", "gspo", "otb", "ctpo", "echo", "dfpo"],
+        "configs": ["grpo", "gspo", "otb", "ctpo", "echo", "dfpo", "ctpo_otb"],
     },
 }
+
+
+def _echo_probe(micro_batches: int, learning_rate_scale: int, configs: list[str]) -> dict[str, Any]:
+    """A regime of ECHO's batch-clip probe: staleness 16 and 32 at `learning_rate_scale` x the demo's learning rate,
+    each optimizer step's 16 sequences in `micro_batches` micro-batches."""
+    return {
+        "kind": "staleness",
+        "knob": f"optimizer steps per generation ({micro_batches} micro-batches of {16 // micro_batches} per step, "
+        f"learning rate x{learning_rate_scale})",
+        "values": [16, 32],
+        "micro_batches": micro_batches,
+        "learning_rate_scale": learning_rate_scale,
+        "configs": configs,
+        "probe": "echo",
+    }
+
+
+# ECHO's batch clip at the paper's epsilon (0.2) where R could plausibly leave [0.8, 1.2]: twice the claim's
+# staleness (32 updates per rollout), 3x and 10x the learning rate, and 8 micro-batches of 2 per step (a micro-batch
+# scope R over 2 sequences instead of 8: noisier). The "step" scope forms R over the whole step's tokens, which the
+# split does not change, so the 8-micro-batch regimes run the "micro_batch" scope only. Run by the claims grid
+# (`--claims`), not by the full grid; `PROBES` says which claims read them.
+# GRPO runs beside them at each learning rate: where the clip acts, ECHO's claims are tested against it there.
+REGIMES.update(
+    echo_probe_lr1=_echo_probe(2, 1, ["echo", "echo_step", "grpo"]),
+    echo_probe_lr3=_echo_probe(2, 3, ["echo", "echo_step", "grpo"]),
+    echo_probe_lr10=_echo_probe(2, 10, ["echo", "echo_step", "grpo"]),
+    echo_probe_mb8_lr1=_echo_probe(8, 1, ["echo"]),
+    echo_probe_mb8_lr10=_echo_probe(8, 10, ["echo"]),
+)
+#: The regimes the full grid runs by default (the probe regimes run with `--claims`).
+GRID_REGIMES = [name for name, spec in REGIMES.items() if "probe" not in spec]
+#: Seeds 0..PILOT_SEEDS-1 of every claim cell are the pilot (an internal pilot: they stay in the claims' samples)
+#: whose paired standard deviations size each claim's seeds (`benchmarks/power.py`).
+PILOT_SEEDS = 8
+#: A probed mechanism: the per-step metric whose range the probe reports (its extremes over a step's micro-batches
+#: where recorded, `EXTREMES`), and `cells`, (regime, value) -> seeds where its configurations also run: ECHO's
+#: claims were first tested at staleness 16 (the paper's 8-16 updates per rollout), where the clip never acted in the
+#: pilot's 8 seeds; the claims moved to where it acts (`acting_setting`), and these runs stay in the probe.
+PROBES: dict[str, dict[str, Any]] = {
+    "echo": {"metric": "echo/batch_ratio", "what": "R", "cells": {("staleness", 16): PILOT_SEEDS}},
+}
+PROBE_SEEDS = 3  # seeds per probe cell: the probe measures R's range, not accuracy
 SMOKE_REGIMES = {"staleness": [1], "group_size": [2], "long": [1]}
 SMOKE_CONFIGS = {"staleness": ["grpo", "echo"], "group_size": ["otb"], "long": ["ctpo"]}
 
 #: Logged keys kept per optimizer step (every key starting with one of these), besides reward and entropy.
 MECHANISM_PREFIXES = ("echo/", "dfpo/", "ctpo/", "otb/", "clip_ratio/")
+#: Scalar per-micro-batch metrics whose min and max over each optimizer step's micro-batches a run also records
+#: (`<key>_min`, `<key>_max`): the log entry holds their mean, which hides a clipped micro-batch's R.
+EXTREMES = ("echo/batch_ratio",)
 #: The metric that shows each method's mechanism acting (summarised and plotted per configuration).
 MECHANISM_METRICS: dict[str, tuple[str, ...]] = {
     "grpo": ("clip_ratio/region_mean",),
@@ -161,12 +209,14 @@ def __getattr__(name: str):
 #: Each paper's claim and where it is tested: (claim id, paper, claim, regime, value, config, baseline, outcome,
 #: better). `outcome` is a per-run number (see `outcome_of`); `better` is +1 when larger is the claimed direction.
 CLAIMS: tuple[dict[str, Any], ...] = (
+    # ECHO: at the paper's 8-16 updates per rollout (staleness 16) the batch clip never acted; tested where it acts,
+    # the probe setting `acting_setting` picks (a test checks it against the committed runs).
     dict(id="echo_off_policy", paper="ECHO", claim="batch-level clipping trains better than token-level clipping "
-         "far off-policy (8-16 updates per rollout)", regime="staleness", value=16, config="echo", baseline="grpo",
-         outcome="final_accuracy", better=+1),
+         "far off-policy (8-16 updates per rollout)", regime="echo_probe_lr3", value=32, config="echo",
+         baseline="grpo", outcome="final_accuracy", better=+1, probe="echo"),
     dict(id="echo_step_off_policy", paper="ECHO", claim="the same with the batch ratio over the whole optimizer "
-         "step", regime="staleness", value=16, config="echo_step", baseline="grpo", outcome="final_accuracy",
-         better=+1),
+         "step", regime="echo_probe_lr3", value=32, config="echo_step", baseline="grpo", outcome="final_accuracy",
+         better=+1, probe="echo"),
     dict(id="ctpo_off_policy", paper="CTPO (arXiv:2605.07331)", claim="the cumulative prefix ratio with sqrt(t) "
          "clipping trains better than token-level IS far off-policy", regime="staleness", value=16, config="ctpo",
          baseline="grpo", outcome="final_accuracy", better=+1),
@@ -193,7 +243,33 @@ CLAIMS: tuple[dict[str, Any], ...] = (
     dict(id="otb_variance", paper="OTB", claim="its baseline lowers the gradient second moment below the "
          "group-mean baseline's (mechanism, same run)", regime="group_size", value=2, config="otb", baseline=None,
          outcome="log_ratio:otb/grad_second_moment:otb/grad_second_moment_group_mean_baseline", better=-1),
+    dict(id="ctpo_otb_vs_ctpo", paper="CTPO + OTB (composition)", claim="OTB's per-token baseline under CTPO's "
+         "cumulative ratio trains better on long completions than CTPO alone", regime="long", value=4,
+         config="ctpo_otb", baseline="ctpo", outcome="final_accuracy", better=+1),
+    dict(id="ctpo_otb_vs_otb", paper="CTPO + OTB (composition)", claim="the same, than OTB alone", regime="long",
+         value=4, config="ctpo_otb", baseline="otb", outcome="final_accuracy", better=+1),
 )  # fmt: skip
+#: The claims grid's budget (`--claims`): the demo's policy gains 11-16 points in 80 steps, and 200 held-out prompts
+#: put a single accuracy's binomial standard error near 3 points (64 prompts: 5.6).
+CLAIMS_BUDGET = dict(max_steps=64, num_eval=200)
+#: Per claim, its seeds at stage 1 and (None: no second stage) at stage 2 (`STAGE_RULE`): the plan of the power
+#: analysis (`python -m benchmarks.power`, from the full grid's runs and the pilot; a test checks they agree), fixed
+#: before any seed beyond the pilot ran.
+CLAIM_SEEDS: dict[str, tuple[int, int | None]] = {
+    "echo_off_policy": (30, 60),
+    "echo_step_off_policy": (52, 100),
+    "ctpo_off_policy": (22, 44),
+    "ctpo_long": (20, 40),
+    "dfpo_off_policy": (20, 40),
+    "dfpo_large_group": (43, 86),
+    "dfpo_asymmetry": (20, None),
+    "grpo_fix_off_policy": (60, 100),
+    "otb_small_group": (32, 64),
+    "otb_long": (20, 40),
+    "otb_variance": (32, None),
+    "ctpo_otb_vs_ctpo": (20, 40),
+    "ctpo_otb_vs_otb": (20, 40),
+}
 FLOOR = 0.02  # accuracy outcomes where config and baseline both end at or below this: inconclusive (floor effect)
 EQUIVALENCE_MARGIN = 0.02  # accuracy: differences inside +-2 points are "no effect of practical size"
 VERDICT_RULE = (
@@ -203,28 +279,47 @@ VERDICT_RULE = (
     f"whenever both config and baseline end at <= {FLOOR:.0%} accuracy (floor effect) or the method's mechanism "
     "acted on none of the claim's optimizer steps (the regime does not test it)"
 )
+INERT = "mechanism inert at the paper's epsilon in every regime tried"
+INERT_RULE = (
+    "a claim that names a probe (ECHO's: the `echo_probe_*` regimes) and whose mechanism acted on none of its own "
+    f'optimizer steps is decided as "{INERT}" when it also acted on none of the optimizer steps of every probe '
+    "cell (each probe regime x value x configuration, all run); the note gives the probed metric's range. If it acted "
+    "in some probe cell, the claim stays inconclusive: its regime does not test it"
+)
+RUNNING = "running"  # a claim whose planned seeds have not all run yet: no verdict
+STAGE_RULE = (
+    "each claim is decided on its first `seeds` seeds (stage 1, `CLAIM_SEEDS`, sized by the power analysis); a claim "
+    "inconclusive at stage 1 for lack of precision (not the floor, not an idle mechanism) whose plan has a stage 2 "
+    "runs seeds up to its stage-2 count and is decided on those; no third stage. A row with fewer seeds than "
+    f'planned has no verdict yet: "{RUNNING}", with how many of its planned seeds have run and the interval so far'
+)
 
 
 # ------------------------------------------------------------------------------------------------ one run
 def run_settings(regime: str, value: int, config_name: str, seed: int, settings: dict[str, Any],
                  output_dir: str) -> dict[str, Any]:  # fmt: skip
-    """The config kwargs of one run: demo defaults, the shared budget, the regime's knob, then the configuration's."""
+    """The config kwargs of one run: demo defaults, the shared budget, the regime's knob, then the configuration's.
+    A regime's `kind` (default: its name) says what its value sets; `micro_batches` splits each optimizer step's
+    sequences, `learning_rate_scale` multiplies the learning rate."""
+    spec = REGIMES[regime]
     kwargs = runner.demo_config(settings, seed, output_dir)
-    split = REGIMES[regime].get("micro_batches", 1)  # the same sequences per step, in `split` micro-batches
+    split = spec.get("micro_batches", 1)  # the same sequences per step, in `split` micro-batches
     accumulation = settings["grad_accum"] * split
     kwargs.update(
         per_device_train_batch_size=kwargs["per_device_train_batch_size"] // split,
         gradient_accumulation_steps=accumulation,
         steps_per_generation=4 * accumulation,
     )
-    if regime == "staleness":
+    kind = spec.get("kind", regime)
+    if kind == "staleness":
         kwargs["steps_per_generation"] = value * accumulation
-    elif regime == "group_size":
+    elif kind == "group_size":
         kwargs["num_generations"] = value  # 16 sequences per micro-batch whatever N: 16 / N prompts
-    elif regime == "long":
+    elif kind == "long":
         kwargs["steps_per_generation"] = value * accumulation
         kwargs["max_completion_length"] = settings["long_completion_length"]
         kwargs["learning_rate"] = settings["long_learning_rate"]
+    kwargs["learning_rate"] *= spec.get("learning_rate_scale", 1)
     kwargs.update(CONFIGS[config_name].overrides)
     return kwargs
 
@@ -234,16 +329,17 @@ def regime_task(regime: str) -> tuple[str, dict[str, Any]]:
     long-chain policy on the long-chain variant, the others the embedded policy on the default task."""
     from trl_groupopt.offline import VARIANTS
 
-    variant = VARIANTS["long" if regime == "long" else "default"]
+    variant = VARIANTS["long" if REGIMES[regime].get("kind", regime) == "long" else "default"]
     return variant.policy, dict(variant.task)
 
 
-def availability(config_name: str, settings: dict[str, Any]) -> str | None:
-    """None if this checkout's config accepts the configuration, else the reason (the knob arrives with a merge)."""
+def availability(config_name: str, settings: dict[str, Any], regime: str | None = None) -> str | None:
+    """None if this checkout's config accepts the configuration (in `regime`, by default the first that runs it),
+    else the reason (the knob arrives with a merge)."""
     from trl_groupopt import get_method
 
     config = CONFIGS[config_name]
-    regime = next(r for r, spec in REGIMES.items() if config_name in spec["configs"])
+    regime = regime or next(r for r, spec in REGIMES.items() if config_name in spec["configs"])
     try:
         get_method(config.method).make_config(
             **run_settings(regime, REGIMES[regime]["values"][0], config_name, 0, settings, tempfile.gettempdir())
@@ -268,10 +364,10 @@ def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict
     policy, task = regime_task(regime)
     train_set = offline.make_arithmetic_dataset(settings["num_train"], seed=0, split="train", **task)
     eval_set = offline.make_arithmetic_dataset(settings["num_eval"], seed=0, split="test", **task)
-    max_new = settings["long_completion_length"] if regime == "long" else None
+    max_new = settings["long_completion_length"] if REGIMES[regime].get("kind", regime) == "long" else None
     with tempfile.TemporaryDirectory(prefix=f"stress-{config_name}-{seed}-") as workdir:
         config = spec.make_config(**run_settings(regime, value, config_name, seed, settings, workdir))
-        trainer = spec.trainer_class(
+        trainer = recording_extremes(spec.trainer_class)(
             model=policy,
             reward_funcs=[rewards.accuracy_reward, rewards.format_reward],
             args=config,
@@ -315,6 +411,24 @@ def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict
     }
 
 
+def recording_extremes(trainer_class: type) -> type:
+    """`trainer_class` whose training log entries also hold, for each `EXTREMES` key, its min and max over the
+    optimizer step's micro-batches (TRL's `log` averages the values `_metrics` collected since the last entry; with
+    `logging_steps=1` those are the step's micro-batches). Training is unchanged."""
+
+    class RecordingExtremes(trainer_class):
+        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+            if self.model.training:
+                for key in EXTREMES:
+                    values = [v for v in self._metrics["train"].get(key, []) if v == v]  # NaN: nothing measured
+                    if values:
+                        logs[f"{key}_min"], logs[f"{key}_max"] = min(values), max(values)
+            super().log(logs, start_time)
+
+    RecordingExtremes.__name__ = RecordingExtremes.__qualname__ = trainer_class.__name__
+    return RecordingExtremes
+
+
 def describe(run: dict[str, Any]) -> str:
     """A finished run in the progress log."""
     return (f"accuracy {run['initial_accuracy']:.1%} -> {run['final_accuracy']:.1%} ({run['train_s']:.0f} s "
@@ -325,12 +439,16 @@ GRID = runner.Grid(("regime", "value", "config", "seed"), run_one, describe)
 
 
 # ------------------------------------------------------------------------------------------------ the grid
+def _cost_order(job: tuple) -> tuple:
+    """Most expensive first (long completions, then large groups, which decode longer per prompt, then the most
+    updates per rollout, which generate the largest batches) so that the pool ends together."""
+    kind = REGIMES[job[0]].get("kind", job[0])
+    return kind != "long", kind != "group_size", -job[1]
+
+
 def jobs_of(regimes: dict[str, list[int]], configs: dict[str, list[str]], seeds: int) -> list[tuple]:
     jobs = [(r, v, c, s) for r, values in regimes.items() for v in values for c in configs[r] for s in range(seeds)]
-    # most expensive first (long completions, then large groups, which decode longer per prompt) so the pool ends
-    # together
-    jobs.sort(key=lambda j: (j[0] != "long", j[0] != "group_size", -j[1] if j[0] == "group_size" else 0))
-    return jobs
+    return sorted(jobs, key=_cost_order)
 
 
 # ------------------------------------------------------------------------------------------------ summaries
@@ -405,39 +523,159 @@ def mechanism_acted(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"what": what, "steps": steps, "acted": acted, "fraction": acted / steps if steps else None}
 
 
-def claims_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Evaluate `CLAIMS` on the runs (paired by seed), with the verdict of `VERDICT_RULE`."""
+def probe_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per probed cell (each probe regime x value x configuration, and the claims' own cells of a probed method):
+    seeds, logged optimizer steps, on how many the mechanism acted, and the probed metric's range over every step of
+    every seed (each step's extremes over its micro-batches where recorded, `EXTREMES`)."""
     ok = [r for r in runs if "error" not in r]
+    claimed = [(c["regime"], c["value"], c["config"]) for c in CLAIMS if c.get("probe")]
+    probed = [
+        (regime, value, config) for regime, value, config, _ in probe_cells() if CONFIGS[config].method in PROBES
+    ]
+    order = {name: i for i, name in enumerate(REGIMES)}
+    rows = []
+    for regime, value, config in sorted(set(claimed + probed), key=lambda c: (order[c[0]], c[1], c[2])):
+        rs = sorted((r for r in ok if (r["regime"], r["value"], r["config"]) == (regime, value, config)),
+                    key=lambda r: r["seed"])  # fmt: skip
+        metric = PROBES[CONFIGS[config].method]["metric"]
+        low = [v for r in rs for v in _extreme_series(r, metric, "min")]
+        high = [v for r in rs for v in _extreme_series(r, metric, "max")]
+        acted = mechanism_acted(rs) or {"steps": 0, "acted": 0}
+        spec = REGIMES[regime]
+        rows.append({"regime": regime, "value": value, "config": config, "seeds": len(rs),
+                     "micro_batches": spec.get("micro_batches", 1),
+                     "learning_rate_scale": spec.get("learning_rate_scale", 1), "metric": metric,
+                     "steps": acted["steps"], "acted": acted["acted"],
+                     "low": min(low) if low else None, "high": max(high) if high else None})  # fmt: skip
+    return rows
+
+
+ACTING_FRACTION = 0.1  # `acting_setting`: the batch clip acted on at least this share of the optimizer steps
+
+
+def acting_setting(runs: list[dict[str, Any]]) -> tuple[str, int] | None:
+    """Where ECHO's claims are tested when the probe found the batch clip acting (declared before the probe ran):
+    the mildest probe setting (regime, value), by learning-rate scale, then updates per rollout, among those that run
+    both scopes, where the clip acted on >= `ACTING_FRACTION` of the optimizer steps of each scope and the mean final
+    accuracies of both scopes and of GRPO are above `FLOOR`; None if there is no such setting."""
+    ok = [r for r in runs if "error" not in r]
+    acting = {(row["regime"], row["value"], row["config"]) for row in probe_table(ok)
+              if row["steps"] and row["acted"] >= ACTING_FRACTION * row["steps"]}  # fmt: skip
+    candidates = sorted(((spec["learning_rate_scale"], value, regime) for regime, spec in REGIMES.items()
+                         if spec.get("probe") == "echo" and {"echo", "echo_step"} <= set(spec["configs"])
+                         for value in spec["values"]))  # fmt: skip
+    for _, value, regime in candidates:
+        levels = [common.mean([r["final_accuracy"] for r in ok if (r["regime"], r["value"], r["config"]) == cell])
+                  for cell in ((regime, value, c) for c in ("echo", "echo_step", "grpo"))]  # fmt: skip
+        scopes_act = all((regime, value, c) in acting for c in ("echo", "echo_step"))
+        if scopes_act and all(level is not None and level > FLOOR for level in levels):
+            return regime, value
+    return None
+
+
+def probe_cells() -> list[tuple[str, int, str, int]]:
+    """Every (regime, value, configuration, seeds) the probes run: each probe regime's values and configurations with
+    `PROBE_SEEDS` seeds, and each probe's extra `cells` with its probed configurations."""
+    cells = [(regime, value, config, PROBE_SEEDS) for regime, spec in REGIMES.items() if "probe" in spec
+             for value in spec["values"] for config in spec["configs"]]  # fmt: skip
+    for method, probe in PROBES.items():
+        probed = [c for c in CONFIGS if CONFIGS[c].method == method and any(
+            c in REGIMES[r]["configs"] for r, spec in REGIMES.items() if spec.get("probe") == method)]  # fmt: skip
+        cells += [(regime, value, config, n) for (regime, value), n in probe.get("cells", {}).items()
+                  for config in probed]  # fmt: skip
+    return cells
+
+
+def _extreme_series(run: dict[str, Any], metric: str, which: str) -> list[float]:
+    """A run's per-step `metric` extremes (`<metric>_min` / `_max`; the step mean where they were not recorded)."""
+    series = run["mechanism"].get(f"{metric}_{which}") or run["mechanism"].get(metric) or {"values": []}
+    return [v for v in series["values"] if v == v]
+
+
+def inert_finding(claim: dict[str, Any], probes: list[dict[str, Any]]) -> str | None:
+    """`INERT_RULE`'s note for `claim` when its probe found the mechanism idle in every cell (all run), else None."""
+    method = CONFIGS[claim["config"]].method
+    cells = [row for row in probes if CONFIGS[row["config"]].method == method]
+    if not cells or any(not row["steps"] or row["acted"] for row in cells):
+        return None
+    what = PROBES[method]["what"]
+    low, high = min(row["low"] for row in cells), max(row["high"] for row in cells)
+    regimes = len({(row["regime"], row["value"]) for row in cells})
+    return (
+        f"{what} within [{low:.3f}, {high:.3f}] on all {sum(row['steps'] for row in cells)} optimizer steps of "
+        f"{len(cells)} probed cells ({regimes} regime settings, both scopes where they differ): never clipped"
+    )
+
+
+def _claim_row(claim: dict[str, Any], ok: list[dict[str, Any]], seeds: int | None) -> dict[str, Any]:
+    """`claim` evaluated on the paired seeds below `seeds` (None: every seed): the difference, its verdict by
+    `VERDICT_RULE`, and on how many optimizer steps the mechanism acted."""
+
+    def pick(config_name):
+        return {r["seed"]: r for r in ok if r["regime"] == claim["regime"] and r["value"] == claim["value"]
+                and r["config"] == config_name and (seeds is None or r["seed"] < seeds)}  # fmt: skip
+
+    ours = pick(claim["config"])
+    base = pick(claim["baseline"]) if claim["baseline"] else None
+    if base is None:
+        diffs = [outcome_of(r, claim["outcome"]) for r in ours.values()]
+    else:
+        diffs = common.paired_differences({s: outcome_of(r, claim["outcome"]) for s, r in ours.items()},
+                                          {s: outcome_of(r, claim["outcome"]) for s, r in base.items()})  # fmt: skip
+    stats = common.mean_ci(diffs)
+    row = {**claim, "n": stats["n"], "difference": stats,
+           "config_outcome": common.mean_ci([outcome_of(r, claim["outcome"]) for r in ours.values()]),
+           "baseline_outcome": common.mean_ci([outcome_of(r, claim["outcome"]) for r in base.values()])
+           if base is not None else None}  # fmt: skip
+    row["verdict"] = verdict(stats, claim["better"], claim["outcome"])
+    row["mechanism_acted"] = mechanism_acted(list(ours.values()))
+    row["max_steps"] = max((r["settings"]["max_steps"] for r in ours.values() if "settings" in r), default=None)
+    levels = [row["config_outcome"]["mean"], (row["baseline_outcome"] or {}).get("mean")]
+    if claim["outcome"].endswith("accuracy") and all(v is not None and v <= FLOOR for v in levels):
+        row["verdict"] = "inconclusive"  # both at the floor: the regime cannot show a difference
+        row["note"] = f"both at <= {FLOOR:.0%} accuracy: floor effect"
+    elif (row["mechanism_acted"] or {}).get("steps") and not row["mechanism_acted"]["acted"]:
+        row["verdict"] = "inconclusive"  # the method ran as its baseline's objective: nothing of the claim acted
+        row["note"] = f"{row['mechanism_acted']['what']} on no optimizer step: the regime does not test the claim"
+    return row
+
+
+def claims_table(runs: list[dict[str, Any]], staged: bool = True) -> list[dict[str, Any]]:
+    """Evaluate `CLAIMS` on the runs (paired by seed), with the verdict of `VERDICT_RULE`; `staged`: on the seeds
+    `CLAIM_SEEDS` plans, by `STAGE_RULE`, with `INERT_RULE` (else on every seed of the runs)."""
+    ok = [r for r in runs if "error" not in r]
+    probes = probe_table(ok)
     rows = []
     for claim in CLAIMS:
-
-        def pick(config_name, claim=claim):
-            return {r["seed"]: r for r in ok if r["regime"] == claim["regime"] and r["value"] == claim["value"]
-                    and r["config"] == config_name}  # fmt: skip
-
-        ours = pick(claim["config"])
-        base = pick(claim["baseline"]) if claim["baseline"] else None
-        if base is None:
-            diffs = [outcome_of(r, claim["outcome"]) for r in ours.values()]
-        else:
-            diffs = common.paired_differences({s: outcome_of(r, claim["outcome"]) for s, r in ours.items()},
-                                              {s: outcome_of(r, claim["outcome"]) for s, r in base.items()})  # fmt: skip
-        stats = common.mean_ci(diffs)
-        row = {**claim, "n": stats["n"], "difference": stats,
-               "config_outcome": common.mean_ci([outcome_of(r, claim["outcome"]) for r in ours.values()]),
-               "baseline_outcome": common.mean_ci([outcome_of(r, claim["outcome"]) for r in base.values()])
-               if base is not None else None}  # fmt: skip
-        row["verdict"] = verdict(stats, claim["better"], claim["outcome"])
-        row["mechanism_acted"] = mechanism_acted(list(ours.values()))
-        levels = [row["config_outcome"]["mean"], (row["baseline_outcome"] or {}).get("mean")]
-        if claim["outcome"].endswith("accuracy") and all(v is not None and v <= FLOOR for v in levels):
-            row["verdict"] = "inconclusive"  # both at the floor: the regime cannot show a difference
-            row["note"] = f"both at <= {FLOOR:.0%} accuracy: floor effect"
-        elif (row["mechanism_acted"] or {}).get("steps") and not row["mechanism_acted"]["acted"]:
-            row["verdict"] = "inconclusive"  # the method ran as its baseline's objective: nothing of the claim acted
-            row["note"] = f"{row['mechanism_acted']['what']} on no optimizer step: the regime does not test the claim"
+        stage1, stage2 = CLAIM_SEEDS[claim["id"]] if staged else (None, None)
+        row = _claim_row(claim, ok, stage1)
+        if staged:
+            row.update(stage=1, planned_seeds=stage1)
+        if stage2 and row["verdict"] == "inconclusive" and "note" not in row and row["n"] >= stage1:
+            first = {key: row[key] for key in ("n", "difference", "verdict")}
+            row = {**_claim_row(claim, ok, stage2), "stage": 2, "planned_seeds": stage2, "stage1": first}
+        finding = inert_finding(claim, probes) if staged and claim.get("probe") else None
+        if finding and row.get("note", "").endswith("the regime does not test the claim"):
+            row["verdict"], row["note"] = INERT, finding
+        if staged and 0 < row["n"] < row["planned_seeds"]:  # not decided before its planned seeds (`STAGE_RULE`)
+            row["verdict"] = RUNNING
+            row["note"] = f"{row['n']} of {row['planned_seeds']} planned seeds" + (
+                " (stage 2)" if row["stage"] == 2 else ""
+            )
         rows.append(row)
     return rows
+
+
+def stage2_cells(rows: list[dict[str, Any]]) -> dict[tuple, int]:
+    """The cells (regime, value, configuration) -> seeds that `STAGE_RULE` adds after stage 1."""
+    cells: dict[tuple, int] = {}
+    for row in rows:
+        if row.get("stage") == 2:
+            for config in (row["config"], row["baseline"]):
+                if config:
+                    key = (row["regime"], row["value"], config)
+                    cells[key] = max(cells.get(key, 0), row["planned_seeds"])
+    return cells
 
 
 def verdict(stats: dict[str, Any], better: int, outcome: str) -> str:
@@ -456,7 +694,7 @@ def verdict(stats: dict[str, Any], better: int, outcome: str) -> str:
 
 
 def claims_markdown(payload: dict[str, Any]) -> str:
-    """The results page's claims table, from stress.json alone (no hand-typed numbers)."""
+    """The results page's claims table and ECHO's probe table, from claims.json alone (no hand-typed numbers)."""
 
     def fmt(stats, outcome):
         if not stats or stats.get("mean") is None:
@@ -478,10 +716,22 @@ def claims_markdown(payload: dict[str, Any]) -> str:
         a = row.get("mechanism_acted")
         return "n/a" if not a or not a["steps"] else f"{a['what']}: {a['acted']}/{a['steps']} steps"
 
+    def ratio(x):
+        return "n/a" if x is None else f"{x:.3f}"
+
+    def seeds(row):
+        text = f"{row['n']}"
+        if row.get("planned_seeds") and row["n"] < row["planned_seeds"]:
+            text += f" of {row['planned_seeds']} planned"
+        if row.get("stage") == 2:
+            first = row["stage1"]
+            text += f" (stage 2; stage 1: {first['n']} seeds, {fmt(first['difference'], row['outcome'])})"
+        return text
+
     lines = [
         "| paper | claim | regime tested here | measured: config vs baseline | difference, mean [95% CI] | seeds | "
-        "mechanism acted (optimizer steps, all seeds) | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "steps | mechanism acted (optimizer steps, all seeds) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in payload["claims"]:
         regime = f"{row['regime']} = {row['value']} ({regimes.get(row['regime'], '')})"
@@ -493,18 +743,36 @@ def claims_markdown(payload: dict[str, Any]) -> str:
                         f"`{row['baseline']}` {level(row['baseline_outcome'], row['outcome'])}")  # fmt: skip
         else:
             measured = f"`{row['config']}`: {what}, mean over training (< 0: lower)"
+        note = f" ({row['note']})" if row.get("note") else ""
+        if row["verdict"] == "not run" and row["config"] in payload.get("skipped", {}):
+            note = f" (`{row['config']}`: {payload['skipped'][row['config']]})"
         lines.append(f"| {row['paper']} | {row['claim']} | {regime} | {measured} | "
-                     f"{fmt(row['difference'], row['outcome'])} | {row['n']} | {acted(row)} | **{row['verdict']}**{' (' + row['note'] + ')' if row.get('note') else ''} |")  # fmt: skip
+                     f"{fmt(row['difference'], row['outcome'])} | {seeds(row)} | {row.get('max_steps') or 'n/a'} | "
+                     f"{acted(row)} | **{row['verdict']}**{note} |")  # fmt: skip
+    if payload.get("probe"):
+        lines += [
+            "",
+            "ECHO's batch clip at the paper's epsilon (batch bounds [0.8, 1.2]), in the claims' regime and in the "
+            "probe regimes (`echo_probe_*`): R's range over every optimizer step of every seed (each step's extremes "
+            "over its micro-batches).",
+            "",
+            "| regime | updates per rollout | micro-batches per step | learning rate | configuration | seeds | "
+            "optimizer steps | R clipped (steps) | R min | R max |",
+            "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for row in payload["probe"]:
+            lines.append(f"| {row['regime']} | {row['value']} | {row['micro_batches']} | "
+                         f"x{row['learning_rate_scale']} | `{row['config']}` | {row['seeds']} | {row['steps']} | "
+                         f"{row['acted']} | {ratio(row['low'])} | {ratio(row['high'])} |")  # fmt: skip
     s = payload["settings"]
     lines += [
         "",
-        f"Verdict rule: {VERDICT_RULE}. Budget per run: {s['max_steps']} optimizer steps "
-        f"({s['seeds']} seeds, held-out accuracy on {s['num_eval']} prompts). Generated by `python -m "
-        "benchmarks.report` from `benchmarks/results/stress.json`.",
+        f"Verdict rule: {VERDICT_RULE}. Inert mechanism: {INERT_RULE}. Seeds: {STAGE_RULE}. Budget per run: "
+        f"{s['max_steps']} optimizer steps, held-out greedy accuracy on {s['num_eval']} prompts; the seeds column "
+        "counts the seeds paired. Generated by `python -m benchmarks.report` from `benchmarks/results/claims.json` "
+        f"(`{payload['command']}`; {payload['runs_total']} runs, {payload['wall_s'] / 3600:.1f} h of wall time with "
+        f"{s['workers']} workers).",
     ]
-    if payload.get("skipped"):
-        lines.append("")
-        lines.append("Skipped configurations: " + "; ".join(f"`{k}` ({v})" for k, v in payload["skipped"].items()))
     return "\n".join(lines) + "\n"
 
 
@@ -530,7 +798,7 @@ def plot(payload: dict[str, Any], path: Path) -> Path | None:
     if plt is None:
         return None
     summary = payload["summary"]
-    regimes = [r for r in REGIMES if r in summary]
+    regimes = [r for r in GRID_REGIMES if r in summary]  # the probe's R range is a table (claims.md)
     if not regimes:
         return None
     fig, axes = plt.subplots(2, len(regimes), figsize=(5.5 * len(regimes), 8), squeeze=False)
@@ -581,17 +849,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--output-dir", type=Path, default=common.DEFAULT_OUTPUT_DIR)
     parser.add_argument("--smoke", action="store_true", help="One value per regime, few configs, 1 seed, 2 steps.")
+    parser.add_argument("--claims", action="store_true",
+                        help="The claims grid: each claim's configuration and baseline in its regime with the seeds "
+                        "CLAIM_SEEDS plans (stage 2 included) and ECHO's probe regimes, at CLAIMS_BUDGET; writes "
+                        "claims_runs.jsonl and claims.json. Without it: the full grid (GRID_REGIMES).")  # fmt: skip
     parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
                         help="The 1M-parameter policy trains fastest on one CPU core per run (--workers).")  # fmt: skip
-    parser.add_argument("--regimes", default=",".join(REGIMES), help="Comma-separated subset of " + ", ".join(REGIMES))
+    parser.add_argument("--regimes", help="Comma-separated subset of " + ", ".join(REGIMES) + " (default: the full "
+                        "grid's, " + ", ".join(GRID_REGIMES) + "; with --claims every regime a claim or probe "
+                        "names).")  # fmt: skip
     parser.add_argument("--configs", help="Comma-separated subset of configurations (default: each regime's).")
-    parser.add_argument("--seeds", type=int, default=5, help="Seeds per configuration (0..seeds-1).")
-    parser.add_argument("--max-steps", type=int, default=16, help="Optimizer steps per run (the same budget for all).")
+    parser.add_argument("--claim-ids", help="With --claims: only these claims' cells (comma-separated ids of CLAIMS), "
+                        "with these claims' seeds, and no probe cell; a stage 2 only for them.")  # fmt: skip
+    parser.add_argument("--seeds", type=int, default=5,
+                        help="Seeds per configuration (0..seeds-1); --claims takes CLAIM_SEEDS.")  # fmt: skip
+    parser.add_argument("--max-steps", type=int,
+                        help="Optimizer steps per run (the same budget for all; default 16, with --claims "
+                        f"{CLAIMS_BUDGET['max_steps']}).")  # fmt: skip
     parser.add_argument(
         "--grad-accum", type=int, default=1, help="Micro-batches (of 16 sequences) per optimizer step."
     )
     parser.add_argument("--num-train", type=int, default=1000, help="Training prompts.")
-    parser.add_argument("--num-eval", type=int, default=64, help="Held-out prompts (greedy accuracy).")
+    parser.add_argument("--num-eval", type=int, help="Held-out prompts (greedy accuracy; default 64, with --claims "
+                        f"{CLAIMS_BUDGET['num_eval']}).")  # fmt: skip
     parser.add_argument("--long-completion-length", type=int,
                         help="max_completion_length, long regime (default: the task's "
                         "trl_groupopt.offline.LONG_CHAIN_MAX_COMPLETION_LENGTH).")  # fmt: skip
@@ -600,10 +880,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "the long-chain policy degrades at 1e-4 (see the module docstring).")  # fmt: skip
     runner.add_grid_arguments(parser)
     args = parser.parse_args(argv)
-    args.regime_list = [r.strip() for r in args.regimes.split(",") if r.strip()]
+    default_regimes = REGIMES if args.claims else GRID_REGIMES
+    args.claim_list = [c.strip() for c in (args.claim_ids or "").split(",") if c.strip()] or None
+    unknown_claims = [c for c in args.claim_list or [] if c not in CLAIM_SEEDS]
+    if unknown_claims or (args.claim_list and not args.claims):
+        parser.error(f"--claim-ids takes --claims and ids of {list(CLAIM_SEEDS)} (got {args.claim_ids!r})")
+    args.regime_list = [r.strip() for r in (args.regimes or ",".join(default_regimes)).split(",") if r.strip()]
     unknown = [r for r in args.regime_list if r not in REGIMES]
     if unknown:
         parser.error(f"unknown regime(s) {unknown}; choose from {list(REGIMES)}")
+    budget = CLAIMS_BUDGET if args.claims else dict(max_steps=16, num_eval=64)
+    args.max_steps = args.max_steps or budget["max_steps"]
+    args.num_eval = args.num_eval or budget["num_eval"]
     if args.smoke:
         args.seeds, args.max_steps, args.num_train, args.num_eval = 1, 2, 128, 8
         args.long_completion_length = 48
@@ -614,21 +902,69 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def plan(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[dict, dict, dict[str, str]]:
-    """The grid the flags ask for: regime -> values, regime -> configurations (those this checkout can build), and
-    the configurations skipped with the reason."""
-    regimes = {r: (SMOKE_REGIMES[r] if args.smoke else REGIMES[r]["values"]) for r in args.regime_list}
-    configs = {r: list(SMOKE_CONFIGS[r] if args.smoke else REGIMES[r]["configs"]) for r in regimes}
-    if args.configs:
-        wanted = {c.strip() for c in args.configs.split(",")}
-        configs = {r: [c for c in cs if c in wanted] for r, cs in configs.items()}
-    skipped = {}
-    for name in sorted({c for cs in configs.values() for c in cs}):
-        why = availability(name, settings)
+def _wanted(args: argparse.Namespace, regime: str, config_name: str) -> bool:
+    """Whether `--regimes` and `--configs` select this cell."""
+    configs = {c.strip() for c in args.configs.split(",")} if args.configs else None
+    return regime in args.regime_list and (configs is None or config_name in configs)
+
+
+def _check_available(cells: list[tuple[str, str]], settings: dict[str, Any]) -> dict[str, str]:
+    """The configurations of these (regime, configuration) cells that this checkout cannot build, with the reason."""
+    skipped: dict[str, str] = {}
+    for regime, name in cells:
+        why = None if name in skipped else availability(name, settings, regime)
         if why:
             skipped[name] = why
             print(f"  {name}: {why}", flush=True)
+    return skipped
+
+
+def plan(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[dict, dict, dict[str, str]]:
+    """The full grid the flags ask for: regime -> values, regime -> configurations (those this checkout can build),
+    and the configurations skipped with the reason."""
+    regimes = {r: (SMOKE_REGIMES[r] if args.smoke else REGIMES[r]["values"]) for r in args.regime_list}
+    configs = {r: [c for c in (SMOKE_CONFIGS[r] if args.smoke else REGIMES[r]["configs"]) if _wanted(args, r, c)]
+               for r in regimes}  # fmt: skip
+    skipped = _check_available(sorted({(r, c) for r, cs in configs.items() for c in cs}, key=lambda rc: rc[1]),
+                               settings)  # fmt: skip
     return regimes, {r: [c for c in cs if c not in skipped] for r, cs in configs.items()}, skipped
+
+
+SMOKE_CLAIMS = ("echo_off_policy", "ctpo_long")  # --claims --smoke: these claims' cells and one probe cell, 1 seed
+SMOKE_PROBE = {"echo_probe_lr10": [16]}
+
+
+def claims_plan(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[dict[tuple, int], dict[str, str]]:
+    """The claims grid's stage 1 as the flags select it: (regime, value, configuration) -> seeds (each claim's
+    configuration and baseline with its `CLAIM_SEEDS`, each probe cell with `PROBE_SEEDS`), and the configurations
+    skipped with the reason."""
+    cells: dict[tuple, int] = {}
+    for claim in CLAIMS:
+        if args.smoke and claim["id"] not in SMOKE_CLAIMS or not _claim_wanted(args, claim["id"]):
+            continue
+        for config in (claim["config"], claim["baseline"]):
+            if config:
+                key = (claim["regime"], claim["value"], config)
+                cells[key] = max(cells.get(key, 0), 1 if args.smoke else CLAIM_SEEDS[claim["id"]][0])
+    probes = ([(r, v, c, 1) for r, values in SMOKE_PROBE.items() for v in values for c in REGIMES[r]["configs"]]
+              if args.smoke else probe_cells()) if args.claim_list is None else []  # fmt: skip
+    for regime, value, config, n in probes:
+        cells[(regime, value, config)] = max(cells.get((regime, value, config), 0), n)
+    cells = {key: n for key, n in cells.items() if _wanted(args, key[0], key[2])}
+    skipped = _check_available(list(dict.fromkeys((r, c) for r, _, c in cells)), settings)
+    return {key: n for key, n in cells.items() if key[2] not in skipped}, skipped
+
+
+def _claim_wanted(args: argparse.Namespace, claim_id: str) -> bool:
+    """Whether `--claim-ids` selects this claim (all claims without it)."""
+    return getattr(args, "claim_list", None) is None or claim_id in args.claim_list
+
+
+def cell_jobs(cells: dict[tuple, int]) -> list[tuple]:
+    """Every (regime, value, configuration, seed) of the cells, most expensive first (see `jobs_of`), and within a
+    cost class seed by seed, so that an interrupted grid leaves its configurations and baselines paired."""
+    jobs = ((*key, seed) for key, n in cells.items() for seed in range(n))
+    return sorted(jobs, key=lambda job: (*_cost_order(job), job[3]))
 
 
 def payload_settings(args: argparse.Namespace, regimes: dict, configs: dict, workers: int) -> dict[str, Any]:
@@ -648,6 +984,7 @@ def payload_settings(args: argparse.Namespace, regimes: dict, configs: dict, wor
                 "values": v,
                 "configs": configs[r],
                 "micro_batches_per_step": REGIMES[r].get("micro_batches", 1),
+                **({"learning_rate_scale": REGIMES[r]["learning_rate_scale"]} if "probe" in REGIMES[r] else {}),
             }
             for r, v in regimes.items()
         },
@@ -661,27 +998,60 @@ def payload_settings(args: argparse.Namespace, regimes: dict, configs: dict, wor
 
 def build_payload(args: argparse.Namespace, runs: runner.Runs, grid_plan: tuple, device: str,
                   command: str) -> dict[str, Any]:  # fmt: skip
-    """stress.json: the settings, the summary per regime x value x configuration, the claims table, provenance."""
+    """stress.json (claims.json with `--claims`): the settings, the summary per regime x value x configuration
+    (with `--claims`: the claims table, ECHO's probe table and the rules), provenance."""
     regimes, configs, skipped = grid_plan
     made = runner.provenance(runs, command, args.workers)
     records = runs.records
     payload: dict[str, Any] = {
-        "benchmark": "stress",
+        "benchmark": "claims" if args.claims else "stress",
         "device": runner.recorded_device(runs, device),
         "command": made["command"],
         "smoke": args.smoke,
         "settings": payload_settings(args, regimes, configs, made["workers"]),
         "ci_definition": "mean ± t_{0.975, n-1} * s / sqrt(n) over seeds (Student t, sample std)",
-        "verdict_rule": VERDICT_RULE,
         "skipped": skipped,
         "summary": summarise(records),
-        "claims": claims_table(records),
-        "failed_runs": runner.failed_runs(GRID, runs),
-        "runs_total": len(records),
-        "run_wall_s": common.mean_ci([r["wall_s"] for r in records if "wall_s" in r]),
-        "run_cpu_s": common.mean_ci([r["cpu_s"] for r in records if "cpu_s" in r]),
     }
+    if args.claims:
+        payload["settings"].update(seeds=None, claim_seeds=CLAIM_SEEDS, pilot_seeds=PILOT_SEEDS,
+                                   probe_seeds=PROBE_SEEDS)  # fmt: skip
+        payload.update(verdict_rule=VERDICT_RULE, inert_rule=INERT_RULE, stage_rule=STAGE_RULE,
+                       claims=claims_table(records), probe=probe_table(records))  # fmt: skip
+    payload.update(
+        failed_runs=runner.failed_runs(GRID, runs),
+        runs_total=len(records),
+        run_wall_s=common.mean_ci([r["wall_s"] for r in records if "wall_s" in r]),
+        run_cpu_s=common.mean_ci([r["cpu_s"] for r in records if "cpu_s" in r]),
+    )
     return runner.close_payload(payload, made)
+
+
+def collect_claims(args: argparse.Namespace, settings: dict[str, Any], runs_path: Path, command: str,
+                   device: str) -> tuple[runner.Runs, tuple]:  # fmt: skip
+    """The claims grid: stage 1 and the probe, then the stage-2 seeds `STAGE_RULE` adds (not in a smoke run)."""
+    cells, skipped = claims_plan(args, settings)
+    if not args.from_runs:
+        print(f"{sum(cells.values())} runs in {len(cells)} cells (claims and probe; {args.max_steps} steps each) on "
+              f"{device}, {args.workers} worker(s)", flush=True)  # fmt: skip
+    runs = runner.collect(GRID, args, cell_jobs(cells), settings, runs_path, command)
+    if not args.from_runs and not args.smoke:
+        rows = [row for row in claims_table(runs.records) if _claim_wanted(args, row["id"])]
+        more = {key: n for key, n in stage2_cells(rows).items()
+                if _wanted(args, key[0], key[2]) and key[2] not in skipped and n > cells.get(key, 0)}  # fmt: skip
+        if more:
+            print(f"stage 2: {', '.join(f'{r}={v} {c}: {n} seeds' for (r, v, c), n in more.items())}", flush=True)
+            cells.update(more)
+            resumed = argparse.Namespace(**{**vars(args), "fresh": False})  # stage 1's runs stay
+            runs = runner.collect(GRID, resumed, cell_jobs(cells), settings, runs_path, command)
+    regimes: dict[str, list] = {}
+    configs: dict[str, list] = {}
+    for regime, value, config in cells:
+        regimes.setdefault(regime, []).append(value)
+        configs.setdefault(regime, []).append(config)
+    regimes = {r: sorted(set(v)) for r, v in regimes.items()}
+    configs = {r: list(dict.fromkeys(c)) for r, c in configs.items()}
+    return runs, (regimes, configs, skipped)
 
 
 def main(argv=None) -> dict[str, Any]:
@@ -690,20 +1060,24 @@ def main(argv=None) -> dict[str, Any]:
     settings = dict(device=device, max_steps=args.max_steps, num_train=args.num_train, num_eval=args.num_eval,
                     long_completion_length=args.long_completion_length, grad_accum=args.grad_accum,
                     long_learning_rate=args.long_learning_rate)  # fmt: skip
-    grid_plan = plan(args, settings)
-    regimes, configs, _ = grid_plan
-    stem = "stress_smoke" if args.smoke else "stress"
+    stem = ("claims" if args.claims else "stress") + ("_smoke" if args.smoke else "")
     runs_path = args.output_dir / f"{stem}_runs.jsonl"
-    jobs = jobs_of(regimes, configs, args.seeds)
-    if not args.from_runs:
-        print(f"{len(jobs)} runs ({', '.join(f'{r}: {v}' for r, v in regimes.items())}; {args.seeds} seed(s); "
-              f"{args.max_steps} steps each) on {device}, {args.workers} worker(s)", flush=True)  # fmt: skip
     command = common.command_line("benchmarks.stress", argv)
-    runs = runner.collect(GRID, args, jobs, settings, runs_path, command)
+    if args.claims:
+        runs, grid_plan = collect_claims(args, settings, runs_path, command, device)
+    else:
+        grid_plan = plan(args, settings)
+        regimes, configs, _ = grid_plan
+        jobs = jobs_of(regimes, configs, args.seeds)
+        if not args.from_runs:
+            print(f"{len(jobs)} runs ({', '.join(f'{r}: {v}' for r, v in regimes.items())}; {args.seeds} seed(s); "
+                  f"{args.max_steps} steps each) on {device}, {args.workers} worker(s)", flush=True)  # fmt: skip
+        runs = runner.collect(GRID, args, jobs, settings, runs_path, command)
     payload = build_payload(args, runs, grid_plan, device, command)
     payload["table"] = print_summary(payload["summary"])
-    print()
-    print(claims_markdown(payload))
+    if args.claims:
+        print()
+        print(claims_markdown(payload))
     json_path = common.write_json(args.output_dir / f"{stem}.json", payload)
     png = plot(payload, args.output_dir / f"{stem}.png")
     runner.print_end(payload, runs, [json_path, None if args.from_runs else runs_path, png])

@@ -12,13 +12,14 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import common, overhead, report, runner, sample_efficiency, stress
+from benchmarks import common, overhead, power, report, runner, sample_efficiency, stress
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -196,12 +197,16 @@ def _run(config: str, method: str, series: dict[str, list[float]], final: float,
             "initial_accuracy": 0.2, "final_accuracy": final, "mechanism": mechanism}  # fmt: skip
 
 
-def test_claim_whose_mechanism_never_acted_is_not_tested():
+def test_claim_whose_mechanism_never_acted_is_not_tested(monkeypatch):
     # ECHO's accuracy claim against GRPO, with ECHO clearly ahead: reproduced only if its batch clip acted at all.
-    grpo = [_run("grpo", "grpo", {"clip_ratio/region_mean": [0.0, 0.1]}, 0.2, s) for s in range(5)]
+    claim = next(c for c in stress.CLAIMS if c["id"] == "echo_off_policy")
+    monkeypatch.setitem(stress.CLAIM_SEEDS, claim["id"], (5, 10))  # the 5 seeds below are its whole plan
+    cell = {"regime": claim["regime"], "value": claim["value"]}
+    grpo = [{**_run("grpo", "grpo", {"clip_ratio/region_mean": [0.0, 0.1]}, 0.2, s), **cell} for s in range(5)]
 
     def echo_rows(clipped):
-        echo = [_run("echo", "echo", {"echo/batch_clipped": clipped}, 0.3 + 0.01 * s, s) for s in range(5)]
+        echo = [{**_run("echo", "echo", {"echo/batch_clipped": clipped}, 0.3 + 0.01 * s, s), **cell}
+                for s in range(5)]  # fmt: skip
         return {row["id"]: row for row in stress.claims_table(grpo + echo)}
 
     row = echo_rows([0.0, 0.0])["echo_off_policy"]
@@ -214,6 +219,220 @@ def test_claim_whose_mechanism_never_acted_is_not_tested():
     assert echo_rows([float("nan"), 0.5])["echo_off_policy"]["mechanism_acted"]["steps"] == 5
     for method, (_, keys, _) in stress.MECHANISM_ACTS.items():  # every predicate reads keys its method logs
         assert set(keys) <= set(stress.MECHANISM_METRICS[method]), method
+
+
+def _echo_probe_runs(clipped_cell: tuple | None = None, missing_cell: tuple | None = None) -> list[dict]:
+    """ECHO runs (2 seeds, 2 logged steps each) in every probed cell: R never clipped except in `clipped_cell`."""
+    runs = []
+    for row in stress.probe_table([]):
+        cell = (row["regime"], row["value"], row["config"])
+        if cell == missing_cell:
+            continue
+        for seed in range(2):
+            clipped = [0.0, 0.5] if cell == clipped_cell else [0.0, 0.0]
+            series = {
+                "echo/batch_clipped": clipped,
+                "echo/batch_ratio": [0.99, 1.0],
+                "echo/batch_ratio_min": [0.95 - 0.01 * seed, 0.97],
+                "echo/batch_ratio_max": [1.0, 1.03],
+            }
+            runs.append({**_run(row["config"], "echo", series, 0.3, seed), "regime": cell[0], "value": cell[1]})
+    return runs  # fmt: skip
+
+
+def test_echo_claims_are_decided_inert_only_when_the_probe_never_clipped(monkeypatch):
+    claims = [c for c in stress.CLAIMS if c.get("probe")]
+    for claim in claims:  # the 2 seeds below are their whole plan
+        monkeypatch.setitem(stress.CLAIM_SEEDS, claim["id"], (2, 4))
+    assert {c["config"] for c in claims} == {"echo", "echo_step"}
+    probed = {(row["regime"], row["value"], row["config"]) for row in stress.probe_table([])}
+    assert {(c["regime"], c["value"], c["config"]) for c in claims} <= probed  # the claims' own cells are probed
+    assert {r for r, _, _ in probed} >= {r for r, spec in stress.REGIMES.items() if "probe" in spec}
+    grpo = [{**_run("grpo", "grpo", {"clip_ratio/region_mean": [0.0, 0.1]}, 0.2, s), "regime": c["regime"],
+             "value": c["value"]} for c in claims for s in range(2)]  # fmt: skip
+
+    def rows(runs):
+        return {row["id"]: row for row in stress.claims_table(grpo + runs)}
+
+    inert = rows(_echo_probe_runs())
+    for claim in claims:
+        row = inert[claim["id"]]
+        assert row["verdict"] == stress.INERT, row
+        # the range covers every step's micro-batch extremes over every probed cell and seed
+        assert row["note"].startswith("R within [0.940, 1.030] on all ") and "never clipped" in row["note"]
+    for probe in stress.probe_table(_echo_probe_runs()):
+        assert (probe["steps"], probe["acted"], probe["low"], probe["high"]) == (4, 0, 0.94, 1.03)
+    # clipped in one probe cell, or one cell not run: the claim stays untested here, not decided
+    clipped = next(cell for cell in sorted(probed) if cell[0].startswith("echo_probe"))
+    for runs in (_echo_probe_runs(clipped_cell=clipped), _echo_probe_runs(missing_cell=clipped)):
+        for claim in claims:
+            row = rows(runs)[claim["id"]]
+            assert row["verdict"] == "inconclusive" and row["note"].endswith("does not test the claim"), row
+    # other claims never get the inert verdict, whatever their mechanism did
+    assert all(row["verdict"] != stress.INERT for cid, row in inert.items() if cid not in {c["id"] for c in claims})
+
+
+def test_echo_claims_move_to_the_mildest_probe_setting_where_the_clip_acts():
+    def runs(acting: dict[tuple, tuple[float, float]]) -> list[dict]:  # (regime, value) -> (clipped share, accuracy)
+        out = []
+        for regime, value, config, _ in stress.probe_cells():
+            share, accuracy = acting.get((regime, value), (0.0, 0.3))
+            series = {"echo/batch_clipped": [1.0] * int(10 * share) + [0.0] * (10 - int(10 * share))}
+            for seed in range(2):
+                out.append({**_run(config, stress.CONFIGS[config].method, series, accuracy, seed),
+                            "regime": regime, "value": value})  # fmt: skip
+        return out
+
+    assert stress.acting_setting(runs({})) is None  # never clipped: no setting (the inert verdict's case)
+    acting = {("echo_probe_lr3", 32): (0.3, 0.05), ("echo_probe_lr10", 16): (0.5, 0.05)}
+    assert stress.acting_setting(runs(acting)) == ("echo_probe_lr3", 32)  # the lower learning rate first
+    acting[("echo_probe_lr3", 16)] = (0.1, 0.05)
+    assert stress.acting_setting(runs(acting)) == ("echo_probe_lr3", 16)  # then fewer updates per rollout
+    acting[("echo_probe_lr3", 16)] = (0.1, 0.01)  # at the floor
+    acting[("echo_probe_mb8_lr1", 16)] = (0.5, 0.3)  # one scope only: not a candidate
+    assert stress.acting_setting(runs(acting)) == ("echo_probe_lr3", 32)
+
+
+def test_stage_two_runs_only_claims_left_inconclusive_by_stage_one(monkeypatch):
+    claim = next(c for c in stress.CLAIMS if c["id"] == "grpo_fix_off_policy")
+    monkeypatch.setitem(stress.CLAIM_SEEDS, claim["id"], (4, 8))
+
+    def runs(differences):  # GRPO-fix's final accuracy minus GRPO's, per seed
+        out = []
+        for seed, d in enumerate(differences):
+            out.append(_run("grpo", "grpo", {"clip_ratio/region_mean": [0.1]}, 0.3, seed))
+            out.append(_run("grpo_fix", "grpo_fix", {"dfpo/sym_clip_ratio": [0.1]}, 0.3 + d, seed))
+        return out
+
+    def row_of(records):
+        return next(r for r in stress.claims_table(records) if r["id"] == claim["id"])
+
+    decided = row_of(runs([-0.10, -0.11, -0.09, -0.10, 0.5, 0.5]))  # stage 1 (seeds 0-3) decides; 4-5 unused
+    assert (decided["stage"], decided["n"], decided["verdict"]) == (1, 4, "not reproduced")
+    assert stress.stage2_cells([decided]) == {}
+    wide = [0.05, -0.04, 0.06, -0.03]  # stage 1 inconclusive: its interval spans 0 and leaves +-2 points
+    row = row_of(runs(wide))
+    assert (row["stage"], row["n"], row["planned_seeds"]) == (2, 4, 8) and row["stage1"]["verdict"] == "inconclusive"
+    assert stress.stage2_cells([row]) == {("staleness", 16, "grpo_fix"): 8, ("staleness", 16, "grpo"): 8}
+    row = row_of(runs(wide + [-0.10, -0.12, -0.11, -0.10]))
+    assert (row["stage"], row["n"]) == (2, 8) and row["stage1"]["n"] == 4
+    assert "stage 2" in stress.claims_markdown(_claims_payload([row]))
+    assert row_of(runs(wide[:3]))["stage"] == 1  # stage 1 not complete: no stage 2 yet
+
+
+def test_claims_before_their_planned_seeds_have_no_verdict(monkeypatch):
+    claim = next(c for c in stress.CLAIMS if c["id"] == "grpo_fix_off_policy")
+    monkeypatch.setitem(stress.CLAIM_SEEDS, claim["id"], (6, 12))
+
+    def row_of(differences):
+        runs = [_run("grpo", "grpo", {"clip_ratio/region_mean": [0.1]}, 0.3, seed) for seed in range(len(differences))]
+        runs += [_run("grpo_fix", "grpo_fix", {"dfpo/sym_clip_ratio": [0.1]}, 0.3 + d, seed)
+                 for seed, d in enumerate(differences)]  # fmt: skip
+        return next(r for r in stress.claims_table(runs) if r["id"] == claim["id"])
+
+    clear = [-0.10, -0.11, -0.09, -0.10, -0.10, -0.11]  # decided once all 6 planned seeds ran, not before
+    row = row_of(clear[:4])
+    assert (row["verdict"], row["n"], row["note"]) == (stress.RUNNING, 4, "4 of 6 planned seeds")
+    assert row["difference"]["n"] == 4 and row["difference"]["high"] < 0  # the interval so far is still reported
+    table = stress.claims_markdown(_claims_payload([row]))
+    assert "| 4 of 6 planned |" in table and "**running** (4 of 6 planned seeds)" in table
+    assert row_of(clear)["verdict"] == "not reproduced"
+    wide = [0.05, -0.04, 0.06, -0.03, 0.04, -0.05]  # stage 1 inconclusive: stage 2 runs, and is not decided early
+    row = row_of(wide + [0.01, 0.02])
+    assert (row["stage"], row["verdict"], row["note"]) == (2, stress.RUNNING, "8 of 12 planned seeds (stage 2)")
+    assert "8 of 12 planned (stage 2; stage 1: 6 seeds" in stress.claims_markdown(_claims_payload([row]))
+
+
+def test_claim_ids_select_those_claims_cells_with_their_own_seeds(monkeypatch):
+    monkeypatch.setattr(stress, "availability", lambda name, settings, regime=None: None)
+    args = stress.parse_args(["--claims", "--claim-ids", "ctpo_off_policy"])
+    cells, _ = stress.claims_plan(args, RUN_SETTINGS)  # GRPO at staleness 16 also serves GRPO-fix (more seeds)
+    n = stress.CLAIM_SEEDS["ctpo_off_policy"][0]
+    assert cells == {("staleness", 16, "ctpo"): n, ("staleness", 16, "grpo"): n}
+    jobs = stress.cell_jobs(cells)  # seed by seed, so that an interrupted grid leaves pairs
+    assert [job[3] for job in jobs[:4]] == [0, 0, 1, 1] and {job[2] for job in jobs[:2]} == {"ctpo", "grpo"}
+    with pytest.raises(SystemExit):
+        stress.parse_args(["--claims", "--claim-ids", "no_such_claim"])
+    with pytest.raises(SystemExit):
+        stress.parse_args(["--claim-ids", "ctpo_off_policy"])  # without --claims
+
+
+def _claims_payload(rows: list[dict], probe: list[dict] | None = None) -> dict:
+    settings = dict(max_steps=64, num_eval=200, workers=2)
+    return dict(
+        claims=rows,
+        probe=probe or [],
+        settings=settings,
+        command="cmd",
+        runs_total=1,
+        wall_s=3600.0,
+        skipped={"ctpo_otb": "skipped, not available in this checkout: TypeError: no advantage_estimator"},
+    )
+
+
+def test_claims_not_run_render_gracefully():
+    rows = stress.claims_table([])  # nothing run: every claim "not run", no crash
+    assert {row["verdict"] for row in rows} == {"not run"}
+    table = stress.claims_markdown(_claims_payload(rows, stress.probe_table([])))
+    assert table.count("**not run**") == len(stress.CLAIMS)
+    assert "`ctpo_otb`: skipped, not available in this checkout" in table  # why the composition has no runs
+    assert "0 of " in table  # the seeds column says how many were planned
+
+
+def test_probe_regimes_scale_the_learning_rate_and_split_the_step(tmp_path):
+    lr10 = stress.run_settings("echo_probe_lr10", 32, "echo_step", 0, RUN_SETTINGS, str(tmp_path))
+    assert lr10["learning_rate"] == pytest.approx(1e-3) and lr10["steps_per_generation"] == 64
+    assert (lr10["per_device_train_batch_size"], lr10["gradient_accumulation_steps"]) == (8, 2)
+    mb8 = stress.run_settings("echo_probe_mb8_lr1", 16, "echo", 0, RUN_SETTINGS, str(tmp_path))
+    assert (mb8["per_device_train_batch_size"], mb8["gradient_accumulation_steps"]) == (2, 8)
+    assert mb8["steps_per_generation"] == 128 and mb8["learning_rate"] == pytest.approx(1e-4)
+    assert mb8["batch_ratio_scope"] == "micro_batch"
+    assert stress.regime_task("echo_probe_lr3") == stress.regime_task("staleness")
+    # the full grid leaves the probe out; --claims runs it, at the claims budget
+    grid, claims = stress.parse_args([]), stress.parse_args(["--claims"])
+    assert grid.regime_list == stress.GRID_REGIMES == ["staleness", "group_size", "long"]
+    assert (grid.max_steps, grid.num_eval) == (16, 64)
+    assert set(claims.regime_list) == set(stress.REGIMES) and (claims.max_steps, claims.num_eval) == (64, 200)
+
+
+def test_claims_plan_runs_each_claims_cells_and_the_probe(monkeypatch):
+    monkeypatch.setattr(stress, "availability", lambda name, settings, regime=None: None)
+    cells, skipped = stress.claims_plan(stress.parse_args(["--claims"]), RUN_SETTINGS)
+    assert skipped == {}
+    for claim in stress.CLAIMS:
+        for config in filter(None, (claim["config"], claim["baseline"])):
+            assert cells[(claim["regime"], claim["value"], config)] >= stress.CLAIM_SEEDS[claim["id"]][0]
+    probe = stress.probe_cells()  # every probe regime's cells with PROBE_SEEDS, and ECHO's paper-regime cells
+    assert len(probe) == len(stress.PROBES["echo"]["cells"]) * 2 + sum(
+        len(spec["values"]) * len(spec["configs"]) for spec in stress.REGIMES.values() if "probe" in spec
+    )
+    assert {n for *_, n in probe} == {stress.PROBE_SEEDS, stress.PILOT_SEEDS}
+    for regime, value, config, n in probe:  # a cell both a claim and the probe run gets the larger count
+        assert cells[(regime, value, config)] >= n
+    assert cells[("echo_probe_lr3", 32, "echo")] == stress.CLAIM_SEEDS["echo_off_policy"][0]
+    # the OTB keys the lead runs later: only otb and the composition's cells, with their claims' seeds
+    later, _ = stress.claims_plan(stress.parse_args(["--claims", "--configs", "otb,ctpo_otb"]), RUN_SETTINGS)
+    assert set(later) == {("group_size", 2, "otb"), ("long", 4, "otb"), ("long", 4, "ctpo_otb")}
+    jobs = stress.cell_jobs(later)
+    assert len(jobs) == sum(later.values()) and jobs[0][0] == "long"  # the most expensive first
+
+
+def test_runs_record_each_steps_extremes_over_micro_batches():
+    class FakeTrainer:
+        def __init__(self):
+            self.model = type("Model", (), {"training": True})()
+            self._metrics = {"train": {"echo/batch_ratio": [0.9, float("nan"), 1.1], "reward": [1.0]}}
+
+        def log(self, logs, start_time=None):
+            self.logged = logs
+
+    trainer = stress.recording_extremes(FakeTrainer)()
+    trainer.log({"loss": 0.5})
+    assert trainer.logged == {"loss": 0.5, "echo/batch_ratio_min": 0.9, "echo/batch_ratio_max": 1.1}
+    trainer.model.training = False  # evaluation logs are left alone
+    trainer.log({"eval_loss": 0.5})
+    assert trainer.logged == {"eval_loss": 0.5}
+    assert type(trainer).__name__ == "FakeTrainer"
 
 
 def test_paired_differences_pair_by_key():
@@ -240,6 +459,24 @@ def _fake_run(name: str, seed: int, settings: dict) -> dict:
 
 
 FAKE_GRID = runner.Grid(("name", "seed"), _fake_run, lambda run: f"score {run['score']}")
+
+
+def _terminated_run(name: str, seed: int, settings: dict) -> dict:
+    if seed == 1:  # as `kill -TERM` on the grid would, while this run trains
+        os.kill(os.getpid(), signal.SIGTERM)
+    return _fake_run(name, seed, settings)
+
+
+def test_sigterm_stops_a_grid_with_its_invocation_recorded(tmp_path):
+    path = tmp_path / "fake_runs.jsonl"
+    FAKE_CALLS.clear()
+    before = signal.getsignal(signal.SIGTERM)
+    grid = runner.Grid(("name", "seed"), _terminated_run, FAKE_GRID.describe)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_grid(grid, [("a", 0), ("a", 1), ("a", 2)], {"steps": 4}, 1, path, "stopped grid")
+    assert FAKE_CALLS == [("a", 0)] and signal.getsignal(signal.SIGTERM) == before  # no run after it; restored
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line.get("seed") for line in lines[:1]] == [0] and lines[1]["invocation"]["runs"] == 1 and len(lines) == 2
 
 
 def _collect(path: Path, jobs, settings=None, from_runs=None, fresh=False) -> runner.Runs:
@@ -299,24 +536,54 @@ def test_runs_file_without_settings_is_rebuilt_not_resumed(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("module", "stem", "compared"),
-    [(stress, "stress", ("summary", "claims", "skipped", "settings", "failed_runs", "runs_total", "wall_s", "command")),
-     (sample_efficiency, "sample_efficiency", ("summary", "otb_claim", "failed_runs", "wall_s", "command"))],
+    ("module", "stem", "flags", "compared"),
+    [(stress, "stress", [], ("summary", "skipped", "settings", "failed_runs", "runs_total", "wall_s", "command")),
+     (stress, "claims", ["--claims"], ("summary", "claims", "probe", "skipped", "settings", "failed_runs",
+                                       "runs_total", "wall_s", "command")),
+     (sample_efficiency, "sample_efficiency", [], ("summary", "otb_claim", "failed_runs", "wall_s", "command"))],
 )  # fmt: skip
-def test_from_runs_reproduces_the_committed_summary(tmp_path, module, stem, compared, capsys):
+def test_from_runs_reproduces_the_committed_summary(tmp_path, module, stem, flags, compared, capsys):
     committed = json.loads((REPO / "benchmarks" / "results" / f"{stem}.json").read_text())
-    module.main(["--from-runs", str(REPO / "benchmarks" / "results" / f"{stem}_runs.jsonl"),
+    module.main([*flags, "--from-runs", str(REPO / "benchmarks" / "results" / f"{stem}_runs.jsonl"),
                  "--output-dir", str(tmp_path)])  # fmt: skip
     rebuilt = json.loads((tmp_path / f"{stem}.json").read_text())
     for key in compared:
         assert rebuilt[key] == committed[key], key
-    if module is stress:  # the tables the results page includes, from the rebuilt JSON
-        payload = json.loads((tmp_path / "stress.json").read_text())
-        for name, text in (
-            ("claims.md", stress.claims_markdown(payload)),
-            ("stress.md", report.stress_markdown(payload)),
-        ):
-            assert text == (REPO / "benchmarks" / "results" / name).read_text(), name
+    # the tables the results page includes, from the rebuilt JSON
+    tables = {"stress": [("stress.md", report.stress_markdown)], "claims": [("claims.md", stress.claims_markdown)]}
+    for name, render in tables.get(stem, []):
+        assert render(rebuilt) == (REPO / "benchmarks" / "results" / name).read_text(), name
+
+
+def test_power_analysis_reproduces_and_sized_the_claims_grid(tmp_path, capsys):
+    results = REPO / "benchmarks" / "results"
+    committed = json.loads((results / "power.json").read_text())
+    rebuilt = power.main(["--output-dir", str(tmp_path)])
+    for key in ("settings", "claims", "sd_ratio_pilot_over_committed"):
+        assert common.jsonable(rebuilt[key]) == committed[key], key
+    assert power.power_markdown(committed) == (results / "power.md").read_text()
+    # the seeds the claims grid ran are the ones this analysis plans
+    runs = {
+        name: runner.read_runs(results / f"{name}_runs.jsonl", stress.GRID).records for name in ("stress", "claims")
+    }
+    assert power.plan(runs["stress"], runs["claims"]) == stress.CLAIM_SEEDS
+    # ECHO's claims are where the declared rule puts them, on the committed probe
+    echo = {(c["regime"], c["value"]) for c in stress.CLAIMS if c.get("probe") == "echo"}
+    assert echo == {stress.acting_setting(runs["claims"])}
+    for row in committed["claims"]:
+        if row["accuracy"] and row["pilot"]:  # every claim with a pilot is planned to h <= 1.5 points or 60 seeds
+            assert row["projected_half_width"] <= power.TARGET_HALF_WIDTH or row["planned_seeds"] == power.MAX_SEEDS
+
+
+def test_seeds_needed_is_the_smallest_n_reaching_the_half_width():
+    assert power.half_width(0.05, 20) == pytest.approx(2.093 * 0.05 / math.sqrt(20))
+    for sd, target in ((0.05, 0.015), (0.02, 0.02), (0.1, 0.01), (0.001, 0.02)):
+        n = power.seeds_needed(sd, target)
+        assert power.half_width(sd, n) <= target and (n == 2 or power.half_width(sd, n - 1) > target)
+    assert power.seeds_needed(0.001, 0.02, minimum=20) == 20
+    assert power.estimate([0.1]) is None
+    est = power.estimate([0.01, 0.03, 0.02])
+    assert (est["n"], est["mean"], est["sd"]) == (3, pytest.approx(0.02), pytest.approx(0.01))
 
 
 def test_report_splices_the_results_page_only_for_the_committed_tables(tmp_path, monkeypatch):
@@ -401,7 +668,7 @@ def test_stress_smoke(tmp_path):
     payload = stress.main(["--smoke", "--output-dir", str(tmp_path)])
     assert payload["benchmark"] == "stress" and payload["smoke"] is True and payload["failed_runs"] == []
     summary = payload["summary"]
-    assert set(summary) == set(stress.REGIMES)  # every regime ran
+    assert set(summary) == set(stress.GRID_REGIMES)  # every regime of the full grid ran
     echo = summary["staleness"]["1"]["echo"]
     assert 0.0 <= echo["final_accuracy"]["mean"] <= 1.0 and echo["seeds"] == [0]
     assert "echo/batch_clipped" in echo["mechanism"]  # the mechanism metric was read from the log history
@@ -414,18 +681,12 @@ def test_stress_smoke(tmp_path):
     long_run = next(r for r in runs if r["regime"] == "long")
     # the long-chain policy writes the whole chain: nearly every completion reaches the smoke's 48-token cap
     assert long_run["completion_length"]["values"][0] > 44
-    assert len(payload["claims"]) == len(stress.CLAIMS)
+    assert "claims" not in payload  # the claims table comes from the claims grid (--claims)
     assert _is_png(tmp_path / "stress_smoke.png")
 
     (tmp_path / "stress.json").write_text((tmp_path / "stress_smoke.json").read_text())  # report reads stress.json
     written = report.main(["--results-dir", str(tmp_path)])
-    claims = (tmp_path / "claims.md").read_text()
-    assert tmp_path / "claims.md" in written and claims.count("\n| ") == len(stress.CLAIMS)
-    assert (
-        "Verdict rule" in claims
-        and "mechanism acted" in claims
-        and "| staleness | 1 | `echo` |" in (tmp_path / "stress.md").read_text()
-    )
+    assert tmp_path / "stress.md" in written and "| staleness | 1 | `echo` |" in (tmp_path / "stress.md").read_text()
 
     rebuilt = stress.main(["--smoke", "--from-runs", str(tmp_path / "stress_smoke_runs.jsonl"),
                            "--output-dir", str(tmp_path / "rebuilt")])  # fmt: skip
@@ -438,6 +699,38 @@ def test_stress_smoke(tmp_path):
     assert again["summary"] == payload["summary"] and again["wall_s"] == payload["wall_s"]
     (invocation,) = again["invocations"]
     assert invocation["runs"] == 4 and invocation["wall_s"] == again["wall_s"] > 0
+
+
+@pytest.mark.slow
+def test_claims_smoke(tmp_path):
+    payload = stress.main(["--claims", "--smoke", "--output-dir", str(tmp_path)])
+    assert payload["benchmark"] == "claims" and payload["failed_runs"] == []
+    lines = [json.loads(line) for line in (tmp_path / "claims_smoke_runs.jsonl").read_text().splitlines()]
+    runs = [r for r in lines if "invocation" not in r]
+    cells = {(r["regime"], r["value"], r["config"]) for r in runs}
+    echo_claim = next(c for c in stress.CLAIMS if c["id"] == "echo_off_policy")  # where the probe put it
+    echo_cell = (echo_claim["regime"], echo_claim["value"])
+    assert cells == {(*echo_cell, "echo"), (*echo_cell, "grpo"), ("long", 4, "ctpo"), ("long", 4, "grpo"),
+                     ("echo_probe_lr10", 16, "echo"), ("echo_probe_lr10", 16, "echo_step"),
+                     ("echo_probe_lr10", 16, "grpo")}  # fmt: skip
+    assert all(r["settings"]["max_steps"] == 2 for r in runs)
+    echo = next(r for r in runs if r["config"] == "echo" and (r["regime"], r["value"]) == echo_cell)
+    # each step's R extremes over its micro-batches are recorded beside their mean
+    low, mean, high = (echo["mechanism"][f"echo/batch_ratio{k}"]["values"] for k in ("_min", "", "_max"))
+    assert len(low) == 2 and all(a <= m <= b for a, m, b in zip(low, mean, high))
+    assert len(payload["claims"]) == len(stress.CLAIMS) and payload["probe"]
+    by_id = {row["id"]: row for row in payload["claims"]}
+    assert by_id["echo_off_policy"]["n"] == 1 and by_id["otb_long"]["verdict"] == "not run"
+    assert _is_png(tmp_path / "claims_smoke.png")
+
+    (tmp_path / "claims.json").write_text((tmp_path / "claims_smoke.json").read_text())  # report reads claims.json
+    written = report.main(["--results-dir", str(tmp_path)])
+    claims = (tmp_path / "claims.md").read_text()
+    assert tmp_path / "claims.md" in written and claims.count("\n| ") == len(stress.CLAIMS) + 1 + len(payload["probe"])
+    assert "Verdict rule" in claims and "mechanism acted" in claims and "| echo_probe_lr10 | 16 | 2 | x10 |" in claims
+    rebuilt = stress.main(["--claims", "--smoke", "--from-runs", str(tmp_path / "claims_smoke_runs.jsonl"),
+                           "--output-dir", str(tmp_path / "rebuilt")])  # fmt: skip
+    assert rebuilt["claims"] == payload["claims"] and rebuilt["probe"] == payload["probe"]
 
 
 @pytest.mark.slow

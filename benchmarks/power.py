@@ -1,0 +1,240 @@
+"""Power analysis of the claims grid: how many seeds each claim needs to be decided.
+
+A claim's verdict (`benchmarks.stress.VERDICT_RULE`) reads the 95% Student-t interval of the mean paired difference
+d = configuration - baseline over n seeds, of half-width h(n) = t_{0.975, n-1} * sd / sqrt(n), sd the standard
+deviation of d over seeds. An accuracy claim is decided when the interval excludes 0 or lies inside +-2 points, so
+with h <= 2 points every outcome but a mean difference between 0 and 2 points (in size) is decided, and a smaller h
+narrows that band. Two estimates of sd per claim:
+
+- committed: the full grid's runs (`stress_runs.jsonl`: 16 optimizer steps, 64 held-out prompts, 5 seeds);
+- pilot: the first `PILOT_SEEDS` seeds of the claims grid (`claims_runs.jsonl`, at `CLAIMS_BUDGET`: 64 steps, 200
+  prompts), which is the budget the claims are decided at, so the plan reads this one where it exists.
+
+Plan (`plan`): stage-1 seeds = the smallest n >= `MIN_SEEDS` with h(n) <= `TARGET_HALF_WIDTH` at the pilot's sd,
+capped at `MAX_SEEDS`; a claim without a pilot (OTB, the CTPO+OTB composition: not run yet) takes its committed sd
+times the median pilot/committed sd ratio of the claims that have both (the composition, with no run at all, the
+largest plan of its regime's claims); a mechanism claim (no baseline: a within-run log ratio) rides on the seeds of
+the accuracy claim that runs the same cell; the claims without a pilot when the plan was fixed
+(`PLANNED_WITHOUT_PILOT`) keep that plan once their first seeds have run. Stage 2 (`STAGE_RULE` in `benchmarks.stress`): a claim inconclusive at
+stage 1 runs `STAGE2_FACTOR` x its stage-1 seeds (capped at `MAX_SEEDS_STAGE2`). `benchmarks.stress.CLAIM_SEEDS`
+holds this plan (a test checks they agree).
+
+    python -m benchmarks.power        # benchmarks/results/{stress,claims}_runs.jsonl -> power.json, power.md
+
+`python -m benchmarks.report` splices power.md into docs/results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from . import common, runner, stress
+
+TARGET_HALF_WIDTH = 0.015  # accuracy: 1.5 points, comfortably inside the +-2-point band of the verdict rule
+MIN_SEEDS = 20
+MAX_SEEDS = 60  # stage 1, compute: ~25 s per run (~90 s in the long regime) on one core
+STAGE2_FACTOR = 2
+MAX_SEEDS_STAGE2 = 100
+#: The claims that had no pilot when the plan was fixed (OTB's, before its zero-energy fallback landed, and the
+#: composition's): planned from their committed sd, and kept so once their first seeds run (a plan fixed before
+#: running is not revised on the runs it plans; their early seeds are not a pilot).
+PLANNED_WITHOUT_PILOT = ("otb_small_group", "otb_long", "otb_variance", "ctpo_otb_vs_ctpo", "ctpo_otb_vs_otb")
+
+
+def half_width(sd: float, n: int) -> float:
+    """The 95% Student-t half-width of a mean over n seeds of standard deviation sd."""
+    return common.t_quantile_975(n - 1) * sd / math.sqrt(n)
+
+
+def seeds_needed(sd: float, target: float, minimum: int = 2) -> int:
+    """The smallest n >= minimum with `half_width(sd, n) <= target`."""
+    n = max(minimum, 2)
+    while half_width(sd, n) > target:
+        n += 1
+    return n
+
+
+def paired(records: list[dict[str, Any]], claim: dict[str, Any], seeds: int | None = None) -> list[float]:
+    """The claim's per-seed differences (paired by seed; a mechanism claim: its per-run outcome), seeds < `seeds`."""
+    ok = [r for r in records if "error" not in r and (seeds is None or r["seed"] < seeds)]
+
+    def pick(config):
+        return {r["seed"]: stress.outcome_of(r, claim["outcome"]) for r in ok
+                if (r["regime"], r["value"], r["config"]) == (claim["regime"], claim["value"], config)}  # fmt: skip
+
+    values = (list(pick(claim["config"]).values()) if claim["baseline"] is None
+              else common.paired_differences(pick(claim["config"]), pick(claim["baseline"])))  # fmt: skip
+    return [v for v in values if v is not None and v == v]
+
+
+def estimate(diffs: list[float]) -> dict[str, Any] | None:
+    """n, mean, sd and the 95% half-width of paired differences (None for fewer than 2)."""
+    if len(diffs) < 2:
+        return None
+    sd = statistics.stdev(diffs)
+    return {"n": len(diffs), "mean": statistics.fmean(diffs), "sd": sd, "half_width": half_width(sd, len(diffs))}
+
+
+def cell_wall_s(records: list[dict[str, Any]], claim: dict[str, Any]) -> float | None:
+    """Mean wall time of one pilot run (seeds < `PILOT_SEEDS`) of the claim's configuration and baseline cells."""
+    walls = [r["wall_s"] for r in records if "error" not in r and r["seed"] < stress.PILOT_SEEDS
+             and r["regime"] == claim["regime"] and r["value"] == claim["value"]
+             and r["config"] in (claim["config"], claim["baseline"])]  # fmt: skip
+    return statistics.fmean(walls) if walls else None
+
+
+def analyse(committed: list[dict[str, Any]], pilot: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per claim: the committed and pilot estimates, the seeds for h <= 2 and <= 1.5 points, and the plan."""
+    rows = []
+    for claim in stress.CLAIMS:
+        row = {key: claim[key] for key in ("id", "paper", "claim", "regime", "value", "config", "baseline")}
+        row["accuracy"] = claim["outcome"].endswith("accuracy")
+        row["committed"] = estimate(paired(committed, claim))
+        piloted = claim["id"] not in PLANNED_WITHOUT_PILOT
+        row["pilot"] = estimate(paired(pilot, claim, stress.PILOT_SEEDS)) if piloted else None
+        row["run_wall_s"] = cell_wall_s(pilot, claim)
+        rows.append(row)
+    ratios = [r["pilot"]["sd"] / r["committed"]["sd"] for r in rows
+              if r["accuracy"] and r["pilot"] and r["committed"]]  # fmt: skip
+    ratio = statistics.median(ratios) if ratios else None
+    for row in rows:
+        if row["pilot"]:
+            row["planning_sd"], row["planning_source"] = row["pilot"]["sd"], "pilot"
+        elif row["committed"] and ratio:
+            row["planning_sd"] = row["committed"]["sd"] * ratio
+            row["planning_source"] = f"committed sd x {ratio:.2f} (median pilot/committed ratio)"
+        else:
+            row["planning_sd"], row["planning_source"] = None, None
+        if row["accuracy"] and row["planning_sd"] is not None:
+            sd = row["planning_sd"]
+            row["seeds_h2"], row["seeds_h15"] = seeds_needed(sd, 0.02), seeds_needed(sd, 0.015)
+    plan_of = plan_from(rows)
+    for row in rows:
+        row["planned_seeds"], row["stage2_seeds"] = plan_of[row["id"]]
+        if row["planning_sd"] is not None and row["accuracy"]:
+            row["projected_half_width"] = half_width(row["planning_sd"], row["planned_seeds"])
+    return {"sd_ratio_pilot_over_committed": ratio, "ratios": ratios, "claims": rows}
+
+
+def plan_from(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int | None]]:
+    """Claim id -> (stage-1 seeds, stage-2 seeds), by the rule of the module docstring."""
+    out: dict[str, tuple[int, int | None]] = {}
+    for row in rows:
+        if row["accuracy"] and row.get("planning_sd") is not None:
+            n = min(MAX_SEEDS, seeds_needed(row["planning_sd"], TARGET_HALF_WIDTH, MIN_SEEDS))
+            out[row["id"]] = (n, min(MAX_SEEDS_STAGE2, STAGE2_FACTOR * n))
+    for row in rows:  # the composition: no run at all yet, the largest plan of its regime's claims
+        if row["accuracy"] and row["id"] not in out:
+            same = [out[r["id"]] for r in rows if r["id"] in out and r["regime"] == row["regime"]]
+            out[row["id"]] = max(same) if same else (MAX_SEEDS, MAX_SEEDS_STAGE2)
+    for row in rows:  # a mechanism claim: the seeds of the accuracy claim that runs its cell
+        if not row["accuracy"]:
+            shared = [out[r["id"]] for r in rows if r["accuracy"] and
+                      (r["regime"], r["value"], r["config"]) == (row["regime"], row["value"], row["config"])]  # fmt: skip
+            out[row["id"]] = (max(shared)[0], None) if shared else (stress.PILOT_SEEDS, None)
+    return out
+
+
+def plan(committed: list[dict[str, Any]], pilot: list[dict[str, Any]]) -> dict[str, tuple[int, int | None]]:
+    """`benchmarks.stress.CLAIM_SEEDS` as the committed runs and the pilot give it."""
+    return {row["id"]: (row["planned_seeds"], row["stage2_seeds"]) for row in analyse(committed, pilot)["claims"]}
+
+
+def power_markdown(payload: dict[str, Any]) -> str:
+    """The power analysis table, from power.json alone."""
+
+    def est(e, accuracy):
+        if not e:
+            return "n/a | - | -"
+        f = (lambda x: f"{100 * x:.1f}") if accuracy else (lambda x: f"{x:.3g}")
+        return f"{e['n']} | {f(e['sd'])} | {f(e['half_width'])}"
+
+    lines = [
+        "| claim | config vs baseline | committed: seeds | sd | h | pilot: seeds | sd | h | seeds for h <= 2 | "
+        "h <= 1.5 | planned seeds (stage 1 / 2) | projected h | run time (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for row in payload["claims"]:
+        acc = row["accuracy"]
+        versus = f"`{row['config']}` vs `{row['baseline']}`" if row["baseline"] else f"`{row['config']}` (within run)"
+        stage2 = row["stage2_seeds"] if row["stage2_seeds"] else "-"
+        projected = row.get("projected_half_width")
+        projected = f"{100 * projected:.2f}" if projected is not None else "-"
+        wall = f"{row['run_wall_s']:.0f}" if row["run_wall_s"] is not None else "-"
+        lines.append(
+            f"| {row['id']} | {versus} | {est(row['committed'], acc)} | {est(row['pilot'], acc)} | "
+            f"{row.get('seeds_h2', '-')} | {row.get('seeds_h15', '-')} | {row['planned_seeds']} / {stage2} | "
+            f"{projected} | {wall} |"
+        )
+    s = payload["settings"]
+    ratio = payload["sd_ratio_pilot_over_committed"]
+    lines += [
+        "",
+        f"sd: standard deviation over seeds of the paired difference (accuracy claims: in points; mechanism claims: "
+        f"of the within-run log ratio); h: the 95% half-width t_(0.975, n-1) sd / sqrt(n) at those seeds. Committed: "
+        f"`{s['committed']}` ({s['committed_budget']}); pilot: seeds 0-{s['pilot_seeds'] - 1} of `{s['pilot']}` "
+        f"({s['pilot_budget']}). Plan: stage 1 = the fewest seeds >= {s['min_seeds']} with h <= "
+        f"{100 * s['target_half_width']:.1f} points at the pilot's sd, at most {s['max_seeds']}; a claim without a "
+        "pilot when the plan was fixed ("
+        + ", ".join(f"`{c}`" for c in PLANNED_WITHOUT_PILOT)
+        + ": it stays fixed once they run) takes its committed sd x the median pilot/committed ratio"
+        + (f" ({ratio:.2f})" if ratio is not None else "")
+        + f"; stage 2 = {s['stage2_factor']} x stage 1 (at most {s['max_seeds_stage2']}) for a claim inconclusive "
+        "at stage 1; a mechanism claim rides on its cell's accuracy claim. Run time: mean wall time of one pilot run "
+        f"of the claim's cells (one core, shared machine). Generated by `{payload['command']}`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description="Power analysis of the claims grid (see the module docstring).")
+    results = common.DEFAULT_OUTPUT_DIR
+    parser.add_argument("--committed", type=Path, default=results / "stress_runs.jsonl")
+    parser.add_argument("--pilot", type=Path, default=results / "claims_runs.jsonl")
+    parser.add_argument("--output-dir", type=Path, default=results)
+    args = parser.parse_args(argv)
+    committed = runner.read_runs(args.committed, stress.GRID).records
+    pilot = runner.read_runs(args.pilot, stress.GRID).records
+
+    def budget(records, path):
+        """The runs' budget: their recorded settings, else (runs files before keys) the summary written with them."""
+        made = next((r["settings"] for r in records if "settings" in r), None)
+        if made is None and runner.summary_beside(path).exists():
+            made = json.loads(runner.summary_beside(path).read_text())["settings"]
+        return f"{made['max_steps']} optimizer steps, {made['num_eval']} held-out prompts" if made else "unknown"
+
+    def shown(path):
+        path = path.resolve()
+        return str(path.relative_to(common.REPO)) if path.is_relative_to(common.REPO) else str(path)
+
+    payload = {
+        "benchmark": "power",
+        "command": common.command_line("benchmarks.power", argv),
+        "settings": {
+            "committed": shown(args.committed),
+            "committed_budget": budget(committed, args.committed),
+            "pilot": shown(args.pilot),
+            "pilot_budget": budget(pilot, args.pilot),
+            "pilot_seeds": stress.PILOT_SEEDS,
+            "target_half_width": TARGET_HALF_WIDTH,
+            "min_seeds": MIN_SEEDS,
+            "max_seeds": MAX_SEEDS,
+            "stage2_factor": STAGE2_FACTOR,
+            "max_seeds_stage2": MAX_SEEDS_STAGE2,
+        },  # fmt: skip
+        **analyse(committed, pilot),
+    }
+    markdown = power_markdown(payload)
+    print(markdown)
+    common.write_json(args.output_dir / "power.json", payload)
+    print(f"wrote {args.output_dir / 'power.json'}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
