@@ -693,6 +693,29 @@ def verdict(stats: dict[str, Any], better: int, outcome: str) -> str:
     return "inconclusive"
 
 
+def _probe_markdown(probe: list[dict[str, Any]]) -> list[str]:
+    """The lines of ECHO's probe table (R's range per regime and configuration), for `claims_markdown`."""
+
+    def ratio(x):
+        return "n/a" if x is None else f"{x:.3f}"
+
+    lines = [
+        "",
+        "ECHO's batch clip at the paper's epsilon (batch bounds [0.8, 1.2]), in the claims' regime and in the "
+        "probe regimes (`echo_probe_*`): R's range over every optimizer step of every seed (each step's extremes "
+        "over its micro-batches).",
+        "",
+        "| regime | updates per rollout | micro-batches per step | learning rate | configuration | seeds | "
+        "optimizer steps | R clipped (steps) | R min | R max |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in probe:
+        lines.append(f"| {row['regime']} | {row['value']} | {row['micro_batches']} | "
+                     f"x{row['learning_rate_scale']} | `{row['config']}` | {row['seeds']} | {row['steps']} | "
+                     f"{row['acted']} | {ratio(row['low'])} | {ratio(row['high'])} |")  # fmt: skip
+    return lines
+
+
 def claims_markdown(payload: dict[str, Any]) -> str:
     """The results page's claims table and ECHO's probe table, from claims.json alone (no hand-typed numbers)."""
 
@@ -715,9 +738,6 @@ def claims_markdown(payload: dict[str, Any]) -> str:
     def acted(row):
         a = row.get("mechanism_acted")
         return "n/a" if not a or not a["steps"] else f"{a['what']}: {a['acted']}/{a['steps']} steps"
-
-    def ratio(x):
-        return "n/a" if x is None else f"{x:.3f}"
 
     def seeds(row):
         text = f"{row['n']}"
@@ -750,20 +770,7 @@ def claims_markdown(payload: dict[str, Any]) -> str:
                      f"{fmt(row['difference'], row['outcome'])} | {seeds(row)} | {row.get('max_steps') or 'n/a'} | "
                      f"{acted(row)} | **{row['verdict']}**{note} |")  # fmt: skip
     if payload.get("probe"):
-        lines += [
-            "",
-            "ECHO's batch clip at the paper's epsilon (batch bounds [0.8, 1.2]), in the claims' regime and in the "
-            "probe regimes (`echo_probe_*`): R's range over every optimizer step of every seed (each step's extremes "
-            "over its micro-batches).",
-            "",
-            "| regime | updates per rollout | micro-batches per step | learning rate | configuration | seeds | "
-            "optimizer steps | R clipped (steps) | R min | R max |",
-            "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
-        ]
-        for row in payload["probe"]:
-            lines.append(f"| {row['regime']} | {row['value']} | {row['micro_batches']} | "
-                         f"x{row['learning_rate_scale']} | `{row['config']}` | {row['seeds']} | {row['steps']} | "
-                         f"{row['acted']} | {ratio(row['low'])} | {ratio(row['high'])} |")  # fmt: skip
+        lines += _probe_markdown(payload["probe"])
     s = payload["settings"]
     lines += [
         "",

@@ -1,4 +1,4 @@
-"""No function in `trl_groupopt/` or `scripts/` is longer than 80 lines (`scripts/check_function_length.py`, run here
+"""No function in `trl_groupopt/`, `scripts/`, `benchmarks/` or `examples/` is longer than 80 lines (`scripts/check_function_length.py`, run here
 in this process), and the checker itself flags what it should."""
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ _SPEC.loader.exec_module(checker)
 
 
 def test_no_function_over_80_lines(capsys):
-    status = checker.main([str(REPO_ROOT / "trl_groupopt"), str(REPO_ROOT / "scripts")])
+    status = checker.main(
+        [str(REPO_ROOT / folder) for folder in ("trl_groupopt", "scripts", "benchmarks", "examples")]
+    )
     assert status == 0, capsys.readouterr().out
 
 
