@@ -7,9 +7,11 @@ import importlib.util
 
 from tests.environment import REPO_ROOT
 
-_SPEC = importlib.util.spec_from_file_location("check_function_length", REPO_ROOT / "scripts/check_function_length.py")
-checker = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(checker)
+_CHECKER_SPEC = importlib.util.spec_from_file_location(
+    "check_function_length", REPO_ROOT / "scripts/check_function_length.py"
+)
+checker = importlib.util.module_from_spec(_CHECKER_SPEC)
+_CHECKER_SPEC.loader.exec_module(checker)
 
 
 def test_no_function_over_80_lines(capsys):
