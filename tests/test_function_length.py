@@ -7,11 +7,11 @@ import importlib.util
 
 from tests.environment import REPO_ROOT
 
-_CHECKER_SPEC = importlib.util.spec_from_file_location(
+_CHECKER_LOCATION = importlib.util.spec_from_file_location(
     "check_function_length", REPO_ROOT / "scripts/check_function_length.py"
 )
-checker = importlib.util.module_from_spec(_CHECKER_SPEC)
-_CHECKER_SPEC.loader.exec_module(checker)
+checker = importlib.util.module_from_spec(_CHECKER_LOCATION)
+_CHECKER_LOCATION.loader.exec_module(checker)
 
 
 def test_no_function_over_80_lines(capsys):
