@@ -21,7 +21,6 @@ import os
 import re
 import tempfile
 from dataclasses import MISSING, fields
-from importlib.metadata import PackageNotFoundError, version
 from importlib.resources import files
 from typing import Any
 
@@ -158,13 +157,10 @@ def _is_hub_id(name: str | None) -> bool:
     """Whether `name` can only be a Hub repo id: a valid id that is neither an absolute nor an existing local path."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    if not name or os.path.isabs(name) or os.path.exists(name):
-        return False
     try:
-        validate_repo_id(name)
+        return bool(name) and not os.path.isabs(name) and not os.path.exists(name) and validate_repo_id(name) is None
     except HFValidationError:
         return False
-    return True
 
 
 def _is_embedded_policy(name: str | None) -> bool:
@@ -180,25 +176,6 @@ def _model_id(model) -> str | None:
     return get_config_model_id(model.config)  # a PEFT model forwards `.config` to its base model
 
 
-def _base_model(name: str | None) -> dict[str, str | None]:
-    """`kind` (hub, embedded, local, config: the template words it) and `hub_id` (the `base_model` metadata)."""
-    if _is_hub_id(name):
-        return {"kind": "hub", "hub_id": name, "literal": _literal(name)}
-    kind = "embedded" if _is_embedded_policy(name) else "local" if name else "config"
-    return {"kind": kind, "hub_id": None, "reference": EMBEDDED_POLICY_REFERENCE}  # a local path never shown
-
-
-def _dataset(name: str | None) -> dict[str, str | None]:
-    """`kind` (hub, synthetic, local, none), `hub_id` (the `datasets` metadata) and the `name` the card shows."""
-    if not name:
-        return {"kind": "none", "hub_id": None, "name": None}
-    if name == SYNTHETIC_DATASET_NAME:
-        return {"kind": "synthetic", "hub_id": None, "name": name}
-    if "/" in name and _is_hub_id(name):
-        return {"kind": "hub", "hub_id": name, "name": name}
-    return {"kind": "local", "hub_id": None, "name": os.path.basename(os.path.normpath(name))}  # never a machine path
-
-
 def quick_start_question(model, dataset_name: str | None) -> tuple[str, int]:
     """(question, max_new_tokens): the synthetic task's (named, or the embedded policy with no dataset named), a word
     problem for GSM8K/MATH-style data, else TRL's question."""
@@ -209,25 +186,14 @@ def quick_start_question(model, dataset_name: str | None) -> tuple[str, int]:
 
 
 def _adapter(model) -> tuple[str, str] | None:
-    """("LoraConfig, r=4", "lora") for a PEFT model: the introduction's words and the tag; None otherwise."""
+    """The active PEFT adapter's words and tag, e.g. ("LoraConfig, r=4", "lora"); None for a model without one."""
     from accelerate.utils import is_peft_model
 
     if not is_peft_model(model):
         return None
-    config = model.peft_config.get(getattr(model, "active_adapter", None))
-    if config is None:
-        return "PEFT", "peft"
-    rank = f", r={config.r}" if getattr(config, "r", None) is not None else ""
-    return type(config).__name__ + rank, str(getattr(config.peft_type, "value", config.peft_type)).lower()
-
-
-def _package_version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        from . import __version__
-
-        return __version__ if name == "trl-groupopt" else "unknown"
+    config = model.peft_config[model.active_adapter]
+    words = type(config).__name__ + (f", r={config.r}" if getattr(config, "r", None) is not None else "")
+    return words, str(getattr(config.peft_type, "value", config.peft_type)).lower()
 
 
 # ------------------------------------------------------------------------------------------------ the card
@@ -267,42 +233,47 @@ def _model_location(trainer, output_dir: str | os.PathLike | None) -> str:
 def render_model_card(trainer, model_name: str | None = None, dataset_name: str | None = None,
                       tags: str | list[str] | None = None, question: str | None = None,
                       output_dir: str | os.PathLike | None = None, license: str | None = None) -> str:  # fmt: skip
-    """The model card (markdown with YAML front matter) of a trl-groupopt trainer.
-
-    `model_name`: the title (default: the Hub repo's or the output folder's name); `dataset_name`: a Hub dataset id
-    (linked, `datasets` metadata), `SYNTHETIC_DATASET_NAME`, or a local name; `tags`: added to TRL's and the method's;
-    `question`: the quick start's prompt (default `quick_start_question`); `output_dir`: the folder the card describes
-    (default `args.output_dir`); `license`: the `license` metadata (default: the embedded policy's, else none).
-    """
+    """The model card (markdown with YAML front matter) of a trl-groupopt trainer. `model_name`: the title (default:
+    the Hub repo's or the output folder's name); `dataset_name`: a Hub dataset id (linked, `datasets` metadata),
+    `SYNTHETIC_DATASET_NAME` or a local name; `tags`: added to TRL's and the method's; `question`: the quick start's
+    (default `quick_start_question`); `output_dir`: the folder the card describes (default `args.output_dir`);
+    `license`: the `license` metadata (default: the embedded policy's, else none)."""
     from huggingface_hub import ModelCard
+    from peft import __version__ as peft_version
 
+    from . import __version__
     from .objectives.estimators import estimator_of
 
-    model, args = trainer.model, trainer.args
+    model, args, base, adapter = trainer.model, trainer.args, _model_id(trainer.model), _adapter(trainer.model)
+    base_id = base if _is_hub_id(base) else None  # a local path never reaches the card
+    base_kind = "hub" if base_id else "embedded" if _is_embedded_policy(base) else "local" if base else "config"
+    dataset_id = dataset_name if dataset_name and "/" in dataset_name and _is_hub_id(dataset_name) else None
     model_name = model_name or (args.hub_model_id or os.path.normpath(args.output_dir)).split("/")[-1]
-    base, dataset, adapter = _base_model(_model_id(model)), _dataset(dataset_name), _adapter(model)
     user_tags = [tags] if isinstance(tags, str) else list(tags or [])
-    trl = _trl_card(trainer, model_name, dataset["hub_id"], user_tags + (["peft", adapter[1]] if adapter else []))
+    trl = _trl_card(trainer, model_name, dataset_id, user_tags + (["peft", adapter[1]] if adapter else []))
     _, found, kept = trl.text.partition(TRL_KEPT_FROM)
-    if not found:  # a TRL release changed its template: keep the card valid, without TRL's sections
+    if not found:  # a TRL release changed its template: keep the card valid, without TRL's part
         logging.getLogger(__name__).warning("TRL's model card has no %r: the card leaves its part out.", TRL_KEPT_FROM)
     data = trl.data
     data.__dict__.pop("licence", None)  # TRL's `licence="license"`: not a license, and a misspelt key
-    data.base_model, data.pipeline_tag, data.tags = base["hub_id"], "text-generation", sorted(set(data.tags or []))
-    data.license = license or (EMBEDDED_POLICY_LICENSE if base["kind"] == "embedded" else None)
+    data.base_model, data.pipeline_tag, data.tags = base_id, "text-generation", sorted(set(data.tags or []))
+    data.license = license or (EMBEDDED_POLICY_LICENSE if base_kind == "embedded" else None)
     data.library_name = "peft" if adapter else "transformers"  # what PEFT itself writes for an adapter repo
     default_question, max_new_tokens = quick_start_question(model, dataset_name)
     doc = re.sub(r"\[`([^`]+)`\]", r"`\1`", (type(trainer).__doc__ or "").strip()).splitlines()  # "[`x`]" -> "`x`"
     card = ModelCard.from_template(
-        data, template_str=TEMPLATE_PATH.read_text(encoding="utf-8"), code=code_span, base=base, dataset=dataset,
+        data, template_str=TEMPLATE_PATH.read_text(encoding="utf-8"), code=code_span, literal=_literal,
         title=html.escape(" ".join(model_name.split())), location=_literal(_model_location(trainer, output_dir)),
-        trainer_name=trainer._name, trainer_class=type(trainer).__name__, description=doc[0] if doc else "",
-        adapter=adapter and adapter[0], question=_literal(question or default_question), max_new_tokens=max_new_tokens,
+        base_id=base_id, base_kind=base_kind, embedded=EMBEDDED_POLICY_REFERENCE, dataset_id=dataset_id,
+        dataset_name=dataset_name and os.path.basename(os.path.normpath(dataset_name)),  # never a machine path
+        synthetic=dataset_name == SYNTHETIC_DATASET_NAME, trainer_name=trainer._name,
+        trainer_class=type(trainer).__name__, description=doc[0] if doc else "", adapter=adapter and adapter[0],
+        question=_literal(question or default_question), max_new_tokens=max_new_tokens,
         config_class=type(args).__name__, estimator=estimator_of(args), knobs=method_knobs(args),
         rewards=reward_summary(trainer.state.log_history, trainer.state.global_step),
         heldout=heldout_summary(getattr(trainer, "heldout_accuracy", None)), trl_part=found + kept,
-        mechanism=getattr(trainer, "mechanism_report", None), groupopt_version=_package_version("trl-groupopt"),
-        peft_version=adapter and _package_version("peft"),
+        mechanism=getattr(trainer, "mechanism_report", None), groupopt_version=__version__,
+        peft_version=adapter and peft_version,
     )  # fmt: skip
     text = re.sub(r"\n{3,}", "\n\n", re.sub(r"[ \t]+\n", "\n", str(card)))  # TRL's empty badge lines
     return _redact(text.rstrip("\n") + "\n")
