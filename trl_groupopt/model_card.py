@@ -1,17 +1,13 @@
-"""Hub model cards: TRL's own card, made true for this run, with trl-groupopt's sections appended.
-
-`create_model_card(trainer, ...)` (behind `GroupOptTrainer.create_model_card` and `_save`) runs TRL's
-`GRPOTrainer.create_model_card` with the trainer's `_name`, `_tag_names` and `_paper` (from the method's spec) and
-keeps its metadata and its sections from "Training procedure" on: badges, "trained with <method>, introduced in
-<paper>", framework versions, the method's and TRL's BibTeX. The template `trl_groupopt/templates/model_card.md`
-replaces TRL's introduction and quick start (they assume a Hub base model and a pushed repo) and appends the method
-configuration and what was measured: held-out accuracy, training reward, the mechanism report. A name the user
-chose (a path, a data file, a config string) reaches the body only as a Python literal in the quick start or inside
-a code span; secret-named config fields are never listed and token-shaped text (`hf_...`) is redacted.
-"""
+"""Hub model cards: TRL's own card (`GRPOTrainer.create_model_card` with the trainer's `_name`, `_tag_names`, `_paper`)
+kept from "Training procedure" on (badges, the method's paper, framework versions, BibTeX), under our introduction
+and quick start (TRL's assume a Hub base model and a pushed repo), then the method configuration and what was
+measured: held-out accuracy, training reward, the mechanism report (`trl_groupopt/templates/model_card.md`). A name
+the user chose reaches the body only as a Python literal or inside a code span; secret-named fields are never listed
+and token-shaped text (`hf_...`) is redacted."""
 
 from __future__ import annotations
 
+import copy
 import enum
 import html
 import json
@@ -22,6 +18,7 @@ import re
 import tempfile
 from dataclasses import MISSING, fields
 from importlib.resources import files
+from types import SimpleNamespace
 from typing import Any
 
 __all__ = ["EMBEDDED_POLICY_REFERENCE", "SYNTHETIC_DATASET_NAME", "TEMPLATE_PATH", "code_span", "create_model_card",
@@ -35,17 +32,16 @@ EMBEDDED_POLICY_REFERENCE = "trl_groupopt/assets/tiny_policy"
 EMBEDDED_POLICY_LICENSE = "apache-2.0"  # trl-groupopt's own (pyproject.toml), as a Hub license id
 #: GRPOConfig fields listed when they differ from GRPOConfig's defaults: an allowlist, so that hosts, paths, hub ids
 #: and tokens never reach the card.
-REPORTED_GRPO_FIELDS = (
-    "learning_rate", "lr_scheduler_type", "warmup_ratio", "weight_decay", "max_grad_norm", "optim",
-    "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs", "max_steps", "seed", "bf16",
-    "gradient_checkpointing", "use_liger_kernel", "disable_dropout", "cast_lm_head_to_fp32", "num_generations",
-    "max_completion_length", "steps_per_generation", "num_iterations", "temperature", "top_p", "top_k", "min_p",
-    "repetition_penalty", "loss_type", "importance_sampling_level", "epsilon", "epsilon_high", "delta", "beta",
-    "use_bias_correction_kl", "scale_rewards", "reward_weights", "multi_objective_aggregation",
-    "mask_truncated_completions", "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy",
-    "off_policy_mask_threshold", "use_vllm", "vllm_mode", "vllm_importance_sampling_correction",
-    "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max",
-)  # fmt: skip
+REPORTED_GRPO_FIELDS = tuple(
+    """learning_rate lr_scheduler_type warmup_ratio weight_decay max_grad_norm optim
+    per_device_train_batch_size gradient_accumulation_steps num_train_epochs max_steps seed bf16 gradient_checkpointing
+    use_liger_kernel disable_dropout cast_lm_head_to_fp32 num_generations max_completion_length steps_per_generation
+    num_iterations temperature top_p top_k min_p repetition_penalty loss_type importance_sampling_level epsilon
+    epsilon_high delta beta use_bias_correction_kl scale_rewards reward_weights multi_objective_aggregation
+    mask_truncated_completions top_entropy_quantile entropy_coef use_adaptive_entropy off_policy_mask_threshold use_vllm
+    vllm_mode vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_min
+    vllm_importance_sampling_clip_max""".split()
+)
 #: Fields whose declared default (None) `GRPOConfig.__post_init__` derives: compared against the derived value.
 DERIVED_DEFAULTS = {"steps_per_generation": lambda args: args.gradient_accumulation_steps}
 SUMMARY_FRACTION = 0.1  # the share of the logged steps each end of the reward summary averages (at least one)
@@ -78,19 +74,9 @@ def _literal(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ method knobs
-def _declared_default(f) -> Any:
-    factory = f.default_factory
-    return f.default if f.default is not MISSING else factory() if factory is not MISSING else MISSING
-
-
 def _format(value: Any) -> str:
     value = value.value if isinstance(value, enum.Enum) else value  # str enums by value, not "SchedulerType.X"
     return f"{value:.6g}" if isinstance(value, float) else str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def _same(a: Any, b: Any) -> bool:
-    a, b = getattr(a, "value", a), getattr(b, "value", b)  # an enum vs its string
-    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def method_knobs(args) -> list[dict[str, str | None]]:
@@ -98,7 +84,7 @@ def method_knobs(args) -> list[dict[str, str | None]]:
     settings whose value differs from what `GRPOConfig` would use (its declared or derived default)."""
     from trl import GRPOConfig
 
-    defaults = {f.name: _declared_default(f) for f in fields(GRPOConfig)}
+    defaults = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(GRPOConfig)}
     defaults.update({name: derive(args) for name, derive in DERIVED_DEFAULTS.items() if hasattr(args, name)})
     rows: list[dict[str, str | None]] = [
         {"name": f.name, "value": _redact(_format(getattr(args, f.name))), "default": None}
@@ -107,18 +93,17 @@ def method_knobs(args) -> list[dict[str, str | None]]:
     ]
     for name in (name for name in REPORTED_GRPO_FIELDS if name in defaults and hasattr(args, name)):
         value, default = getattr(args, name), defaults[name]
-        if default is MISSING or not _same(value, default):
-            rows.append({"name": name, "value": _redact(_format(value)),
-                         "default": "(required)" if default is MISSING else _format(default)})  # fmt: skip
+        if getattr(value, "value", value) != getattr(default, "value", default):  # an enum equals its string
+            rows.append({"name": name, "value": _redact(_format(value)), "default": _format(default)})
     return rows
 
 
 # ------------------------------------------------------------------------------------------------ measured results
 def _curve(log_history: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
     """The mean of `key` over the first and over the last `SUMMARY_FRACTION` of its logged steps, with their steps."""
-    points = [(entry.get("step"), entry[key]) for entry in log_history
-              if isinstance(entry.get(key), (int, float)) and not math.isnan(entry[key])]  # fmt: skip
-    if not points:
+    from .reporting import logged_points
+
+    if not (points := logged_points(log_history, key)):
         return None
     count = max(1, math.ceil(SUMMARY_FRACTION * len(points)))
     row: dict[str, Any] = {"name": key, "num_logged": len(points), "num_averaged": count}
@@ -141,15 +126,11 @@ def reward_summary(log_history: list[dict[str, Any]], num_steps: int | None = No
             "num_steps": num_steps if num_steps is not None else max(steps, default=0)}  # fmt: skip
 
 
-def heldout_summary(heldout: dict[str, Any] | None) -> dict[str, str] | None:
-    """The held-out accuracy line from `trainer.heldout_accuracy` (`before`, `after`, `num_examples`); None when it
-    was not measured."""
+def heldout_summary(heldout: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`trainer.heldout_accuracy` (fractions `before`, `after`; `num_examples`, `metric`); None if not measured."""
     if not heldout or heldout.get("after") is None:
         return None
-    before = heldout.get("before")
-    return {"before": "not measured" if before is None else f"{before:.1%}", "after": f"{heldout['after']:.1%}",
-            "num_examples": str(heldout.get("num_examples", "?")),
-            "metric": heldout.get("metric", "greedy-decoding accuracy")}  # fmt: skip
+    return {"before": None, "num_examples": "?", "metric": "greedy-decoding accuracy", **heldout}
 
 
 # ------------------------------------------------------------------------------------------------ model and data
@@ -166,8 +147,7 @@ def _is_hub_id(name: str | None) -> bool:
 def _is_embedded_policy(name: str | None) -> bool:
     from .offline import EMBEDDED_POLICY_PATH
 
-    real = os.path.realpath(EMBEDDED_POLICY_PATH)
-    return bool(name) and (name == EMBEDDED_POLICY_REFERENCE or os.path.realpath(name) == real)
+    return bool(name) and os.path.realpath(name) == os.path.realpath(EMBEDDED_POLICY_PATH)
 
 
 def _model_id(model) -> str | None:
@@ -177,8 +157,7 @@ def _model_id(model) -> str | None:
 
 
 def quick_start_question(model, dataset_name: str | None) -> tuple[str, int]:
-    """(question, max_new_tokens): the synthetic task's (named, or the embedded policy with no dataset named), a word
-    problem for GSM8K/MATH-style data, else TRL's question."""
+    """(question, max_new_tokens) of the synthetic task (or the embedded policy's), GSM8K/MATH-style data, or TRL's."""
     name = (dataset_name or "").lower()
     if name == SYNTHETIC_DATASET_NAME or (not name and _is_embedded_policy(_model_id(model))):
         return ARITHMETIC_QUESTION
@@ -197,33 +176,21 @@ def _adapter(model) -> tuple[str, str] | None:
 
 
 # ------------------------------------------------------------------------------------------------ the card
-class _ScratchView:
-    """The trainer as TRL's `create_model_card` sees it, but with `args.output_dir` a scratch folder (TRL writes
-    `<args.output_dir>/README.md`; our card goes where the caller asks), and every rank may render."""
-
-    def __init__(self, trainer, folder: str) -> None:
-        self._trainer, self.args = trainer, type("ScratchArgs", (), {"output_dir": folder})()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._trainer, name)
-
-    def is_world_process_zero(self) -> bool:
-        return True
-
-
 def _trl_card(trainer, model_name: str, dataset_id: str | None, tags: list[str]):
-    """TRL's own card (`GRPOTrainer.create_model_card`, run as is on a `_ScratchView`), as a `ModelCard`."""
+    """TRL's own card, as a `ModelCard`: `GRPOTrainer.create_model_card` run as is on a shallow copy of the trainer
+    whose `args.output_dir` (where TRL writes `README.md`) is a scratch folder, so that every rank may render."""
     from huggingface_hub import ModelCard
     from trl import GRPOTrainer
 
+    view = copy.copy(trainer)
     with tempfile.TemporaryDirectory() as folder:
-        GRPOTrainer.create_model_card(_ScratchView(trainer, folder), model_name, dataset_id, tags)
+        view.args, view.is_world_process_zero = SimpleNamespace(output_dir=folder), lambda: True
+        GRPOTrainer.create_model_card(view, model_name, dataset_id, tags)
         return ModelCard.load(os.path.join(folder, "README.md"))
 
 
 def _model_location(trainer, output_dir: str | os.PathLike | None) -> str:
-    """Where the quick start loads the model: the Hub repo id when the run pushes (or has a repo), else the absolute
-    path of the card's folder (a relative one works only from the folder the run started in)."""
+    """The Hub repo id when the run pushes (or has a repo), else the card's folder's absolute path (from anywhere)."""
     repo_id = trainer.hub_model_id or trainer.args.hub_model_id
     if repo_id and (trainer.args.push_to_hub or trainer.hub_model_id):
         return repo_id
@@ -233,11 +200,9 @@ def _model_location(trainer, output_dir: str | os.PathLike | None) -> str:
 def render_model_card(trainer, model_name: str | None = None, dataset_name: str | None = None,
                       tags: str | list[str] | None = None, question: str | None = None,
                       output_dir: str | os.PathLike | None = None, license: str | None = None) -> str:  # fmt: skip
-    """The model card (markdown with YAML front matter) of a trl-groupopt trainer. `model_name`: the title (default:
-    the Hub repo's or the output folder's name); `dataset_name`: a Hub dataset id (linked, `datasets` metadata),
-    `SYNTHETIC_DATASET_NAME` or a local name; `tags`: added to TRL's and the method's; `question`: the quick start's
-    (default `quick_start_question`); `output_dir`: the folder the card describes (default `args.output_dir`);
-    `license`: the `license` metadata (default: the embedded policy's, else none)."""
+    """The card (markdown, YAML front matter). `model_name`: the title (default: the repo's or output folder's name);
+    `dataset_name`: a Hub id, `SYNTHETIC_DATASET_NAME` or a local name; `output_dir`: the folder the card describes;
+    `license`: default the embedded policy's, else none; `tags` add to TRL's; `question`: the quick start's."""
     from huggingface_hub import ModelCard
     from peft import __version__ as peft_version
 
@@ -286,10 +251,8 @@ def _redact(text: str) -> str:
 def create_model_card(trainer, model_name: str | None = None, dataset_name: str | None = None,
                       tags: str | list[str] | None = None, question: str | None = None,
                       output_dir: str | os.PathLike | None = None, license: str | None = None) -> str | None:  # fmt: skip
-    """Write `render_model_card(...)` to `<output_dir>/README.md` (default `args.output_dir`) on the main process;
-    returns its path (None elsewhere). Behind `GroupOptTrainer.create_model_card` (TRL calls it from `push_to_hub`
-    and `_save_checkpoint`) and `GroupOptTrainer._save`, so every saved model folder holds this card (for an adapter,
-    instead of PEFT's empty template)."""
+    """Write `render_model_card(...)` to `<output_dir>/README.md` (default `args.output_dir`) on the main process and
+    return its path: the hook behind `GroupOptTrainer.create_model_card` (TRL's call sites) and `_save`."""
     if not trainer.is_world_process_zero():
         return None
     output_dir = os.fspath(output_dir if output_dir is not None else trainer.args.output_dir)
@@ -301,11 +264,10 @@ def create_model_card(trainer, model_name: str | None = None, dataset_name: str 
 
 
 def portable_adapter_config(output_dir: str | os.PathLike) -> bool:
-    """Record the embedded policy in `<output_dir>/adapter_config.json` (PEFT's `save_pretrained` writes its absolute
-    path inside this installation, which breaks when the package moves) as `EMBEDDED_POLICY_REFERENCE`. Load such an
-    adapter as its card's quick start does: `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(
-    trl_groupopt.offline.EMBEDDED_POLICY_PATH), output_dir)`. Any other base is left as PEFT wrote it. Call it after
-    every adapter save; returns whether the file changed."""
+    """After an adapter save: `adapter_config.json` names the embedded policy as `EMBEDDED_POLICY_REFERENCE`, not by
+    PEFT's absolute path into this installation (which breaks when it moves); load it as the card's quick start does,
+    `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(EMBEDDED_POLICY_PATH), output_dir)`. Other bases
+    are left as PEFT wrote them. Returns whether the file changed."""
     path = os.path.join(os.fspath(output_dir), "adapter_config.json")
     if not os.path.isfile(path):
         return False

@@ -13,16 +13,14 @@ from typing import Any
 from transformers.trainer_callback import ProgressCallback, TrainerCallback
 
 __all__ = ["HeldOutAccuracyCallback", "ReadableProgressCallback", "distinct_series", "format_log_line",
-           "plot_reward_accuracy", "write_results"]  # fmt: skip
+           "logged_points", "plot_reward_accuracy", "write_results"]  # fmt: skip
 
 #: Training-log keys shown on each line, in this order (label, key); the method's headline metric is added.
 _LINE_KEYS = (("reward", "reward"), ("acc", "rewards/accuracy_reward/mean"), ("loss", "loss"),
               ("len", "completions/mean_length"))  # fmt: skip
 #: The training series of the reward panel, in drawing order: (logged key, label, marker).
-TRAINING_SERIES = (
-    ("reward", "reward (train)", "o"),
-    ("rewards/accuracy_reward/mean", "accuracy (train, sampled)", "x"),
-)
+TRAINING_SERIES = (("reward", "reward (train)", "o"),
+                   ("rewards/accuracy_reward/mean", "accuracy (train, sampled)", "x"))  # fmt: skip
 
 
 def _fmt(value: Any) -> str:
@@ -32,9 +30,8 @@ def _fmt(value: Any) -> str:
 
 
 def format_log_line(logs: dict[str, Any], step: int, max_steps: int, headline_metric: str | None = None) -> str:
-    """One line per log event, always the same fields in the same order, e.g.
-    ``step  10/60 | reward 0.412 | acc 0.312 | loss -0.0104 | len 30.1 | echo/batch_clipped 0 | 3.9 s/step``.
-    The final summary log (``train_runtime``...) gives ``done in 52.1 s (60 steps)``."""
+    """One line per log event, the same fields in the same order (``step  10/60 | reward 0.412 | acc 0.312 | loss
+    -0.0104 | len 30.1 | echo/batch_clipped 0 | 3.9 s/step``); the final summary: ``done in 52.1 s (60 steps)``."""
     if "train_runtime" in logs:
         return f"done in {logs['train_runtime']:.1f} s ({step} steps)"
     keys = _LINE_KEYS + (((headline_metric, headline_metric),) if headline_metric else ())
@@ -85,13 +82,9 @@ def write_results(output_dir: str, **results: Any) -> str:
 
 
 class HeldOutAccuracyCallback(TrainerCallback):
-    """Greedy accuracy on a small held-out set every ``every`` optimizer steps, while training runs.
-
-    Each measurement is kept in :attr:`points` (``[(step, accuracy), ...]``) and logged as ``heldout/accuracy`` with
-    the trainer's next log (through ``trainer.log_step_metric``, so W&B / trackio show it; a trainer without that
-    method only keeps the points). Measured on the main process (greedy decoding draws no random numbers, so the
-    training samples do not change); ``every <= 0`` measures nothing.
-    """
+    """Greedy accuracy on a small held-out set every ``every`` optimizer steps (``<= 0``: never), on the main process
+    (greedy decoding draws no random numbers: the training samples do not change). Kept in :attr:`points`
+    (``[(step, accuracy)]``) and logged as ``heldout/accuracy`` through ``trainer.log_step_metric`` when it has one."""
 
     def __init__(self, trainer, dataset, every: int, *, max_new_tokens: int | None = None) -> None:
         self.trainer, self.dataset, self.every = trainer, dataset, every
@@ -117,7 +110,8 @@ class HeldOutAccuracyCallback(TrainerCallback):
             self.trainer.log_step_metric("heldout/accuracy", accuracy)
 
 
-def _logged(log_history: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+def logged_points(log_history: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    """``[(step, value)]`` of ``key``'s finite numeric values in a trainer's ``log_history``."""
     return [(e["step"], e[key]) for e in log_history
             if isinstance(e.get(key), (int, float)) and "step" in e and not math.isnan(e[key])]  # fmt: skip
 
@@ -132,7 +126,7 @@ def distinct_series(log_history: Sequence[dict[str, Any]], series=TRAINING_SERIE
     reward and accuracy when accuracy is the only reward) is merged into it, the labels joined with " = "."""
     drawn: list[tuple[str, list, str]] = []
     for key, label, marker in series:
-        points = _logged(log_history, key)
+        points = logged_points(log_history, key)
         same = next((i for i, (_, other, _) in enumerate(drawn) if _same_points(other, points)), None)
         if points and same is None:
             drawn.append((label, points, marker))
@@ -145,9 +139,9 @@ def _draw_mechanism(ax, log_history: Sequence[dict[str, Any]], report) -> None:
     """The mechanisms' logged metrics per logged step, and the share of each log's steps on which they acted."""
     for outcome in report.outcomes:
         for key in (mechanism := outcome.mechanism).watched_keys:
-            if points := _logged(log_history, key):
+            if points := logged_points(log_history, key):
                 ax.plot(*zip(*points), marker=".", markersize=3, linewidth=1, label=key)
-        if acted := _logged(log_history, mechanism.metric):
+        if acted := logged_points(log_history, mechanism.metric):
             ax.plot(*zip(*acted), linestyle="none", marker="x", markersize=5, color="black",
                     label=f"{mechanism.metric} (share of the logged steps)")  # fmt: skip
     ax.set_title("\n".join(f"{o.mechanism.name}: acted on {o.acted} of {o.steps} optimizer steps"
@@ -158,24 +152,14 @@ def _draw_mechanism(ax, log_history: Sequence[dict[str, Any]], report) -> None:
         ax.legend(fontsize=7)
 
 
-def plot_reward_accuracy(
-    log_history: Sequence[dict[str, Any]],
-    path: str,
-    *,
-    heldout: Sequence[tuple[int, float]] = (),
-    heldout_curve: Sequence[tuple[int, float]] = (),
-    heldout_label: str = "accuracy (held-out, greedy)",
-    curve_label: str = "accuracy (held-out slice, greedy)",
-    mechanism_report=None,
-    title: str = "",
-) -> str | None:
-    """Plot a run to ``path`` (PNG); returns the path, or None when matplotlib is not installed.
-
-    Top panel: the training reward and sampled accuracy per logged step, each distinct series once
-    (:func:`distinct_series`), the held-out accuracy measured while training ``heldout_curve`` = [(step, accuracy)]
-    (a line) and the full evaluations ``heldout`` (before and after: points, not joined, since nothing was measured in
-    between). Bottom panel, with a ``mechanism_report`` (`trl_groupopt.mechanism.MechanismReport`): the metrics its
-    mechanisms are decided by, per logged step, and the ``acted/<method>`` metric."""
+def plot_reward_accuracy(log_history: Sequence[dict[str, Any]], path: str, *, heldout: Sequence[tuple[int, float]] = (),
+                         heldout_curve: Sequence[tuple[int, float]] = (),
+                         heldout_label: str = "accuracy (held-out, greedy)",
+                         curve_label: str = "accuracy (held-out slice, greedy)", mechanism_report=None,
+                         title: str = "") -> str | None:  # fmt: skip
+    """Plot a run to ``path`` (PNG); returns the path, or None without matplotlib. Top: each distinct training series
+    (:func:`distinct_series`), ``heldout_curve`` (a line) and the full evaluations ``heldout`` (points: nothing was
+    measured in between). Bottom, with a ``mechanism_report``: its mechanisms' metrics and ``acted/<method>``."""
     try:
         import matplotlib
 
