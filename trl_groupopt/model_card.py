@@ -18,11 +18,12 @@ import re
 import tempfile
 from dataclasses import MISSING, fields
 from importlib.resources import files
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["EMBEDDED_POLICY_REFERENCE", "SYNTHETIC_DATASET_NAME", "TEMPLATE_PATH", "code_span", "create_model_card",
-           "heldout_summary", "method_knobs", "portable_adapter_config", "quick_start_question", "render_model_card",
+__all__ = ["EMBEDDED_POLICY_REFERENCE", "SYNTHETIC_DATASET_NAME", "TEMPLATE_PATH", "create_model_card",
+           "heldout_summary", "method_knobs", "portable_adapter_config", "render_model_card",
            "reward_summary"]  # fmt: skip
 
 TEMPLATE_PATH = files("trl_groupopt") / "templates" / "model_card.md"  # package data (pyproject's `package-data`)
@@ -30,23 +31,19 @@ SYNTHETIC_DATASET_NAME = "synthetic-arithmetic"  # the demo's offline task (`trl
 #: The embedded policy as an adapter records its base (`portable_adapter_config`): the same in every installation.
 EMBEDDED_POLICY_REFERENCE = "trl_groupopt/assets/tiny_policy"
 EMBEDDED_POLICY_LICENSE = "apache-2.0"  # trl-groupopt's own (pyproject.toml), as a Hub license id
-#: GRPOConfig fields listed when they differ from GRPOConfig's defaults: an allowlist, so that hosts, paths, hub ids
-#: and tokens never reach the card.
-REPORTED_GRPO_FIELDS = tuple(
-    """learning_rate lr_scheduler_type warmup_ratio weight_decay max_grad_norm optim
+#: GRPOConfig fields listed when not at GRPOConfig's default: an allowlist, so hosts, paths and tokens never are.
+REPORTED_GRPO_FIELDS = tuple("""learning_rate lr_scheduler_type warmup_ratio weight_decay max_grad_norm optim
     per_device_train_batch_size gradient_accumulation_steps num_train_epochs max_steps seed bf16 gradient_checkpointing
     use_liger_kernel disable_dropout cast_lm_head_to_fp32 num_generations max_completion_length steps_per_generation
     num_iterations temperature top_p top_k min_p repetition_penalty loss_type importance_sampling_level epsilon
     epsilon_high delta beta use_bias_correction_kl scale_rewards reward_weights multi_objective_aggregation
-    mask_truncated_completions top_entropy_quantile entropy_coef use_adaptive_entropy off_policy_mask_threshold use_vllm
-    vllm_mode vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_min
-    vllm_importance_sampling_clip_max""".split()
-)
+    mask_truncated_completions top_entropy_quantile entropy_coef use_adaptive_entropy off_policy_mask_threshold
+    use_vllm vllm_mode vllm_importance_sampling_correction vllm_importance_sampling_mode
+    vllm_importance_sampling_clip_min vllm_importance_sampling_clip_max""".split())  # fmt: skip
 #: Fields whose declared default (None) `GRPOConfig.__post_init__` derives: compared against the derived value.
 DERIVED_DEFAULTS = {"steps_per_generation": lambda args: args.gradient_accumulation_steps}
 SUMMARY_FRACTION = 0.1  # the share of the logged steps each end of the reward summary averages (at least one)
-#: Quick-start questions (prompt, max_new_tokens): the synthetic task's format (`offline/task.py`), a GSM8K/MATH
-#: word problem, and TRL's own question (`trl/templates/lm_model_card.md`) for any other task.
+#: Quick-start (question, max_new_tokens): the synthetic task's (`offline/task.py`), GSM8K/MATH-style, TRL's own.
 ARITHMETIC_QUESTION = ("Compute 12+7-3", 48)
 MATH_QUESTION = ("A baker puts 24 muffins into boxes of 4 and sells each box for $3. How much money does the baker "
                  "make by selling all the boxes?", 256)  # fmt: skip
@@ -59,7 +56,7 @@ _HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{16,}")  # Hugging Face user/org access t
 TRL_KEPT_FROM = "\n## Training procedure"
 
 
-def code_span(text: Any) -> str:
+def _code_span(text: Any) -> str:
     """`text` on one line as a markdown code span, shown verbatim whatever backticks or HTML it holds (CommonMark:
     a fence one backtick longer than any run inside; a space pads a leading or trailing backtick)."""
     text = " ".join(str(text).splitlines())
@@ -73,7 +70,6 @@ def _literal(text: str) -> str:
     return json.dumps(os.fspath(text))
 
 
-# ------------------------------------------------------------------------------------------------ method knobs
 def _format(value: Any) -> str:
     value = value.value if isinstance(value, enum.Enum) else value  # str enums by value, not "SchedulerType.X"
     return f"{value:.6g}" if isinstance(value, float) else str(value).replace("|", "\\|").replace("\n", " ")
@@ -98,7 +94,6 @@ def method_knobs(args) -> list[dict[str, str | None]]:
     return rows
 
 
-# ------------------------------------------------------------------------------------------------ measured results
 def _curve(log_history: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
     """The mean of `key` over the first and over the last `SUMMARY_FRACTION` of its logged steps, with their steps."""
     from .reporting import logged_points
@@ -133,7 +128,6 @@ def heldout_summary(heldout: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"before": None, "num_examples": "?", "metric": "greedy-decoding accuracy", **heldout}
 
 
-# ------------------------------------------------------------------------------------------------ model and data
 def _is_hub_id(name: str | None) -> bool:
     """Whether `name` can only be a Hub repo id: a valid id that is neither an absolute nor an existing local path."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -150,16 +144,10 @@ def _is_embedded_policy(name: str | None) -> bool:
     return bool(name) and os.path.realpath(name) == os.path.realpath(EMBEDDED_POLICY_PATH)
 
 
-def _model_id(model) -> str | None:
-    from trl.trainer.utils import get_config_model_id
-
-    return get_config_model_id(model.config)  # a PEFT model forwards `.config` to its base model
-
-
-def quick_start_question(model, dataset_name: str | None) -> tuple[str, int]:
+def _question(dataset_name: str | None, base_kind: str) -> tuple[str, int]:
     """(question, max_new_tokens) of the synthetic task (or the embedded policy's), GSM8K/MATH-style data, or TRL's."""
     name = (dataset_name or "").lower()
-    if name == SYNTHETIC_DATASET_NAME or (not name and _is_embedded_policy(_model_id(model))):
+    if name == SYNTHETIC_DATASET_NAME or (not name and base_kind == "embedded"):
         return ARITHMETIC_QUESTION
     return MATH_QUESTION if "gsm8k" in name or "math" in name else GENERIC_QUESTION
 
@@ -175,7 +163,6 @@ def _adapter(model) -> tuple[str, str] | None:
     return words, str(getattr(config.peft_type, "value", config.peft_type)).lower()
 
 
-# ------------------------------------------------------------------------------------------------ the card
 def _trl_card(trainer, model_name: str, dataset_id: str | None, tags: list[str]):
     """TRL's own card, as a `ModelCard`: `GRPOTrainer.create_model_card` run as is on a shallow copy of the trainer
     whose `args.output_dir` (where TRL writes `README.md`) is a scratch folder, so that every rank may render."""
@@ -205,11 +192,12 @@ def render_model_card(trainer, model_name: str | None = None, dataset_name: str 
     `license`: default the embedded policy's, else none; `tags` add to TRL's; `question`: the quick start's."""
     from huggingface_hub import ModelCard
     from peft import __version__ as peft_version
+    from trl.trainer.utils import get_config_model_id
 
     from . import __version__
     from .objectives.estimators import estimator_of
 
-    model, args, base, adapter = trainer.model, trainer.args, _model_id(trainer.model), _adapter(trainer.model)
+    args, base, adapter = trainer.args, get_config_model_id(trainer.model.config), _adapter(trainer.model)
     base_id = base if _is_hub_id(base) else None  # a local path never reaches the card
     base_kind = "hub" if base_id else "embedded" if _is_embedded_policy(base) else "local" if base else "config"
     dataset_id = dataset_name if dataset_name and "/" in dataset_name and _is_hub_id(dataset_name) else None
@@ -224,10 +212,10 @@ def render_model_card(trainer, model_name: str | None = None, dataset_name: str 
     data.base_model, data.pipeline_tag, data.tags = base_id, "text-generation", sorted(set(data.tags or []))
     data.license = license or (EMBEDDED_POLICY_LICENSE if base_kind == "embedded" else None)
     data.library_name = "peft" if adapter else "transformers"  # what PEFT itself writes for an adapter repo
-    default_question, max_new_tokens = quick_start_question(model, dataset_name)
+    default_question, max_new_tokens = _question(dataset_name, base_kind)
     doc = re.sub(r"\[`([^`]+)`\]", r"`\1`", (type(trainer).__doc__ or "").strip()).splitlines()  # "[`x`]" -> "`x`"
     card = ModelCard.from_template(
-        data, template_str=TEMPLATE_PATH.read_text(encoding="utf-8"), code=code_span, literal=_literal,
+        data, template_str=TEMPLATE_PATH.read_text(encoding="utf-8"), code=_code_span, literal=_literal,
         title=html.escape(" ".join(model_name.split())), location=_literal(_model_location(trainer, output_dir)),
         base_id=base_id, base_kind=base_kind, embedded=EMBEDDED_POLICY_REFERENCE, dataset_id=dataset_id,
         dataset_name=dataset_name and os.path.basename(os.path.normpath(dataset_name)),  # never a machine path
@@ -248,19 +236,17 @@ def _redact(text: str) -> str:
     return _HF_TOKEN.sub(REDACTED, text)
 
 
-def create_model_card(trainer, model_name: str | None = None, dataset_name: str | None = None,
-                      tags: str | list[str] | None = None, question: str | None = None,
-                      output_dir: str | os.PathLike | None = None, license: str | None = None) -> str | None:  # fmt: skip
-    """Write `render_model_card(...)` to `<output_dir>/README.md` (default `args.output_dir`) on the main process and
-    return its path: the hook behind `GroupOptTrainer.create_model_card` (TRL's call sites) and `_save`."""
+def create_model_card(trainer, output_dir: str | os.PathLike | None = None, **card: Any) -> str | None:
+    """Write `render_model_card(trainer, output_dir=..., **card)` to `<output_dir>/README.md` (default
+    `args.output_dir`) on the main process and return its path: the hook behind `GroupOptTrainer.create_model_card`
+    (TRL's call sites) and `_save`."""
     if not trainer.is_world_process_zero():
         return None
-    output_dir = os.fspath(output_dir if output_dir is not None else trainer.args.output_dir)
-    os.makedirs(output_dir, exist_ok=True)
-    text = render_model_card(trainer, model_name, dataset_name, tags, question, output_dir, license)
-    with open(os.path.join(output_dir, "README.md"), "w", encoding="utf-8") as handle:
-        handle.write(text)
-    return handle.name
+    folder = Path(output_dir if output_dir is not None else trainer.args.output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    text = render_model_card(trainer, output_dir=folder, **card)
+    (folder / "README.md").write_text(text, encoding="utf-8")
+    return str(folder / "README.md")
 
 
 def portable_adapter_config(output_dir: str | os.PathLike) -> bool:
@@ -268,15 +254,10 @@ def portable_adapter_config(output_dir: str | os.PathLike) -> bool:
     PEFT's absolute path into this installation (which breaks when it moves); load it as the card's quick start does,
     `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(EMBEDDED_POLICY_PATH), output_dir)`. Other bases
     are left as PEFT wrote them. Returns whether the file changed."""
-    path = os.path.join(os.fspath(output_dir), "adapter_config.json")
-    if not os.path.isfile(path):
-        return False
-    with open(path, encoding="utf-8") as handle:
-        config = json.load(handle)
+    path = Path(output_dir) / "adapter_config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     base = config.get("base_model_name_or_path")
     if base == EMBEDDED_POLICY_REFERENCE or not _is_embedded_policy(base):
         return False
-    config["base_model_name_or_path"] = EMBEDDED_POLICY_REFERENCE
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(config, handle, indent=2, sort_keys=True)
+    path.write_text(json.dumps({**config, "base_model_name_or_path": EMBEDDED_POLICY_REFERENCE}, indent=2), "utf-8")
     return True

@@ -74,10 +74,9 @@ class ReadableProgressCallback(ProgressCallback):
 def write_results(output_dir: str, **results: Any) -> str:
     """Write ``results`` to ``output_dir/results.json`` (NaN as null); returns the path."""
     os.makedirs(output_dir, exist_ok=True)
+    clean = {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in results.items()}
     with open(os.path.join(output_dir, "results.json"), "w") as handle:
-        json.dump({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in results.items()}, handle,
-                  indent=2)  # fmt: skip
-        handle.write("\n")
+        handle.write(json.dumps(clean, indent=2) + "\n")
     return handle.name
 
 
@@ -152,8 +151,8 @@ def _draw_mechanism(ax, log_history: Sequence[dict[str, Any]], report) -> None:
         ax.legend(fontsize=7)
 
 
-def plot_reward_accuracy(log_history: Sequence[dict[str, Any]], path: str, *, heldout: Sequence[tuple[int, float]] = (),
-                         heldout_curve: Sequence[tuple[int, float]] = (),
+def plot_reward_accuracy(log_history: Sequence[dict[str, Any]], path: str, *,
+                         heldout: Sequence[tuple[int, float]] = (), heldout_curve: Sequence[tuple[int, float]] = (),
                          heldout_label: str = "accuracy (held-out, greedy)",
                          curve_label: str = "accuracy (held-out slice, greedy)", mechanism_report=None,
                          title: str = "") -> str | None:  # fmt: skip
