@@ -70,6 +70,10 @@ def _literal(text: str) -> str:
     return json.dumps(os.fspath(text))
 
 
+def _redact(text: str) -> str:
+    return _HF_TOKEN.sub(REDACTED, text)
+
+
 def _format(value: Any) -> str:
     value = value.value if isinstance(value, enum.Enum) else value  # str enums by value, not "SchedulerType.X"
     return f"{value:.6g}" if isinstance(value, float) else str(value).replace("|", "\\|").replace("\n", " ")
@@ -230,10 +234,6 @@ def render_model_card(trainer, model_name: str | None = None, dataset_name: str 
     )  # fmt: skip
     text = re.sub(r"\n{3,}", "\n\n", re.sub(r"[ \t]+\n", "\n", str(card)))  # TRL's empty badge lines
     return _redact(text.rstrip("\n") + "\n")
-
-
-def _redact(text: str) -> str:
-    return _HF_TOKEN.sub(REDACTED, text)
 
 
 def create_model_card(trainer, output_dir: str | os.PathLike | None = None, **card: Any) -> str | None:
