@@ -80,9 +80,10 @@ _READ_CHUNK = 8 << 20
 def file_digest(path: str | os.PathLike, *, sync: bool = False) -> str:
     """The SHA-256 hex digest of the file at `path`; `sync`: fsync it first (its bytes are on the disk)."""
     digest = hashlib.sha256()
+    if sync:
+        with open(path, "r+b") as writable:  # a read-only handle cannot be flushed on every platform (Windows)
+            os.fsync(writable.fileno())
     with open(path, "rb") as handle:
-        if sync:
-            os.fsync(handle.fileno())
         while chunk := handle.read(_READ_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
