@@ -1,8 +1,8 @@
 """The output folder of a run (`trl_groupopt.run_folder`, the CLI's use of it): complete checkpoints, which one a
 resume takes, the run lock, and the CLI's refusal to start a fresh run over an earlier run's checkpoints.
 
-The checkpoints here are folders of fake files: completeness is decided by the record and the files' sizes, whatever
-they hold (real checkpoints: tests/e2e/test_survival.py).
+The checkpoints here are folders of fake files: completeness is decided by the record and the files' sizes and
+SHA-256 digests, whatever they hold (real checkpoints: tests/e2e/test_survival.py).
 """
 
 from __future__ import annotations
