@@ -48,7 +48,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import adapters, offline, options, rewards
+from . import adapters, offline, options, resume, rewards
 from .registry import METHODS, get_method
 from .run_folder import RunLock, checkpoints, resolve_resume
 from .trainers.schedule import off_policy_schedule
@@ -465,28 +465,29 @@ def _quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
-def prepare_output_dir(output_dir: str, resume_from_checkpoint: str | None, overwrite: bool, main: bool = True):
-    """The checkpoint to resume from (None: a fresh run), after refusing a fresh run that would overwrite an earlier
-    run's checkpoints. ``"last"``: the newest complete checkpoint of `output_dir`. ``overwrite`` (a fresh run only)
-    deletes the earlier checkpoints first (on the main process)."""
+def prepare_output_dir(
+    output_dir: str, resume_from_checkpoint: str | None, overwrite: bool, main: bool = True, method=None, args=None
+):
+    """The checkpoint to resume from (None: a fresh run), after the resume rules of `trl_groupopt.resume` (a fresh
+    run over an earlier run, another method's checkpoint, a finished run: printed, exit 0). ``"last"``: the newest
+    complete checkpoint of `output_dir`. ``overwrite`` (a fresh run only) deletes the earlier checkpoints first (on
+    the main process)."""
     if resume_from_checkpoint is not None and overwrite:
         raise ValueError(
             "--overwrite_output_dir starts a fresh run; it cannot be combined with --resume_from_checkpoint."
         )
     if resume_from_checkpoint is not None:
-        return resolve_resume(output_dir, resume_from_checkpoint)
-    earlier = checkpoints(output_dir)
-    if earlier and overwrite:
-        if main:
-            for folder in earlier:
-                shutil.rmtree(folder)
-    elif earlier:
-        names = ", ".join(p.name for p in earlier[:3]) + (", ..." if len(earlier) > 3 else "")
-        raise ValueError(
-            f"--output_dir {output_dir} already holds checkpoints of an earlier run ({names}); a fresh run would "
-            "overwrite them. Resume it with --resume_from_checkpoint last (or a checkpoint's path), or start anew "
-            "with another --output_dir or with --overwrite_output_dir (which deletes those checkpoints)."
-        )
+        checkpoint = resolve_resume(output_dir, resume_from_checkpoint)
+        if method is not None and args is not None:  # the trainer checks again, and warns on changed settings
+            resume.check_resume(checkpoint, method, args, warn=False)
+            if (finished := resume.finished_message(checkpoint, args)) is not None:
+                print(finished, flush=True)
+                raise SystemExit(0)
+        return checkpoint
+    resume.refuse_fresh_run(output_dir, overwrite, cli=True)
+    if overwrite and main:
+        for folder in checkpoints(output_dir):
+            shutil.rmtree(folder)
     return None
 
 
@@ -512,7 +513,10 @@ def train(method: str, argv: Sequence[str] | None = None, *, prog: str | None = 
             training_args.resume_from_checkpoint,
             script_args.overwrite_output_dir,
             main=_is_main_process(),
+            method=method,
+            args=training_args,
         )
+        training_args.overwrite_output_dir = script_args.overwrite_output_dir  # the trainer's check reads it
         from .script import run
 
         return run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset)
