@@ -288,12 +288,14 @@ def test_advantages_input_errors():
         otb_advantages(r, e, m, g, epsilon=0.0)
     with pytest.raises(ValueError, match="token_positions"):
         otb_advantages(r, e, m, g, token_positions="compact")
+    # value checks read the device: only with check_values=True (the trainer checks rewards per generation batch)
     with pytest.raises(ValueError, match="finite or NaN"):
-        otb_advantages(torch.tensor([0.0, math.inf, 0.0, 0.0]), e, m, g)
+        otb_advantages(torch.tensor([0.0, math.inf, 0.0, 0.0]), e, m, g, check_values=True)
     with pytest.raises(ValueError, match=">= 0"):
-        otb_advantages(r, -e, m, g)
+        otb_advantages(r, -e, m, g, check_values=True)
     with pytest.raises(ValueError, match="finite"):
-        otb_advantages(r, torch.full((4, 3), math.nan), m, g)
+        otb_advantages(r, torch.full((4, 3), math.nan), m, g, check_values=True)
+    assert otb_advantages(r, -e, m, g).abs().max() == 0  # unchecked: energies clamp to 0, equal rewards give 0
 
 
 # --------------------------------------------------------------------------------------------------

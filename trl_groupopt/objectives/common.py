@@ -37,7 +37,7 @@ class ObjectiveFn(Protocol):
 
     Shapes: `per_token_logps`, `old_per_token_logps`, `mask` (B, T); `advantages` (B,) or (B, T). The trainer binds
     the method's hyper-parameters from its config (e.g. `functools.partial(ctpo_loss, epsilon_low=...)`) and calls
-    the result from `GroupOptTrainer.objective`; group-coupled objectives also take `group_ids` (B,).
+    the result from `GroupOptTrainer.objective`; group-coupled objectives also take the group layout (`Groups`).
     """
 
     def __call__(
@@ -160,59 +160,104 @@ def as_token_advantages(advantages: Tensor) -> Tensor:
     raise ValueError(f"advantages must be (B,) or (B, T), got shape {tuple(advantages.shape)}")
 
 
-def dense_group_index(group_ids: Tensor) -> Tensor:
-    """(B,) dense index 0..K-1 of each element's group, without reading K on the host (no `.item()` sync)."""
-    if group_ids.dim() != 1:
-        raise ValueError(f"group_ids must be (B,), got shape {tuple(group_ids.shape)}")
-    return torch.unique(group_ids, return_inverse=True)[1]
+@dataclass(frozen=True)
+class Groups:
+    """The group layout of a (micro-)batch, built once from what the caller knows, so that no reduction reads the
+    device: every group reduction has its number of groups ``K`` (and, for the padded view, the largest group size) on
+    the host.
 
-
-def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
-    """Map arbitrary integer group ids to dense indices 0..K-1. Returns (index (B,), K); reading K syncs a GPU."""
-    index = dense_group_index(group_ids)
-    num_groups = int(index.max().item()) + 1 if index.numel() else 0
-    return index, num_groups
-
-
-def group_reduce(values: Tensor, group_ids: Tensor, reduce: str, *, index: Tensor | None = None) -> Tensor:
-    """Reduce (B,) `values` within each group and broadcast the result back to (B,).
-
-    `reduce` is one of "sum", "mean", "amin", "amax" (as `Tensor.scatter_reduce`). `index`: the precomputed
-    `dense_group_index(group_ids)`; pass it when reducing many values over the same groups (one sort, not one each).
+    - `Groups.contiguous(B, G)`: the trainer's layout, consecutive runs of ``G`` rows (TRL's sampler yields a prompt's
+      ``num_generations`` completions in a row, and micro-batches hold whole groups). Reductions are ``view(K, G)``;
+      nothing is read from the device.
+    - `Groups.from_ids(group_ids)`: arbitrary integer ids, in any order (tests, callers with interleaved groups).
+      It sorts the ids and reads ``K`` and the largest size: one host sync on a GPU, here and never again.
     """
-    if values.shape != group_ids.shape:
-        raise ValueError(f"values {tuple(values.shape)} and group_ids {tuple(group_ids.shape)} differ")
-    if index is None:
-        index = dense_group_index(group_ids)
-    # B >= K slots: the unused ones stay 0 and are never read, and K need not be read on the host.
-    out = values.new_zeros(values.shape[0])
-    out = out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)
-    return out[index]
+
+    index: Tensor  # (B,) int64 dense group of each row, 0..K-1 (groups in sorted-id order)
+    num_groups: int  # K
+    max_size: int  # the largest group (G when contiguous)
+    size: int | None = None  # G when the groups are consecutive runs of G rows (then index = arange(B) // G)
+    slot: Tensor | None = None  # (B,) each row's position in its group (batch order); None when contiguous
+
+    @classmethod
+    def contiguous(cls, batch: int, size: int, device: torch.device | str | None = None) -> Groups:
+        """``batch`` rows in consecutive groups of ``size``."""
+        if size < 1 or batch % size:
+            raise ValueError(f"a batch of {batch} rows does not hold whole groups of {size}")
+        index = torch.arange(batch, device=device) // size  # (B,)
+        return cls(index, batch // size, size if batch else 0, size)
+
+    @classmethod
+    def from_ids(cls, group_ids: Tensor) -> Groups:
+        """Groups named by arbitrary integer ids (B,). Reads the group count on the host (a sync on a GPU)."""
+        if group_ids.dim() != 1:
+            raise ValueError(f"group_ids must be (B,), got shape {tuple(group_ids.shape)}")
+        if group_ids.is_floating_point() or group_ids.is_complex() or group_ids.dtype == torch.bool:
+            raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
+        _, index, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)  # (B,), (K,)
+        order = torch.argsort(index, stable=True)  # (B,) rows grouped by group, in batch order
+        starts = torch.cumsum(counts, 0) - counts  # (K,) first sorted position of each group
+        slot = torch.empty_like(index)
+        slot[order] = torch.arange(index.shape[0], device=index.device) - starts[index[order]]
+        max_size = int(counts.max()) if counts.numel() else 0
+        return cls(index, counts.numel(), max_size, None, slot)
+
+    @property
+    def batch(self) -> int:
+        return self.index.shape[0]
+
+    def reduce(self, values: Tensor, reduce: str) -> Tensor:
+        """(K, ...) ``reduce`` ("sum", "mean", "amin", "amax") of (B, ...) ``values`` over each group's rows."""
+        if values.shape[0] != self.batch:
+            raise ValueError(f"values {tuple(values.shape)} do not have the {self.batch} rows of the groups")
+        rest = values.shape[1:]
+        if self.size is not None:
+            grouped = values.reshape(self.num_groups, self.size, *rest)  # (K, G, ...)
+            return grouped.sum(1) if reduce == "sum" else getattr(grouped, reduce)(1)
+        index = self.index.view(-1, *([1] * len(rest))).expand_as(values)  # (B, ...)
+        out = values.new_zeros(self.num_groups, *rest)
+        return out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)  # (K, ...)
+
+    def broadcast(self, per_group: Tensor) -> Tensor:
+        """(K, ...) -> (B, ...): each row gets its group's value."""
+        if self.size is not None:
+            rest = per_group.shape[1:]
+            return per_group.unsqueeze(1).expand(self.num_groups, self.size, *rest).reshape(self.batch, *rest)
+        return per_group[self.index]
+
+    def sum(self, values: Tensor) -> Tensor:
+        """(B, ...) sum over each row's group."""
+        return self.broadcast(self.reduce(values, "sum"))
+
+    def mean(self, values: Tensor) -> Tensor:
+        """(B, ...) mean over each row's group."""
+        return self.broadcast(self.reduce(values, "mean"))
+
+    def min(self, values: Tensor) -> Tensor:
+        """(B, ...) minimum over each row's group."""
+        return self.broadcast(self.reduce(values, "amin"))
+
+    def max(self, values: Tensor) -> Tensor:
+        """(B, ...) maximum over each row's group."""
+        return self.broadcast(self.reduce(values, "amax"))
+
+    def dense(self, values: Tensor, fill: float = 0.0) -> Tensor:
+        """(B,) -> (K, G_max): row b at ``[index[b], slot[b]]``, unused slots ``fill``."""
+        if self.size is not None:
+            return values.view(self.num_groups, self.size)
+        out = values.new_full((self.num_groups, self.max_size), fill)
+        return out.index_put((self.index, self.slot), values)
 
 
-def group_sum(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
-    """(B,) sum of each element's group."""
-    return group_reduce(values, group_ids, "sum", index=index)
-
-
-def group_mean(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
-    """(B,) mean of each element's group."""
-    return group_reduce(values, group_ids, "mean", index=index)
-
-
-def group_min(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
-    """(B,) minimum of each element's group."""
-    return group_reduce(values, group_ids, "amin", index=index)
-
-
-def group_max(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
-    """(B,) maximum of each element's group."""
-    return group_reduce(values, group_ids, "amax", index=index)
-
-
-def group_size(group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
-    """(B,) number of members in each element's group."""
-    return group_sum(torch.ones_like(group_ids, dtype=torch.float32), group_ids, index=index)
+def as_groups(groups: Groups | Tensor, batch: int) -> Groups:
+    """``groups`` as a `Groups` of ``batch`` rows; a (B,) tensor of group ids goes through `Groups.from_ids`."""
+    if isinstance(groups, Tensor):
+        if groups.dim() != 1 or groups.shape[0] != batch:
+            raise ValueError(f"group_ids must be ({batch},), got shape {tuple(groups.shape)}")
+        groups = Groups.from_ids(groups)
+    if groups.batch != batch:
+        raise ValueError(f"the groups cover {groups.batch} rows, the batch has {batch}")
+    return groups
 
 
 def log_importance_weights(log_ratio: Tensor, mask: Tensor, importance_sampling_level: str) -> Tensor:

@@ -26,16 +26,14 @@ import torch
 from torch import Tensor
 
 from .common import (
+    Groups,
     ObjectiveOutput,
+    as_groups,
     as_token_advantages,
     check_choice,
     check_positive,
     check_token_shapes,
     compute_dtype,
-    group_index,
-    group_mean,
-    group_min,
-    group_sum,
     log_importance_weights,
     masked_mean,
     masked_sum,
@@ -49,7 +47,6 @@ __all__ = [
     "TRANSFORMS",
     "check_orthogonal_over",
     "dfpo_loss",
-    "group_dense_view",
     "group_transform",
     "symmetric_clip_loss",
     "validate_dfpo",
@@ -98,63 +95,25 @@ def check_orthogonal_over(transform: str, orthogonal_over: str, *, names: Mappin
         )
 
 
-def _check_group_ids(group_ids: Tensor, batch: int) -> None:
-    if group_ids.dim() != 1 or group_ids.shape[0] != batch:
-        raise ValueError(f"group_ids must be ({batch},), got shape {tuple(group_ids.shape)}")
-    if group_ids.is_floating_point() or group_ids.is_complex() or group_ids.dtype == torch.bool:
-        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
-
-
-def group_dense_view(group_ids: Tensor) -> tuple[Tensor, Tensor, int, int]:
-    """Padded (K, G_max) view of arbitrary, possibly unequal groups.
-
-    Returns ``(index, slot, K, G_max)``: element ``b`` of a (B,) tensor sits at
-    ``dense[index[b], slot[b]]`` of a (K, G_max) tensor (groups in order of their sorted ids,
-    members in batch order). Used by ``orth_proj_qp`` to sort within groups without a loop.
-    """
-    index, num_groups = group_index(group_ids)  # (B,), K
-    batch = index.shape[0]
-    counts = torch.bincount(index, minlength=num_groups)  # (K,)
-    starts = torch.cumsum(counts, 0) - counts  # (K,) first sorted position of each group
-    order = torch.argsort(index, stable=True)  # (B,) batch positions grouped by group
-    slot = torch.empty_like(index)  # (B,)
-    slot[order] = torch.arange(batch, device=index.device) - starts[index[order]]
-    max_size = int(counts.max().item()) if batch else 0
-    return index, slot, num_groups, max_size
-
-
-def _both_signs(adv: Tensor, group_ids: Tensor) -> Tensor:
+def _both_signs(adv: Tensor, groups: Groups) -> Tensor:
     """(B,) bool: the element's group holds a positive and a negative advantage."""
-    has_pos = group_sum((adv > 0).to(adv.dtype), group_ids) > 0
-    has_neg = group_sum((adv < 0).to(adv.dtype), group_ids) > 0
-    return has_pos & has_neg
+    has_pos = groups.reduce((adv > 0).to(adv.dtype), "amax") > 0  # (K,)
+    has_neg = groups.reduce((adv < 0).to(adv.dtype), "amax") > 0  # (K,)
+    return groups.broadcast(has_pos & has_neg)
 
 
-def _mean_over_groups(values: Tensor, keep: Tensor, group_ids: Tensor) -> Tensor:
-    """0-dim mean over the groups with ``keep`` of a per-group value broadcast to (B,); NaN if no group is kept."""
-    size = group_sum(torch.ones_like(values), group_ids)  # (B,)
-    weight = torch.where(keep, 1.0 / size, torch.zeros_like(values))  # each kept group sums to 1
-    count = weight.sum()
-    return nan_if_empty(
-        torch.where(keep, values * weight, torch.zeros_like(values)).sum() / count.clamp(min=1e-30), count
-    )
-
-
-def _mean_group_variance(values: Tensor, group_ids: Tensor) -> Tensor:
+def _mean_group_variance(values: Tensor, groups: Groups) -> Tensor:
     """Mean over groups of the population variance of ``values`` within each group (Eq. 23).
 
     In float64, saturated at float32's largest value: an unclipped ratio of e^50 (A < 0 keeps large ratios, Eq. 47)
     squares to ~1e43, which would make the float32 metric inf and poison the logged mean.
     """
-    _, num_groups = group_index(group_ids)
-    if num_groups == 0:
-        return torch.tensor(float("nan"))
+    if groups.num_groups == 0:
+        return values.new_full((), float("nan"))
     values = values.double()
-    centred = values - group_mean(values, group_ids)  # (B,)
-    variance = group_mean(centred * centred, group_ids)  # (B,) broadcast per group
-    size = group_sum(torch.ones_like(values), group_ids)  # (B,)
-    # each group's variance appears `size` times: weight 1/size to count each group once
-    return ((variance / size).sum() / num_groups).clamp(max=torch.finfo(torch.float32).max)
+    centred = values - groups.mean(values)  # (B,)
+    variance = groups.reduce(centred * centred, "mean")  # (K,)
+    return variance.mean().clamp(max=torch.finfo(torch.float32).max)
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,7 +121,7 @@ def _mean_group_variance(values: Tensor, group_ids: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def _orth_proj(s_bar: Tensor, adv: Tensor, group_ids: Tensor, floor: float) -> Tensor:
+def _orth_proj(s_bar: Tensor, adv: Tensor, groups: Groups, floor: float) -> Tensor:
     """Truncate-and-rebalance (Eq. 52-55, beta with the corrected sign) and the floor guard, see docs/dfpo.md."""
     zero = torch.zeros_like(s_bar)
     inf = torch.full_like(s_bar, float("inf"))
@@ -170,10 +129,10 @@ def _orth_proj(s_bar: Tensor, adv: Tensor, group_ids: Tensor, floor: float) -> T
 
     s_plus = s_bar.clamp_min(floor)  # (B,) Eq. 52
     is_pos, is_neg = adv > 0, adv < 0  # (B,) P and N
-    has_pos = group_sum(is_pos.to(s_bar.dtype), group_ids) > 0  # (B,) group has a member in P
-    has_neg = group_sum(is_neg.to(s_bar.dtype), group_ids) > 0  # (B,)
-    mass_pos = group_sum(torch.where(is_pos, adv * s_plus, zero), group_ids)  # (B,) sum_P A s+
-    mass_neg = group_sum(torch.where(is_neg, -adv * s_plus, zero), group_ids)  # (B,) sum_N -A s+
+    has_pos = groups.sum(is_pos.to(s_bar.dtype)) > 0  # (B,) group has a member in P
+    has_neg = groups.sum(is_neg.to(s_bar.dtype)) > 0  # (B,)
+    mass_pos = groups.sum(torch.where(is_pos, adv * s_plus, zero))  # (B,) sum_P A s+
+    mass_neg = groups.sum(torch.where(is_neg, -adv * s_plus, zero))  # (B,) sum_N -A s+
     delta = mass_pos - mass_neg  # (B,) Eq. 53
 
     # Eq. 55 (beta's sign corrected). delta > 0 implies mass_pos > 0, delta < 0 mass_neg > 0;
@@ -186,8 +145,8 @@ def _orth_proj(s_bar: Tensor, adv: Tensor, group_ids: Tensor, floor: float) -> T
 
     # Floor guard (mixed-sign groups only): if the shrunk side would dip below the floor, shrink it
     # only until its smallest member reaches the floor and scale the other side up to rebalance.
-    min_pos = group_min(torch.where(is_pos, s_plus, inf), group_ids)  # (B,) inf if P empty
-    min_neg = group_min(torch.where(is_neg, s_plus, inf), group_ids)  # (B,)
+    min_pos = groups.min(torch.where(is_pos, s_plus, inf))  # (B,) inf if P empty
+    min_neg = groups.min(torch.where(is_neg, s_plus, inf))  # (B,)
     mixed = has_pos & has_neg  # (B,)
     guard_pos = mixed & (delta > 0) & (alpha * min_pos < floor)  # (B,)
     guard_neg = mixed & (delta < 0) & (beta * min_neg < floor)  # (B,)
@@ -205,17 +164,15 @@ def _orth_proj(s_bar: Tensor, adv: Tensor, group_ids: Tensor, floor: float) -> T
     return torch.where(keep_floor, s_til.clamp_min(floor), s_til)
 
 
-def _orth_proj_qp(s_bar: Tensor, adv: Tensor, group_ids: Tensor) -> Tensor:
+def _orth_proj_qp(s_bar: Tensor, adv: Tensor, groups: Groups) -> Tensor:
     """Exact solution of Eq. 51 per group via the sorted KKT breakpoints (docs/dfpo.md)."""
-    index, slot, num_groups, max_size = group_dense_view(group_ids)
+    max_size = groups.max_size
     dtype, device = s_bar.dtype, s_bar.device
     inf = float("inf")
     tiny = torch.finfo(dtype).tiny
 
-    dense_adv = torch.zeros(num_groups, max_size, dtype=dtype, device=device)  # (K, G)
-    dense_s = torch.zeros(num_groups, max_size, dtype=dtype, device=device)  # (K, G)
-    dense_adv[index, slot] = adv
-    dense_s[index, slot] = s_bar
+    dense_adv = groups.dense(adv)  # (K, G) padding: A = 0
+    dense_s = groups.dense(s_bar)  # (K, G)
     active = dense_adv != 0  # (K, G) padding and A = 0 have no breakpoint
     safe_adv = torch.where(active, dense_adv, torch.ones_like(dense_adv))  # (K, G)
     breaks = torch.where(active, dense_s / safe_adv, torch.full_like(dense_s, inf))  # (K, G)
@@ -265,13 +222,13 @@ def _orth_proj_qp(s_bar: Tensor, adv: Tensor, group_ids: Tensor) -> Tensor:
     flat = torch.where(has_right, hi, torch.where(has_left, lo, torch.zeros_like(lo)))  # (K,)
     lam = torch.where(c1_p > 0, root, flat)  # (K,)
 
-    return (s_bar - lam[index] * adv).clamp_min(0.0)  # (B,) KKT: v = max(s_bar - lam A, 0)
+    return (s_bar - groups.broadcast(lam) * adv).clamp_min(0.0)  # (B,) KKT: v = max(s_bar - lam A, 0)
 
 
 def group_transform(
     s_bar: Tensor,
     advantages: Tensor,
-    group_ids: Tensor,
+    groups: Groups | Tensor,
     method: str,
     *,
     orth_floor: float = 1e-6,
@@ -282,7 +239,7 @@ def group_transform(
     Args:
         s_bar: (B,) post-clip weights (Eq. 47, times the IS weight in `dfpo_loss`), >= 0. Gradient is never taken.
         advantages: (B,) sequence advantages.
-        group_ids: (B,) integer tensor; equal values mark one group (any sizes >= 1, any order).
+        groups: the group layout (`common.Groups`), or (B,) integer group ids (any sizes >= 1, any order).
         method: one of ``TRANSFORMS``.
         orth_floor: the floor ``eps`` of Eq. 52 for ``"orth_proj"`` (>= 0).
         members: optional (B,) bool, the members the transform ranges over (default: all). The others are returned
@@ -300,7 +257,7 @@ def group_transform(
         raise ValueError(f"s_bar must be (B,), got shape {tuple(s_bar.shape)}")
     if advantages.shape != s_bar.shape:
         raise ValueError(f"advantages must match s_bar {tuple(s_bar.shape)}, got {tuple(advantages.shape)}")
-    _check_group_ids(group_ids, s_bar.shape[0])
+    groups = as_groups(groups, s_bar.shape[0])
     if not (orth_floor >= 0 and orth_floor < float("inf")):
         raise ValueError(f"orth_floor must be a finite number >= 0, got {orth_floor!r}")
     if members is not None and (members.shape != s_bar.shape or members.dtype != torch.bool):
@@ -310,18 +267,17 @@ def group_transform(
 
     dtype = compute_dtype(s_bar, advantages)
     s = s_bar.detach().to(dtype)  # (B,)
-    group_ids = group_ids.to(s.device)
     if s.numel() == 0 or method == "none":
         return s.clone()
     members = torch.ones_like(s, dtype=torch.bool) if members is None else members.to(s.device)
     adv = torch.where(members, advantages.detach().to(dtype), torch.zeros_like(s))  # (B,) non-members: no constraint
     if method == "min_replace":
-        group_minimum = group_min(torch.where(members, s, torch.full_like(s, float("inf"))), group_ids)  # (B,) Eq. 50
-        out = torch.where(_both_signs(adv, group_ids) | (adv == 0), group_minimum, torch.zeros_like(s))
+        group_minimum = groups.min(torch.where(members, s, torch.full_like(s, float("inf"))))  # (B,) Eq. 50
+        out = torch.where(_both_signs(adv, groups) | (adv == 0), group_minimum, torch.zeros_like(s))
     elif method == "orth_proj":
-        out = _orth_proj(s, adv, group_ids, float(orth_floor))  # (B,) Eq. 52-55
+        out = _orth_proj(s, adv, groups, float(orth_floor))  # (B,) Eq. 52-55
     else:
-        out = _orth_proj_qp(s, adv, group_ids)  # (B,) Eq. 51
+        out = _orth_proj_qp(s, adv, groups)  # (B,) Eq. 51
     return torch.where(members, out, s)
 
 
@@ -373,7 +329,7 @@ def dfpo_loss(
     old_per_token_logps: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    group_ids: Tensor,
+    groups: Groups | Tensor,
     *,
     transform: str,
     epsilon_low: float,
@@ -390,7 +346,8 @@ def dfpo_loss(
         old_per_token_logps: (B, T) the same under the behaviour policy (treated as constant).
         advantages: (B,) sequence advantages, or (B, T) / (B, 1) constant along T.
         mask: (B, T) completion mask (bool / int / float).
-        group_ids: (B,) integer group ids (never inferred from position).
+        groups: the group layout: `common.Groups` (the trainer's `Groups.contiguous(B, num_generations)`: no host
+            sync), or (B,) integer group ids in any order (`Groups.from_ids`, which reads the group count once).
         transform: one of ``TRANSFORMS``.
         epsilon_low, epsilon_high: GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` (finite, > 0).
         orth_floor: the floor of Eq. 52 (``transform="orth_proj"``).
@@ -429,24 +386,23 @@ def dfpo_loss(
     check_choice("loss_type", loss_type, ("grpo", *_TOKEN_SUM_LOSS_TYPES))
     check_token_shapes(per_token_logps, old_per_token_logps, mask)
     batch, length = per_token_logps.shape
-    _check_group_ids(group_ids, batch)
+    groups = as_groups(groups, batch)
 
     dtype = compute_dtype(per_token_logps, old_per_token_logps)
     logp = per_token_logps.to(dtype)  # (B, T)
     mask_f = mask.to(dtype)  # (B, T)
     adv = _sequence_advantages(advantages, batch, length).detach().to(dtype)  # (B,)
-    group_ids = group_ids.to(logp.device)
     log_ratio = logp - old_per_token_logps.detach().to(dtype)  # (B, T)
     log_s = log_importance_weights(log_ratio, mask_f, "sequence").squeeze(-1)  # (B,) Eq. 44, in log space
     is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)
     seq = _post_clip(log_s, adv, is_weight, mask_f, (1.0 - epsilon_low, 1.0 + epsilon_high), orthogonal_over)
 
-    s_til = seq.effective if transform == "none" else _transformed(seq, adv, group_ids, transform, orth_floor)  # (B,)
+    s_til = seq.effective if transform == "none" else _transformed(seq, adv, groups, transform, orth_floor)  # (B,)
     coefficient = seq.s_bar if transform == "none" else s_til  # (B,) "none": TRL's GSPO, IS weights per token below
     per_token_loss = (-adv * coefficient * torch.exp(seq.log_factor)).unsqueeze(-1)  # (B, 1) -A sg(s_til/s_bar) s_bar
     if transform == "none" and importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
         per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
-    metrics = _dfpo_metrics(seq, adv, s_til, group_ids, mask_f.sum(-1), loss_type)
+    metrics = _dfpo_metrics(seq, adv, s_til, groups, mask_f.sum(-1), loss_type)
     return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
 
 
@@ -463,10 +419,10 @@ class _SequenceWeights(NamedTuple):
     members: Tensor  # bool: the rows the transform's constraint ranges over
 
 
-def _transformed(seq: _SequenceWeights, adv: Tensor, group_ids: Tensor, transform: str, orth_floor: float) -> Tensor:
+def _transformed(seq: _SequenceWeights, adv: Tensor, groups: Groups, transform: str, orth_floor: float) -> Tensor:
     """(B,) ``s_til``: the in-group transform over the members; clipped members under "unclipped" keep GSPO's
     constant value, rows without loss get 0."""
-    transformed = group_transform(seq.effective, adv, group_ids, transform, orth_floor=orth_floor, members=seq.members)
+    transformed = group_transform(seq.effective, adv, groups, transform, orth_floor=orth_floor, members=seq.members)
     return torch.where(seq.members, transformed, torch.where(seq.present, seq.effective, 0.0))
 
 
@@ -490,7 +446,7 @@ def _post_clip(
 
 
 def _dfpo_metrics(
-    seq: _SequenceWeights, adv: Tensor, s_til: Tensor, group_ids: Tensor, lengths: Tensor, loss_type: str
+    seq: _SequenceWeights, adv: Tensor, s_til: Tensor, groups: Groups, lengths: Tensor, loss_type: str
 ) -> dict[str, Tensor]:
     """`dfpo_loss`'s metrics (see its docstring)."""
     lower, upper = seq.bounds
@@ -504,25 +460,23 @@ def _dfpo_metrics(
         }
         if not adv.numel():
             return {**metrics, **dict.fromkeys(_GROUP_METRICS, torch.tensor(float("nan")))}
-        metrics["dfpo/asym_before"] = _mean_group_variance(seq.effective * adv, group_ids).float()
-        metrics["dfpo/asym_after"] = _mean_group_variance(s_til * adv, group_ids).float()
-        informative = seq.members & _both_signs(torch.where(seq.members, adv, torch.zeros_like(adv)), group_ids)
+        metrics["dfpo/asym_before"] = _mean_group_variance(seq.effective * adv, groups).float()
+        metrics["dfpo/asym_after"] = _mean_group_variance(s_til * adv, groups).float()
+        informative = seq.members & _both_signs(torch.where(seq.members, adv, torch.zeros_like(adv)), groups)
         shrink = s_til / seq.effective.clamp_min(torch.finfo(s_til.dtype).tiny)  # (B,) Eq. 87
         count = informative.sum()
         metrics["dfpo/shrink"] = nan_if_empty(torch.where(informative, shrink, 0.0).sum() / count.clamp(min=1), count)
         carries = seq.present & ~seq.clipped
-        metrics["dfpo/cancellation_residual"] = _cancellation_residual(
-            adv, s_til, carries, lengths, group_ids, loss_type
-        )
+        metrics["dfpo/cancellation_residual"] = _cancellation_residual(adv, s_til, carries, lengths, groups, loss_type)
         # the same for GSPO's untransformed weights on this batch: what the transform is measured against
         metrics["dfpo/cancellation_residual_gspo"] = _cancellation_residual(
-            adv, seq.effective, carries, lengths, group_ids, loss_type
+            adv, seq.effective, carries, lengths, groups, loss_type
         )
     return metrics
 
 
 def _cancellation_residual(
-    adv: Tensor, s_til: Tensor, carries: Tensor, lengths: Tensor, group_ids: Tensor, loss_type: str
+    adv: Tensor, s_til: Tensor, carries: Tensor, lengths: Tensor, groups: Groups, loss_type: str
 ) -> Tensor:
     """0-dim mean over groups of ``|sum_i A_i c_i| / sum_i |A_i| c_i`` (see `dfpo_loss`), in float64.
 
@@ -534,12 +488,13 @@ def _cancellation_residual(
     coef = s_til / lengths.double().clamp(min=1.0) if loss_type == "grpo" else s_til  # (B,)
     moving = carries & (adv != 0) & (coef > 0)  # (B,) members whose gradient is not zero
     zero = torch.zeros_like(adv)
-    signed = group_sum(torch.where(moving, adv * coef, zero), group_ids)  # (B,)
-    total = group_sum(torch.where(moving, adv.abs() * coef, zero), group_ids)  # (B,)
-    count = group_sum(moving.double(), group_ids)  # (B,)
-    keep = (count >= 2) & (total > 0)
-    residual = signed.abs() / total.clamp(min=torch.finfo(torch.float64).tiny)
-    return _mean_over_groups(residual, keep, group_ids)
+    signed = groups.reduce(torch.where(moving, adv * coef, zero), "sum")  # (K,)
+    total = groups.reduce(torch.where(moving, adv.abs() * coef, zero), "sum")  # (K,)
+    count = groups.reduce(moving.double(), "sum")  # (K,)
+    keep = (count >= 2) & (total > 0)  # (K,)
+    residual = signed.abs() / total.clamp(min=torch.finfo(torch.float64).tiny)  # (K,)
+    kept = keep.sum()
+    return nan_if_empty(torch.where(keep, residual, 0.0).sum() / kept.clamp(min=1), kept)
 
 
 def symmetric_clip_loss(

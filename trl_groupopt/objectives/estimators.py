@@ -9,7 +9,8 @@ An estimator is one pure function ``estimate(inputs: EstimatorInputs, **knobs) -
 from the trainer, declared once here (the trainer provides exactly that, and nothing else):
 
 - ``needs_raw_rewards``: the batch carries the weighted, un-normalised rewards (``inputs.rewards``);
-- ``needs_whole_groups``: every micro-batch holds whole groups, with ``inputs.group_ids``;
+- ``needs_whole_groups``: every micro-batch holds whole groups: consecutive runs of ``inputs.group_size`` rows (the
+  trainer's ``num_generations``), so group reductions are ``view(K, G)`` and read nothing from the device;
 - ``needs_energy``: the logit-gradient energy of the rollout policy (``inputs.energy``), which the trainer then reads
   from its fused LM head (``trl_groupopt/trainers/energy.py``); no other estimator pays for it;
 - ``knobs``: the config fields it reads (passed as keywords; ``validate`` checks them at config time);
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .common import group_mean
+from .common import Groups, as_groups
 from .otb import otb_advantages, validate_otb
 
 __all__ = [
@@ -58,9 +59,18 @@ class EstimatorInputs:
     trl_advantages: Tensor | None = None  # (B,) TRL's group-normalised advantages (`scale_rewards` applied)
     rewards: Tensor | None = None  # (B,) raw weighted rewards, NaN where unscorable (`needs_raw_rewards`)
     group_ids: Tensor | None = None  # (B,) integer group of each row (`needs_whole_groups`)
+    group_size: int | None = None  # G: the rows form consecutive groups of G (`needs_whole_groups`); None: group_ids
     energy: Tensor | None = None  # (B, T) energy of the policy that sampled the batch (`needs_energy`)
     importance_weights: Tensor | None = None  # (B, T) vLLM rollout importance weights, when the batch has them
     tool_use: bool = False  # the batch has a tool mask (multi-turn tool use)
+
+    def groups(self) -> Groups:
+        """The group layout: consecutive groups of `group_size` (no host sync), else from `group_ids` (one sync)."""
+        if self.group_size is not None:
+            return Groups.contiguous(self.mask.shape[0], self.group_size, self.mask.device)
+        if self.group_ids is None:
+            raise ValueError("this estimator needs whole groups: give EstimatorInputs a group_size or group_ids")
+        return as_groups(self.group_ids, self.mask.shape[0])
 
 
 @dataclass(frozen=True)
@@ -131,7 +141,7 @@ def _trl_advantages(inputs: EstimatorInputs) -> EstimatorOutput:
 
 # ------------------------------------------------------------------------------------------------ otb
 def otb_metrics(
-    rewards: Tensor, energy: Tensor, advantages: Tensor, mask: Tensor, group_ids: Tensor
+    rewards: Tensor, energy: Tensor, advantages: Tensor, mask: Tensor, groups: Groups | Tensor
 ) -> tuple[dict[str, Tensor], Tensor]:
     """OTB's per-token metrics and the mask to average them over (scored, valid tokens).
 
@@ -143,7 +153,8 @@ def otb_metrics(
     valid = (mask != 0) & (~torch.isnan(rewards)).unsqueeze(1)  # (B, T)
     returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
     baseline = returns - advantages  # (B, T) b_t where valid
-    group_adv = (returns.squeeze(1) - group_mean(returns.squeeze(1), group_ids)).unsqueeze(1)  # (B, 1)
+    groups = as_groups(groups, rewards.shape[0])
+    group_adv = returns - groups.mean(returns)  # (B, 1)
     per_token = {
         "otb/energy_mean": energy,
         "otb/baseline_mean": baseline,
@@ -173,16 +184,17 @@ def otb_zero_tail(otb_handle_zero_tail: bool | None, tool_use: bool) -> bool:
 def _otb(inputs: EstimatorInputs, *, otb_token_positions: str, otb_handle_zero_tail: bool | None) -> EstimatorOutput:
     """OTB's advantages `G_i - b_t` and metrics."""
     zero_tail = otb_zero_tail(otb_handle_zero_tail, inputs.tool_use)
+    groups = inputs.groups()
     advantages = otb_advantages(
         inputs.rewards,
         inputs.energy,
         inputs.mask,
-        inputs.group_ids,
+        groups,
         handle_zero_tail=zero_tail,
         token_positions=otb_token_positions,
         importance_weights=inputs.importance_weights,
     )  # (B, T)
-    metrics, valid = otb_metrics(inputs.rewards, inputs.energy, advantages, inputs.mask, inputs.group_ids)
+    metrics, valid = otb_metrics(inputs.rewards, inputs.energy, advantages, inputs.mask, groups)
     return EstimatorOutput(advantages, metrics, valid)
 
 

@@ -35,17 +35,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from .common import (
-    check_choice,
-    check_positive,
-    compute_dtype,
-    group_index,
-    group_max,
-    group_min,
-    group_sum,
-    named,
-    names_of,
-)
+from .common import Groups, as_groups, check_choice, check_positive, compute_dtype, named, names_of
 
 __all__ = ["TOKEN_POSITIONS", "energy_from_log_probs", "logit_gradient_energy", "otb_advantages", "validate_otb"]
 
@@ -164,12 +154,13 @@ def otb_advantages(
     rewards: Tensor,
     energy: Tensor,
     mask: Tensor,
-    group_ids: Tensor,
+    groups: Groups | Tensor,
     *,
     handle_zero_tail: bool = False,
     token_positions: str = "valid",
     importance_weights: Tensor | None = None,
     epsilon: float = 1e-8,
+    check_values: bool = False,
 ) -> Tensor:
     """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (module docstring and `docs/otb.md` for the equations).
 
@@ -179,7 +170,8 @@ def otb_advantages(
         energy: (B, T) per-token energy e_t >= 0 (``energy_from_log_probs`` / ``logit_gradient_energy``).
         mask: (B, T) loss mask (bool / int / float; nonzero = a generated token that is trained on; zero at padding
             and at tool-result tokens).
-        group_ids: (B,) integer group of each row (equal values = one prompt group).
+        groups: the group layout (`common.Groups`; the trainer's `Groups.contiguous(B, num_generations)` reads
+            nothing from the device), or (B,) integer group ids in any order (equal values = one prompt group).
         handle_zero_tail: zero the baseline of a group's unique longest member past the second-longest valid-token
             count (verl's ``handle_zero_tail``; verl defaults it to False single-turn, True for tool use).
         token_positions: ``"valid"``: the baseline at position k compares the k-th valid token of every member
@@ -187,12 +179,16 @@ def otb_advantages(
             when no mask has holes.
         importance_weights: optional (B, T) rollout importance weights w; energies become w^2 e.
         epsilon: added to the denominator of b_t (1e-8 as in the reference).
+        check_values: also raise on +-inf rewards and on non-finite or negative energies at valid positions. Off by
+            default: reading values stalls a GPU, the trainer checks the rewards once per generation batch
+            (`checks.check_finite_rewards`), and its energies are non-negative by construction.
 
     Returns:
         (B, T) advantages, detached, float32 (float64 if any input is float64); 0 at masked positions and on rows
         with a NaN reward.
     """
-    _check_inputs(rewards, energy, mask, group_ids, importance_weights)
+    _check_inputs(rewards, energy, mask, importance_weights)
+    groups = as_groups(groups, rewards.shape[0])
     validate_otb(token_positions=token_positions, epsilon=epsilon)
 
     dtype = compute_dtype(rewards, energy, importance_weights)
@@ -205,6 +201,9 @@ def otb_advantages(
         # rows without a valid token the same way)
         member = active.any(-1)  # (B,)
         e = _active_energy(energy, importance_weights, active, dtype)  # (B, T)
+        if check_values:
+            _check_values(rewards, e)
+        e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
 
         order = None
         if token_positions == "valid":
@@ -213,19 +212,17 @@ def otb_advantages(
             order = _valid_first_order(active)  # (B, T)
             e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
 
-        baseline = _token_baseline(e, active, returns, member, group_ids, epsilon)  # (B, T)
+        baseline = _token_baseline(e, active, returns, member, groups, epsilon)  # (B, T)
         if handle_zero_tail:
-            baseline = _zero_tail(baseline, active, member, group_ids)  # (B, T)
-        trains = active & ~_constant_group(returns, member, group_ids).unsqueeze(-1)  # (B, T)
+            baseline = _zero_tail(baseline, active, member, groups)  # (B, T)
+        trains = active & ~_constant_group(returns, member, groups).unsqueeze(-1)  # (B, T)
         advantages = torch.where(trains, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
         if order is not None:  # back to the columns of the input
             advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
     return advantages
 
 
-def _check_inputs(
-    rewards: Tensor, energy: Tensor, mask: Tensor, group_ids: Tensor, importance_weights: Tensor | None
-) -> None:
+def _check_inputs(rewards: Tensor, energy: Tensor, mask: Tensor, importance_weights: Tensor | None) -> None:
     """Shapes and dtypes of `otb_advantages`' tensors."""
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be (B,), got shape {tuple(rewards.shape)}")
@@ -234,73 +231,71 @@ def _check_inputs(
         raise ValueError(f"energy must be (B, T) with B={batch}, got shape {tuple(energy.shape)}")
     if mask.shape != energy.shape:
         raise ValueError(f"mask {tuple(mask.shape)} and energy {tuple(energy.shape)} differ")
-    if group_ids.shape != (batch,):
-        raise ValueError(f"group_ids must be (B,)=({batch},), got shape {tuple(group_ids.shape)}")
-    if group_ids.is_floating_point():
-        raise ValueError(f"group_ids must be an integer tensor, got {group_ids.dtype}")
     if importance_weights is not None and importance_weights.shape != energy.shape:
         raise ValueError(
             f"importance_weights {tuple(importance_weights.shape)} and energy {tuple(energy.shape)} differ"
         )
+
+
+def _check_values(rewards: Tensor, e: Tensor) -> None:
+    """`otb_advantages`' ``check_values``: finite-or-NaN rewards, finite non-negative active energies ``e``."""
     if torch.isinf(rewards).any():
         raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
-
-
-def _active_energy(energy: Tensor, importance_weights: Tensor | None, active: Tensor, dtype: torch.dtype) -> Tensor:
-    """(B, T) ``w^2 e`` on the active tokens, 0 elsewhere; raises on non-finite or negative values there."""
-    e = energy.detach().to(dtype)  # (B, T)
-    if importance_weights is not None:
-        e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
-    # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
-    e = torch.where(active, e, torch.zeros_like(e))  # (B, T)
     if not torch.isfinite(e).all():
         raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
     if (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
         raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
-    return e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
+
+
+def _active_energy(energy: Tensor, importance_weights: Tensor | None, active: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, T) ``w^2 e`` on the active tokens, 0 elsewhere (not yet clamped: `_check_values` sees the raw values)."""
+    e = energy.detach().to(dtype)  # (B, T)
+    if importance_weights is not None:
+        e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
+    # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
+    return torch.where(active, e, torch.zeros_like(e))  # (B, T)
 
 
 def _token_baseline(
-    e: Tensor, active: Tensor, returns: Tensor, member: Tensor, group_ids: Tensor, epsilon: float
+    e: Tensor, active: Tensor, returns: Tensor, member: Tensor, groups: Groups, epsilon: float
 ) -> Tensor:
     """(B, T) ``b_t`` of each row's group (Theorem 4.1) over its members active at ``t``; the plain mean of their
     returns where their summed energy is at most `MIN_SUMMED_ENERGY`; 0 for a group of one."""
     cum_energy = e.cumsum(-1)  # (B, T) W_t, including t (e is 0 off the mask)
     weight = torch.where(active, cum_energy, torch.zeros_like(cum_energy))  # (B, T) mask_t W_t
-    # Per-group, per-position sums over the active members: (K, T), gathered back to rows
-    index, num_groups = group_index(group_ids)  # (B,), K
+    # Per-group, per-position sums over the active members: (K, T), broadcast back to rows
 
     def per_group(values: Tensor) -> Tensor:  # (B, T) -> (K, T) sums over each group's rows
-        return values.new_zeros(num_groups, values.shape[1]).index_add_(0, index, values)
+        return groups.reduce(values, "sum")
 
     numer = per_group(weight * returns.unsqueeze(-1))  # (K, T)
     denom = per_group(weight)  # (K, T)
     weighted = numer / (denom + epsilon)  # (K, T)
     count = per_group(active.to(weight.dtype))  # (K, T) active members
     plain = per_group(torch.where(active, returns.unsqueeze(-1), torch.zeros_like(weight))) / count.clamp_min(1.0)
-    baseline = torch.where(denom > MIN_SUMMED_ENERGY, weighted, plain)[index]  # (B, T)
+    baseline = groups.broadcast(torch.where(denom > MIN_SUMMED_ENERGY, weighted, plain))  # (B, T)
     # A group of one member has nothing to compare with: baseline 0 (verl: N == 1)
-    n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
+    n_members = groups.sum(member.to(torch.int64))  # (B,)
     return torch.where(n_members.unsqueeze(-1) > 1, baseline, torch.zeros_like(baseline))  # (B, T)
 
 
-def _constant_group(returns: Tensor, member: Tensor, group_ids: Tensor) -> Tensor:
+def _constant_group(returns: Tensor, member: Tensor, groups: Groups) -> Tensor:
     """(B,) whether the row is a member of a group of two or more members that all have the same return."""
-    lowest = group_min(torch.where(member, returns, torch.full_like(returns, torch.inf)), group_ids)  # (B,)
-    highest = group_max(torch.where(member, returns, torch.full_like(returns, -torch.inf)), group_ids)  # (B,)
-    n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
+    lowest = groups.min(torch.where(member, returns, torch.full_like(returns, torch.inf)))  # (B,)
+    highest = groups.max(torch.where(member, returns, torch.full_like(returns, -torch.inf)))  # (B,)
+    n_members = groups.sum(member.to(torch.int64))  # (B,)
     return member & (n_members > 1) & (lowest == highest)  # (B,)
 
 
-def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, group_ids: Tensor) -> Tensor:
+def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, groups: Groups) -> Tensor:
     """`baseline` with 0 on a group's unique longest member past the second-longest valid-token count (verl)."""
     # verl: lengths are valid-token counts; non-members get -1 so they never rank
     lengths = torch.where(member, active.sum(-1), torch.full_like(member, -1, dtype=torch.int64))  # (B,)
-    longest = group_max(lengths, group_ids)  # (B,)
+    longest = groups.max(lengths)  # (B,)
     is_longest = member & (lengths == longest)  # (B,)
-    n_longest = group_sum(is_longest.to(torch.int64), group_ids)  # (B,)
-    n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
-    second = group_max(torch.where(is_longest, torch.full_like(lengths, -1), lengths), group_ids)  # (B,)
+    n_longest = groups.sum(is_longest.to(torch.int64))  # (B,)
+    n_members = groups.sum(member.to(torch.int64))  # (B,)
+    second = groups.max(torch.where(is_longest, torch.full_like(lengths, -1), lengths))  # (B,)
     unique_longest = is_longest & (n_longest == 1) & (n_members > 1)  # (B,)
     positions = torch.arange(baseline.shape[1], device=baseline.device)  # (T,)
     tail = unique_longest.unsqueeze(-1) & (positions >= second.unsqueeze(-1))  # (B, T)

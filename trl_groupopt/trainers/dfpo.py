@@ -15,7 +15,7 @@ from trl import GRPOConfig
 
 from ..methods import dfpo
 from ..methods.dfpo import GRPO_FIX
-from ..objectives.common import ObjectiveOutput, check_choice, check_positive
+from ..objectives.common import Groups, ObjectiveOutput, check_choice, check_positive
 from ..objectives.dfpo import TRANSFORMS, check_orthogonal_over, dfpo_loss, symmetric_clip_loss, validate_dfpo
 from ..objectives.estimators import get_estimator
 from ..spec import MethodSpec
@@ -197,7 +197,7 @@ class DFPOTrainer(GroupOptTrainer):
             old_per_token_logps,
             advantages,
             mask,
-            inputs["group_ids"],
+            Groups.contiguous(mask.shape[0], self.group_size, mask.device),
             **objective_arguments(self.args, DFPO_ARGUMENTS),
             importance_weights=loss_weights,
             loss_type=self.loss_type,
