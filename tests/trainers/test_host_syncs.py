@@ -1,4 +1,4 @@
-"""No objective stalls a GPU: host syncs per micro-batch, counted on CPU with `benchmarks.profile_step.SyncCounter`.
+"""No objective stalls a GPU: host syncs per micro-batch, counted on CPU with `benchmarks.host_syncs.SyncCounter`.
 
 A host sync (a value read on the host: `.item()`, `bool(tensor)`, `unique`, `nonzero`, boolean indexing, a copy to
 the CPU) makes the CPU wait for every queued CUDA kernel. The counter sees the ops a CUDA run would wait for on any
@@ -19,7 +19,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from benchmarks.profile_step import SyncCounter
+from benchmarks.host_syncs import SyncCounter
 from tests.distributed import batches
 from tests.helpers import (
     clone_model,
