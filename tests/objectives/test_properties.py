@@ -471,7 +471,7 @@ ctpo_options = st.fixed_dictionaries(
     {
         "epsilon_low": st.sampled_from([0.025, 0.2]),
         "epsilon_high": st.sampled_from([0.05, 0.28]),
-        "epsilon_c": st.sampled_from([0.05, 3.0]),  # 3.0 with p = 1 reaches the dual-clip cap
+        "dual_clip": st.sampled_from([0.05, 3.0]),  # 3.0 with p = 1 reaches the dual-clip cap
         "position_power": st.sampled_from([0.0, 0.5, 1.0]),
     }
 )

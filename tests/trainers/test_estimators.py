@@ -62,7 +62,7 @@ def _reference_objective(method: str, args):
                                     token_clip=args.token_clip)  # fmt: skip
     if method == "ctpo":
         return lambda *a: ctpo_loss(*a, epsilon_low=args.epsilon, epsilon_high=args.epsilon_high,
-                                    epsilon_c=args.ctpo_dual_clip, position_power=args.ctpo_position_power,
+                                    dual_clip=args.ctpo_dual_clip, position_power=args.ctpo_position_power,
                                     ratio_mode=args.ctpo_ratio_mode)  # fmt: skip
     if method == "grpo_fix":
         return lambda *a: symmetric_clip_loss(*a, epsilon_high=args.epsilon_high)

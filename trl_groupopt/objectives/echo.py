@@ -155,8 +155,9 @@ def validate_echo(
     batch_epsilon_high: float,
     names: Mapping[str, str] | None = None,
 ) -> None:
-    """Raise unless every clip width is > 0 (`ECHOConfig` checks its fields with it; `names`: what the caller calls
-    each argument, see `common.named`). ``batch_epsilon_low >= 1`` is allowed here: no lower batch bound."""
+    """Raise unless every clip width is > 0 (`ECHOConfig` checks its fields with it, once; `names`: what the caller
+    calls each argument, see `common.config_fields`). ``batch_epsilon_low >= 1`` is allowed here: no lower batch
+    bound."""
     check_positive(
         **named(
             names,
@@ -171,13 +172,7 @@ def validate_echo(
 def _surrogate_kwargs(
     epsilon_low: float, epsilon_high: float, batch_epsilon_low: float, batch_epsilon_high: float, token_clip: bool
 ) -> dict:
-    """Validated keyword arguments of `_surrogate` (shared by the loss and the coupling)."""
-    validate_echo(
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        batch_epsilon_low=batch_epsilon_low,
-        batch_epsilon_high=batch_epsilon_high,
-    )
+    """Keyword arguments of `_surrogate` (shared by the loss and the coupling; `validate_echo` states their rules)."""
     return dict(
         epsilon_low=epsilon_low,
         epsilon_high=epsilon_high,

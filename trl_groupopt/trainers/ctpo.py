@@ -14,20 +14,14 @@ from torch import Tensor
 from trl import GRPOConfig
 
 from ..methods import ctpo
-from ..objectives.common import ObjectiveOutput
+from ..objectives.common import ObjectiveOutput, config_arguments, validate_config
 from ..objectives.ctpo import DEFAULT_POSITION_POWER, ctpo_loss, validate_ctpo
 from .base import GroupOptTrainer
-from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 from .schedule import OffPolicyScheduleMixin
 
-#: `ctpo_loss`'s hyper-parameters -> the CTPOConfig fields that set them (the names its errors use).
-CTPO_ARGUMENTS = {
-    "epsilon_low": "epsilon",
-    "epsilon_high": "epsilon_high",
-    "epsilon_c": "ctpo_dual_clip",
-    "position_power": "ctpo_position_power",
-    "ratio_mode": "ctpo_ratio_mode",
-}
+#: CTPOConfig's fields for `ctpo_loss`'s arguments: `ctpo_<argument>`, and TRL's `epsilon` / `epsilon_high`.
+PREFIX = "ctpo_"
 
 
 @dataclass(repr=False)
@@ -100,7 +94,7 @@ class CTPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
             self.epsilon_high = self.epsilon
         if self.ctpo_position_power is None and self.ctpo_ratio_mode in DEFAULT_POSITION_POWER:
             self.ctpo_position_power = DEFAULT_POSITION_POWER[self.ctpo_ratio_mode]
-        validate_ctpo(**objective_arguments(self, CTPO_ARGUMENTS), names=CTPO_ARGUMENTS)
+        validate_config(validate_ctpo, self, PREFIX)
         if self.importance_sampling_level != "token":
             raise ValueError(
                 "CTPO builds its own cumulative (prefix) ratio from token log-ratios: set importance_sampling_level="
@@ -124,6 +118,5 @@ class CTPOTrainer(GroupOptTrainer):
         mask: Tensor,
         inputs: dict[str, Any],
     ) -> ObjectiveOutput:
-        return ctpo_loss(
-            per_token_logps, old_per_token_logps, advantages, mask, **objective_arguments(self.args, CTPO_ARGUMENTS)
-        )
+        arguments = config_arguments(ctpo_loss, self.args, PREFIX)
+        return ctpo_loss(per_token_logps, old_per_token_logps, advantages, mask, **arguments)

@@ -16,10 +16,10 @@ from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
 
 from ..methods import echo
-from ..objectives.common import ObjectiveOutput, check_choice
+from ..objectives.common import ObjectiveOutput, check_choice, config_arguments, validate_config
 from ..objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss, validate_echo
 from .base import GroupOptTrainer
-from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 from .loss import loss_mask
 from .schedule import OffPolicyScheduleMixin
 
@@ -28,13 +28,6 @@ BATCH_RATIO_SCOPES = ("step", "global", "micro_batch")
 # coupling completion of the "step" and "global" scopes is exact (docs/echo.md). TRL's per-token loss weights (vLLM
 # IS weights, off-policy and entropy masks) are constants of the step and enter the coupling: no restriction.
 GLOBAL_SCOPE_LOSS_TYPES = ("dapo", "dr_grpo")
-#: `echo_loss`'s clip hyper-parameters -> the ECHOConfig fields that set them (the names its errors use).
-ECHO_ARGUMENTS = {
-    "epsilon_low": "epsilon",
-    "epsilon_high": "epsilon_high",
-    "batch_epsilon_low": "batch_epsilon",
-    "batch_epsilon_high": "batch_epsilon_high",
-}
 
 
 @dataclass(repr=False)
@@ -110,7 +103,7 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
             self.batch_epsilon = self.epsilon
         if self.batch_epsilon_high is None:
             self.batch_epsilon_high = self.batch_epsilon
-        validate_echo(**objective_arguments(self, ECHO_ARGUMENTS), names=ECHO_ARGUMENTS)
+        validate_config(validate_echo, self)
         if self.batch_epsilon >= 1:  # the objective reads it as "no lower bound"; a config asks for one
             raise ValueError(
                 f"batch_epsilon must be < 1 (the lower batch bound is 1 - batch_epsilon), got {self.batch_epsilon} "
@@ -176,9 +169,6 @@ class ECHOTrainer(GroupOptTrainer):
         self._step_totals: tuple[set[tuple[int, int]], dict[str, Tensor]] | None = None
         super().__init__(*args, **kwargs)
 
-    def _surrogate_kwargs(self) -> dict[str, Any]:
-        return dict(objective_arguments(self.args, ECHO_ARGUMENTS), token_clip=self.args.token_clip)
-
     def _compute_loss(self, model, inputs):
         if self.args.batch_ratio_scope == "step" and self.model.training:
             key = (self.state.global_step, self._step)
@@ -234,7 +224,7 @@ class ECHOTrainer(GroupOptTrainer):
                 parts.append((logps, old, advantages, mask, weights))
         local = sum(echo_log_ratio_totals(logps, old, mask) for logps, old, _, mask, _ in parts)  # (2,)
         totals = self.accelerator.reduce(local, reduction="sum")  # (2,) over processes
-        kwargs = dict(self._surrogate_kwargs(), log_ratio_sum=totals[0], token_count=totals[1])
+        kwargs = dict(config_arguments(echo_loss, self.args), log_ratio_sum=totals[0], token_count=totals[1])
         coupling = sum(
             echo_batch_ratio_coupling(*part, importance_weights=weights, **kwargs) for *part, weights in parts
         )  # ()
@@ -251,7 +241,7 @@ class ECHOTrainer(GroupOptTrainer):
         *,
         loss_weights: Tensor | None = None,
     ) -> ObjectiveOutput:
-        kwargs = dict(self._surrogate_kwargs(), importance_weights=loss_weights)
+        kwargs = dict(config_arguments(echo_loss, self.args), importance_weights=loss_weights)
         scope = self.args.batch_ratio_scope
         if scope == "step" and self.model.training:
             kwargs.update(self._step_totals[1])
