@@ -36,10 +36,12 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from tests.objectives.dfpo_logged import dfpo_logged as dfpo_loss
 from trl_groupopt.objectives.common import clipped_surrogate_loss, reduce_metrics
 from trl_groupopt.objectives.ctpo import ctpo_loss
-from trl_groupopt.objectives.dfpo import dfpo_loss, group_transform, symmetric_clip_loss
+from trl_groupopt.objectives.dfpo import group_transform
 from trl_groupopt.objectives.echo import echo_batch_ratio_coupling, echo_loss
+from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
 from trl_groupopt.objectives.otb import energy_from_log_probs, logit_gradient_energy, otb_advantages
 
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16

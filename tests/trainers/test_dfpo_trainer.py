@@ -22,7 +22,8 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from trl_groupopt import DFPOConfig, DFPOTrainer
-from trl_groupopt.objectives.dfpo import dfpo_loss, symmetric_clip_loss
+from trl_groupopt.objectives.dfpo import dfpo_loss
+from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
 from trl_groupopt.offline import load_embedded_policy
 
 WIDE = dict(epsilon=0.05, epsilon_high=0.08)  # some sequences clipped, some not, at off_policy_scale 0.3
@@ -67,7 +68,7 @@ def _predicted(trainer, inputs, *, is_weights=None) -> tuple[float, dict[str, to
         out = dfpo_loss(logps, inputs["old_per_token_logps"], inputs["advantages"], mask, inputs["group_ids"],
                         transform=args.dfpo_transform, epsilon_low=args.epsilon, epsilon_high=args.epsilon_high,
                         orth_floor=args.dfpo_orth_floor, orthogonal_over=args.dfpo_orthogonal_over,
-                        importance_weights=is_weights, loss_type=args.loss_type)  # fmt: skip
+                        importance_weights=is_weights)  # fmt: skip
     assert args.loss_type == "dapo"
     loss = (out.per_token_loss * mask).sum() / inputs["num_items_in_batch"]
     loss.backward()

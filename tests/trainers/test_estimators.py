@@ -39,7 +39,7 @@ from tests.helpers import (
 from trl_groupopt import METHODS, DFPOConfig, ECHOConfig, OTBConfig, get_method
 from trl_groupopt.objectives.common import clipped_surrogate_loss
 from trl_groupopt.objectives.ctpo import ctpo_loss
-from trl_groupopt.objectives.dfpo import TRANSFORMS, symmetric_clip_loss
+from trl_groupopt.objectives.dfpo import TRANSFORMS
 from trl_groupopt.objectives.echo import echo_loss
 from trl_groupopt.objectives.estimators import (
     ESTIMATORS,
@@ -48,6 +48,7 @@ from trl_groupopt.objectives.estimators import (
     register_estimator,
     unregister_estimator,
 )
+from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
 from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages
 
 ATOL = 1e-10

@@ -33,9 +33,11 @@ from tests.helpers import (
 from trl_groupopt import METHODS, get_method
 from trl_groupopt.objectives.common import Groups, clipped_surrogate_loss
 from trl_groupopt.objectives.ctpo import ctpo_loss
-from trl_groupopt.objectives.dfpo import TRANSFORMS, dfpo_loss, symmetric_clip_loss
+from trl_groupopt.objectives.dfpo import TRANSFORMS, dfpo_loss
+from trl_groupopt.objectives.dfpo_diagnostics import dfpo_diagnostics
 from trl_groupopt.objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss
 from trl_groupopt.objectives.estimators import ESTIMATORS, EstimatorInputs
+from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
 
 GROUP = batches.GROUP_SIZE
 ROWS = batches.HALF  # one micro-batch: two whole groups
@@ -163,13 +165,16 @@ def _pure_calls():
                          importance_weights=m * 0.9)  # fmt: skip
 
     calls["echo_loss/step"] = echo_step
+
+    def dfpo(lp, o, a, m, r, transform, over):  # the loss and the diagnostics its trainer logs
+        out = dfpo_loss(lp, o, a, m, groups(lp.shape[0], device=lp.device), transform=transform, epsilon_low=3e-4,
+                        epsilon_high=4e-4, orthogonal_over=over, importance_weights=m[:, :1])  # fmt: skip
+        out.metrics.update(dfpo_diagnostics(out.weights, "dapo"))
+        return out
+
     for transform in TRANSFORMS:
         for over in ("all", "unclipped") if transform in ("orth_proj", "orth_proj_qp") else ("all",):
-            calls[f"dfpo_loss/{transform}/{over}"] = functools.partial(
-                lambda lp, o, a, m, r, transform, over: dfpo_loss(
-                    lp, o, a, m, groups(lp.shape[0], device=lp.device), transform=transform, epsilon_low=3e-4,
-                    epsilon_high=4e-4, orthogonal_over=over, importance_weights=m[:, :1]),
-                transform=transform, over=over)  # fmt: skip
+            calls[f"dfpo_loss/{transform}/{over}"] = functools.partial(dfpo, transform=transform, over=over)
     for name, estimator in ESTIMATORS.items():
         knobs = {"otb_token_positions": "valid", "otb_handle_zero_tail": None} if estimator.knobs else {}
         for tool_use in (False, True):

@@ -1,8 +1,7 @@
-"""DFPO: in-group re-weighting of GSPO's sequence weights, and GRPO-fix (symmetric clipping).
+"""DFPO: in-group re-weighting of GSPO's sequence weights that restores token-gradient cancellation.
 
-Paper: Ding et al., arXiv:2604.13088 (App. B-D, H, K; equation numbers are the paper's). The derivation, the
-reading of each equation and every deviation from the paper are in ``docs/dfpo.md``. In short, per sequence ``i``
-of a group::
+Paper: Ding et al., arXiv:2604.13088 (App. B-D, K; equation numbers are the paper's). The derivation, the reading of
+each equation and every deviation from the paper are in ``docs/dfpo.md``. In short, per sequence ``i`` of a group::
 
     s_i     = exp( (1/|y_i|) sum_t log r_it )                      (44)  GSPO ratio, with gradient
     s_bar_i = min(s_i, clip(s_i)) if A_i >= 0 else max(...)        (46)-(47)  sign-aware post-clip
@@ -12,14 +11,16 @@ of a group::
 
 so sequence ``i`` gets the gradient ``-A_i s_til_i grad log s_i`` when unclipped and none when clipped, and every
 transform but ``"none"`` makes ``sum_{i in M} A_i s_til_i = 0``: the gradient of a token shared by the whole group
-cancels, under a loss_type that weighs every token alike (``"dapo"``, the default; not ``"grpo"``). ``M`` is the whole group (``orthogonal_over="all"``, the paper's constraint) or its members that carry
-gradient (``"unclipped"``), which keeps the cancellation exact under clipping. ``"none"`` is TRL's GSPO, loss and
-gradient. GRPO-fix (App. H, Eq. 79-80) is token-level ``-A clip(r, 0, 1 + eps_high)`` for both advantage signs.
+cancels, under a loss_type that weighs every token alike (``"dapo"``, the default; not ``"grpo"``). ``M`` is the whole
+group (``orthogonal_over="all"``, the paper's constraint) or its members that carry gradient (``"unclipped"``), which
+keeps the cancellation exact under clipping. ``"none"`` is TRL's GSPO, loss and gradient. GRPO-fix (App. H) is in
+`grpo_fix.py`, the logged diagnostics (Eq. 23, 87, the cancellation residual) in `dfpo_diagnostics.py`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -29,26 +30,23 @@ from .common import (
     Groups,
     ObjectiveOutput,
     as_groups,
-    as_token_advantages,
     check_choice,
     check_positive,
     check_token_shapes,
     compute_dtype,
     log_importance_weights,
     masked_mean,
-    masked_sum,
     named,
     names_of,
-    nan_if_empty,
 )
 
 __all__ = [
     "ORTHOGONAL_OVER",
     "TRANSFORMS",
-    "check_orthogonal_over",
+    "DFPOOutput",
+    "SequenceWeights",
     "dfpo_loss",
     "group_transform",
-    "symmetric_clip_loss",
     "validate_dfpo",
 ]
 
@@ -58,33 +56,29 @@ TRANSFORMS: tuple[str, ...] = ("none", "min_replace", "orth_proj", "orth_proj_qp
 ORTHOGONAL_OVER: tuple[str, ...] = ("all", "unclipped")
 #: The transforms that can enforce ``sum_i A_i s_til_i = 0`` over an arbitrary subset of a group.
 _SUBSET_TRANSFORMS: tuple[str, ...] = ("orth_proj", "orth_proj_qp")
-#: Aggregations whose per-token weight is one batch constant (``"grpo"`` weights sequence i by 1 / |y_i|).
-_TOKEN_SUM_LOSS_TYPES: tuple[str, ...] = ("bnpo", "dr_grpo", "dapo", "luspo")
-#: The group metrics of `dfpo_loss` (NaN for an empty batch).
-_GROUP_METRICS = ("dfpo/asym_before", "dfpo/asym_after", "dfpo/shrink", "dfpo/cancellation_residual",
-                  "dfpo/cancellation_residual_gspo")  # fmt: skip
 
 
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
+def validate_dfpo(
+    *,
+    transform: str,
+    epsilon_low: float,
+    epsilon_high: float,
+    orth_floor: float,
+    orthogonal_over: str,
+    names: Mapping[str, str] | None = None,
+) -> None:
+    """Raise, naming the fix, unless `dfpo_loss` can take these settings (`DFPOConfig` runs it once; `names`: what
+    the caller calls each argument, see `common.config_fields`).
 
-
-def validate_dfpo(*, epsilon_low: float, epsilon_high: float, names: Mapping[str, str] | None = None) -> None:
-    """Raise unless GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` has finite widths > 0 (`DFPOConfig` checks its
-    fields with it; `names`: what the caller calls each argument, see `common.named`)."""
-    check_positive(**named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high), finite=True)
-
-
-def check_orthogonal_over(transform: str, orthogonal_over: str, *, names: Mapping[str, str] | None = None) -> None:
-    """Raise, naming the fix, unless ``orthogonal_over`` is valid for ``transform`` (``names``: what the caller
-    calls the two settings, see `common.named`).
-
-    ``"unclipped"`` needs a transform that can make ``sum_i A_i s_til_i = 0`` over any subset of a group: the
-    projections. ``min_replace`` gives ``min_j s_j * sum_{i in M} A_i``, zero only when the advantages of the
-    unclipped members sum to zero, which a clipped member breaks; ``"none"`` has no constraint to restrict.
+    GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` needs finite widths > 0, Eq. 52's floor a finite value > 0.
+    ``orthogonal_over="unclipped"`` needs a transform that can make ``sum_i A_i s_til_i = 0`` over any subset of a
+    group: the projections. ``min_replace`` gives ``min_j s_j * sum_{i in M} A_i``, zero only when the advantages of
+    the unclipped members sum to zero, which a clipped member breaks; ``"none"`` has no constraint to restrict.
     """
     transform_name, over_name = names_of(names, "transform", "orthogonal_over")
+    check_choice(transform_name, transform, TRANSFORMS)
+    check_positive(**named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high, orth_floor=orth_floor),
+                   finite=True)  # fmt: skip
     check_choice(over_name, orthogonal_over, ORTHOGONAL_OVER)
     if orthogonal_over == "unclipped" and transform not in _SUBSET_TRANSFORMS:
         raise ValueError(
@@ -95,25 +89,11 @@ def check_orthogonal_over(transform: str, orthogonal_over: str, *, names: Mappin
         )
 
 
-def _both_signs(adv: Tensor, groups: Groups) -> Tensor:
+def both_signs(adv: Tensor, groups: Groups) -> Tensor:
     """(B,) bool: the element's group holds a positive and a negative advantage."""
     has_pos = groups.reduce((adv > 0).to(adv.dtype), "amax") > 0  # (K,)
     has_neg = groups.reduce((adv < 0).to(adv.dtype), "amax") > 0  # (K,)
     return groups.broadcast(has_pos & has_neg)
-
-
-def _mean_group_variance(values: Tensor, groups: Groups) -> Tensor:
-    """Mean over groups of the population variance of ``values`` within each group (Eq. 23).
-
-    In float64, saturated at float32's largest value: an unclipped ratio of e^50 (A < 0 keeps large ratios, Eq. 47)
-    squares to ~1e43, which would make the float32 metric inf and poison the logged mean.
-    """
-    if groups.num_groups == 0:
-        return values.new_full((), float("nan"))
-    values = values.double()
-    centred = values - groups.mean(values)  # (B,)
-    variance = groups.reduce(centred * centred, "mean")  # (K,)
-    return variance.mean().clamp(max=torch.finfo(torch.float32).max)
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,7 +221,7 @@ def group_transform(
         advantages: (B,) sequence advantages.
         groups: the group layout (`common.Groups`), or (B,) integer group ids (any sizes >= 1, any order).
         method: one of ``TRANSFORMS``.
-        orth_floor: the floor ``eps`` of Eq. 52 for ``"orth_proj"`` (>= 0).
+        orth_floor: the floor ``eps`` of Eq. 52 for ``"orth_proj"`` (>= 0; `validate_dfpo` states the rules).
         members: optional (B,) bool, the members the transform ranges over (default: all). The others are returned
             unchanged and neither enter a group's minimum nor its constraint ``sum_i A_i s_til_i = 0``.
 
@@ -252,19 +232,9 @@ def group_transform(
         formulas; for ``min_replace`` it is a deviation, see docs/dfpo.md). With TRL's group-centred advantages
         such a group is one whose rewards are all equal, whose advantages are float32 rounding noise.
     """
-    check_choice("method", method, TRANSFORMS)
-    if s_bar.dim() != 1:
-        raise ValueError(f"s_bar must be (B,), got shape {tuple(s_bar.shape)}")
-    if advantages.shape != s_bar.shape:
-        raise ValueError(f"advantages must match s_bar {tuple(s_bar.shape)}, got {tuple(advantages.shape)}")
+    if s_bar.dim() != 1 or advantages.shape != s_bar.shape:
+        raise ValueError(f"s_bar and advantages must be (B,), got {tuple(s_bar.shape)}, {tuple(advantages.shape)}")
     groups = as_groups(groups, s_bar.shape[0])
-    if not (orth_floor >= 0 and orth_floor < float("inf")):
-        raise ValueError(f"orth_floor must be a finite number >= 0, got {orth_floor!r}")
-    if members is not None and (members.shape != s_bar.shape or members.dtype != torch.bool):
-        raise ValueError(
-            f"members must be a ({s_bar.shape[0]},) bool tensor, got {members.dtype} {tuple(members.shape)}"
-        )
-
     dtype = compute_dtype(s_bar, advantages)
     s = s_bar.detach().to(dtype)  # (B,)
     if s.numel() == 0 or method == "none":
@@ -273,16 +243,18 @@ def group_transform(
     adv = torch.where(members, advantages.detach().to(dtype), torch.zeros_like(s))  # (B,) non-members: no constraint
     if method == "min_replace":
         group_minimum = groups.min(torch.where(members, s, torch.full_like(s, float("inf"))))  # (B,) Eq. 50
-        out = torch.where(_both_signs(adv, groups) | (adv == 0), group_minimum, torch.zeros_like(s))
+        out = torch.where(both_signs(adv, groups) | (adv == 0), group_minimum, torch.zeros_like(s))
     elif method == "orth_proj":
         out = _orth_proj(s, adv, groups, float(orth_floor))  # (B,) Eq. 52-55
-    else:
+    elif method == "orth_proj_qp":
         out = _orth_proj_qp(s, adv, groups)  # (B,) Eq. 51
+    else:
+        raise ValueError(f"unknown transform {method!r}; use one of {TRANSFORMS}")
     return torch.where(members, out, s)
 
 
 # --------------------------------------------------------------------------------------------
-# losses
+# the loss
 # --------------------------------------------------------------------------------------------
 
 
@@ -324,6 +296,30 @@ def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
     raise ValueError(f"importance_weights must be ({batch}, 1) or ({batch}, {length}), got {tuple(weights.shape)}")
 
 
+class SequenceWeights(NamedTuple):
+    """Per-sequence (B,) quantities of one `dfpo_loss` call, detached but for `log_factor`: what the diagnostics read."""
+
+    s: Tensor  # GSPO ratio
+    bounds: tuple[float, float]  # (1 - eps_low, 1 + eps_high)
+    s_bar: Tensor  # Eq. 47 post-clip values
+    clipped: Tensor  # bool: on a clip bound, no gradient
+    log_factor: Tensor  # value 0; gradient d log s where unclipped, 0 where clipped
+    effective: Tensor  # s_bar times the loss weight: the coefficient GSPO's gradient carries
+    present: Tensor  # bool: rows that can carry loss at all
+    members: Tensor  # bool: the rows the transform's constraint ranges over
+    advantages: Tensor  # A_i
+    lengths: Tensor  # valid tokens per row
+    s_til: Tensor | None = None  # the transformed weights (GSPO's `effective` for "none")
+    groups: Groups | None = None
+
+
+@dataclass
+class DFPOOutput(ObjectiveOutput):
+    """`dfpo_loss`'s output: the loss and clip indicators, plus its sequence weights for `dfpo_diagnostics`."""
+
+    weights: SequenceWeights | None = None
+
+
 def dfpo_loss(
     per_token_logps: Tensor,
     old_per_token_logps: Tensor,
@@ -337,9 +333,9 @@ def dfpo_loss(
     orth_floor: float = 1e-6,
     orthogonal_over: str = "all",
     importance_weights: Tensor | None = None,
-    loss_type: str = "dapo",
-) -> ObjectiveOutput:
-    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K). See the module docstring and docs/dfpo.md.
+) -> DFPOOutput:
+    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K). See the module docstring and docs/dfpo.md. The
+    settings are not re-checked per call: `validate_dfpo` states their rules (`DFPOConfig` runs it once).
 
     Args:
         per_token_logps: (B, T) log-probs of the sampled tokens under the current policy.
@@ -349,41 +345,27 @@ def dfpo_loss(
         groups: the group layout: `common.Groups` (the trainer's `Groups.contiguous(B, num_generations)`: no host
             sync), or (B,) integer group ids in any order (`Groups.from_ids`, which reads the group count once).
         transform: one of ``TRANSFORMS``.
-        epsilon_low, epsilon_high: GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` (finite, > 0).
+        epsilon_low, epsilon_high: GSPO's clip range ``[1 - eps_low, 1 + eps_high]``.
         orth_floor: the floor of Eq. 52 (``transform="orth_proj"``).
         orthogonal_over: ``"all"``: the transform and its constraint range over every member of a group with a
             valid token and a non-zero loss weight (the paper's Eq. 50-55; a clipped member counts with its clip
             bound although it carries no gradient). ``"unclipped"``: over those members that are not clipped, i.e.
             that carry gradient, so the shared-token gradient cancels under clipping too (``orth_proj`` and
-            ``orth_proj_qp`` only, see `check_orthogonal_over`); clipped members keep GSPO's constant value.
+            ``orth_proj_qp`` only); clipped members keep GSPO's constant value.
         importance_weights: the trainer's per-token loss weights, (B, 1) or (B, T), or None: TRL's vLLM
             importance-sampling weights times its off-policy mask and high-entropy mask (0/1), as far as they are
             on. They are applied here (the caller must not multiply them again): the transform acts on the effective
             weights ``s_bar_i w_i``, ``w_i`` the sequence's weight (`_sequence_is_weights`), so the cancellation
             includes them, and a member with ``w_i = 0`` (masked out) leaves its group. For ``"none"`` they multiply
             GSPO's loss token by token, exactly as TRL does.
-        loss_type: the trainer's aggregation, used only for ``dfpo/cancellation_residual``: ``"grpo"`` weighs the
-            tokens of sequence ``i`` by ``1 / |y_i|``, the others (``"dapo"``, ``"luspo"``, ``"dr_grpo"``,
-            ``"bnpo"``) by one batch constant.
 
     Returns:
-        ObjectiveOutput with per_token_loss (B, 1) = ``-A_i s_til_i`` in value (gradient as the module docstring;
-        (B, T) for ``"none"`` with (B, T) weights), float32 for half / bf16 inputs. Metrics:
+        `DFPOOutput` with per_token_loss (B, 1) = ``-A_i s_til_i`` in value (gradient as the module docstring;
+        (B, T) for ``"none"`` with (B, T) weights), float32 for half / bf16 inputs; metrics
         ``clip_ratio/low|high|region``: (B, 1) 0/1 indicators with TRL's semantics (``s < 1 - eps_low`` with
-        ``A < 0``, ``s > 1 + eps_high`` with ``A > 0``, either). ``dfpo/asym_before`` / ``dfpo/asym_after``:
-        Eq. 23 ``Var_i(w_i A_i)`` (population variance) with ``w = s_bar w_IS`` / ``w = s_til``, mean over groups.
-        ``dfpo/shrink``: mean of ``s_til / (s_bar w_IS)`` (App. K's phi_i, Eq. 87) over the transformed members of
-        groups whose advantages take both signs. ``dfpo/cancellation_residual``: per group
-        ``|sum_i A_i c_i| / sum_i |A_i| c_i`` over the members with a non-zero gradient, ``c_i`` the effective
-        shared-token coefficient (``s_til_i``, times ``1 / |y_i|`` under ``"grpo"``), averaged over the groups with
-        at least two such members; 0 means a token shared by the whole group gets no gradient (NaN: no group).
-        ``dfpo/cancellation_residual_gspo``: the same with GSPO's weights ``s_bar w_IS`` in place of ``s_til`` (the
-        residual ``transform="none"`` leaves on the same batch).
+        ``A < 0``, ``s > 1 + eps_high`` with ``A > 0``, either); and `weights`, from which `dfpo_diagnostics`
+        computes the logged asymmetry, shrink and cancellation metrics.
     """
-    check_choice("transform", transform, TRANSFORMS)
-    check_orthogonal_over(transform, orthogonal_over)
-    validate_dfpo(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
-    check_choice("loss_type", loss_type, ("grpo", *_TOKEN_SUM_LOSS_TYPES))
     check_token_shapes(per_token_logps, old_per_token_logps, mask)
     batch, length = per_token_logps.shape
     groups = as_groups(groups, batch)
@@ -397,38 +379,31 @@ def dfpo_loss(
     is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)
     seq = _post_clip(log_s, adv, is_weight, mask_f, (1.0 - epsilon_low, 1.0 + epsilon_high), orthogonal_over)
 
-    s_til = seq.effective if transform == "none" else _transformed(seq, adv, groups, transform, orth_floor)  # (B,)
+    if transform == "none":
+        s_til = seq.effective  # (B,)
+    else:  # clipped members under "unclipped" keep GSPO's constant value, rows without loss get 0
+        transformed = group_transform(seq.effective, adv, groups, transform, orth_floor=orth_floor,
+                                      members=seq.members)  # fmt: skip
+        s_til = torch.where(seq.members, transformed, torch.where(seq.present, seq.effective, 0.0))  # (B,)
     coefficient = seq.s_bar if transform == "none" else s_til  # (B,) "none": TRL's GSPO, IS weights per token below
     per_token_loss = (-adv * coefficient * torch.exp(seq.log_factor)).unsqueeze(-1)  # (B, 1) -A sg(s_til/s_bar) s_bar
     if transform == "none" and importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
         per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
-    metrics = _dfpo_metrics(seq, adv, s_til, groups, mask_f.sum(-1), loss_type)
-    return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
-
-
-class _SequenceWeights(NamedTuple):
-    """Per-sequence (B,) quantities of `dfpo_loss` before the in-group transform."""
-
-    s: Tensor  # GSPO ratio, detached
-    bounds: tuple[float, float]  # (1 - eps_low, 1 + eps_high)
-    s_bar: Tensor  # Eq. 47 post-clip values
-    clipped: Tensor  # bool: on a clip bound, no gradient
-    log_factor: Tensor  # value 0; gradient d log s where unclipped, 0 where clipped
-    effective: Tensor  # s_bar times the loss weight: the coefficient GSPO's gradient carries
-    present: Tensor  # bool: rows that can carry loss at all
-    members: Tensor  # bool: the rows the transform's constraint ranges over
-
-
-def _transformed(seq: _SequenceWeights, adv: Tensor, groups: Groups, transform: str, orth_floor: float) -> Tensor:
-    """(B,) ``s_til``: the in-group transform over the members; clipped members under "unclipped" keep GSPO's
-    constant value, rows without loss get 0."""
-    transformed = group_transform(seq.effective, adv, groups, transform, orth_floor=orth_floor, members=seq.members)
-    return torch.where(seq.members, transformed, torch.where(seq.present, seq.effective, 0.0))
+    with torch.no_grad():
+        lower, upper = seq.bounds
+        is_low = ((seq.s < lower) & (adv < 0)).float().unsqueeze(-1)  # (B, 1) TRL's indicators
+        is_high = ((seq.s > upper) & (adv > 0)).float().unsqueeze(-1)  # (B, 1)
+    metrics = {
+        "clip_ratio/low": is_low,
+        "clip_ratio/high": is_high,
+        "clip_ratio/region": torch.maximum(is_low, is_high),
+    }
+    return DFPOOutput(per_token_loss, metrics, seq._replace(s_til=s_til.detach(), groups=groups))
 
 
 def _post_clip(
     log_s: Tensor, adv: Tensor, is_weight: Tensor, mask_f: Tensor, bounds: tuple[float, float], orthogonal_over: str
-) -> _SequenceWeights:
+) -> SequenceWeights:
     """Eq. 47's sign-aware post-clip of the GSPO ratios, and the members the transform ranges over."""
     lower, upper = bounds
     s_det = torch.exp(log_s).detach()  # (B,)
@@ -442,123 +417,6 @@ def _post_clip(
     log_factor = torch.where(clipped, torch.zeros_like(log_s), log_s - log_s.detach())  # (B,)
     present = (mask_f.sum(-1) > 0) & (is_weight > 0)  # (B,)
     members = present & ~clipped if orthogonal_over == "unclipped" else present  # (B,)
-    return _SequenceWeights(s_det, bounds, s_bar, clipped, log_factor, s_bar * is_weight, present, members)
-
-
-def _dfpo_metrics(
-    seq: _SequenceWeights, adv: Tensor, s_til: Tensor, groups: Groups, lengths: Tensor, loss_type: str
-) -> dict[str, Tensor]:
-    """`dfpo_loss`'s metrics (see its docstring)."""
-    lower, upper = seq.bounds
-    with torch.no_grad():
-        is_low = ((seq.s < lower) & (adv < 0)).float().unsqueeze(-1)  # (B, 1) TRL's indicators
-        is_high = ((seq.s > upper) & (adv > 0)).float().unsqueeze(-1)  # (B, 1)
-        metrics = {
-            "clip_ratio/low": is_low,
-            "clip_ratio/high": is_high,
-            "clip_ratio/region": torch.maximum(is_low, is_high),
-        }
-        if not adv.numel():
-            return {**metrics, **dict.fromkeys(_GROUP_METRICS, torch.tensor(float("nan")))}
-        metrics["dfpo/asym_before"] = _mean_group_variance(seq.effective * adv, groups).float()
-        metrics["dfpo/asym_after"] = _mean_group_variance(s_til * adv, groups).float()
-        informative = seq.members & _both_signs(torch.where(seq.members, adv, torch.zeros_like(adv)), groups)
-        shrink = s_til / seq.effective.clamp_min(torch.finfo(s_til.dtype).tiny)  # (B,) Eq. 87
-        count = informative.sum()
-        metrics["dfpo/shrink"] = nan_if_empty(torch.where(informative, shrink, 0.0).sum() / count.clamp(min=1), count)
-        carries = seq.present & ~seq.clipped
-        metrics["dfpo/cancellation_residual"] = _cancellation_residual(adv, s_til, carries, lengths, groups, loss_type)
-        # the same for GSPO's untransformed weights on this batch: what the transform is measured against
-        metrics["dfpo/cancellation_residual_gspo"] = _cancellation_residual(
-            adv, seq.effective, carries, lengths, groups, loss_type
-        )
-    return metrics
-
-
-def _cancellation_residual(
-    adv: Tensor, s_til: Tensor, carries: Tensor, lengths: Tensor, groups: Groups, loss_type: str
-) -> Tensor:
-    """0-dim mean over groups of ``|sum_i A_i c_i| / sum_i |A_i| c_i`` (see `dfpo_loss`), in float64.
-
-    ``c_i`` is the coefficient of ``grad log p`` at a token of sequence ``i`` up to a batch constant: ``s_til_i``
-    (loss weight included) and, for ``loss_type="grpo"``, ``1 / |y_i|`` (the sequence mean of Eq. 44 is not undone
-    by a token sum). Only members with ``A_i c_i != 0`` that are unclipped and present count.
-    """
-    adv, s_til = adv.double(), s_til.double()
-    coef = s_til / lengths.double().clamp(min=1.0) if loss_type == "grpo" else s_til  # (B,)
-    moving = carries & (adv != 0) & (coef > 0)  # (B,) members whose gradient is not zero
-    zero = torch.zeros_like(adv)
-    signed = groups.reduce(torch.where(moving, adv * coef, zero), "sum")  # (K,)
-    total = groups.reduce(torch.where(moving, adv.abs() * coef, zero), "sum")  # (K,)
-    count = groups.reduce(moving.double(), "sum")  # (K,)
-    keep = (count >= 2) & (total > 0)  # (K,)
-    residual = signed.abs() / total.clamp(min=torch.finfo(torch.float64).tiny)  # (K,)
-    kept = keep.sum()
-    return nan_if_empty(torch.where(keep, residual, 0.0).sum() / kept.clamp(min=1), kept)
-
-
-def symmetric_clip_loss(
-    per_token_logps: Tensor,
-    old_per_token_logps: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    epsilon_high: float,
-    importance_weights: Tensor | None = None,
-) -> ObjectiveOutput:
-    """GRPO-fix: token-level ``-A * clip(r, 0, 1 + eps_high)`` for both advantage signs (Eq. 79-80).
-
-    Eq. (80) is the clip alone, not PPO's ``min(rA, clip(r) A)`` (App. H.3), so a token with ``r > 1 + eps`` gets
-    no gradient whatever the sign of ``A``. The ``1/G sum_i sum_t`` of Eq. 80 is the trainer's ``loss_type``.
-
-    Args:
-        per_token_logps: (B, T) current log-probs of the sampled tokens.
-        old_per_token_logps: (B, T) behaviour log-probs (treated as constant).
-        advantages: (B,), (B, 1) or (B, T).
-        mask: (B, T) completion mask.
-        epsilon_high: upper clip ``1 + eps_high`` (finite, > 0). There is no lower clip (Eq. 79's 0 never binds).
-        importance_weights: the trainer's per-token loss weights (TRL's vLLM IS weights, off-policy and entropy
-            masks), (B, 1) or (B, T), multiplied after the clip exactly as TRL does (the caller must not multiply
-            them again); None when all are off.
-
-    Returns:
-        ObjectiveOutput with per_token_loss (B, T) (before masking). Metrics: ``clip_ratio/high`` = (B, T)
-        indicator of ``r > 1 + eps_high`` with ``A > 0`` (TRL's semantics), ``clip_ratio/low`` = 0 (no lower
-        bound), ``clip_ratio/region`` = either; ``dfpo/sym_clip_ratio`` = fraction of valid tokens with
-        ``r > 1 + eps_high`` for any sign (every token whose gradient the symmetric clip removes).
-    """
-    check_positive(epsilon_high=epsilon_high, finite=True)
-    check_token_shapes(per_token_logps, old_per_token_logps, mask)
-    batch, length = per_token_logps.shape
-    adv = as_token_advantages(advantages)  # (B, 1) or (B, T)
-    if adv.shape[0] != batch or adv.shape[1] not in (1, length):
-        raise ValueError(
-            f"advantages must be ({batch},), ({batch}, 1) or ({batch}, {length}), got shape {tuple(advantages.shape)}"
-        )
-
-    dtype = compute_dtype(per_token_logps, old_per_token_logps)
-    logp = per_token_logps.to(dtype)  # (B, T)
-    old_logp = old_per_token_logps.detach().to(dtype)  # (B, T)
-    mask_f = mask.to(dtype)  # (B, T)
-    adv = adv.detach().to(dtype)  # (B, 1) or (B, T)
-
-    log_ratio = (logp - old_logp) * mask_f  # (B, T)
-    ratio = torch.exp(log_ratio)  # (B, T) r
-    upper = 1.0 + epsilon_high
-    phi = torch.clamp(ratio, min=0.0, max=upper)  # (B, T) Eq. 79, same for both signs of A
-    per_token_loss = -adv * phi  # (B, T) Eq. 80 (negated for minimisation)
-    if importance_weights is not None:  # mirrors GRPOTrainer._compute_loss: loss * importance_sampling_ratio
-        per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
-
-    with torch.no_grad():
-        above = (ratio > upper).to(dtype)  # (B, T)
-        high = above * (adv.expand_as(ratio) > 0).to(dtype)  # (B, T)
-        count = mask_f.sum()
-        metrics = {
-            # per-token indicators (reduced token-weighted over processes by the trainer); no lower bound, low is 0
-            "clip_ratio/low": torch.zeros_like(high, dtype=torch.float32) * mask_f,  # (B, T)
-            "clip_ratio/high": (high * mask_f).float(),  # (B, T)
-            "clip_ratio/region": (high * mask_f).float(),  # (B, T)
-            "dfpo/sym_clip_ratio": nan_if_empty(masked_sum(above, mask_f) / count.clamp(min=1), count),
-        }
-    return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
+    return SequenceWeights(
+        s_det, bounds, s_bar, clipped, log_factor, s_bar * is_weight, present, members, adv, mask_f.sum(-1)
+    )

@@ -15,22 +15,18 @@ from trl import GRPOConfig
 
 from ..methods import dfpo
 from ..methods.dfpo import GRPO_FIX
-from ..objectives.common import Groups, ObjectiveOutput, check_choice, check_positive
-from ..objectives.dfpo import TRANSFORMS, check_orthogonal_over, dfpo_loss, symmetric_clip_loss, validate_dfpo
+from ..objectives.common import Groups, ObjectiveOutput, check_choice, config_arguments, validate_config
+from ..objectives.dfpo import TRANSFORMS, dfpo_loss, validate_dfpo
+from ..objectives.dfpo_diagnostics import dfpo_diagnostics
 from ..objectives.estimators import get_estimator
+from ..objectives.grpo_fix import symmetric_clip_loss, validate_grpo_fix
 from ..spec import MethodSpec
 from .base import GroupOptTrainer
 from .compat import dropping_trl_warning
-from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 
-#: `dfpo_loss`'s hyper-parameters -> the DFPOConfig fields that set them (the names its errors use).
-DFPO_ARGUMENTS = {
-    "transform": "dfpo_transform",
-    "epsilon_low": "epsilon",
-    "epsilon_high": "epsilon_high",
-    "orth_floor": "dfpo_orth_floor",
-    "orthogonal_over": "dfpo_orthogonal_over",
-}
+#: DFPOConfig's fields for `dfpo_loss`'s arguments: `dfpo_<argument>`, and TRL's `epsilon` / `epsilon_high`.
+PREFIX = "dfpo_"
 
 #: The opening words of TRL's warning (`GRPOTrainer.__init__`, trl 1.16.0) for sequence-level ratios with a token-sum loss
 #: type, which advises loss_type="grpo": the opposite of DFPO's choice, so the trainer replaces it with `SUM_LOSS_NOTE`.
@@ -129,7 +125,6 @@ class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig
     def __post_init__(self):
         check_choice("dfpo_transform", self.dfpo_transform, (*TRANSFORMS, GRPO_FIX))
         check_sequence_advantages(self.dfpo_transform, self.advantage_estimator)
-        check_orthogonal_over(self.dfpo_transform, self.dfpo_orthogonal_over, names=DFPO_ARGUMENTS)
         grpo_fix = self.dfpo_transform == GRPO_FIX
         level = "token" if grpo_fix else "sequence"
         if self.importance_sampling_level not in (None, level):
@@ -143,8 +138,15 @@ class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig
         if self.epsilon_high is None:
             self.epsilon_high = GRPO_FIX_EPSILON_HIGH if grpo_fix else GSPO_EPSILON_HIGH
         super().__post_init__()
-        validate_dfpo(epsilon_low=self.epsilon, epsilon_high=self.epsilon_high, names=DFPO_ARGUMENTS)
-        check_positive(dfpo_orth_floor=self.dfpo_orth_floor)  # > 0 here; the pure transform also takes 0
+        if not grpo_fix:
+            validate_config(validate_dfpo, self, PREFIX)
+        elif self.dfpo_orthogonal_over != "all":  # GRPO-fix has no in-group constraint to restrict
+            raise ValueError(
+                f"dfpo_orthogonal_over={self.dfpo_orthogonal_over!r} needs one of DFPO's transforms {TRANSFORMS}, "
+                f"not dfpo_transform={GRPO_FIX!r} (GRPO-fix clips each token on its own): leave it 'all'."
+            )
+        else:
+            validate_config(validate_grpo_fix, self)
 
 
 class DFPOTrainer(GroupOptTrainer):
@@ -183,22 +185,12 @@ class DFPOTrainer(GroupOptTrainer):
         *,
         loss_weights: Tensor | None = None,
     ) -> ObjectiveOutput:
+        inputs = (per_token_logps, old_per_token_logps, advantages, mask)
         if self.args.dfpo_transform == GRPO_FIX:
-            return symmetric_clip_loss(
-                per_token_logps,
-                old_per_token_logps,
-                advantages,
-                mask,
-                epsilon_high=self.args.epsilon_high,
-                importance_weights=loss_weights,
-            )
-        return dfpo_loss(
-            per_token_logps,
-            old_per_token_logps,
-            advantages,
-            mask,
-            Groups.contiguous(mask.shape[0], self.group_size, mask.device),
-            **objective_arguments(self.args, DFPO_ARGUMENTS),
-            importance_weights=loss_weights,
-            loss_type=self.loss_type,
-        )
+            arguments = config_arguments(symmetric_clip_loss, self.args)
+            return symmetric_clip_loss(*inputs, **arguments, importance_weights=loss_weights)
+        groups = Groups.contiguous(mask.shape[0], self.group_size, mask.device)
+        arguments = config_arguments(dfpo_loss, self.args, PREFIX)
+        out = dfpo_loss(*inputs, groups, **arguments, importance_weights=loss_weights)
+        out.metrics.update(dfpo_diagnostics(out.weights, self.loss_type))  # logged with this micro-batch's metrics
+        return out
