@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from trl_groupopt.objectives.common import reduce_metrics
+from tests.objectives.metrics import reduce_metrics
 from trl_groupopt.objectives.ctpo import ctpo_loss, validate_ctpo
 
 F64 = torch.float64

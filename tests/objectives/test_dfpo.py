@@ -20,7 +20,7 @@ import torch
 from scipy.optimize import minimize
 
 from tests.objectives.dfpo_logged import dfpo_logged as dfpo_loss
-from trl_groupopt.objectives.common import reduce_metrics
+from tests.objectives.metrics import reduce_metrics
 from trl_groupopt.objectives.dfpo import TRANSFORMS, group_transform, validate_dfpo
 from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss, validate_grpo_fix
 

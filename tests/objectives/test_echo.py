@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from trl_groupopt.objectives.common import reduce_metrics
+from tests.objectives.metrics import reduce_metrics
 from trl_groupopt.objectives.echo import MAX_LOG_RHO, echo_batch_ratio_coupling, echo_loss, validate_echo
 
 F64 = torch.float64

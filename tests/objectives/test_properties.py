@@ -37,7 +37,8 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from tests.objectives.dfpo_logged import dfpo_logged as dfpo_loss
-from trl_groupopt.objectives.common import clipped_surrogate_loss, reduce_metrics
+from tests.objectives.metrics import reduce_metrics
+from trl_groupopt.objectives.common import clipped_surrogate_loss
 from trl_groupopt.objectives.ctpo import ctpo_loss
 from trl_groupopt.objectives.dfpo import group_transform
 from trl_groupopt.objectives.echo import echo_batch_ratio_coupling, echo_loss

@@ -6,9 +6,8 @@ divide by zero: an empty mask (a row, a batch, a group with no valid token) redu
 
 from __future__ import annotations
 
-import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,8 +24,7 @@ class ObjectiveOutput:
             completion mask and the `loss_type` aggregation are applied by the trainer.
         metrics: name -> detached tensor: a 0-dim mean over masked tokens or sequences, or, for the clip
             fractions `clip_ratio/low|high|region`, a per-token (B, T) / per-sequence (B, 1) 0/1 indicator that the
-            trainer reduces over all processes token-weighted, as TRL does (`reduce_metrics` does it for one
-            micro-batch).
+            trainer reduces over all processes token-weighted, as TRL does.
     """
 
     per_token_loss: Tensor
@@ -59,65 +57,10 @@ def nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
     return torch.where(count > 0, value, torch.full_like(value, float("nan")))
 
 
-def clip_fraction(indicator: Tensor, mask: Tensor) -> Tensor:
-    """Fraction of valid tokens flagged by a per-token (B, T) clip indicator, or of sequences for a (B, 1) one.
-
-    Objectives return their `clip_ratio/*` metrics as detached 0/1 indicators so the trainer can reduce them over
-    processes token-weighted, exactly as TRL does; this is the same reduction on one micro-batch. NaN when empty.
-    """
-    if indicator.shape == mask.shape:
-        mask = mask.to(torch.float32)
-        count = mask.sum()
-        return nan_if_empty(masked_sum(indicator.float(), mask) / count.clamp(min=1.0), count)
-    count = torch.tensor(float(indicator.numel()))
-    return nan_if_empty(indicator.float().sum() / count.clamp(min=1.0), count)
-
-
-def reduce_metrics(metrics: dict[str, Tensor], mask: Tensor) -> dict[str, Tensor]:
-    """An objective's metrics as 0-dim values for one micro-batch: clip indicators become fractions (`clip_fraction`),
-    scalars pass through. The trainer does the same reduction over all processes."""
-    return {name: clip_fraction(value, mask) if value.dim() == 2 else value for name, value in metrics.items()}
-
-
-def config_fields(function: Callable, config: Any, prefix: str = "") -> dict[str, str]:
-    """``{argument: config field}`` for the keyword-only arguments of ``function`` (an objective) that ``config`` sets.
-
-    The one rule that binds a method's config to its objective: argument ``a`` is read from the field
-    ``<prefix>a`` (e.g. ``dfpo_transform`` for ``transform``), else ``a``, else, for ``x_low``, ``x`` (TRL names a
-    lower clip ``epsilon`` and its upper one ``epsilon_high``). The config validates with the same names, so an
-    error names the field the user set.
-    """
-    fields = {}
-    for name, parameter in inspect.signature(function).parameters.items():
-        if parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
-            continue
-        candidates = (prefix + name, name, name.removesuffix("_low") if name.endswith("_low") else "")
-        field_name = next((c for c in candidates if c and hasattr(config, c)), None)
-        if field_name is not None:
-            fields[name] = field_name
-    return fields
-
-
-def config_arguments(function: Callable, config: Any, prefix: str = "") -> dict[str, Any]:
-    """``{argument: value}`` of `config_fields`; an unset ``epsilon_high`` reads as ``epsilon``, as TRL reads it."""
-    values = {
-        name: getattr(config, field_name) for name, field_name in config_fields(function, config, prefix).items()
-    }
-    if "epsilon_high" in values and values["epsilon_high"] is None:
-        values["epsilon_high"] = config.epsilon  # mirrors GRPOTrainer.__init__ (trl 1.16.0): `self.epsilon_high`
-    return values
-
-
-def validate_config(validate: Callable, config: Any, prefix: str = "") -> None:
-    """Run an objective's ``validate_<method>`` on the config fields that set its arguments (`config_arguments`),
-    so that an error names the field (e.g. ``dfpo_transform``), not the argument: the configs' one check."""
-    validate(**config_arguments(validate, config, prefix), names=config_fields(validate, config, prefix))
-
-
 def named(names: Mapping[str, str] | None, **values: Any) -> dict[str, Any]:
     """`values` keyed by the caller's names for them: `names` maps an objective's argument to what the caller calls
-    it (a config field, e.g. ``{"epsilon_low": "epsilon"}``), so that a `validate_<method>` error names the setting
-    the user wrote. Arguments not in `names` keep their own name."""
+    it (a config field, e.g. ``{"epsilon_low": "epsilon"}``: `trainers/binding.py`), so that a `validate_<method>`
+    error names the setting the user wrote. Arguments not in `names` keep their own name."""
     names = names or {}
     return {names.get(key, key): value for key, value in values.items()}
 
@@ -180,11 +123,6 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
         return masked_sum(values, mask) / mask.sum().clamp(min=1.0)
     mask = mask.expand_as(values)
     return masked_sum(values, mask, dim) / mask.sum(dim).clamp(min=1.0)
-
-
-def sequence_lengths(mask: Tensor) -> Tensor:
-    """(B,) number of valid tokens per row, clamped to >= 1 so it can divide safely."""
-    return mask.sum(-1).clamp(min=1.0)
 
 
 def as_token_advantages(advantages: Tensor) -> Tensor:
@@ -301,7 +239,7 @@ def log_importance_weights(log_ratio: Tensor, mask: Tensor, importance_sampling_
     if importance_sampling_level == "token":
         return log_ratio  # (B, T)
     if importance_sampling_level == "sequence":
-        return (masked_sum(log_ratio, mask, -1) / sequence_lengths(mask)).unsqueeze(-1)  # (B, 1)
+        return (masked_sum(log_ratio, mask, -1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (B, 1)
     raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
 
 

@@ -63,7 +63,7 @@ def validate_ctpo(
     names: Mapping[str, str] | None = None,
 ) -> None:
     """Raise, naming the fix, unless `ctpo_loss` can take these hyper-parameters (`CTPOConfig` checks its fields
-    with it, once; `names`: what the caller calls each argument, see `common.config_fields`)."""
+    with it, once; `names`: what the caller calls each argument, see `common.named`)."""
     check_positive(
         **named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high, dual_clip=dual_clip),
         reason=" for CTPO (a log-space bound)",

@@ -68,7 +68,7 @@ def validate_dfpo(
     names: Mapping[str, str] | None = None,
 ) -> None:
     """Raise, naming the fix, unless `dfpo_loss` can take these settings (`DFPOConfig` runs it once; `names`: what
-    the caller calls each argument, see `common.config_fields`).
+    the caller calls each argument, see `common.named`).
 
     GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` needs finite widths > 0, Eq. 52's floor a finite value > 0.
     ``orthogonal_over="unclipped"`` needs a transform that can make ``sum_i A_i s_til_i = 0`` over any subset of a

@@ -156,7 +156,7 @@ def validate_echo(
     names: Mapping[str, str] | None = None,
 ) -> None:
     """Raise unless every clip width is > 0 (`ECHOConfig` checks its fields with it, once; `names`: what the caller
-    calls each argument, see `common.config_fields`). ``batch_epsilon_low >= 1`` is allowed here: no lower batch
+    calls each argument, see `common.named`). ``batch_epsilon_low >= 1`` is allowed here: no lower batch
     bound."""
     check_positive(
         **named(

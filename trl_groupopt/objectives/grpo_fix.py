@@ -25,7 +25,7 @@ __all__ = ["symmetric_clip_loss", "validate_grpo_fix"]
 
 def validate_grpo_fix(*, epsilon_high: float, names: Mapping[str, str] | None = None) -> None:
     """Raise unless the upper clip ``1 + epsilon_high`` has a finite width > 0 (`DFPOConfig` runs it once for
-    GRPO-fix; `names`: what the caller calls the argument, see `common.config_fields`)."""
+    GRPO-fix; `names`: what the caller calls the argument, see `common.named`)."""
     check_positive(**named(names, epsilon_high=epsilon_high), finite=True)
 
 

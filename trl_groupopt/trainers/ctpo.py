@@ -14,9 +14,10 @@ from torch import Tensor
 from trl import GRPOConfig
 
 from ..methods import ctpo
-from ..objectives.common import ObjectiveOutput, config_arguments, validate_config
+from ..objectives.common import ObjectiveOutput
 from ..objectives.ctpo import DEFAULT_POSITION_POWER, ctpo_loss, validate_ctpo
 from .base import GroupOptTrainer
+from .binding import config_arguments, validate_config
 from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 from .schedule import OffPolicyScheduleMixin
 

@@ -15,13 +15,14 @@ from trl import GRPOConfig
 
 from ..methods import dfpo
 from ..methods.dfpo import GRPO_FIX
-from ..objectives.common import Groups, ObjectiveOutput, check_choice, config_arguments, validate_config
+from ..objectives.common import Groups, ObjectiveOutput, check_choice
 from ..objectives.dfpo import TRANSFORMS, dfpo_loss, validate_dfpo
 from ..objectives.dfpo_diagnostics import dfpo_diagnostics
 from ..objectives.estimators import get_estimator
 from ..objectives.grpo_fix import symmetric_clip_loss, validate_grpo_fix
 from ..spec import MethodSpec
 from .base import GroupOptTrainer
+from .binding import config_arguments, validate_config
 from .compat import dropping_trl_warning
 from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 

@@ -16,9 +16,10 @@ from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
 
 from ..methods import echo
-from ..objectives.common import ObjectiveOutput, check_choice, config_arguments, validate_config
+from ..objectives.common import ObjectiveOutput, check_choice
 from ..objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss, validate_echo
 from .base import GroupOptTrainer
+from .binding import config_arguments, validate_config
 from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 from .loss import loss_mask
 from .schedule import OffPolicyScheduleMixin
