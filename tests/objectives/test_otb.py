@@ -284,10 +284,7 @@ def test_advantages_input_errors():
         otb_advantages(r, e, m, g[:3])
     with pytest.raises(ValueError, match="importance_weights"):
         otb_advantages(r, e, m, g, importance_weights=torch.ones(4, 2))
-    with pytest.raises(ValueError, match="epsilon"):
-        otb_advantages(r, e, m, g, epsilon=0.0)
-    with pytest.raises(ValueError, match="token_positions"):
-        otb_advantages(r, e, m, g, token_positions="compact")
+    # token_positions is checked once, with the config (`otb_token_positions`: tests/objectives/test_estimators.py)
     # value checks read the device: only with check_values=True (the trainer checks rewards per generation batch)
     with pytest.raises(ValueError, match="finite or NaN"):
         otb_advantages(torch.tensor([0.0, math.inf, 0.0, 0.0]), e, m, g, check_values=True)

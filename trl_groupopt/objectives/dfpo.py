@@ -67,14 +67,10 @@ def validate_dfpo(
     orthogonal_over: str,
     names: Mapping[str, str] | None = None,
 ) -> None:
-    """Raise, naming the fix, unless `dfpo_loss` can take these settings (`DFPOConfig` runs it once; `names`: what
-    the caller calls each argument, see `common.named`).
-
-    GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` needs finite widths > 0, Eq. 52's floor a finite value > 0.
-    ``orthogonal_over="unclipped"`` needs a transform that can make ``sum_i A_i s_til_i = 0`` over any subset of a
-    group: the projections. ``min_replace`` gives ``min_j s_j * sum_{i in M} A_i``, zero only when the advantages of
-    the unclipped members sum to zero, which a clipped member breaks; ``"none"`` has no constraint to restrict.
-    """
+    """Raise, naming the fix, unless `dfpo_loss` can take these settings (`DFPOConfig` runs it once; `names`: see
+    `common.named`). ``orthogonal_over="unclipped"`` needs a transform that makes ``sum_i A_i s_til_i = 0`` over any
+    subset of a group (the projections): ``min_replace`` gives ``min_j s_j * sum_{i in M} A_i``, which a clipped
+    member makes non-zero; ``"none"`` has no constraint to restrict."""
     transform_name, over_name = names_of(names, "transform", "orthogonal_over")
     check_choice(transform_name, transform, TRANSFORMS)
     check_positive(**named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high, orth_floor=orth_floor),
@@ -214,23 +210,15 @@ def group_transform(
     orth_floor: float = 1e-6,
     members: Tensor | None = None,
 ) -> Tensor:
-    """In-group transform of the post-clip sequence weights (Eq. 50, 51, 52-55). Detached.
+    """In-group transform of the post-clip sequence weights (Eq. 50, 51, 52-55), detached.
 
-    Args:
-        s_bar: (B,) post-clip weights (Eq. 47, times the IS weight in `dfpo_loss`), >= 0. Gradient is never taken.
-        advantages: (B,) sequence advantages.
-        groups: the group layout (`common.Groups`), or (B,) integer group ids (any sizes >= 1, any order).
-        method: one of ``TRANSFORMS``.
-        orth_floor: the floor ``eps`` of Eq. 52 for ``"orth_proj"`` (>= 0; `validate_dfpo` states the rules).
-        members: optional (B,) bool, the members the transform ranges over (default: all). The others are returned
-            unchanged and neither enter a group's minimum nor its constraint ``sum_i A_i s_til_i = 0``.
-
-    Returns:
-        (B,) ``s_til``, detached, in float32 (half / bf16 inputs) or the input's float dtype. For every method but
-        ``"none"``, a group whose members' advantages do not take both signs gets ``s_til = 0`` on its members with
-        ``A != 0``: no ``v >= 0`` but that satisfies ``A^T v = 0`` (``orth_proj`` and the QP give it by their
-        formulas; for ``min_replace`` it is a deviation, see docs/dfpo.md). With TRL's group-centred advantages
-        such a group is one whose rewards are all equal, whose advantages are float32 rounding noise.
+    ``s_bar`` (B,) >= 0 and ``advantages`` (B,); ``groups`` as in `dfpo_loss`; ``method`` one of ``TRANSFORMS``;
+    ``orth_floor`` Eq. 52's floor (``"orth_proj"``); ``members`` optional (B,) bool, the members the transform ranges
+    over (the others are returned unchanged and enter neither a group's minimum nor its constraint). Returns (B,)
+    ``s_til`` in float32 (half / bf16 inputs) or the input's float dtype. For every method but ``"none"``, a group
+    whose advantages do not take both signs gets ``s_til = 0`` on its members with ``A != 0``: no ``v >= 0`` but
+    that satisfies ``A^T v = 0`` (for ``min_replace`` a deviation, docs/dfpo.md); with TRL's centred advantages such
+    a group has equal rewards, and its advantages are rounding noise.
     """
     if s_bar.dim() != 1 or advantages.shape != s_bar.shape:
         raise ValueError(f"s_bar and advantages must be (B,), got {tuple(s_bar.shape)}, {tuple(advantages.shape)}")
@@ -253,11 +241,6 @@ def group_transform(
     return torch.where(members, out, s)
 
 
-# --------------------------------------------------------------------------------------------
-# the loss
-# --------------------------------------------------------------------------------------------
-
-
 def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
     """(B,) sequence advantages from (B,), (B, 1) or a (B, T) tensor constant along T."""
     if advantages.dim() == 1 and advantages.shape[0] == batch:
@@ -278,13 +261,9 @@ def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
 
 
 def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
-    """(B,) one loss weight per sequence, detached; ones without weights.
-
-    The weights are (B, 1) (vLLM IS ``sequence_*`` modes, the off-policy mask) or (B, T) (``token_*`` modes, the
-    entropy mask, or a product with one of them). A (B, 1) loss times (B, T)
-    weights, aggregated by any ``loss_type``, weighs sequence ``i`` by the mean of its weights over its valid tokens,
-    so that mean is the sequence's weight (0 for a row without valid tokens).
-    """
+    """(B,) one loss weight per sequence, detached; ones without weights. (B, T) weights (``token_*`` IS modes, the
+    entropy mask) times a (B, 1) loss weigh sequence ``i``, under any ``loss_type``, by their mean over its valid
+    tokens (0 for a row without any)."""
     batch, length = mask.shape
     if weights is None:
         return torch.ones(batch, dtype=mask.dtype, device=mask.device)
@@ -334,37 +313,30 @@ def dfpo_loss(
     orthogonal_over: str = "all",
     importance_weights: Tensor | None = None,
 ) -> DFPOOutput:
-    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K). See the module docstring and docs/dfpo.md. The
-    settings are not re-checked per call: `validate_dfpo` states their rules (`DFPOConfig` runs it once).
+    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K): the module docstring and docs/dfpo.md. The settings
+    are not re-checked per call: `validate_dfpo` states their rules (`DFPOConfig` runs it once).
 
     Args:
-        per_token_logps: (B, T) log-probs of the sampled tokens under the current policy.
-        old_per_token_logps: (B, T) the same under the behaviour policy (treated as constant).
+        per_token_logps, old_per_token_logps, mask: (B, T) current and behaviour log-probs (the latter constant), and
+            the completion mask.
         advantages: (B,) sequence advantages, or (B, T) / (B, 1) constant along T.
-        mask: (B, T) completion mask (bool / int / float).
-        groups: the group layout: `common.Groups` (the trainer's `Groups.contiguous(B, num_generations)`: no host
-            sync), or (B,) integer group ids in any order (`Groups.from_ids`, which reads the group count once).
-        transform: one of ``TRANSFORMS``.
-        epsilon_low, epsilon_high: GSPO's clip range ``[1 - eps_low, 1 + eps_high]``.
-        orth_floor: the floor of Eq. 52 (``transform="orth_proj"``).
-        orthogonal_over: ``"all"``: the transform and its constraint range over every member of a group with a
-            valid token and a non-zero loss weight (the paper's Eq. 50-55; a clipped member counts with its clip
-            bound although it carries no gradient). ``"unclipped"``: over those members that are not clipped, i.e.
-            that carry gradient, so the shared-token gradient cancels under clipping too (``orth_proj`` and
-            ``orth_proj_qp`` only); clipped members keep GSPO's constant value.
-        importance_weights: the trainer's per-token loss weights, (B, 1) or (B, T), or None: TRL's vLLM
-            importance-sampling weights times its off-policy mask and high-entropy mask (0/1), as far as they are
-            on. They are applied here (the caller must not multiply them again): the transform acts on the effective
-            weights ``s_bar_i w_i``, ``w_i`` the sequence's weight (`_sequence_is_weights`), so the cancellation
-            includes them, and a member with ``w_i = 0`` (masked out) leaves its group. For ``"none"`` they multiply
-            GSPO's loss token by token, exactly as TRL does.
+        groups: the trainer's `Groups.contiguous(B, num_generations)` (reads nothing from the device), or (B,)
+            integer group ids in any order (`Groups.from_ids`).
+        transform, epsilon_low, epsilon_high, orth_floor: ``TRANSFORMS``; GSPO's clip range
+            ``[1 - eps_low, 1 + eps_high]``; Eq. 52's floor (``"orth_proj"``).
+        orthogonal_over: ``"all"`` (the paper): the transform ranges over every member with a valid token and a
+            non-zero loss weight, a clipped one counted at its bound although it carries no gradient; ``"unclipped"``
+            (projections only): over the members that carry gradient, so the shared-token gradient cancels under
+            clipping too; clipped members keep GSPO's constant value.
+        importance_weights: TRL's per-token loss weights (vLLM IS weights times the off-policy and entropy masks),
+            (B, 1) or (B, T), or None; applied here, not by the caller. The transform acts on ``s_bar_i w_i``
+            (`_sequence_is_weights`), so the cancellation includes them and a member with ``w_i = 0`` leaves its
+            group; under ``"none"`` they multiply GSPO's loss token by token, as TRL does.
 
     Returns:
-        `DFPOOutput` with per_token_loss (B, 1) = ``-A_i s_til_i`` in value (gradient as the module docstring;
-        (B, T) for ``"none"`` with (B, T) weights), float32 for half / bf16 inputs; metrics
-        ``clip_ratio/low|high|region``: (B, 1) 0/1 indicators with TRL's semantics (``s < 1 - eps_low`` with
-        ``A < 0``, ``s > 1 + eps_high`` with ``A > 0``, either); and `weights`, from which `dfpo_diagnostics`
-        computes the logged asymmetry, shrink and cancellation metrics.
+        `DFPOOutput`: per_token_loss (B, 1) = ``-A_i s_til_i`` in value ((B, T) for ``"none"`` with (B, T) weights;
+        float32 for half / bf16 inputs); ``clip_ratio/low|high|region`` (B, 1) indicators with TRL's semantics; and
+        `weights`, from which `dfpo_diagnostics` computes the logged diagnostics.
     """
     check_token_shapes(per_token_logps, old_per_token_logps, mask)
     batch, length = per_token_logps.shape

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .common import Groups, as_groups
-from .otb import otb_advantages, validate_otb
+from .common import Groups, as_groups, check_choice
+from .otb import TOKEN_POSITIONS, otb_advantages
 
 __all__ = [
     "ESTIMATORS",
@@ -167,7 +167,7 @@ def otb_metrics(
 
 
 def _validate_otb_knobs(*, otb_token_positions: str, otb_handle_zero_tail: bool | None) -> None:
-    validate_otb(token_positions=otb_token_positions, names={"token_positions": "otb_token_positions"})
+    check_choice("otb_token_positions", otb_token_positions, TOKEN_POSITIONS)
     if otb_handle_zero_tail not in (None, True, False):
         raise ValueError(
             "otb_handle_zero_tail must be True, False or None (None: on for tool-use batches only), "

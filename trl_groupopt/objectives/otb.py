@@ -1,43 +1,27 @@
-"""OTB: the Optimal Token Baseline (Li et al., "The Optimal Token Baseline: Variance Reduction for Long-Horizon
-LLM-RL", arXiv:2602.07078). The equations needed to check this code and every deviation from the paper and from verl's
-reference estimators are in `docs/otb.md`; this module is the pure-torch core.
+"""OTB: the Optimal Token Baseline (Li et al., arXiv:2602.07078), the pure-torch core. The equations needed to check
+this code and every deviation from the paper and from verl's reference estimators are in `docs/otb.md`::
 
-* Logit-gradient energy (Proposition 4.2), with ``z = logits / temperature`` and ``p = softmax(z)``::
+    e_t  = ||onehot(y_t) - p_t||^2 = 1 - 2 p_t(y_t) + sum_v p_t(v)^2    energy (Prop. 4.2), p = softmax(logits / T)
+    W_t  = sum_{j <= t} mask_j w_j^2 e_j                               realized energy (Def. 3.1), w: rollout IS
+    b_t  = sum_i mask_it W_it G_i / (sum_i mask_it W_it + 1e-8)        baseline (Thm. 4.1), active members at t
+    A_it = (G_i - b_t) * mask_it                                       no std normalisation
 
-      e_t = ||onehot(y_t) - p_t||^2 = 1 - 2 p_t(y_t) + sum_v p_t(v)^2
-
-* Realized energy (Definition 3.1), cumulative and including ``t``, with optional rollout IS weights ``w``::
-
-      W_t = sum_{j <= t} mask_j w_j^2 e_j
-
-* Optimal token baseline (Theorem 4.1) over the group's members active at ``t``, and the advantage::
-
-      b_t  = sum_i mask_it W_it G_i / (sum_i mask_it W_it + 1e-8)
-      A_it = (G_i - b_t) * mask_it          (no std normalisation)
-
-``token_positions`` says what ``t`` indexes when a mask has holes (tool results under TRL's ``tool_mask``):
-``"valid"`` compacts each row's valid tokens first, so ``t`` is the t-th *generated* token of every member (verl's
-tool-use estimator); ``"absolute"`` uses the column index (verl's single-turn estimator). Without holes they agree.
-``handle_zero_tail`` zeroes the baseline of a group's unique longest member past the second-longest valid-token
-count, where it would otherwise be compared with itself. Members without a score (NaN reward) or without a valid
-token leave their group; a group of one member has baseline 0.
-
-Two rules keep a group without a learning signal from training (docs/otb.md, against verl): where the summed energy
-``sum_i mask_it W_it`` of a position is ~0 (near-deterministic prefixes), ``b_t`` is the plain mean of the active
-members' returns (the equal-weights limit) instead of collapsing to 0 through the 1e-8; and a group whose members all
-have the same return gets advantage exactly 0 (its optimal baseline is that return, whatever the weights).
+``token_positions``: what ``t`` indexes when a mask has holes (tool results): ``"valid"``, the t-th *generated* token
+of every member (verl's tool-use estimator), or ``"absolute"``, the column (its single-turn one). ``handle_zero_tail``
+zeroes the baseline of a group's unique longest member past the second-longest, where it would be compared with
+itself. Members without a score (NaN reward) or a valid token leave their group; a group of one has baseline 0. Where
+a position's summed energy is ~0, ``b_t`` is the plain mean of the active returns (not 0 through the 1e-8), and a
+group whose returns are all equal gets advantage exactly 0 (both against verl, docs/otb.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 from torch import Tensor
 
-from .common import Groups, as_groups, check_choice, check_positive, compute_dtype, named, names_of
+from .common import Groups, as_groups, compute_dtype
 
-__all__ = ["TOKEN_POSITIONS", "energy_from_log_probs", "logit_gradient_energy", "otb_advantages", "validate_otb"]
+__all__ = ["TOKEN_POSITIONS", "energy_from_log_probs", "logit_gradient_energy", "otb_advantages"]
 
 # Rows of logits upcast to float32 at a time: 256 x 152k vocabulary is ~155 MB per temporary.
 DEFAULT_ENERGY_CHUNK_SIZE = 256
@@ -52,11 +36,7 @@ MIN_SUMMED_ENERGY = 1e-6
 
 
 def _energy(log_p_y: Tensor, log_sum_sq: Tensor) -> Tensor:
-    """e = 1 - 2 p_y + sum_v p_v^2 from log p_y and log sum_v p_v^2 (same shape, same float dtype).
-
-    Mathematically ``||onehot(y) - p||^2 >= 0``; the subtraction can round a hair below 0 when
-    ``p_y ~ 1``, so clamp to keep the cumulative energy monotone.
-    """
+    """e = 1 - 2 p_y + sum_v p_v^2 from log p_y and log sum_v p_v^2; clamped at 0 (``p_y ~ 1`` can round below)."""
     return (1.0 - 2.0 * log_p_y.exp() + log_sum_sq.exp()).clamp_min(0.0)
 
 
@@ -67,17 +47,10 @@ def logit_gradient_energy(
     *,
     chunk_size: int = DEFAULT_ENERGY_CHUNK_SIZE,
 ) -> Tensor:
-    """Logit-gradient energy ``e = ||d log softmax(z)_y / dz||^2 = 1 - 2 p_y + sum_v p_v^2``.
-
-    Args:
-        logits: (..., V) raw logits of the rollout policy (any float dtype).
-        token_ids: (...) sampled token ids, in ``[0, V)``.
-        temperature: sampling temperature; ``z = logits / temperature``.
-        chunk_size: rows of ``logits`` upcast at a time, so at most a (chunk_size, V) float32 (float64
-            for float64 input) copy exists, never one of the full (N, V) logits.
-
-    Returns:
-        (...) energies, float32 (float64 for float64 logits), without gradient.
+    """Logit-gradient energy ``e = ||d log softmax(z)_y / dz||^2 = 1 - 2 p_y + sum_v p_v^2`` from (..., V) logits of
+    the rollout policy and (...) sampled ids, ``z = logits / temperature``; (...) energies, float32 (float64 for
+    float64 logits), without gradient. At most a (chunk_size, V) upcast copy of the logits exists at a time. The
+    trainer reads the energy from TRL's fused head instead (`energy_from_log_probs`); this is the tests' reference.
     """
     if logits.dim() < 1:
         raise ValueError("logits must have a vocabulary dimension (..., V)")
@@ -114,16 +87,8 @@ def logit_gradient_energy(
 
 
 def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> Tensor:
-    """The same energy from what TRL's fused LM head returns: ``1 - 2 exp(logp) + exp(lss)``.
-
-    Args:
-        per_token_logps: (B, T) log p(y_t) under the temperature-scaled policy (TRL ``log_probs``).
-        log_sum_sq_probs: (B, T) log sum_v p_v^2 of the same distribution (TRL ``log_sum_sq_probs``).
-
-    Returns:
-        (B, T) energies, float32 (float64 for float64 input), detached. TRL fills positions whose label
-        is -100 with 0 in both fields, which gives energy 0 there.
-    """
+    """The same energy, (B, T) and detached, from TRL's fused LM head: its ``log_probs`` and ``log_sum_sq_probs`` (both 0
+    where the label is -100, which gives energy 0 there)."""
     if per_token_logps.shape != log_sum_sq_probs.shape:
         raise ValueError(
             f"per_token_logps {tuple(per_token_logps.shape)} and log_sum_sq_probs "
@@ -133,20 +98,9 @@ def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> 
     return _energy(per_token_logps.detach().to(dtype), log_sum_sq_probs.detach().to(dtype))  # (B, T)
 
 
-def validate_otb(*, token_positions: str, epsilon: float = 1e-8, names: Mapping[str, str] | None = None) -> None:
-    """Raise unless `otb_advantages` can take these settings (`OTBConfig` checks its field with it; `names`: what the
-    caller calls each argument, see `common.named`)."""
-    (positions_name,) = names_of(names, "token_positions")
-    check_choice(positions_name, token_positions, TOKEN_POSITIONS)
-    check_positive(**named(names, epsilon=epsilon))
-
-
 def _valid_first_order(active: Tensor) -> Tensor:
-    """(B, T) per-row permutation that puts each row's valid positions first, in their order (a stable sort).
-
-    Gathering with it compacts the valid tokens to the left (position k = the k-th valid token); scattering with it
-    puts compacted values back in place.
-    """
+    """(B, T) per-row stable permutation putting each row's valid positions first: gathering with it compacts the
+    valid tokens to the left (column k = the k-th valid token), scattering with it puts them back."""
     return torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T)
 
 
@@ -162,34 +116,27 @@ def otb_advantages(
     epsilon: float = 1e-8,
     check_values: bool = False,
 ) -> Tensor:
-    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (module docstring and `docs/otb.md` for the equations).
+    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`).
 
     Args:
-        rewards: (B,) raw outcome rewards G_i (the weighted sum over reward sources, before any centring); NaN marks
-            an unscorable completion.
-        energy: (B, T) per-token energy e_t >= 0 (``energy_from_log_probs`` / ``logit_gradient_energy``).
-        mask: (B, T) loss mask (bool / int / float; nonzero = a generated token that is trained on; zero at padding
-            and at tool-result tokens).
-        groups: the group layout (`common.Groups`; the trainer's `Groups.contiguous(B, num_generations)` reads
-            nothing from the device), or (B,) integer group ids in any order (equal values = one prompt group).
-        handle_zero_tail: zero the baseline of a group's unique longest member past the second-longest valid-token
-            count (verl's ``handle_zero_tail``; verl defaults it to False single-turn, True for tool use).
-        token_positions: ``"valid"``: the baseline at position k compares the k-th valid token of every member
-            (verl's tool-use estimator); ``"absolute"``: the column index (verl's single-turn estimator). Identical
-            when no mask has holes.
+        rewards: (B,) raw outcome rewards G_i (weighted sum over reward sources, uncentred); NaN: unscorable.
+        energy: (B, T) per-token energy e_t >= 0 (`energy_from_log_probs`).
+        mask: (B, T) loss mask: nonzero at generated tokens trained on, zero at padding and tool results.
+        groups: the trainer's `common.Groups.contiguous(B, num_generations)` (reads nothing from the device), or (B,)
+            integer group ids in any order.
+        handle_zero_tail, token_positions: the module docstring (verl defaults the first to True for tool use only).
         importance_weights: optional (B, T) rollout importance weights w; energies become w^2 e.
         epsilon: added to the denominator of b_t (1e-8 as in the reference).
         check_values: also raise on +-inf rewards and on non-finite or negative energies at valid positions. Off by
-            default: reading values stalls a GPU, the trainer checks the rewards once per generation batch
+            default: reading values stalls a GPU; the trainer checks the rewards once per generation batch
             (`checks.check_finite_rewards`), and its energies are non-negative by construction.
 
     Returns:
         (B, T) advantages, detached, float32 (float64 if any input is float64); 0 at masked positions and on rows
-        with a NaN reward.
+        with a NaN reward. `token_positions` is checked once, by the estimator's config validation.
     """
     _check_inputs(rewards, energy, mask, importance_weights)
     groups = as_groups(groups, rewards.shape[0])
-    validate_otb(token_positions=token_positions, epsilon=epsilon)
 
     dtype = compute_dtype(rewards, energy, importance_weights)
     with torch.no_grad():
