@@ -92,7 +92,7 @@ def test_energy_input_errors():
     ids = torch.zeros(2, 3, dtype=torch.long)
     with pytest.raises(ValueError, match="temperature"):
         logit_gradient_energy(logits, ids, 0.0)
-    with pytest.raises(ValueError, match="match"):
+    with pytest.raises(ValueError, match=r"token_ids integer \(\.\.\.\)"):
         logit_gradient_energy(logits, ids[:, :2])
     with pytest.raises(ValueError, match=r"\[0, 5\)"):
         logit_gradient_energy(logits, torch.full((2, 3), -100))

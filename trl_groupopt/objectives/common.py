@@ -1,7 +1,5 @@
-"""Shared pieces of the pure objectives: the output type, the objective protocol, masked / group reductions.
-
-Everything here is plain torch: no TRL, no accelerate, no trainer state. Reductions never
-divide by zero: an empty mask (a row, a batch, a group with no valid token) reduces to 0.
+"""Shared pieces of the pure objectives (plain torch: no TRL, no trainer state): the output type and protocol, checks,
+masked and group reductions (an empty mask reduces to 0, never a division by zero), TRL's clipped surrogate.
 """
 
 from __future__ import annotations
@@ -17,27 +15,17 @@ from torch import Tensor
 
 @dataclass
 class ObjectiveOutput:
-    """What every objective returns.
-
-    Attributes:
-        per_token_loss: (B, T) per-token loss, or (B, 1) per-sequence loss, *before* the
-            completion mask and the `loss_type` aggregation are applied by the trainer.
-        metrics: name -> detached tensor: a 0-dim mean over masked tokens or sequences, or, for the clip
-            fractions `clip_ratio/low|high|region`, a per-token (B, T) / per-sequence (B, 1) 0/1 indicator that the
-            trainer reduces over all processes token-weighted, as TRL does.
-    """
+    """What every objective returns: ``per_token_loss`` (B, T), or (B, 1) per sequence, before the trainer's mask and
+    `loss_type` aggregation; ``metrics``: detached 0-dim means, or for `clip_ratio/low|high|region` (B, T) / (B, 1) 0/1
+    indicators that the trainer reduces over all processes token-weighted, as TRL does."""
 
     per_token_loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
 
 
 class ObjectiveFn(Protocol):
-    """The signature every policy objective in `trl_groupopt.objectives` has (hyper-parameters are keywords).
-
-    Shapes: `per_token_logps`, `old_per_token_logps`, `mask` (B, T); `advantages` (B,) or (B, T). The trainer binds
-    the method's hyper-parameters from its config (e.g. `functools.partial(ctpo_loss, epsilon_low=...)`) and calls
-    the result from `GroupOptTrainer.objective`; group-coupled objectives also take the group layout (`Groups`).
-    """
+    """Every policy objective's signature: (B, T) log-probs, old log-probs and mask, (B,) or (B, T) advantages,
+    keyword hyper-parameters bound from the config by the trainer (group-coupled ones also take a `Groups`)."""
 
     def __call__(
         self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor, /, **kwargs
@@ -87,27 +75,20 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}.")
 
 
-def check_token_shapes(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> None:
-    """Shape checks shared by every objective: logps, old logps and mask all (B, T)."""
-    if per_token_logps.dim() != 2:
-        raise ValueError(f"per_token_logps must be (B, T), got shape {tuple(per_token_logps.shape)}")
+def check_token_inputs(
+    per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor, advantages: Tensor | None = None
+) -> None:
+    """Shape checks shared by the objectives: log-probs, old log-probs and mask (B, T); advantages (B,) or (B, T)."""
     shape = per_token_logps.shape
-    if old_per_token_logps.shape != shape:
+    if per_token_logps.dim() != 2 or old_per_token_logps.shape != shape or mask.shape != shape:
         raise ValueError(
-            f"old_per_token_logps {tuple(old_per_token_logps.shape)} must match per_token_logps {tuple(shape)}"
+            f"per_token_logps, old_per_token_logps and mask must be one (B, T) shape, got {tuple(shape)}, "
+            f"{tuple(old_per_token_logps.shape)}, {tuple(mask.shape)}"
         )
-    if mask.shape != shape:
-        raise ValueError(f"mask {tuple(mask.shape)} must match per_token_logps {tuple(shape)}")
-
-
-def check_token_inputs(per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor) -> None:
-    """`check_token_shapes` plus the token-level objectives' advantages: (B,) or (B, T)."""
-    check_token_shapes(per_token_logps, old_per_token_logps, mask)
-    shape = per_token_logps.shape
-    if advantages.dim() not in (1, 2) or advantages.shape[0] != shape[0]:
-        raise ValueError(f"advantages must be (B,) or (B, T) with B={shape[0]}, got {tuple(advantages.shape)}")
-    if advantages.dim() == 2 and advantages.shape != shape:
-        raise ValueError(f"(B, T) advantages {tuple(advantages.shape)} must match per_token_logps {tuple(shape)}")
+    if advantages is not None and (advantages.dim() not in (1, 2) or advantages.shape != shape[: advantages.dim()]):
+        raise ValueError(
+            f"advantages must be (B,) or (B, T) with (B, T) = {tuple(shape)}, got {tuple(advantages.shape)}"
+        )
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:

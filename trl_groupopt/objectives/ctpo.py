@@ -1,9 +1,9 @@
 r"""CTPO: cumulative token importance ratio with position-scaled log-space clipping.
 
-Zhang, Ye, Jin, Yu, Xiong, Sahu, Jiang, "Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative
-Token Perspective", arXiv:2605.07331. The formula is the authors' length-adaptive policy loss
-(``_compute_policy_loss_cum_token_la_impl`` in github.com/horizon-llm/CTPO, ``verl/trainer/ppo/core_algos.py``);
-defaults from their ``ctpo.sh``. With ``mask`` the loss mask (0 on padding and tool tokens):
+Zhang et al., "Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token Perspective",
+arXiv:2605.07331: the authors' length-adaptive policy loss (``_compute_policy_loss_cum_token_la_impl`` in
+github.com/horizon-llm/CTPO, ``verl/trainer/ppo/core_algos.py``), defaults from their ``ctpo.sh``. ``mask`` is the loss
+mask (0 on padding and tool tokens)::
 
     l_t      = clamp(logp_t - old_logp_t, -20, 20) * mask_t
     t        = cumsum(mask)                      1-based count of valid tokens
@@ -138,29 +138,25 @@ def ctpo_loss(
     position_power: float,
     ratio_mode: str = "cumprod",
 ) -> ObjectiveOutput:
-    """CTPO per-token loss; equations in the module docstring, derivations in docs/ctpo.md. The hyper-parameters are
-    not re-checked per call: `validate_ctpo` states the rules (`CTPOConfig` runs it once).
+    """CTPO per-token loss (the module docstring; derivations in docs/ctpo.md). `validate_ctpo` states the rules of
+    the hyper-parameters (`CTPOConfig` runs it once).
 
     Args:
-        per_token_logps: (B, T) log pi_theta of the sampled tokens (with gradient).
-        old_per_token_logps: (B, T) log pi_old (behaviour policy), treated as constant.
-        advantages: (B,) or (B, T) advantages A.
-        mask: (B, T) 0/1 mask of the tokens the policy generated (tool tokens 0).
-        epsilon_low, epsilon_high: log-space clip bases, window ``[-eps_low s_t, eps_high s_t]``.
-        dual_clip: log-space dual-clip base, threshold ``exp(dual_clip s_t)`` for A < 0.
-        position_power: p in ``s_t = max(t, 1) ** p`` (0.5: sqrt(t); 0: constant window). Must be >= 0
-            for "cumprod"; any finite value for "geomean" (the authors recommend -0.5, `DEFAULT_POSITION_POWER`).
-        ratio_mode: "cumprod" (prefix ratio, ``L_t`` the cumulative log-ratio) or "geomean" (its
-            geometric mean, ``L_t / t``).
+        per_token_logps, old_per_token_logps, mask: (B, T) current and behaviour log-probs (the latter constant),
+            0/1 mask of the generated tokens (tool tokens 0).
+        advantages: (B,) or (B, T).
+        epsilon_low, epsilon_high, dual_clip: log-space clip bases: window ``[-eps_low s_t, eps_high s_t]``, dual-clip
+            threshold ``exp(dual_clip s_t)`` for A < 0.
+        position_power, ratio_mode: p in ``s_t = max(t, 1) ** p``; "cumprod" (``L_t`` the prefix log-ratio) or
+            "geomean" (``L_t / t``), with the authors' p of 0.5 and -0.5 (`DEFAULT_POSITION_POWER`).
 
     Returns:
-        ObjectiveOutput with per_token_loss (B, T) (0 where mask is 0) and metrics
-        "clip_ratio/low|high|region" (log_rho beyond its bound with A < 0 / A > 0),
-        "ctpo/dual_clip" (fraction of valid tokens where the dual clip binds), and
-        "ctpo/abs_cum_log_ratio/t<=16|t<=256|t>256": mean |L_t| over valid tokens with
-        t in (0, 16], (16, 256], (256, inf) (disjoint buckets; NaN when a bucket is empty).
+        ObjectiveOutput: per_token_loss (B, T) (0 where mask is 0); metrics "clip_ratio/low|high|region" (log_rho
+        beyond its bound with A < 0 / A > 0), "ctpo/dual_clip" (fraction of valid tokens where it binds), and
+        "ctpo/abs_cum_log_ratio/t<=16|t<=256|t>256" (mean |L_t| over valid tokens in disjoint position buckets;
+        NaN when empty).
     """
-    check_token_inputs(per_token_logps, old_per_token_logps, advantages, mask)
+    check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
 
     dtype = compute_dtype(per_token_logps)
     valid = mask.bool()  # (B, T)

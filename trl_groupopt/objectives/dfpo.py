@@ -32,7 +32,7 @@ from .common import (
     as_groups,
     check_choice,
     check_positive,
-    check_token_shapes,
+    check_token_inputs,
     compute_dtype,
     log_importance_weights,
     masked_mean,
@@ -338,7 +338,7 @@ def dfpo_loss(
         float32 for half / bf16 inputs); ``clip_ratio/low|high|region`` (B, 1) indicators with TRL's semantics; and
         `weights`, from which `dfpo_diagnostics` computes the logged diagnostics.
     """
-    check_token_shapes(per_token_logps, old_per_token_logps, mask)
+    check_token_inputs(per_token_logps, old_per_token_logps, mask)
     batch, length = per_token_logps.shape
     groups = as_groups(groups, batch)
 

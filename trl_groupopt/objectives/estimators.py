@@ -1,27 +1,21 @@
 """Advantage estimators: which advantages the policy objective receives, chosen by a config's `advantage_estimator`.
 
-The four papers change two orthogonal things: OTB (arXiv:2602.07078) changes the *advantages*, ECHO, CTPO, DFPO and
-GRPO-fix change the *policy objective*. A trainer picks its objective; its config picks the estimator, from
-:data:`ESTIMATORS`, so every objective runs with every estimator whose advantages it can take (as verl picks
-`algorithm.adv_estimator` and `actor.policy_loss.loss_mode` independently).
+OTB (arXiv:2602.07078) changes the *advantages*; ECHO, CTPO, DFPO and GRPO-fix change the *policy objective*. A
+trainer picks its objective, its config the estimator from :data:`ESTIMATORS` (as verl picks `adv_estimator` and
+`loss_mode` independently). An estimator is a pure function ``estimate(inputs: EstimatorInputs, **knobs) ->
+EstimatorOutput`` plus what it needs from the trainer, declared once (the trainer provides exactly that):
 
-An estimator is one pure function ``estimate(inputs: EstimatorInputs, **knobs) -> EstimatorOutput`` plus what it needs
-from the trainer, declared once here (the trainer provides exactly that, and nothing else):
+- ``needs_raw_rewards``: the weighted, un-normalised rewards (``inputs.rewards``);
+- ``needs_whole_groups``: micro-batches of whole groups, consecutive runs of ``inputs.group_size`` rows (the
+  trainer's ``num_generations``): group reductions are ``view(K, G)`` and read nothing from the device;
+- ``needs_energy``: the rollout policy's logit-gradient energy (``inputs.energy``, from the trainer's fused LM head,
+  ``trl_groupopt/trainers/energy.py``); no other estimator pays for it;
+- ``knobs``: the config fields it reads (keywords; ``validate`` checks them at config time);
+- ``per_token``: (B, T) advantages (objectives on sequence advantages, as DFPO's transforms, refuse them);
+- ``trl_advantages``: TRL's own advantages, so TRL's surrogate-replacing loss types (cispo, sapo, vespo) may run.
 
-- ``needs_raw_rewards``: the batch carries the weighted, un-normalised rewards (``inputs.rewards``);
-- ``needs_whole_groups``: every micro-batch holds whole groups: consecutive runs of ``inputs.group_size`` rows (the
-  trainer's ``num_generations``), so group reductions are ``view(K, G)`` and read nothing from the device;
-- ``needs_energy``: the logit-gradient energy of the rollout policy (``inputs.energy``), which the trainer then reads
-  from its fused LM head (``trl_groupopt/trainers/energy.py``); no other estimator pays for it;
-- ``knobs``: the config fields it reads (passed as keywords; ``validate`` checks them at config time);
-- ``per_token``: its advantages are (B, T), not one per sequence (objectives defined on sequence advantages, such as
-  DFPO's in-group transforms, refuse it);
-- ``trl_advantages``: it returns TRL's own advantages, so TRL's surrogate-replacing loss types (cispo, sapo, vespo),
-  which compute their loss from those, may run.
-
-Shipped: ``"grpo"`` (TRL's group-normalised advantages, as `GRPOTrainer` computes them; the default) and ``"otb"``
-(the optimal token baseline, `trl_groupopt.objectives.otb`). A third, e.g. RLOO's leave-one-out mean, is one
-:func:`register_estimator` call.
+Shipped: ``"grpo"`` (TRL's group-normalised advantages; the default) and ``"otb"``. A third, e.g. RLOO's
+leave-one-out mean, is one :func:`register_estimator` call.
 """
 
 from __future__ import annotations
@@ -143,13 +137,10 @@ def _trl_advantages(inputs: EstimatorInputs) -> EstimatorOutput:
 def otb_metrics(
     rewards: Tensor, energy: Tensor, advantages: Tensor, mask: Tensor, groups: Groups | Tensor
 ) -> tuple[dict[str, Tensor], Tensor]:
-    """OTB's per-token metrics and the mask to average them over (scored, valid tokens).
-
-    `otb/grad_second_moment` is the variance proxy E[A^2 ||grad log p||^2] (token gradient's second moment, with the
-    energy as ||grad log p||^2) and `otb/grad_second_moment_group_mean_baseline` the same with the group-mean
-    baseline's advantages G_i - mean_group(G) on the same tokens: the mechanism shows as the first below the second.
-    Values are zero where the mask is 0, so padding's non-finite values never reach a sum.
-    """
+    """OTB's per-token metrics and the mask to average them over (scored, valid tokens; values there only, so padding's
+    non-finite values never reach a sum). `otb/grad_second_moment` is E[A^2 ||grad log p||^2] (energy as the squared
+    norm), `otb/grad_second_moment_group_mean_baseline` the same with the group-mean baseline's advantages: the
+    mechanism shows as the first below the second."""
     valid = (mask != 0) & (~torch.isnan(rewards)).unsqueeze(1)  # (B, T)
     returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
     baseline = returns - advantages  # (B, T) b_t where valid

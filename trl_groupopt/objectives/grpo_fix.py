@@ -13,7 +13,7 @@ from .common import (
     ObjectiveOutput,
     as_token_advantages,
     check_positive,
-    check_token_shapes,
+    check_token_inputs,
     compute_dtype,
     masked_sum,
     named,
@@ -38,29 +38,18 @@ def symmetric_clip_loss(
     epsilon_high: float,
     importance_weights: Tensor | None = None,
 ) -> ObjectiveOutput:
-    """GRPO-fix: token-level ``-A * clip(r, 0, 1 + eps_high)`` for both advantage signs (Eq. 79-80).
+    """GRPO-fix: token-level ``-A * clip(r, 0, 1 + eps_high)`` for both advantage signs (Eq. 79-80): the clip alone,
+    not PPO's ``min(rA, clip(r) A)`` (App. H.3), so a token with ``r > 1 + eps`` gets no gradient whatever the sign of
+    ``A``; Eq. 80's ``1/G sum_i sum_t`` is the trainer's ``loss_type``; no lower clip (Eq. 79's 0 never binds).
 
-    Eq. (80) is the clip alone, not PPO's ``min(rA, clip(r) A)`` (App. H.3), so a token with ``r > 1 + eps`` gets
-    no gradient whatever the sign of ``A``. The ``1/G sum_i sum_t`` of Eq. 80 is the trainer's ``loss_type``.
-
-    Args:
-        per_token_logps: (B, T) current log-probs of the sampled tokens.
-        old_per_token_logps: (B, T) behaviour log-probs (treated as constant).
-        advantages: (B,), (B, 1) or (B, T).
-        mask: (B, T) completion mask.
-        epsilon_high: upper clip ``1 + eps_high`` (`validate_grpo_fix`). There is no lower clip (Eq. 79's 0 never
-            binds).
-        importance_weights: the trainer's per-token loss weights (TRL's vLLM IS weights, off-policy and entropy
-            masks), (B, 1) or (B, T), multiplied after the clip exactly as TRL does (the caller must not multiply
-            them again); None when all are off.
-
-    Returns:
-        ObjectiveOutput with per_token_loss (B, T) (before masking). Metrics: ``clip_ratio/high`` = (B, T)
-        indicator of ``r > 1 + eps_high`` with ``A > 0`` (TRL's semantics), ``clip_ratio/low`` = 0 (no lower
-        bound), ``clip_ratio/region`` = either; ``dfpo/sym_clip_ratio`` = fraction of valid tokens with
-        ``r > 1 + eps_high`` for any sign (every token whose gradient the symmetric clip removes).
+    ``per_token_logps``, ``old_per_token_logps`` (constant), ``mask``: (B, T); ``advantages``: (B,), (B, 1) or (B, T);
+    ``importance_weights``: TRL's per-token loss weights, (B, 1) or (B, T) or None, multiplied after the clip as TRL
+    does (not again by the caller). Returns per_token_loss (B, T) before masking; metrics ``clip_ratio/high`` (B, T)
+    ``r > 1 + eps_high`` with ``A > 0`` (TRL's semantics), ``clip_ratio/low`` 0, ``clip_ratio/region`` either, and
+    ``dfpo/sym_clip_ratio``: the fraction of valid tokens with ``r > 1 + eps_high`` for any sign (every token whose
+    gradient the clip removes).
     """
-    check_token_shapes(per_token_logps, old_per_token_logps, mask)
+    check_token_inputs(per_token_logps, old_per_token_logps, mask)
     batch, length = per_token_logps.shape
     adv = as_token_advantages(advantages)  # (B, 1) or (B, T)
     if adv.shape[0] != batch or adv.shape[1] not in (1, length):

@@ -52,20 +52,13 @@ def logit_gradient_energy(
     float64 logits), without gradient. At most a (chunk_size, V) upcast copy of the logits exists at a time. The
     trainer reads the energy from TRL's fused head instead (`energy_from_log_probs`); this is the tests' reference.
     """
-    if logits.dim() < 1:
-        raise ValueError("logits must have a vocabulary dimension (..., V)")
-    if not logits.is_floating_point():
-        raise ValueError(f"logits must be floating point, got {logits.dtype}")
-    if token_ids.shape != logits.shape[:-1]:
+    if not logits.is_floating_point() or token_ids.shape != logits.shape[:-1] or token_ids.is_floating_point():
         raise ValueError(
-            f"token_ids {tuple(token_ids.shape)} must match logits {tuple(logits.shape)} without the last dim"
+            f"logits must be float (..., V) and token_ids integer (...): got {logits.dtype} {tuple(logits.shape)}, "
+            f"{token_ids.dtype} {tuple(token_ids.shape)}"
         )
-    if token_ids.is_floating_point() or token_ids.dtype == torch.bool:
-        raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if not temperature > 0 or chunk_size < 1:
+        raise ValueError(f"temperature must be > 0 and chunk_size >= 1, got {temperature}, {chunk_size}")
     vocab = logits.shape[-1]
     if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab):
         raise ValueError(f"token_ids must lie in [0, {vocab}) (mask ignored positions with a valid id)")
