@@ -181,7 +181,8 @@ def test_all_equal_rewards_contribute_nothing_on_the_embedded_policy(tmp_path):
          r"dfpo_orthogonal_over='unclipped' needs .* not dfpo_transform='min_replace' .* Use "
          r"dfpo_transform='orth_proj' or 'orth_proj_qp', or dfpo_orthogonal_over='all'"),
         ({"dfpo_transform": "none", "dfpo_orthogonal_over": "unclipped"}, r"not dfpo_transform='none'"),
-        ({"dfpo_transform": "symmetric_clip", "dfpo_orthogonal_over": "unclipped"}, r"not dfpo_transform='symmetric_clip'"),
+        ({"dfpo_transform": "symmetric_clip", "dfpo_orthogonal_over": "unclipped"},
+         r"dfpo_orthogonal_over='unclipped' needs one of DFPO's in-group transforms, not GRPO-fix .*leave it 'all'"),
         ({"dfpo_orthogonal_over": "clipped"}, r"dfpo_orthogonal_over must be one of \('all', 'unclipped'\)"),
     ],
 )  # fmt: skip

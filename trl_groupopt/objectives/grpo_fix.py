@@ -17,16 +17,26 @@ from .common import (
     compute_dtype,
     masked_sum,
     named,
+    names_of,
     nan_if_empty,
 )
 
 __all__ = ["symmetric_clip_loss", "validate_grpo_fix"]
 
 
-def validate_grpo_fix(*, epsilon_high: float, names: Mapping[str, str] | None = None) -> None:
-    """Raise unless the upper clip ``1 + epsilon_high`` has a finite width > 0 (`DFPOConfig` runs it once for
-    GRPO-fix; `names`: what the caller calls the argument, see `common.named`)."""
+def validate_grpo_fix(
+    *, epsilon_high: float, orthogonal_over: str = "all", names: Mapping[str, str] | None = None
+) -> None:
+    """Raise unless the upper clip ``1 + epsilon_high`` has a finite width > 0, and ``orthogonal_over`` is left at
+    ``"all"``: GRPO-fix clips each token on its own, with no in-group constraint to restrict (`DFPOConfig` runs it
+    once; `names`: see `common.named`)."""
     check_positive(**named(names, epsilon_high=epsilon_high), finite=True)
+    if orthogonal_over != "all":
+        (over_name,) = names_of(names, "orthogonal_over")
+        raise ValueError(
+            f"{over_name}={orthogonal_over!r} needs one of DFPO's in-group transforms, not GRPO-fix "
+            "(dfpo_transform='symmetric_clip', which clips each token on its own): leave it 'all'."
+        )
 
 
 def symmetric_clip_loss(

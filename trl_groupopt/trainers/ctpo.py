@@ -1,9 +1,5 @@
-"""CTPO: cumulative token importance ratio with position-adaptive log-space clipping.
-
-The paper and registry entry: `trl_groupopt/methods/ctpo.py`. The loss is the authors' `cum-token-cumprod-la` /
-`cum-token-geomean-la` (github.com/horizon-llm/CTPO); equations in `trl_groupopt.objectives.ctpo`, derivations in
-docs/ctpo.md.
-"""
+"""CTPO (cumulative token ratio, position-adaptive log-space clip): config and trainer. Paper and registry entry:
+`trl_groupopt/methods/ctpo.py`; equations: `trl_groupopt.objectives.ctpo`; derivations: docs/ctpo.md."""
 
 from __future__ import annotations
 
@@ -28,41 +24,18 @@ PREFIX = "ctpo_"
 @dataclass(repr=False)
 class CTPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     r"""
-    Configuration class for [`CTPOTrainer`].
-
-    Inherits every parameter of [`trl.GRPOConfig`]. The defaults below are the authors' (`ctpo.sh` in
-    github.com/horizon-llm/CTPO): `epsilon` and `epsilon_high` are *log-space* bounds per unit of `t**p`, i.e. the
-    cumulative log ratio at valid position `t` is clipped to `[-epsilon * t**p, epsilon_high * t**p]`.
+    Configuration class for [`CTPOTrainer`]: every parameter of [`trl.GRPOConfig`], CTPO's own fields (each with its
+    `help`), and the authors' defaults (`ctpo.sh` in github.com/horizon-llm/CTPO): `epsilon` / `epsilon_high` are
+    *log-space* bounds per unit of `t**p` (the cumulative log ratio at valid position `t` is clipped to
+    `[-epsilon * t**p, epsilon_high * t**p]`), `ctpo_dual_clip` caps the loss of a token with `A < 0` at
+    `-A * exp(ctpo_dual_clip * t**p)`, `ctpo_position_power` defaults to the mode's recommendation (`0.5` for
+    `"cumprod"`, `-0.5` for `"geomean"`), the vLLM correction is sequence-level truncated IS capped at 5, `loss_type`
+    is token-mean, `beta` is 0.
 
     Schedule. CTPO's clips only act off-policy (on-policy it is token-level GRPO). When none of
     `steps_per_generation`, `generation_batch_size` and `num_iterations` is set, CTPOConfig uses the authors' 16
     optimizer steps per rollout (512 prompts per rollout, mini-batches of 32; `OffPolicyScheduleMixin`). Set any of
     the three to choose another schedule; an on-policy one makes the trainer warn.
-
-    Parameters:
-        epsilon (`float`, *optional*, defaults to `0.025`):
-            Lower log-space clip bound per unit of `t**p`.
-        epsilon_high (`float`, *optional*, defaults to `0.05`):
-            Upper log-space clip bound per unit of `t**p`.
-        ctpo_dual_clip (`float`, *optional*, defaults to `0.05`):
-            Dual-clip bound for negative advantages: the loss of a token with `A < 0` is capped at
-            `-A * exp(ctpo_dual_clip * t**p)`.
-        ctpo_ratio_mode (`str`, *optional*, defaults to `"cumprod"`):
-            `"cumprod"`: the prefix ratio `prod_{j<=t} r_j` (the authors' `cum-token-cumprod-la`); `"geomean"`: its
-            geometric mean `exp(L_t / t)` (`cum-token-geomean-la`).
-        ctpo_position_power (`float`, *optional*):
-            `p` in the position scaling `t**p`. Defaults to the authors' recommendation for the mode: `0.5` (sqrt(t))
-            for `"cumprod"`, `-0.5` for `"geomean"`. Must be >= 0 for `"cumprod"` (0: constant window).
-        vllm_importance_sampling_mode (`str`, *optional*, defaults to `"sequence_truncate"`):
-            TRL's vLLM correction, with the authors' rollout correction as default: sequence-level truncated IS.
-        vllm_importance_sampling_clip_max (`float`, *optional*, defaults to `5.0`):
-            The authors' truncation cap (TRL's default is 3.0).
-        num_iterations (`int`, *optional*):
-            TRL's `num_iterations`; unset means 1 (and, with `steps_per_generation` unset, the schedule above).
-        loss_type (`str`, *optional*, defaults to `"dapo"`):
-            Token-mean aggregation, as the authors.
-        beta (`float`, *optional*, defaults to `0.0`):
-            No KL term, as the authors.
     """
 
     #: The authors' schedule (ctpo.sh): a 512-prompt rollout trained in mini-batches of 32 prompts.
