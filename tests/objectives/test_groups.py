@@ -14,10 +14,10 @@ def test_reductions_over_sparse_unordered_ids():
     values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 9.0])
     groups = Groups.from_ids(ids)
     assert groups.num_groups == 3 and groups.max_size == 3 and groups.size is None
-    assert groups.sum(values).tolist() == [12.0, 12.0, 12.0, 12.0, 12.0, 6.0, 12.0]
-    assert groups.max(values).tolist() == [9.0, 9.0, 5.0, 5.0, 5.0, 6.0, 9.0]
-    assert groups.min(values).tolist() == [1.0, 1.0, 3.0, 3.0, 3.0, 6.0, 1.0]
-    assert groups.mean(values).tolist() == pytest.approx([4.0, 4.0, 4.0, 4.0, 4.0, 6.0, 4.0])
+    assert groups.rows(values, "sum").tolist() == [12.0, 12.0, 12.0, 12.0, 12.0, 6.0, 12.0]
+    assert groups.rows(values, "amax").tolist() == [9.0, 9.0, 5.0, 5.0, 5.0, 6.0, 9.0]
+    assert groups.rows(values, "amin").tolist() == [1.0, 1.0, 3.0, 3.0, 3.0, 6.0, 1.0]
+    assert groups.rows(values, "mean").tolist() == pytest.approx([4.0, 4.0, 4.0, 4.0, 4.0, 6.0, 4.0])
     # the padded (K, G_max) view: groups in sorted-id order, members in batch order, padding filled
     assert groups.dense(values, fill=-1.0).tolist() == [[3.0, 4.0, 5.0], [1.0, 2.0, 9.0], [6.0, -1.0, -1.0]]
 
@@ -33,7 +33,7 @@ def test_contiguous_layout_matches_ids(trailing):
         torch.testing.assert_close(
             contiguous.reduce(values, reduce), by_ids.reduce(values, reduce), rtol=0, atol=1e-15
         )
-    torch.testing.assert_close(contiguous.sum(values), by_ids.sum(values), rtol=0, atol=1e-15)
+    torch.testing.assert_close(contiguous.rows(values, "sum"), by_ids.rows(values, "sum"), rtol=0, atol=1e-15)
     if not trailing:
         assert torch.equal(contiguous.dense(values), by_ids.dense(values))
 

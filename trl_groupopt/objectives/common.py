@@ -118,14 +118,10 @@ def as_token_advantages(advantages: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class Groups:
     """The group layout of a (micro-)batch, built once from what the caller knows, so that no reduction reads the
-    device: every group reduction has its number of groups ``K`` (and, for the padded view, the largest group size) on
-    the host.
-
-    - `Groups.contiguous(B, G)`: the trainer's layout, consecutive runs of ``G`` rows (TRL's sampler yields a prompt's
-      ``num_generations`` completions in a row, and micro-batches hold whole groups). Reductions are ``view(K, G)``;
-      nothing is read from the device.
-    - `Groups.from_ids(group_ids)`: arbitrary integer ids, in any order (tests, callers with interleaved groups).
-      It sorts the ids and reads ``K`` and the largest size: one host sync on a GPU, here and never again.
+    device (``K``, and the largest group for the padded view, are host ints). `Groups.contiguous(B, G)`: the
+    trainer's layout, consecutive runs of ``G`` rows (TRL's sampler order; micro-batches hold whole groups), reduced as
+    ``view(K, G)``. `Groups.from_ids(group_ids)`: arbitrary integer ids in any order (tests, interleaved callers); it
+    sorts them and reads ``K``: one host sync on a GPU, here and never again.
     """
 
     index: Tensor  # (B,) int64 dense group of each row, 0..K-1 (groups in sorted-id order)
@@ -145,10 +141,15 @@ class Groups:
     @classmethod
     def from_ids(cls, group_ids: Tensor) -> Groups:
         """Groups named by arbitrary integer ids (B,). Reads the group count on the host (a sync on a GPU)."""
-        if group_ids.dim() != 1:
-            raise ValueError(f"group_ids must be (B,), got shape {tuple(group_ids.shape)}")
-        if group_ids.is_floating_point() or group_ids.is_complex() or group_ids.dtype == torch.bool:
-            raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
+        if (
+            group_ids.dim() != 1
+            or group_ids.is_floating_point()
+            or group_ids.is_complex()
+            or group_ids.dtype == torch.bool
+        ):
+            raise ValueError(
+                f"group_ids must be a (B,) integer tensor, got {group_ids.dtype} {tuple(group_ids.shape)}"
+            )
         _, index, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)  # (B,), (K,)
         order = torch.argsort(index, stable=True)  # (B,) rows grouped by group, in batch order
         starts = torch.cumsum(counts, 0) - counts  # (K,) first sorted position of each group
@@ -180,21 +181,9 @@ class Groups:
             return per_group.unsqueeze(1).expand(self.num_groups, self.size, *rest).reshape(self.batch, *rest)
         return per_group[self.index]
 
-    def sum(self, values: Tensor) -> Tensor:
-        """(B, ...) sum over each row's group."""
-        return self.broadcast(self.reduce(values, "sum"))
-
-    def mean(self, values: Tensor) -> Tensor:
-        """(B, ...) mean over each row's group."""
-        return self.broadcast(self.reduce(values, "mean"))
-
-    def min(self, values: Tensor) -> Tensor:
-        """(B, ...) minimum over each row's group."""
-        return self.broadcast(self.reduce(values, "amin"))
-
-    def max(self, values: Tensor) -> Tensor:
-        """(B, ...) maximum over each row's group."""
-        return self.broadcast(self.reduce(values, "amax"))
+    def rows(self, values: Tensor, reduce: str) -> Tensor:
+        """(B, ...) `reduce` over each row's group, broadcast back to the rows."""
+        return self.broadcast(self.reduce(values, reduce))
 
     def dense(self, values: Tensor, fill: float = 0.0) -> Tensor:
         """(B,) -> (K, G_max): row b at ``[index[b], slot[b]]``, unused slots ``fill``."""

@@ -105,10 +105,10 @@ def _orth_proj(s_bar: Tensor, adv: Tensor, groups: Groups, floor: float) -> Tens
 
     s_plus = s_bar.clamp_min(floor)  # (B,) Eq. 52
     is_pos, is_neg = adv > 0, adv < 0  # (B,) P and N
-    has_pos = groups.sum(is_pos.to(s_bar.dtype)) > 0  # (B,) group has a member in P
-    has_neg = groups.sum(is_neg.to(s_bar.dtype)) > 0  # (B,)
-    mass_pos = groups.sum(torch.where(is_pos, adv * s_plus, zero))  # (B,) sum_P A s+
-    mass_neg = groups.sum(torch.where(is_neg, -adv * s_plus, zero))  # (B,) sum_N -A s+
+    has_pos = groups.rows(is_pos.to(s_bar.dtype), "sum") > 0  # (B,) group has a member in P
+    has_neg = groups.rows(is_neg.to(s_bar.dtype), "sum") > 0  # (B,)
+    mass_pos = groups.rows(torch.where(is_pos, adv * s_plus, zero), "sum")  # (B,) sum_P A s+
+    mass_neg = groups.rows(torch.where(is_neg, -adv * s_plus, zero), "sum")  # (B,) sum_N -A s+
     delta = mass_pos - mass_neg  # (B,) Eq. 53
 
     # Eq. 55 (beta's sign corrected). delta > 0 implies mass_pos > 0, delta < 0 mass_neg > 0;
@@ -121,8 +121,8 @@ def _orth_proj(s_bar: Tensor, adv: Tensor, groups: Groups, floor: float) -> Tens
 
     # Floor guard (mixed-sign groups only): if the shrunk side would dip below the floor, shrink it
     # only until its smallest member reaches the floor and scale the other side up to rebalance.
-    min_pos = groups.min(torch.where(is_pos, s_plus, inf))  # (B,) inf if P empty
-    min_neg = groups.min(torch.where(is_neg, s_plus, inf))  # (B,)
+    min_pos = groups.rows(torch.where(is_pos, s_plus, inf), "amin")  # (B,) inf if P empty
+    min_neg = groups.rows(torch.where(is_neg, s_plus, inf), "amin")  # (B,)
     mixed = has_pos & has_neg  # (B,)
     guard_pos = mixed & (delta > 0) & (alpha * min_pos < floor)  # (B,)
     guard_neg = mixed & (delta < 0) & (beta * min_neg < floor)  # (B,)
@@ -230,7 +230,7 @@ def group_transform(
     members = torch.ones_like(s, dtype=torch.bool) if members is None else members.to(s.device)
     adv = torch.where(members, advantages.detach().to(dtype), torch.zeros_like(s))  # (B,) non-members: no constraint
     if method == "min_replace":
-        group_minimum = groups.min(torch.where(members, s, torch.full_like(s, float("inf"))))  # (B,) Eq. 50
+        group_minimum = groups.rows(torch.where(members, s, torch.full_like(s, float("inf"))), "amin")  # (B,) Eq. 50
         out = torch.where(both_signs(adv, groups) | (adv == 0), group_minimum, torch.zeros_like(s))
     elif method == "orth_proj":
         out = _orth_proj(s, adv, groups, float(orth_floor))  # (B,) Eq. 52-55

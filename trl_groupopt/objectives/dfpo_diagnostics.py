@@ -61,7 +61,7 @@ def _mean_group_variance(values: Tensor, groups: Groups) -> Tensor:
     if groups.num_groups == 0:
         return values.new_full((), float("nan"))
     values = values.double()
-    centred = values - groups.mean(values)  # (B,)
+    centred = values - groups.rows(values, "mean")  # (B,)
     variance = groups.reduce(centred * centred, "mean")  # (K,)
     return variance.mean().clamp(max=torch.finfo(torch.float32).max)
 

@@ -145,7 +145,7 @@ def otb_metrics(
     returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
     baseline = returns - advantages  # (B, T) b_t where valid
     groups = as_groups(groups, rewards.shape[0])
-    group_adv = returns - groups.mean(returns)  # (B, 1)
+    group_adv = returns - groups.rows(returns, "mean")  # (B, 1)
     per_token = {
         "otb/energy_mean": energy,
         "otb/baseline_mean": baseline,

@@ -163,17 +163,12 @@ def otb_advantages(
 
 
 def _check_inputs(rewards: Tensor, energy: Tensor, mask: Tensor, importance_weights: Tensor | None) -> None:
-    """Shapes and dtypes of `otb_advantages`' tensors."""
-    if rewards.dim() != 1:
-        raise ValueError(f"rewards must be (B,), got shape {tuple(rewards.shape)}")
-    batch = rewards.shape[0]
-    if energy.dim() != 2 or energy.shape[0] != batch:
-        raise ValueError(f"energy must be (B, T) with B={batch}, got shape {tuple(energy.shape)}")
-    if mask.shape != energy.shape:
-        raise ValueError(f"mask {tuple(mask.shape)} and energy {tuple(energy.shape)} differ")
-    if importance_weights is not None and importance_weights.shape != energy.shape:
+    """Shapes of `otb_advantages`' tensors: rewards (B,), energy, mask and importance weights one (B, T) shape."""
+    shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]
+    if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
         raise ValueError(
-            f"importance_weights {tuple(importance_weights.shape)} and energy {tuple(energy.shape)} differ"
+            f"rewards must be (B,) and energy, mask, importance_weights one (B, T) shape, got {tuple(rewards.shape)}, "
+            f"{shapes}"
         )
 
 
@@ -215,15 +210,15 @@ def _token_baseline(
     plain = per_group(torch.where(active, returns.unsqueeze(-1), torch.zeros_like(weight))) / count.clamp_min(1.0)
     baseline = groups.broadcast(torch.where(denom > MIN_SUMMED_ENERGY, weighted, plain))  # (B, T)
     # A group of one member has nothing to compare with: baseline 0 (verl: N == 1)
-    n_members = groups.sum(member.to(torch.int64))  # (B,)
+    n_members = groups.rows(member.to(torch.int64), "sum")  # (B,)
     return torch.where(n_members.unsqueeze(-1) > 1, baseline, torch.zeros_like(baseline))  # (B, T)
 
 
 def _constant_group(returns: Tensor, member: Tensor, groups: Groups) -> Tensor:
     """(B,) whether the row is a member of a group of two or more members that all have the same return."""
-    lowest = groups.min(torch.where(member, returns, torch.full_like(returns, torch.inf)))  # (B,)
-    highest = groups.max(torch.where(member, returns, torch.full_like(returns, -torch.inf)))  # (B,)
-    n_members = groups.sum(member.to(torch.int64))  # (B,)
+    lowest = groups.rows(torch.where(member, returns, torch.full_like(returns, torch.inf)), "amin")  # (B,)
+    highest = groups.rows(torch.where(member, returns, torch.full_like(returns, -torch.inf)), "amax")  # (B,)
+    n_members = groups.rows(member.to(torch.int64), "sum")  # (B,)
     return member & (n_members > 1) & (lowest == highest)  # (B,)
 
 
@@ -231,11 +226,11 @@ def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, groups: Groups)
     """`baseline` with 0 on a group's unique longest member past the second-longest valid-token count (verl)."""
     # verl: lengths are valid-token counts; non-members get -1 so they never rank
     lengths = torch.where(member, active.sum(-1), torch.full_like(member, -1, dtype=torch.int64))  # (B,)
-    longest = groups.max(lengths)  # (B,)
+    longest = groups.rows(lengths, "amax")  # (B,)
     is_longest = member & (lengths == longest)  # (B,)
-    n_longest = groups.sum(is_longest.to(torch.int64))  # (B,)
-    n_members = groups.sum(member.to(torch.int64))  # (B,)
-    second = groups.max(torch.where(is_longest, torch.full_like(lengths, -1), lengths))  # (B,)
+    n_longest = groups.rows(is_longest.to(torch.int64), "sum")  # (B,)
+    n_members = groups.rows(member.to(torch.int64), "sum")  # (B,)
+    second = groups.rows(torch.where(is_longest, torch.full_like(lengths, -1), lengths), "amax")  # (B,)
     unique_longest = is_longest & (n_longest == 1) & (n_members > 1)  # (B,)
     positions = torch.arange(baseline.shape[1], device=baseline.device)  # (T,)
     tail = unique_longest.unsqueeze(-1) & (positions >= second.unsqueeze(-1))  # (B, T)
