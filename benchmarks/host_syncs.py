@@ -12,12 +12,15 @@ import traceback
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["SYNC_OPS", "SyncCounter", "sync_reason"]
+
+_REPO = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
 
 #: Ops that make the host wait for a CUDA device whatever their arguments: a value read on the host (item, float,
 #: bool, int of a tensor all reach `_local_scalar_dense`), or an output size that depends on the data.
@@ -57,11 +60,17 @@ def sync_reason(func, args: tuple, kwargs: dict) -> str | None:
 
 
 def _caller() -> str:
-    """file:line of the innermost frame outside torch and this module: where a sync was asked for."""
+    """file:line of the innermost frame outside torch and this module, where a sync was asked for (repository files
+    relative to its root, installed packages relative to site-packages)."""
     for frame in reversed(traceback.extract_stack()[:-3]):
         path = frame.filename.replace("\\", "/")
-        if "/torch/" not in path and not path.endswith("profile_step.py"):
-            return f"{'/'.join(path.split('/')[-3:])}:{frame.lineno}"
+        if "/torch/" in path or path.endswith("host_syncs.py"):
+            continue
+        if path.startswith(_REPO):
+            path = path[len(_REPO) :]
+        elif "site-packages/" in path:
+            path = path.split("site-packages/", 1)[1]
+        return f"{path}:{frame.lineno}"
     return "?"
 
 

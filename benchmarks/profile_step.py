@@ -152,7 +152,10 @@ def main(argv=None) -> dict:
         print_ops(tables, own.top)
     print_syncs(syncs)
     if own.json:
-        common.write_json(own.json, {"shape": overhead.shape_key(vocab, length), "tables": tables, "syncs": syncs})
+        payload = {"benchmark": "profile_step", "command": common.command_line("benchmarks.profile_step", argv)
+                   if argv is not None else common.command_line(), "device": common.describe_device(device),
+                   "shape": overhead.shape_key(vocab, length), "tables": tables, "syncs": syncs}  # fmt: skip
+        common.write_json(own.json, payload)
     return {"tables": tables, "syncs": syncs}
 
 
