@@ -195,6 +195,11 @@ class GroupOptTrainer(
         objective's `requires_whole_groups`, or the estimator's."""
         return cls.requires_whole_groups or estimator_of(args).needs_whole_groups
 
+    @property
+    def group_size(self) -> int:
+        """Rows per group: a whole-group micro-batch is consecutive runs of this many (TRL's sampler order)."""
+        return self.num_generations if self.model.training else self.num_generations_eval
+
     # ------------------------------------------------------------------ validation
     @classmethod
     def validate_args(cls, args: GRPOConfig) -> None:
@@ -315,6 +320,7 @@ class GroupOptTrainer(
             mask=mask,
             rewards=inputs["rewards"] if estimator.needs_raw_rewards else None,
             group_ids=inputs.get("group_ids"),
+            group_size=self.group_size,
             energy=energy,
             importance_weights=weights,
             tool_use="tool_mask" in inputs,

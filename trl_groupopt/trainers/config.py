@@ -1,12 +1,11 @@
 """What every method config shares: `TokenSafeConfigMixin` (token safety, bf16 by device, the no-reward cap, the
-non-finite guard), `AdvantageEstimatorConfigMixin` (which advantages the objective receives, and the estimators'
-knobs), and `objective_arguments`, the one binding of an objective's hyper-parameters to the config fields that set
-them."""
+non-finite guard) and `AdvantageEstimatorConfigMixin` (which advantages the objective receives, and the estimators'
+knobs). A method config binds its fields to its objective's arguments with `objectives.common.config_arguments`."""
 
 from __future__ import annotations
 
 import copyreg
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import MISSING, dataclass, field, fields
@@ -23,7 +22,6 @@ __all__ = [
     "AdvantageEstimatorConfigMixin",
     "TokenSafeConfigMixin",
     "estimator_knobs",
-    "objective_arguments",
     "tokens_withheld",
 ]
 
@@ -70,19 +68,6 @@ def tokens_withheld() -> Iterator[None]:
         yield
     finally:
         _WITHHOLD_TOKENS.reset(reset)
-
-
-def objective_arguments(config: Any, fields: Mapping[str, str]) -> dict[str, Any]:
-    """`{objective argument: config value}` for `fields`, which maps each argument to the config field that sets it.
-
-    The config validates its values with the objective's `validate_<method>(**objective_arguments(...),
-    names=fields)` (so errors name the config's fields) and the trainer calls the objective with the same binding.
-    An unset `epsilon_high` reads as `epsilon`, as `GRPOTrainer` reads it.
-    """
-    values = {argument: getattr(config, name) for argument, name in fields.items()}
-    if fields.get("epsilon_high") == "epsilon_high" and values["epsilon_high"] is None:
-        values["epsilon_high"] = config.epsilon  # mirrors GRPOTrainer.__init__ (trl 1.16.0): `self.epsilon_high`
-    return values
 
 
 @dataclass(repr=False)
