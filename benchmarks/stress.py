@@ -55,12 +55,15 @@ Usage (from the repo root):
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trl_groupopt import stats
 
 from . import common, runner
 
@@ -206,49 +209,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-#: Each paper's claim and where it is tested: (claim id, paper, claim, regime, value, config, baseline, outcome,
-#: better). `outcome` is a per-run number (see `outcome_of`); `better` is +1 when larger is the claimed direction.
-CLAIMS: tuple[dict[str, Any], ...] = (
-    # ECHO: at the paper's 8-16 updates per rollout (staleness 16) the batch clip never acted; tested where it acts,
-    # the probe setting `acting_setting` picks (a test checks it against the committed runs).
-    dict(id="echo_off_policy", paper="ECHO", claim="batch-level clipping trains better than token-level clipping "
-         "far off-policy (8-16 updates per rollout)", regime="echo_probe_lr3", value=32, config="echo",
-         baseline="grpo", outcome="final_accuracy", better=+1, probe="echo"),
-    dict(id="echo_step_off_policy", paper="ECHO", claim="the same with the batch ratio over the whole optimizer "
-         "step", regime="echo_probe_lr3", value=32, config="echo_step", baseline="grpo", outcome="final_accuracy",
-         better=+1, probe="echo"),
-    dict(id="ctpo_off_policy", paper="CTPO (arXiv:2605.07331)", claim="the cumulative prefix ratio with sqrt(t) "
-         "clipping trains better than token-level IS far off-policy", regime="staleness", value=16, config="ctpo",
-         baseline="grpo", outcome="final_accuracy", better=+1),
-    dict(id="ctpo_long", paper="CTPO (arXiv:2605.07331)", claim="the cumulative ratio helps most on long "
-         "completions", regime="long", value=4, config="ctpo", baseline="grpo", outcome="final_accuracy", better=+1),
-    dict(id="dfpo_off_policy", paper="DFPO (arXiv:2604.13088)", claim="cancellation-free transforms beat GSPO "
-         "off-policy", regime="staleness", value=16, config="dfpo", baseline="gspo", outcome="final_accuracy",
-         better=+1),
-    dict(id="dfpo_large_group", paper="DFPO (arXiv:2604.13088)", claim="gains over GSPO grow with the group size "
-         "(its Table 4): ahead at N = 16", regime="group_size", value=16, config="dfpo", baseline="gspo",
-         outcome="final_accuracy", better=+1),
-    dict(id="dfpo_asymmetry", paper="DFPO (arXiv:2604.13088)", claim="the transform shrinks the within-group "
-         "asymmetry of the ratio-weighted advantages that drives cancellation (mechanism, same run)",
-         regime="staleness", value=16, config="dfpo", baseline=None,
-         outcome="log_ratio:dfpo/asym_after:dfpo/asym_before", better=-1),
-    dict(id="grpo_fix_off_policy", paper="GRPO-fix (arXiv:2604.13088)", claim="the symmetric clip trains better "
-         "than GRPO's asymmetric one off-policy", regime="staleness", value=16, config="grpo_fix", baseline="grpo",
-         outcome="final_accuracy", better=+1),
-    dict(id="otb_small_group", paper="OTB", claim="the optimal token baseline beats the group-mean baseline with "
-         "small groups", regime="group_size", value=2, config="otb", baseline="grpo", outcome="final_accuracy",
-         better=+1),
-    dict(id="otb_long", paper="OTB", claim="the per-token baseline helps on long completions", regime="long",
-         value=4, config="otb", baseline="grpo", outcome="final_accuracy", better=+1),
-    dict(id="otb_variance", paper="OTB", claim="its baseline lowers the gradient second moment below the "
-         "group-mean baseline's (mechanism, same run)", regime="group_size", value=2, config="otb", baseline=None,
-         outcome="log_ratio:otb/grad_second_moment:otb/grad_second_moment_group_mean_baseline", better=-1),
-    dict(id="ctpo_otb_vs_ctpo", paper="CTPO + OTB (composition)", claim="OTB's per-token baseline under CTPO's "
-         "cumulative ratio trains better on long completions than CTPO alone", regime="long", value=4,
-         config="ctpo_otb", baseline="ctpo", outcome="final_accuracy", better=+1),
-    dict(id="ctpo_otb_vs_otb", paper="CTPO + OTB (composition)", claim="the same, than OTB alone", regime="long",
-         value=4, config="ctpo_otb", baseline="otb", outcome="final_accuracy", better=+1),
-)  # fmt: skip
+#: Each paper's claim and where it is tested, one row of data per claim (`benchmarks/claims.jsonl`): id, paper, claim,
+#: regime, value, config, baseline (None: a within-run mechanism claim), outcome (a per-run number, `outcome_of`),
+#: better (+1 when larger is the claimed direction), probe (ECHO's: see `PROBES`) and seeds, its stage-1 and stage-2
+#: seeds (`STAGE_RULE`). ECHO's claims sit where its batch clip acts (`acting_setting`; a test checks it).
+CLAIMS: tuple[dict[str, Any], ...] = tuple(
+    {key: value for key, value in json.loads(line).items() if key != "seeds"}
+    for line in (Path(__file__).with_name("claims.jsonl")).read_text().splitlines()
+    if line.strip()
+)
 #: The claims grid's budget (`--claims`): the demo's policy gains 11-16 points in 80 steps, and 200 held-out prompts
 #: put a single accuracy's binomial standard error near 3 points (64 prompts: 5.6).
 CLAIMS_BUDGET = dict(max_steps=64, num_eval=200)
@@ -256,28 +225,22 @@ CLAIMS_BUDGET = dict(max_steps=64, num_eval=200)
 #: analysis (`python -m benchmarks.power`, from the full grid's runs and the pilot; a test checks they agree), fixed
 #: before any seed beyond the pilot ran.
 CLAIM_SEEDS: dict[str, tuple[int, int | None]] = {
-    "echo_off_policy": (30, 60),
-    "echo_step_off_policy": (52, 100),
-    "ctpo_off_policy": (22, 44),
-    "ctpo_long": (20, 40),
-    "dfpo_off_policy": (20, 40),
-    "dfpo_large_group": (43, 86),
-    "dfpo_asymmetry": (20, None),
-    "grpo_fix_off_policy": (60, 100),
-    "otb_small_group": (32, 64),
-    "otb_long": (20, 40),
-    "otb_variance": (32, None),
-    "ctpo_otb_vs_ctpo": (20, 40),
-    "ctpo_otb_vs_otb": (20, 40),
+    row["id"]: tuple(row["seeds"])
+    for row in map(json.loads, Path(__file__).with_name("claims.jsonl").read_text().splitlines())
 }
-FLOOR = 0.02  # accuracy outcomes where config and baseline both end at or below this: inconclusive (floor effect)
-EQUIVALENCE_MARGIN = 0.02  # accuracy: differences inside +-2 points are "no effect of practical size"
+FLOOR = stats.FLOOR  # accuracy outcomes where config and baseline both end at or below this: inconclusive
+EQUIVALENCE_MARGIN = stats.EQUIVALENCE_MARGIN  # accuracy: differences inside +-2 points are "no difference"
+#: A claim's verdict from the engine's (`trl-groupopt compare`, `trl_groupopt.stats.compare_pair`) on the claim's
+#: outcome, with the claimed direction as "better".
+CLAIM_VERDICTS = {stats.BETTER: "reproduced", stats.WORSE: "not reproduced", stats.NO_DIFFERENCE: "not reproduced",
+                  stats.INCONCLUSIVE: "inconclusive", stats.NOT_RUN: "not run"}  # fmt: skip
 VERDICT_RULE = (
-    "paired by seed, d = config - baseline (for a mechanism claim without baseline, the within-run log ratio); "
-    "reproduced: the 95% interval of mean d excludes 0 on the claimed side; not reproduced: it excludes 0 on the "
-    f"other side, or (accuracy outcomes) lies inside +-{EQUIVALENCE_MARGIN:.0%}; inconclusive otherwise, and "
-    f"whenever both config and baseline end at <= {FLOOR:.0%} accuracy (floor effect) or the method's mechanism "
-    "acted on none of the claim's optimizer steps (the regime does not test it)"
+    "the rule of `trl-groupopt compare` (trl_groupopt.stats), with d = config - baseline paired by seed (for a "
+    "mechanism claim without baseline, the within-run log ratio) and the claimed direction as better: reproduced: "
+    "the 95% interval of mean d excludes 0 on the claimed side; not reproduced: it excludes 0 on the other side, or "
+    f"(accuracy outcomes) lies inside +-{EQUIVALENCE_MARGIN:.0%}; inconclusive otherwise, and whenever both config "
+    f"and baseline end at <= {FLOOR:.0%} accuracy (floor effect) or the method's mechanism acted on none of the "
+    "claim's optimizer steps (the regime does not test it)"
 )
 INERT = "mechanism inert at the paper's epsilon in every regime tried"
 INERT_RULE = (
@@ -617,26 +580,20 @@ def _claim_row(claim: dict[str, Any], ok: list[dict[str, Any]], seeds: int | Non
 
     ours = pick(claim["config"])
     base = pick(claim["baseline"]) if claim["baseline"] else None
-    if base is None:
-        diffs = [outcome_of(r, claim["outcome"]) for r in ours.values()]
-    else:
-        diffs = common.paired_differences({s: outcome_of(r, claim["outcome"]) for s, r in ours.items()},
-                                          {s: outcome_of(r, claim["outcome"]) for s, r in base.items()})  # fmt: skip
-    stats = common.mean_ci(diffs)
-    row = {**claim, "n": stats["n"], "difference": stats,
-           "config_outcome": common.mean_ci([outcome_of(r, claim["outcome"]) for r in ours.values()]),
-           "baseline_outcome": common.mean_ci([outcome_of(r, claim["outcome"]) for r in base.values()])
-           if base is not None else None}  # fmt: skip
-    row["verdict"] = verdict(stats, claim["better"], claim["outcome"])
-    row["mechanism_acted"] = mechanism_acted(list(ours.values()))
+    accuracy = claim["outcome"].endswith("accuracy")
+    acted = mechanism_acted(list(ours.values()))
+    outcome = {s: outcome_of(r, claim["outcome"]) for s, r in ours.items()}
+    compared = stats.compare_pair(outcome, None if base is None else {s: outcome_of(r, claim["outcome"])
+                                  for s, r in base.items()}, better=claim["better"], accuracy=accuracy, acted=acted)  # fmt: skip
+    row = {**claim, "n": compared["n"], "difference": compared["difference"], "config_outcome": common.mean_ci(
+        list(outcome.values())), "baseline_outcome": common.mean_ci([outcome_of(r, claim["outcome"])
+        for r in base.values()]) if base is not None else None}  # fmt: skip
+    row["verdict"] = CLAIM_VERDICTS[compared["verdict"]]
+    row["mechanism_acted"] = acted
     row["max_steps"] = max((r["settings"]["max_steps"] for r in ours.values() if "settings" in r), default=None)
-    levels = [row["config_outcome"]["mean"], (row["baseline_outcome"] or {}).get("mean")]
-    if claim["outcome"].endswith("accuracy") and all(v is not None and v <= FLOOR for v in levels):
-        row["verdict"] = "inconclusive"  # both at the floor: the regime cannot show a difference
-        row["note"] = f"both at <= {FLOOR:.0%} accuracy: floor effect"
-    elif (row["mechanism_acted"] or {}).get("steps") and not row["mechanism_acted"]["acted"]:
-        row["verdict"] = "inconclusive"  # the method ran as its baseline's objective: nothing of the claim acted
-        row["note"] = f"{row['mechanism_acted']['what']} on no optimizer step: the regime does not test the claim"
+    if compared["note"]:
+        row["note"] = compared["note"].replace("the setting does not test the method", "the regime does not test "
+                                               "the claim")  # fmt: skip
     return row
 
 
@@ -678,19 +635,10 @@ def stage2_cells(rows: list[dict[str, Any]]) -> dict[tuple, int]:
     return cells
 
 
-def verdict(stats: dict[str, Any], better: int, outcome: str) -> str:
-    """`VERDICT_RULE` applied to the mean/CI of the paired differences."""
-    if stats["n"] < 2 or stats["low"] is None:
-        return "inconclusive" if stats["n"] else "not run"
-    low, high = stats["low"] * better, stats["high"] * better
-    low, high = min(low, high), max(low, high)
-    if low > 0:
-        return "reproduced"
-    if high < 0:
-        return "not reproduced"
-    if outcome.endswith("accuracy") and -EQUIVALENCE_MARGIN < stats["low"] and stats["high"] < EQUIVALENCE_MARGIN:
-        return "not reproduced"
-    return "inconclusive"
+def verdict(differences: dict[str, Any], better: int, outcome: str) -> str:
+    """`VERDICT_RULE`'s interval part on the mean/CI of the paired differences (`trl_groupopt.stats.verdict`)."""
+    margin = EQUIVALENCE_MARGIN if outcome.endswith("accuracy") else None
+    return CLAIM_VERDICTS[stats.verdict(differences, better, margin)]
 
 
 def _probe_markdown(probe: list[dict[str, Any]]) -> list[str]:
