@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trl_groupopt import stats
+from trl_groupopt import METHODS, stats
 
 from . import common, runner
 
@@ -79,28 +79,24 @@ class Config:
     label: str = ""
 
 
-CONFIGS: dict[str, Config] = {
-    "grpo": Config("grpo", {}, "GRPO (base trainer, TRL's objective)"),
+#: The variants the regimes run besides each registered method at its defaults (`trl_groupopt.METHODS`: a method
+#: registered later runs as `Config(name)`, with `--configs NAME`). The paper's single epsilon (0.2) left ECHO's R
+#: unclipped at staleness 16 (R within [0.954, 1.008]): `echo_step_tight`'s clip shows the mechanism acting; not a
+#: paper setting, no claim is tested on it. `ctpo_otb`: CTPO's objective on OTB's per-token baseline.
+VARIANTS: dict[str, Config] = {
     "gspo": Config("grpo", GSPO, "GSPO (base trainer, sequence-level IS)"),
     "echo": Config("echo", {"batch_ratio_scope": "micro_batch"}, "ECHO, micro-batch scope"),
     "echo_step": Config("echo", {"batch_ratio_scope": "step"}, "ECHO, step scope"),
-    # The paper's single epsilon (0.2) left R unclipped here (R within [0.954, 1.008] at staleness 16): a tight batch
-    # clip shows what the mechanism does when it acts. Not a paper setting, so no claim is tested on it.
-    "echo_step_tight": Config(
-        "echo", {"batch_ratio_scope": "step", "batch_epsilon": 0.01}, "ECHO, step scope, batch clip 1 +- 0.01"
-    ),  # fmt: skip
-    "ctpo": Config("ctpo", {}, "CTPO (cumprod)"),
+    "echo_step_tight": Config("echo", {"batch_ratio_scope": "step", "batch_epsilon": 0.01},
+                              "ECHO, step scope, batch clip 1 +- 0.01"),
     "ctpo_geomean": Config("ctpo", {"ctpo_ratio_mode": "geomean"}, "CTPO, geometric-mean prefix ratio"),
     "dfpo": Config("dfpo", {"dfpo_transform": "min_replace"}, "DFPO min_replace"),
     "dfpo_orth_proj": Config("dfpo", {"dfpo_transform": "orth_proj"}, "DFPO orth_proj (all tokens)"),
-    "dfpo_orth_proj_unclipped": Config(
-        "dfpo", {"dfpo_transform": "orth_proj", "dfpo_orthogonal_over": "unclipped"}, "DFPO orth_proj, unclipped"
-    ),
-    "grpo_fix": Config("grpo_fix", {}, "GRPO-fix (symmetric clip)"),
-    "otb": Config("otb", {}, "OTB"),
-    # CTPO's objective on OTB's per-token baseline: skipped with a note until CTPOConfig takes the knob.
+    "dfpo_orth_proj_unclipped": Config("dfpo", {"dfpo_transform": "orth_proj", "dfpo_orthogonal_over": "unclipped"},
+                                       "DFPO orth_proj, unclipped"),
     "ctpo_otb": Config("ctpo", {"advantage_estimator": "otb"}, "CTPO with OTB's token baseline"),
-}
+}  # fmt: skip
+CONFIGS: dict[str, Config] = {name: Config(name, {}, spec.display_name) for name, spec in METHODS.items()} | VARIANTS
 
 # regime -> the knob it varies, its values, and the configurations run at every value.
 REGIMES: dict[str, dict[str, Any]] = {
@@ -185,14 +181,17 @@ MECHANISM_PREFIXES = ("echo/", "dfpo/", "ctpo/", "otb/", "clip_ratio/")
 #: Scalar per-micro-batch metrics whose min and max over each optimizer step's micro-batches a run also records
 #: (`<key>_min`, `<key>_max`): the log entry holds their mean, which hides a clipped micro-batch's R.
 EXTREMES = ("echo/batch_ratio",)
-#: The metric that shows each method's mechanism acting (summarised and plotted per configuration).
+#: Diagnostics summarised beside each method's mechanism keys (`MECHANISM_METRICS`); a method without an entry has
+#: its mechanism's keys alone.
+EXTRA_METRICS: dict[str, tuple[str, ...]] = {
+    "echo": ("clip_ratio/region_mean",),
+    "ctpo": ("ctpo/dual_clip",),
+    "dfpo": ("dfpo/cancellation_residual", "dfpo/asym_after", "dfpo/asym_before"),
+}
+#: The metrics that show each method's mechanism acting (summarised and plotted per configuration): its
+#: `Mechanism`'s logged keys (the same ones `MECHANISM_ACTS` reads), then `EXTRA_METRICS`.
 MECHANISM_METRICS: dict[str, tuple[str, ...]] = {
-    "grpo": ("clip_ratio/region_mean",),
-    "echo": ("echo/batch_clipped", "clip_ratio/region_mean"),
-    "ctpo": ("clip_ratio/region_mean", "ctpo/dual_clip"),
-    "dfpo": ("dfpo/cancellation_residual", "dfpo/shrink", "dfpo/asym_after", "dfpo/asym_before"),
-    "grpo_fix": ("dfpo/sym_clip_ratio",),
-    "otb": ("otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"),
+    name: tuple(dict.fromkeys((*spec.mechanism.keys, *EXTRA_METRICS.get(name, ())))) for name, spec in METHODS.items()
 }
 
 
