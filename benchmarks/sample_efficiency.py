@@ -26,10 +26,8 @@ steps), and held-out greedy accuracy (`trl_groupopt.offline.greedy_accuracy` on 
 - Jitter2 of the training-reward curve, exactly as printed in Ding et al. (DFPO), arXiv:2604.13088, Eq. 20:
   Jitter2(m) = 1/(T-2) sum_{t=1}^{T-2} |m_{t+2} - 2 m_{t+1} + m_t|, with m_t the t-th logged training reward.
 
-Runs go through the shared grid runner (`benchmarks.runner`): a process pool (`--workers`, one torch thread each on
-CPU); each finished run is appended to `sample_efficiency_runs.jsonl` at once, keyed by method and seed, so an
-interrupted benchmark still leaves its runs and the same command run again trains only the runs missing (`--fresh`
-starts over); `--from-runs that.jsonl` rebuilds the JSON and plots from them without training.
+Runs go through the library's runner (`trl_groupopt.runs`, via `benchmarks.runner`), keyed by method and seed in
+`sample_efficiency_runs.jsonl`: the same command resumes; `--from-runs` rebuilds the JSON and plots without training.
 
 Usage:
     python -m benchmarks.sample_efficiency --smoke --output-dir outputs/bench        # 2 methods x 1 seed x 3 steps
@@ -311,33 +309,6 @@ def otb_claim(summary: dict[str, Any]) -> dict[str, Any] | None:
     }  # fmt: skip
 
 
-def print_summary(summary: dict[str, Any]) -> str:
-    def ci(stats, fmt="{:.1%}"):
-        if stats.get("mean") is None:
-            return "n/a"
-        text = fmt.format(stats["mean"])
-        return text + (" ± " + fmt.format(stats["ci95"]) if stats.get("ci95") is not None else "")
-
-    rows = []
-    for method, e in summary["methods"].items():
-        stt = e.get("steps_to_threshold", {})
-        rows.append([
-            method, e["num_generations"], len(e["seeds"]), ci(e["initial_accuracy"]), ci(e["final_accuracy"]),
-            f"{ci(stt, '{:.0f}')} ({stt.get('reached', 0)}/{stt.get('of', 0)})" if stt else "n/a",
-            stt.get("on_mean_curve") if stt else "n/a",
-            ci(e["jitter2_reward"], "{:.3f}"), ci(e["final_train_reward"], "{:.2f}"), ci(e["mean_entropy"], "{:.3f}"),
-        ])  # fmt: skip
-    print()
-    threshold = summary["threshold_accuracy"]
-    print("threshold = GRPO's final held-out accuracy (mean over seeds): "
-          + (f"{threshold:.1%}" if threshold is not None else "n/a (no GRPO run)"))  # fmt: skip
-    return common.print_table(
-        ["method", "N", "seeds", "acc@0", "final acc (95% CI)", "steps to thr. (reached)", "steps (mean curve)",
-         "Jitter2(reward)", "final reward", "entropy"],
-        rows,
-    )  # fmt: skip
-
-
 def plot(payload: dict[str, Any], output_dir: Path) -> list[Path]:
     plt = common.pyplot()
     if plt is None:
@@ -443,7 +414,6 @@ def main(argv=None) -> dict[str, Any]:
     runs_path = args.output_dir / "sample_efficiency_runs.jsonl"
     runs = runner.collect(GRID, args, jobs_of(args.methods, args.seeds), settings, runs_path, command)
     payload = build_payload(args, runs, settings, command)
-    payload["table"] = print_summary(payload["summary"])
     if payload["otb_claim"]:
         c = payload["otb_claim"]
         print(f"OTB claim: final accuracy OTB(N=4) - GRPO(N=16) = {c['otb_minus_grpo_n16_final_accuracy']:+.1%}, "

@@ -1,55 +1,17 @@
 """Stress benchmark: each paper's claim tested in the regime where it should show, on the embedded task.
 
-Every run trains the embedded tiny policy (`trl_groupopt.offline.EMBEDDED_POLICY_PATH`) on the synthetic arithmetic
-task with the demo's settings (`trl_groupopt.cli.DEMO_DEFAULTS`: lr 1e-4 constant, 16 sequences per micro-batch, no
-KL; rewards accuracy + format), `--grad-accum` (1) micro-batch per optimizer step, and the same budget for every
-configuration (`--max-steps`, 16, optimizer steps = the same number of generated samples, since each sample is trained
-on once). This budget is small (256 samples per run): it is sized so the whole grid runs in ~20 min on 2 cores,
-so accuracy differences are expected to be small and the mechanism metrics carry most of the evidence.
-GRPO (the base trainer, TRL's objective) and GSPO (the base trainer with `importance_sampling_level="sequence"`,
-GSPO's epsilons 3e-4 / 4e-4, `loss_type="grpo"`) are the baselines. Regimes (`REGIMES`):
+The full grid (`REGIMES`: staleness, group size, long completions; 16 optimizer steps, 5 seeds) trains every
+configuration (`CONFIGS`: each registered method at its defaults and the `VARIANTS`) from the demo's settings
+(`trl_groupopt.cli.DEMO_DEFAULTS`) with the regime's knob (`run_settings`), records held-out greedy accuracy before and
+after and every mechanism metric logged per optimizer step (`run_one`), and summarises each cell over seeds. The
+claims grid (`--claims`) runs each claim of `claims.jsonl` in its regime with its planned seeds, and ECHO's batch-clip
+probe, and judges each claim by the rule of `trl-groupopt compare` (`claims_table`). Runs go through the library's
+runner (`trl_groupopt.runs`): keyed, appendable runs files, resumed by the same command. What each regime tests and
+why, the settings and the costs: benchmarks/README.md and docs/results.md.
 
-- staleness: 1, 4 and 16 optimizer steps per generation (`steps_per_generation = k x gradient_accumulation_steps`):
-  the later micro-batches of a generation batch are trained k - 1 optimizer steps after the policy sampled them.
-  ECHO (micro_batch and step scopes), CTPO (cumprod, geomean), DFPO (min_replace, orth_proj over all / unclipped
-  tokens), GRPO-fix, against GRPO and GSPO. Each optimizer step's 16 sequences come as 2 micro-batches of 8
-  (`micro_batches` in `REGIMES`): with one micro-batch per step ECHO's two batch-ratio scopes would be the same
-  computation.
-- group size: N = 2, 4, 8, 16 completions per prompt at a fixed 16 sequences per micro-batch (so 8, 4, 2, 1 prompts):
-  OTB vs GRPO, DFPO vs GSPO.
-- long completions: the long-chain variant of the task (`trl_groupopt.offline.LONG_CHAIN`: 8-12 operations on operands
-  1..20, correct completions of 71-143 tokens, `max_completion_length=160`) trained from the long-chain policy
-  (`EMBEDDED_LONG_POLICY_PATH`, which writes the whole chain and is right some of the time), 4 optimizer steps per
-  generation: GRPO, GSPO, OTB, CTPO, ECHO, DFPO. Learning rate `--long-learning-rate` (1e-5) for every configuration:
-  a policy that must get ~10 steps right in a row is more fragile than the default one, and at the demo's 1e-4 GRPO
-  took it from 28.1% to 1.6-7.8% held-out accuracy in 16 steps on every one of 5 seeds; at 3e-5 OTB fell on 2 of 3
-  seeds (to 18.8% and 20.3%); at 1e-5 GRPO and OTB held or gained on 3 of 3 (probe:
-  `--regimes long --configs grpo,otb --seeds 3 --long-learning-rate LR`). Chosen on the baselines before the grid,
-  not per method.
-
-Recorded per run (JSONL, one line per run, with its settings and wall time): held-out greedy accuracy before and after training (`--num-eval`
-prompts of the regime's test split), the training reward per generation batch, and every mechanism metric the
-trainer logs (`MECHANISM_PREFIXES`: ECHO's batch-ratio clip rate `echo/batch_clipped`, DFPO's
-`dfpo/cancellation_residual`, CTPO's clip and dual-clip rates, OTB's gradient second moment and the group-mean
-baseline's, TRL's `clip_ratio/*`) per optimizer step from `trainer.state.log_history`. A configuration whose config
-knob does not exist in this checkout (or whose value its config rejects) is skipped with a note, never a crash.
-
-`stress.json` summarises, per regime x value x configuration, mean and 95% Student-t interval over seeds of the
-final accuracy, the accuracy gain, the mean training reward and each mechanism metric's mean over training, and
-evaluates the claims table (`CLAIMS`, `claims_table`): paired by seed (same seed = same prompts and the same initial
-samples), the difference method - baseline with its 95% interval, and a verdict by the rule in `VERDICT_RULE`.
-`python -m benchmarks.report` writes `claims.md` from `stress.json`.
-
-The runs go through the shared grid runner (`benchmarks.runner`): `--workers` processes, every finished run appended
-at once to `stress_runs.jsonl`, keyed by regime, value, configuration and seed. Running the grid again with the
-same `--output-dir` runs only the keys the file lacks (so a grid can be split over several invocations, e.g. by
-`--regimes`, `--configs` or a larger `--seeds`), and the summary covers every run of the file; `--fresh` starts
-over. `stress.json`'s `wall_s` is the total wall time of the invocations that trained the runs.
-
-Usage (from the repo root):
-    python -m benchmarks.stress --smoke --output-dir outputs/bench                # seconds
-    python -m benchmarks.stress --workers 2 --fresh                            # the committed run (~20 min)
-    python -m benchmarks.stress --from-runs benchmarks/results/stress_runs.jsonl   # re-summarise, no training
+    python -m benchmarks.stress --smoke --output-dir outputs/bench                     # seconds
+    python -m benchmarks.stress --workers 2 --fresh                                    # the full grid (~20 min)
+    python -m benchmarks.stress --claims --from-runs benchmarks/results/claims_runs.jsonl  # rebuild, no training
 """
 
 from __future__ import annotations
@@ -730,22 +692,6 @@ def claims_markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def print_summary(summary: dict[str, Any]) -> str:
-    rows = []
-    for regime, by_value in summary.items():
-        for value, by_config in by_value.items():
-            for config_name, e in by_config.items():
-                fa = e["final_accuracy"]
-                mech = "; ".join(
-                    f"{k} {m['mean']:.3g}" for k, m in e["mechanism"].items() if m.get("mean") is not None
-                )
-                rows.append([regime, value, config_name, len(e["seeds"]),
-                             f"{fa['mean']:.1%}" + (f" ± {fa['ci95']:.1%}" if fa.get("ci95") is not None else ""),
-                             f"{e['accuracy_gain']['mean']:+.1%}", mech])  # fmt: skip
-    print()
-    return common.print_table(["regime", "value", "config", "seeds", "final acc (95% CI)", "gain", "mechanism"], rows)
-
-
 def plot(payload: dict[str, Any], path: Path) -> Path | None:
     """Per regime: final accuracy vs the knob per configuration (mean, 95% CI), and the mechanism metric curves."""
     plt = common.pyplot()
@@ -1028,9 +974,7 @@ def main(argv=None) -> dict[str, Any]:
                   f"{args.max_steps} steps each) on {device}, {args.workers} worker(s)", flush=True)  # fmt: skip
         runs = runner.collect(GRID, args, jobs, settings, runs_path, command)
     payload = build_payload(args, runs, grid_plan, device, command)
-    payload["table"] = print_summary(payload["summary"])
     if args.claims:
-        print()
         print(claims_markdown(payload))
     json_path = common.write_json(args.output_dir / f"{stem}.json", payload)
     png = plot(payload, args.output_dir / f"{stem}.png")

@@ -84,7 +84,8 @@ def test_power_note_is_the_fewest_seeds_for_two_points():
      (["--methods", "grpo,otb", "--seeds", "1"], "--seeds 1: a paired interval needs at least 2 seeds"),
      (["--methods", "dfpo,otb", "--seeds", "3"], "--baseline grpo is not in --methods dfpo,otb: add it"),
      (["--methods", "grpo", "--seeds", "3"], "name a method to compare with the baseline too"),
-     (["--methods", "grpo,otb", "--seeds", "2", "--seed", "4"], "--seed: compare sets these for each run")],
+     (["--methods", "grpo,otb", "--seeds", "2", "--seed", "4"], "--seed: compare sets these for each run"),
+     (["--methods", "grpo,otb", "--seeds", "2", "--num_eval_examples", "9"], "use --eval_examples")],
 )  # fmt: skip
 def test_bad_input_stops_before_the_first_run_with_one_line(argv, fix, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(compare_module.Trainer, "__call__", lambda *a: pytest.fail("a run started"))

@@ -1,19 +1,12 @@
-"""`trl-groupopt compare`: does a method beat the baseline on your model and task? Paired seeds, 95% intervals,
-verdicts.
+"""`trl-groupopt compare`: does a method beat the baseline on your model and task? Paired seeds, 95% intervals.
 
     trl-groupopt compare --methods grpo,dfpo,otb --seeds 8 --output_dir DIR [--baseline grpo] [--workers K] \\
         [--eval_examples N] [any `train` option: --model_name_or_path, --dataset_name, --max_steps, LoRA, vLLM, ...]
 
-Each (method, seed) run is `python -m trl_groupopt.cli train --method M --seed S --output_dir DIR/runs/M-S <train
-options>`: the training path of `train`, in its own process (its log: DIR/runs/M-S.log). Runs go one at a time
-(one accelerator); `--workers K` runs K at once on the CPU. Per run: held-out greedy accuracy before and after on a
-held-out split every run shares (the synthetic task's test split, `--eval_examples` prompts; for `--dataset_name`,
-`--eval_examples` rows carved once from it with a fixed seed and left out of training), the mechanism's acted
-fraction (results.json) and the wall and CPU time. Then the runs are paired by seed against the baseline
-(`trl_groupopt.stats`: mean difference, 95% t-interval, verdict, power note).
-
-DIR holds runs.jsonl (one line per run; a re-run skips the runs done and refuses other settings; SIGTERM stops after
-the runs in flight), compare.json, compare.md and compare.png. See docs/compare.md.
+Each (method, seed) run is `python -m trl_groupopt.cli train --method M --seed S --output_dir DIR/runs/M-S ...` (its
+log: DIR/runs/M-S.log), one at a time or `--workers K` at once on the CPU, scored before and after on a held-out
+split every run shares (`carve_heldout`); the runs are paired by seed against the baseline (`trl_groupopt.stats`).
+DIR: runs.jsonl (resumable, `trl_groupopt.runs`), compare.json, compare.md, compare.png. See docs/compare.md.
 """
 
 from __future__ import annotations
@@ -114,6 +107,8 @@ def check(options: Options) -> None:
                            "more (docs/compare.md: 8 for a first look, the power note says how many to decide).")  # fmt: skip
     if options.workers < 1 or options.eval_examples < 1:
         raise CompareError("--workers and --eval_examples must be at least 1.")
+    if "--num_eval_examples" in {_flag(a) for a in options.train_args}:
+        raise CompareError("--num_eval_examples: compare sets the held-out size of every run; use --eval_examples.")
     own = sorted({_flag(a) for a in options.train_args} & set(OWN_OPTIONS))
     if own:
         raise CompareError(f"{', '.join(own)}: compare sets these for each run (DIR/runs/METHOD-SEED); use "
@@ -228,6 +223,10 @@ class Trainer:
             try:
                 _, status, usage = os.wait4(proc.pid, 0)
                 proc.returncode = os.waitstatus_to_exitcode(status)
+            except BaseException:  # Ctrl-C while it trains: the run is lost, not left behind
+                proc.kill()
+                proc.wait()
+                raise
             finally:
                 with self.lock:
                     self.live.discard(proc)
@@ -243,11 +242,12 @@ class Trainer:
         if self.custom_data:
             heldout = self.dir / "data" / "heldout.jsonl"
             max_new = int(_given(self.run_args, "--max_completion_length") or 256)  # TRL's default
-            if self._before is None:  # the base model's, the same for every run
-                model = _given(self.options.train_args, "--model_name_or_path")
-                from .offline import EMBEDDED_POLICY_PATH
+            with self.lock:  # the base model's, the same for every run: measured once
+                if self._before is None:
+                    from .offline import EMBEDDED_POLICY_PATH
 
-                self._before = heldout_accuracy(model or EMBEDDED_POLICY_PATH, heldout, max_new)["accuracy"]
+                    model = _given(self.options.train_args, "--model_name_or_path") or EMBEDDED_POLICY_PATH
+                    self._before = heldout_accuracy(model, heldout, max_new)["accuracy"]
             before, after = self._before, heldout_accuracy(str(folder), heldout, max_new)["accuracy"]
         mechanisms = (results.get("mechanism") or {}).get("mechanisms") or []
         acted = {"what": "; ".join(m["acted_means"] for m in mechanisms), "steps": sum(m["steps"] for m in mechanisms),
