@@ -41,8 +41,8 @@ class Config:
     label: str = ""
 
 
-#: The variants the regimes run besides each registered method at its defaults (`trl_groupopt.METHODS`: a method
-#: registered later runs as `Config(name)`, with `--configs NAME`). The paper's single epsilon (0.2) left ECHO's R
+#: The variants the regimes run besides each registered method at its defaults (`CONFIGS` holds one per entry of
+#: `trl_groupopt.METHODS`, so a new method has a configuration without an entry here). The paper's single epsilon (0.2) left ECHO's R
 #: unclipped at staleness 16 (R within [0.954, 1.008]): `echo_step_tight`'s clip shows the mechanism acting; not a
 #: paper setting, no claim is tested on it. `ctpo_otb`: CTPO's objective on OTB's per-token baseline.
 VARIANTS: dict[str, Config] = {

@@ -222,3 +222,13 @@ def test_each_run_goes_through_the_train_command():
     assert command[1:5] == ["-m", "trl_groupopt.cli", "train", "--method"]
     assert command[5:9] == ["otb", "--seed", "1", "--output_dir"] and Path(command[9]) == Path("DIR/runs/otb-1")
     assert command[-4:] == ["--max_steps", "3", "--num_eval_examples", "200"]  # the shared held-out split's size
+
+
+def test_workers_run_several_at_once_with_the_same_result(tmp_path, monkeypatch):
+    calls: list = []
+    _fake_runs(monkeypatch, calls)
+    one = compare_module.compare("grpo,otb,dfpo", 3, tmp_path / "one", max_steps=3)
+    two = compare_module.compare("grpo,otb,dfpo", 3, tmp_path / "two", workers=2, max_steps=3)
+    assert sorted(calls[:9]) == sorted(calls[9:]) and len(calls) == 18
+    assert [c["verdict"] for c in one["comparisons"]] == [c["verdict"] for c in two["comparisons"]]
+    assert two["settings"]["workers"] == 2 and len(two["runs"]) == 9
