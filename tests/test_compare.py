@@ -200,7 +200,7 @@ def test_heldout_rows_are_carved_once_and_left_out_of_training(tmp_path):
                       train_args=["--dataset_name", str(data), "--max_steps", "2"])  # fmt: skip
     args = compare_module.carve_heldout(options, tmp_path / "out" / "data")
     train_file = str(tmp_path / "out" / "data" / "train.jsonl")
-    assert args == ["--max_steps", "2", "--dataset_name", train_file, "--dataset_format", "prompt-answer"]
+    assert args == (["--max_steps", "2", "--dataset_name", train_file, "--dataset_format", "prompt-answer"], True)
 
     def rows(name):
         return [json.loads(line) for line in (tmp_path / "out" / "data" / name).read_text().splitlines()]
@@ -211,13 +211,18 @@ def test_heldout_rows_are_carved_once_and_left_out_of_training(tmp_path):
     first = (tmp_path / "out" / "data" / "heldout.jsonl").read_text()
     compare_module.carve_heldout(options, tmp_path / "again")  # the same rows, from a fixed seed
     assert (tmp_path / "again" / "heldout.jsonl").read_text() == first
+    other = Options(["grpo", "otb"], 2, "o", eval_examples=5, train_args=["--model_name_or_path", str(tmp_path)])
+    assert compare_module.carve_heldout(other, tmp_path / "synthetic") == (other.train_args, True)  # scored here
+    assert len((tmp_path / "synthetic" / "heldout.jsonl").read_text().splitlines()) == 5  # the synthetic test split
     with pytest.raises(CompareError, match="lower --eval_examples"):
         compare_module.carve_heldout(Options(["grpo", "otb"], 2, "o", eval_examples=30, train_args=[
             "--dataset_name", str(data)]), tmp_path / "small")  # fmt: skip
 
 
 def test_each_run_goes_through_the_train_command():
-    trainer = compare_module.Trainer(Options(["grpo", "otb"], 2, "DIR", train_args=["--max_steps", "3"]), None)
+    options = Options(["grpo", "otb"], 2, "DIR", train_args=["--max_steps", "3"])
+    trainer = compare_module.Trainer(options, *compare_module.carve_heldout(options, Path("DIR") / "data"))
+    assert not trainer.score_here  # the embedded policy's runs score the synthetic test split themselves
     command = trainer.command("otb", 1)
     assert command[1:5] == ["-m", "trl_groupopt.cli", "train", "--method"]
     assert command[5:9] == ["otb", "--seed", "1", "--output_dir"] and Path(command[9]) == Path("DIR/runs/otb-1")

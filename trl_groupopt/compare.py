@@ -28,6 +28,7 @@ from typing import Any
 
 from . import runs as runfile
 from . import stats
+from .compare_report import describe, write_markdown, write_plot
 from .registry import METHODS
 
 #: Options `compare` sets on each run itself.
@@ -147,14 +148,25 @@ def _without(args: Sequence[str], flags: Sequence[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------- data
-def carve_heldout(options: Options, data_dir: Path) -> list[str] | None:
-    """For `--dataset_name`: the held-out rows, carved once (first `eval_examples` of a shuffle with `CARVE_SEED`)
-    into DATA/heldout.jsonl and the rest into DATA/train.jsonl, both in the prompt-answer format; returns the train
-    options that point the runs at DATA/train.jsonl. None for the synthetic task (its test split is held out)."""
-    name = _given(options.train_args, "--dataset_name")
+def carve_heldout(options: Options, data_dir: Path) -> tuple[list[str], bool]:
+    """(every run's train options, whether compare scores DATA/heldout.jsonl itself). The embedded policy on the
+    synthetic task: its runs score `eval_examples` prompts of the test split (results.json). Another model on it:
+    that split, written to DATA/heldout.jsonl. `--dataset_name`: the held-out rows carved once (the first
+    `eval_examples` of a shuffle with `CARVE_SEED`) into DATA/heldout.jsonl, the rest into DATA/train.jsonl (the
+    prompt-answer format), which the runs train on."""
+    from .offline import EMBEDDED_POLICY_PATH, make_arithmetic_dataset
+
+    name, heldout_path = _given(options.train_args, "--dataset_name"), data_dir / "heldout.jsonl"
     if name is None:
-        return None
-    train_path, heldout_path = data_dir / "train.jsonl", data_dir / "heldout.jsonl"
+        model = _given(options.train_args, "--model_name_or_path") or EMBEDDED_POLICY_PATH
+        if os.path.realpath(model) == os.path.realpath(EMBEDDED_POLICY_PATH):
+            return [*options.train_args, "--num_eval_examples", str(options.eval_examples)], False
+        if not heldout_path.exists():
+            data_dir.mkdir(parents=True, exist_ok=True)
+            test = make_arithmetic_dataset(options.eval_examples, seed=0, split="test")
+            test.select_columns(["prompt", "solution"]).to_json(str(heldout_path), lines=True)
+        return list(options.train_args), True
+    train_path = data_dir / "train.jsonl"
     if not (train_path.exists() and heldout_path.exists()):
         from .cli import load_raw_dataset, to_prompt_solution
 
@@ -169,7 +181,7 @@ def carve_heldout(options: Options, data_dir: Path) -> list[str] | None:
         data.select(range(options.eval_examples)).to_json(str(heldout_path), lines=True)
         data.select(range(options.eval_examples, len(data))).to_json(str(train_path), lines=True)
     return [*_without(options.train_args, DATA_OPTIONS), "--dataset_name", str(train_path),
-            "--dataset_format", "prompt-answer"]  # fmt: skip
+            "--dataset_format", "prompt-answer"], True  # fmt: skip
 
 
 def heldout_accuracy(model_path: str, heldout_path: Path, max_new_tokens: int) -> dict[str, Any]:
@@ -194,11 +206,9 @@ def heldout_accuracy(model_path: str, heldout_path: Path, max_new_tokens: int) -
 class Trainer:
     """Runs one (method, seed) as `python -m trl_groupopt.cli train ...` and reads back its record."""
 
-    def __init__(self, options: Options, run_args: list[str] | None) -> None:
+    def __init__(self, options: Options, run_args: list[str], score_here: bool) -> None:
         self.options, self.dir = options, Path(options.output_dir)
-        self.custom_data = run_args is not None
-        self.run_args = run_args if run_args is not None else [*options.train_args, "--num_eval_examples",
-                                                               str(options.eval_examples)]  # fmt: skip
+        self.run_args, self.score_here = run_args, score_here
         self.live: set[subprocess.Popen] = set()
         self.lock = threading.Lock()
         self._before: float | None = None
@@ -239,7 +249,7 @@ class Trainer:
     def record(self, method: str, seed: int, folder: Path, wall: float, cpu: float) -> dict[str, Any]:
         results = json.loads((folder / "results.json").read_text())
         before, after = results.get("accuracy_before"), results.get("accuracy_after")
-        if self.custom_data:
+        if self.score_here:
             heldout = self.dir / "data" / "heldout.jsonl"
             max_new = int(_given(self.run_args, "--max_completion_length") or 256)  # TRL's default
             with self.lock:  # the base model's, the same for every run: measured once
@@ -261,17 +271,6 @@ class Trainer:
         with self.lock:
             for proc in self.live:
                 proc.kill()
-
-
-def describe(record: dict[str, Any]) -> str:
-    acted = record.get("acted")
-    share = f", acted on {acted['acted']}/{acted['steps']} steps" if acted and acted["steps"] else ""
-
-    def pct(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.1%}"
-
-    return (f"accuracy {pct(record['accuracy_before'])} -> {pct(record['accuracy_after'])}{share}, "
-            f"{record['wall_s']:.0f} s wall, {record['cpu_s']:.0f} s CPU")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------- the comparison
@@ -325,7 +324,6 @@ GRID_KEY = ("method", "seed")
 def run(options: Options) -> dict[str, Any]:
     """The comparison `options` asks for: check, run what DIR lacks, write the four files; returns compare.json's
     content. Bad input raises `CompareError` before any run."""
-    from .compare_report import write_markdown, write_plot
 
     check(options)
     out = Path(options.output_dir)
@@ -333,7 +331,7 @@ def run(options: Options) -> dict[str, Any]:
     conflict = runfile.settings_conflict(grid, runfile.read_runs(out / "runs.jsonl", grid), options.settings)
     if conflict:
         raise CompareError(f"{conflict}: pass the train options those runs were made with, or another --output_dir.")
-    trainer = Trainer(options, carve_heldout(options, out / "data"))
+    trainer = Trainer(options, *carve_heldout(options, out / "data"))
     grid = runfile.Grid(GRID_KEY, trainer, describe)
     runs = runfile.read_runs(out / "runs.jsonl", grid)
     jobs = runfile.pending(grid, runs, [(m, s) for s in range(options.seeds) for m in options.methods])

@@ -22,6 +22,14 @@ def _acted(acted: dict[str, Any] | None) -> str:
     return f"{acted['acted']}/{acted['steps']} steps ({acted['acted'] / acted['steps']:.0%}): {acted['what']}"
 
 
+def describe(record: dict[str, Any]) -> str:
+    """One line on a finished run, for the progress log."""
+    acted = record.get("acted")
+    share = f", acted on {acted['acted']}/{acted['steps']} steps" if acted and acted["steps"] else ""
+    return (f"accuracy {_percent(record['accuracy_before'])} -> {_percent(record['accuracy_after'])}{share}, "
+            f"{record['wall_s']:.0f} s wall, {record['cpu_s']:.0f} s CPU")  # fmt: skip
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The comparison table, each method's accuracy, the power notes, the rule and the cost."""
     s = result["settings"]
