@@ -65,3 +65,14 @@ def test_python_twin_on_a_users_dataset_scores_the_carved_heldout_rows(tmp_path)
     train = (tmp_path / "cmp" / "data" / "train.jsonl").read_text().splitlines()
     assert (len(heldout), len(train)) == (16, 64) and set(heldout).isdisjoint(train)
     assert result["comparisons"][0]["n"] == 2
+
+
+def test_help_and_bad_input_answer_without_importing_trl():
+    probe = ("import sys, trl_groupopt.compare as c\nassert c.main(['--methods', 'grpo', '--seeds', '2', "
+             "'--output_dir', 'unused']) == 2\nprint(sorted({m.split('.')[0] for m in sys.modules} & "
+             "{'torch', 'trl', 'transformers', 'datasets', 'matplotlib'}))")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "[]", proc.stderr
+    assert "name a method to compare with the baseline too" in proc.stderr
+    assert "--eval_examples" in _compare("--help").stdout
