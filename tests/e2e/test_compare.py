@@ -4,6 +4,7 @@ held-out rows carved from it and scored on each saved model)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -17,9 +18,20 @@ REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def _run(module: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+
+
+@functools.cache
+def _entry() -> list[str]:
+    """`trl-groupopt compare` (`python -m trl_groupopt.cli compare`) once the CLI dispatches it, else the module."""
+    dispatched = _run("trl_groupopt.cli", "compare", "--help")
+    return ["trl_groupopt.cli", "compare"] if "--eval_examples" in dispatched.stdout else ["trl_groupopt.compare"]
+
+
 def _compare(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trl_groupopt.compare", *argv], cwd=REPO, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    return _run(*_entry(), *argv)
 
 
 def test_compare_writes_the_four_files_and_a_rerun_skips_every_done_run(tmp_path):
