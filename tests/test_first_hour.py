@@ -114,10 +114,10 @@ def test_an_environment_may_supply_the_prompts():
 
 def test_malformed_conversational_prompt_is_rejected():
     data = Dataset.from_dict({"prompt": [[{"text": "hi"}]], "solution": ["1"]})
-    with pytest.raises(ValueError, match="'role' and 'content'"):
+    with pytest.raises(ValueError, match=r"train_dataset: row 0: 'prompt' message 0 is not a \{'role', 'content'\}"):
         checks.check_train_dataset(data, None)
     data = Dataset.from_dict({"prompt": [3], "solution": ["1"]})
-    with pytest.raises(ValueError, match="string .standard format. or a list"):
+    with pytest.raises(ValueError, match="train_dataset: row 0: 'prompt' is 3, not a string"):
         checks.check_train_dataset(data, None)
     checks.check_train_dataset(Dataset.from_dict({"prompt": ["Compute 1+1"]}), None)  # standard format is fine
 

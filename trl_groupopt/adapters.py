@@ -108,13 +108,16 @@ def check_data_path(name: str) -> None:
             )
     elif os.path.isfile(name):
         if not name.lower().endswith(tuple(LOCAL_DATA_BUILDERS)):
-            raise ValueError(f"--dataset_name {name!r} is a file with an unsupported extension; use one of "
-                             f"{sorted(LOCAL_DATA_BUILDERS)} (or a folder, or a Hub dataset name).")  # fmt: skip
+            raise ValueError(
+                f"--dataset_name {name!r} is a file with an unsupported extension; use one of "
+                f"{sorted(LOCAL_DATA_BUILDERS)} (or a folder, or a Hub dataset name)."
+            )
         with open(name, "rb") as handle:
             if not any(block.strip() for block in iter(lambda: handle.read(1 << 16), b"")):
                 row = json.dumps(EXAMPLE_ROWS["prompt-answer"])
-                raise ValueError(f"--dataset_name {name} is empty: there is nothing to train on. Give one row per "
-                                 f"line, e.g. {row}")  # fmt: skip
+                raise ValueError(
+                    f"--dataset_name {name} is empty: there is nothing to train on. Give one row per line, e.g. {row}"
+                )
     elif _looks_local(name) or name.lower().endswith(tuple(LOCAL_DATA_BUILDERS)):
         raise FileNotFoundError(f"--dataset_name {name!r}: no such file or folder.")
 
@@ -124,15 +127,13 @@ def _unreadable_line(path: str, as_json: bool) -> str | None:
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, 1):
             try:
-                json.loads(line.decode("utf-8")) if as_json and line.strip() else line.decode("utf-8")
+                text = line.decode("utf-8")
+                if as_json and text.strip():
+                    json.loads(text)
             except UnicodeDecodeError as err:
                 return f"line {number} is not UTF-8 (byte {line[err.start]:#04x}): save the file as UTF-8."
             except json.JSONDecodeError as err:
-                comma = (
-                    " (remove the trailing comma: one object per line, nothing between)"
-                    if line.rstrip().endswith(b",")
-                    else ""
-                )
+                comma = " (remove the trailing comma: one object per line)" if text.rstrip().endswith(",") else ""
                 return f"line {number} is not one JSON object: {err.msg} at column {err.colno}{comma}."
     return None
 
@@ -171,7 +172,7 @@ def _message_problem(messages: list) -> str | None:
     return None
 
 
-def check_prompts(prompts: Sequence[Any], column: str, name: str, messages_allowed: bool) -> None:
+def check_prompts(prompts: Sequence[Any], column: str, source: str, messages_allowed: bool) -> None:
     """Each prompt is a string or (`messages_allowed`) a list of ``{"role", "content"}`` messages with text content,
     all in one form, not all empty: checked row by row, before any conversion."""
     forms: dict[str, int] = {}
@@ -183,13 +184,15 @@ def check_prompts(prompts: Sequence[Any], column: str, name: str, messages_allow
             problem = None if isinstance(prompt, str) else f"is {prompt!r}, not a string"
             forms.setdefault("a string", row)
         if problem is not None:
-            raise ValueError(f"--dataset_name {name}: row {row}: {column!r} {problem}. Fix or drop that row.")
+            raise ValueError(f"{source}: row {row}: {column!r} {problem}. Fix or drop that row.")
     if len(forms) > 1:
         rows = " and ".join(f"row {row} holds {form}" for form, row in forms.items())
-        raise ValueError(f"--dataset_name {name}: {column!r} mixes forms ({rows}): write every prompt the same way, "
-                         "as a string or as [{'role': 'user', 'content': ...}].")  # fmt: skip
+        raise ValueError(
+            f"{source}: {column!r} mixes forms ({rows}): write every prompt the same way, "
+            "as a string or as [{'role': 'user', 'content': ...}]."
+        )
     if all(isinstance(p, str) and not p.strip() for p in prompts):
-        raise ValueError(f"--dataset_name {name}: every {column!r} is empty: there is nothing to prompt with.")
+        raise ValueError(f"{source}: every {column!r} is empty: there is nothing to prompt with.")
 
 
 def check_columns(columns: list[str], dataset_format: str) -> None:
@@ -258,8 +261,10 @@ def check_answers(raw, converted, dataset_format: str, name: str, max_fraction: 
 
 
 def _prompt_lengths(prompts: Sequence[Any], tokenizer) -> list[int]:
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if isinstance(p, list)
-             else p for p in prompts]  # fmt: skip
+    texts = [
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if isinstance(p, list) else p
+        for p in prompts
+    ]
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
@@ -270,9 +275,15 @@ def check_prompt_lengths(data, name: str, tokenizer, context: int | None, traini
         return
     lengths = _prompt_lengths(data["prompt"], tokenizer)
     bad = [i for i, n in enumerate(lengths) if n > room]
-    what = (f"have prompts longer than the {room} tokens the model's context leaves ({context} positions minus "
+    what = (
+        (
+            f"have prompts longer than the {room} tokens the model's context leaves ({context} positions minus "
             f"--max_completion_length {training_args.max_completion_length}; e.g. row {bad[0]}: {lengths[bad[0]]} "
-            "tokens)") if bad else ""  # fmt: skip
+            "tokens)"
+        )
+        if bad
+        else ""
+    )
     fix = "shorten or drop those rows, or lower --max_completion_length"
     check_fraction(bad, len(lengths), what, name, "max_overlong_prompt_fraction", max_fraction, fix)
 
@@ -289,14 +300,19 @@ def prepare_prompts(data, name: str, tokenizer, mode: str):
     ):
         return data
     if mode == "raw":
-        warnings.warn(f"--dataset_name {name}: 'prompt' holds plain strings and the tokenizer has a chat template, "
-                      "which they bypass: the model continues the raw text, which often earns no reward. Use "
-                      "--string_prompts user_message, or write prompts as [{'role': 'user', 'content': ...}].",
-                      UserWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"--dataset_name {name}: 'prompt' holds plain strings and the tokenizer has a chat template, "
+            "which they bypass: the model continues the raw text, which often earns no reward. Use "
+            "--string_prompts user_message, or write prompts as [{'role': 'user', 'content': ...}].",
+            UserWarning,
+            stacklevel=2,
+        )
         return data
     if os.environ.get("RANK", "0") == "0":
-        print(f"[trl-groupopt] --dataset_name {name}: the prompts are plain strings and the tokenizer has a chat "
-              "template: each prompt is sent as one user message (--string_prompts raw keeps the text as is).")  # fmt: skip
+        print(
+            f"[trl-groupopt] --dataset_name {name}: the prompts are plain strings and the tokenizer has a chat "
+            "template: each prompt is sent as one user message (--string_prompts raw keeps the text as is)."
+        )
     return data.map(string_prompt_to_conversational)
 
 
@@ -312,7 +328,9 @@ def load_datasets(script_args, model_args=None, training_args=None):
     if len(raw) == 0:
         raise ValueError(f"--dataset_name {name} has no rows in split {script_args.dataset_train_split!r}.")
     check_columns(raw.column_names, form)
-    check_prompts(raw[FORMAT_COLUMNS[form][0]], FORMAT_COLUMNS[form][0], name, form == "prompt-answer")
+    check_prompts(
+        raw[FORMAT_COLUMNS[form][0]], FORMAT_COLUMNS[form][0], f"--dataset_name {name}", form == "prompt-answer"
+    )
     data = to_prompt_solution(raw, form)
     check_answers(raw, data, form, name, script_args.max_unusable_answer_fraction)
     if model_args is None:

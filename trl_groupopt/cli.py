@@ -254,11 +254,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         "  trl-groupopt train --method dfpo --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\\n"
         "      --dataset_name openai/gsm8k --dataset_config main --dataset_format gsm8k"
     )
-    parser = _OneLineParser(prog="trl-groupopt", description="Group RL objectives as drop-in TRL GRPOTrainer "
-                            "subclasses.", epilog=epilog, formatter_class=raw)  # fmt: skip
+    parser = _OneLineParser(
+        prog="trl-groupopt",
+        description="Group RL objectives as drop-in TRL GRPOTrainer subclasses.",
+        epilog=epilog,
+        formatter_class=raw,
+    )
     commands = parser.add_subparsers(dest="command", metavar="{train,methods,compare}", parser_class=_OneLineParser)
-    train_parser = commands.add_parser("train", add_help=False, formatter_class=raw, epilog=f"methods:\n{_methods_table()}",
-                                       help="train a method; `train --method NAME --help` lists every option")  # fmt: skip
+    train_parser = commands.add_parser(
+        "train",
+        add_help=False,
+        formatter_class=raw,
+        epilog=f"methods:\n{_methods_table()}",
+        help="train a method; `train --method NAME --help` lists every option",
+    )
     train_parser.add_argument("--method", choices=list(METHODS), help="the method to train (see below)")
     commands.add_parser("methods", help="list the registered methods")
     commands.add_parser("compare", add_help=False, help="compare methods (`compare --help`)")

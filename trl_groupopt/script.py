@@ -277,8 +277,12 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
     from .reporting import ReadableProgressCallback
 
     spec = get_method(method)
-    model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
-                             attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
+    model_init_kwargs = dict(
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
     training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
     trainer = spec.trainer_class(
         model=model_args.model_name_or_path,
