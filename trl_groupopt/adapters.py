@@ -40,9 +40,8 @@ LOCAL_DATA_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet",
 
 
 def _messages(question: str, system_prompt: str | None) -> list[dict[str, str]]:
-    return [{"role": "system", "content": system_prompt}] * bool(system_prompt) + [
-        {"role": "user", "content": question}
-    ]
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*system, {"role": "user", "content": question}]
 
 
 def gsm8k_to_conversational(row: dict[str, Any], system_prompt: str | None = None) -> dict[str, Any]:
@@ -50,17 +49,18 @@ def gsm8k_to_conversational(row: dict[str, Any], system_prompt: str | None = Non
     ``#### 1,000`` -> ``\\boxed{1000}``, no ``####`` -> ``""`` (the accuracy reward skips the row)."""
     answer = str(row["answer"])
     final = answer.split("####")[-1].strip().replace(",", "").replace("$", "").strip() if "####" in answer else ""
-    return {"prompt": _messages(str(row["question"]), system_prompt), "solution": f"\\boxed{{{final}}}" * bool(final)}
+    return {
+        "prompt": _messages(str(row["question"]), system_prompt),
+        "solution": f"\\boxed{{{final}}}" if final else "",
+    }
 
 
 def math_to_conversational(row: dict[str, Any], system_prompt: str | None = None) -> dict[str, Any]:
     """A MATH row (``problem``, ``solution`` with a final ``\\boxed{}``) with the last boxed content as solution
     (nested braces kept); none -> ``""``."""
     content = extract_last_boxed(str(row["solution"]))
-    return {
-        "prompt": _messages(str(row["problem"]), system_prompt),
-        "solution": f"\\boxed{{{content}}}" * bool(content),
-    }
+    solution = f"\\boxed{{{content}}}" if content else ""
+    return {"prompt": _messages(str(row["problem"]), system_prompt), "solution": solution}
 
 
 def string_prompt_to_conversational(row: dict[str, Any], system_prompt: str | None = None) -> dict[str, Any]:
@@ -255,7 +255,7 @@ def check_answers(raw, converted, dataset_format: str, name: str, max_fraction: 
     parts = [f"{len(empty)} empty or null"] if empty else []
     if other:
         parts.append(f"{len(other)} without {marker} (e.g. row {other[0]}: {str(answers[other[0]])[-60:]!r})")
-    fix = "fix those rows or drop them" + ", or choose the --dataset_format that matches" * (column == "answer")
+    fix = "fix those rows or drop them" + (", or choose the --dataset_format that matches" if empty != bad else "")
     what = f"have no usable answer in {column!r} ({', '.join(parts)}); they get no reward"
     check_fraction(bad, len(answers), what, name, "max_unusable_answer_fraction", max_fraction, fix)
 
@@ -268,24 +268,19 @@ def _prompt_lengths(prompts: Sequence[Any], tokenizer) -> list[int]:
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def check_prompt_lengths(data, name: str, tokenizer, context: int | None, training_args, max_fraction: float) -> None:
+def check_prompt_lengths(data, name: str, tokenizer, context: int | None, completion: int, limit: float) -> None:
     """Prompts longer than the model's context leaves room for, against ``--max_overlong_prompt_fraction``."""
-    room = None if context is None else context - training_args.max_completion_length
-    if room is None:
+    if context is None:
         return
     lengths = _prompt_lengths(data["prompt"], tokenizer)
-    bad = [i for i, n in enumerate(lengths) if n > room]
+    bad = [i for i, n in enumerate(lengths) if n > context - completion]
+    example = f"; e.g. row {bad[0]}: {lengths[bad[0]]} tokens" if bad else ""
     what = (
-        (
-            f"have prompts longer than the {room} tokens the model's context leaves ({context} positions minus "
-            f"--max_completion_length {training_args.max_completion_length}; e.g. row {bad[0]}: {lengths[bad[0]]} "
-            "tokens)"
-        )
-        if bad
-        else ""
+        f"have prompts longer than the {context - completion} tokens the model's context leaves ({context} "
+        f"positions minus --max_completion_length {completion}){example}"
     )
     fix = "shorten or drop those rows, or lower --max_completion_length"
-    check_fraction(bad, len(lengths), what, name, "max_overlong_prompt_fraction", max_fraction, fix)
+    check_fraction(bad, len(lengths), what, name, "max_overlong_prompt_fraction", limit, fix)
 
 
 def prepare_prompts(data, name: str, tokenizer, mode: str):
@@ -293,11 +288,8 @@ def prepare_prompts(data, name: str, tokenizer, mode: str):
     warns); conversational prompts, prompts holding its special tokens, or no template: as they are."""
     sample = data[:100]["prompt"]
     special = [t for t in tokenizer.all_special_tokens if t]
-    if (
-        not isinstance(sample[0], str)
-        or tokenizer.chat_template is None
-        or any(t in p for p in sample for t in special)
-    ):
+    templated = any(t in p for p in sample for t in special if isinstance(p, str))
+    if not isinstance(sample[0], str) or tokenizer.chat_template is None or templated:
         return data
     if mode == "raw":
         warnings.warn(
@@ -328,9 +320,8 @@ def load_datasets(script_args, model_args=None, training_args=None):
     if len(raw) == 0:
         raise ValueError(f"--dataset_name {name} has no rows in split {script_args.dataset_train_split!r}.")
     check_columns(raw.column_names, form)
-    check_prompts(
-        raw[FORMAT_COLUMNS[form][0]], FORMAT_COLUMNS[form][0], f"--dataset_name {name}", form == "prompt-answer"
-    )
+    column = FORMAT_COLUMNS[form][0]
+    check_prompts(raw[column], column, f"--dataset_name {name}", messages_allowed=form == "prompt-answer")
     data = to_prompt_solution(raw, form)
     check_answers(raw, data, form, name, script_args.max_unusable_answer_fraction)
     if model_args is None:
@@ -343,5 +334,6 @@ def load_datasets(script_args, model_args=None, training_args=None):
     if training_args is not None:
         config = AutoConfig.from_pretrained(model, revision=model_args.model_revision, trust_remote_code=remote)
         context = getattr(config.get_text_config(), "max_position_embeddings", None)
-        check_prompt_lengths(data, name, tokenizer, context, training_args, script_args.max_overlong_prompt_fraction)
+        completion, limit = training_args.max_completion_length, script_args.max_overlong_prompt_fraction
+        check_prompt_lengths(data, name, tokenizer, context, completion, limit)
     return data, None

@@ -32,61 +32,41 @@ from .registry import get_method
 __all__ = ["Deferred", "DemoScriptArguments", "MethodParser", "parse", "run"]
 
 
+def _option(default: Any, help: str, **metadata: Any) -> Any:
+    factory = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**factory, metadata={"help": help, **metadata})
+
+
 @dataclass
 class DemoScriptArguments(ScriptArguments):
     """TRL's `ScriptArguments` plus the data format and checks, the reward functions and the demo's evaluation."""
 
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Hub dataset, local file (.jsonl .json .parquet .csv) or folder. Unset: the synthetic task."
-        },
+    dataset_format: str = _option("prompt-answer", "How to read --dataset_name.", choices=adapters.DATASET_FORMATS)
+    reward_funcs: list[str] = _option(
+        ["accuracy_reward"], "From trl_groupopt.rewards.", choices=list(cli.REWARD_FUNCS)
     )
-    dataset_format: str = field(
-        default="prompt-answer",
-        metadata={"help": "How to read --dataset_name (never guessed).", "choices": list(adapters.DATASET_FORMATS)},
+    max_unusable_answer_fraction: float = _option(
+        0.1,
+        "Rows whose gold answer the accuracy reward cannot read, counted before the model loads: above this "
+        "fraction the run stops, below it warns.",
     )
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["accuracy_reward"],
-        metadata={"help": "Reward functions from trl_groupopt.rewards.", "choices": list(cli.REWARD_FUNCS)},
+    max_overlong_prompt_fraction: float = _option(
+        0.1,
+        "Prompts longer than the model's context leaves room for (max_position_embeddings minus "
+        "--max_completion_length), counted before the model loads: above this fraction the run stops, below it warns.",
     )
-    max_unusable_answer_fraction: float = field(
-        default=0.1,
-        metadata={
-            "help": "Rows whose gold answer the accuracy reward cannot read (empty, null, a list, no number; gsm8k "
-            "without '#### <answer>', math without \\boxed{}) are counted before the model loads: above this "
-            "fraction the run stops, below it warns."
-        },
+    string_prompts: str = _option(
+        "user_message",
+        "Plain-string prompts for a chat template: 'user_message' sends each as one user message, "
+        "'raw' keeps the text (and warns).",
+        choices=adapters.STRING_PROMPTS,
     )
-    max_overlong_prompt_fraction: float = field(
-        default=0.1,
-        metadata={
-            "help": "Prompts longer than the model's context leaves room for (its max_position_embeddings minus "
-            "--max_completion_length) are counted before the model loads: above this fraction the run stops, below "
-            "it warns."
-        },
-    )
-    string_prompts: str = field(
-        default="user_message",
-        metadata={
-            "help": "Plain-string prompts for a model with a chat template: 'user_message' sends each as one user "
-            "message, 'raw' keeps the text (and warns).",
-            "choices": list(adapters.STRING_PROMPTS),
-        },
-    )
-    num_train_examples: int = field(default=2000, metadata={"help": "Synthetic task: training prompts."})
-    num_eval_examples: int = field(default=200, metadata={"help": "Synthetic task: held-out prompts for accuracy."})
-    evaluate_accuracy: bool = field(
-        default=True, metadata={"help": "Synthetic task: held-out greedy accuracy before and after (results.json)."}
-    )
-    heldout_eval_steps: int = field(
-        default=10, metadata={"help": "Synthetic task: held-out accuracy every this many steps too; 0: never."}
-    )
-    heldout_eval_examples: int = field(default=64, metadata={"help": "Synthetic task: prompts of that curve."})
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={"help": "A fresh run into an --output_dir holding an earlier run's checkpoints deletes them first."},
-    )
+    num_train_examples: int = _option(2000, "Synthetic task (no --dataset_name): training prompts.")
+    num_eval_examples: int = _option(200, "Synthetic task: held-out prompts for accuracy.")
+    evaluate_accuracy: bool = _option(True, "Synthetic task: held-out greedy accuracy before and after.")
+    heldout_eval_steps: int = _option(10, "Synthetic task: held-out accuracy every this many steps too; 0: never.")
+    heldout_eval_examples: int = _option(64, "Synthetic task: prompts of that curve.")
+    overwrite_output_dir: bool = _option(False, "A fresh run deletes the checkpoints of an earlier run first.")
 
     def __post_init__(self):
         for name in ("max_unusable_answer_fraction", "max_overlong_prompt_fraction"):
