@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import inspect
 import os
 import shlex
 import shutil
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
@@ -215,7 +217,9 @@ def one_line_errors(prog: str, debug: bool, resume: str = ""):
     while training, the traceback as usual); Ctrl-C prints `resume`, the command that resumes the run, and exits 130."""
     try:
         yield
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
+        traceback.clear_frames(interrupt.__traceback__)  # the run's objects (its progress bar) close first
+        gc.collect()
         sys.stderr.write(f"\n{prog}: interrupted. Resume from the last checkpoint with: {resume}\n")
         raise SystemExit(130) from None
     except Exception as error:
