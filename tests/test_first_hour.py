@@ -12,7 +12,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, OTBConfig, adapters, checks, cli
+from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, OTBConfig, adapters, checks, cli, offline
 from trl_groupopt.offline import make_arithmetic_dataset
 from trl_groupopt.rewards import accuracy_reward, format_reward
 
@@ -212,7 +212,7 @@ def test_failed_run_leaves_no_empty_output_folder(tmp_path, monkeypatch):
         out.mkdir(exist_ok=True)
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(cli.offline, "greedy_accuracy", boom)
+    monkeypatch.setattr(offline, "greedy_accuracy", boom)
     with pytest.raises(RuntimeError, match="boom"):
         cli.train("echo", ["--num_train_examples", "16", "--output_dir", str(out)])
     assert not out.exists()

@@ -25,11 +25,15 @@ from typing import Any, NoReturn
 from transformers import TrainingArguments
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
-from . import adapters, cli, offline
+from . import adapters, offline, rewards
+from .defaults import EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS, default_output_dir, uses_embedded_policy
 from .device import device_supports_bf16, has_accelerator
 from .registry import get_method
 
 __all__ = ["Deferred", "DemoScriptArguments", "MethodParser", "parse", "run"]
+
+#: The reward functions the command can use, by name (``--reward_funcs``).
+REWARD_FUNCS = {"accuracy_reward": rewards.accuracy_reward, "format_reward": rewards.format_reward}
 
 
 def _option(default: Any, help: str, **metadata: Any) -> Any:
@@ -42,9 +46,7 @@ class DemoScriptArguments(ScriptArguments):
     """TRL's `ScriptArguments` plus the data format and checks, the reward functions and the demo's evaluation."""
 
     dataset_format: str = _option("prompt-answer", "How to read --dataset_name.", choices=adapters.DATASET_FORMATS)
-    reward_funcs: list[str] = _option(
-        ["accuracy_reward"], "From trl_groupopt.rewards.", choices=list(cli.REWARD_FUNCS)
-    )
+    reward_funcs: list[str] = _option(["accuracy_reward"], "From trl_groupopt.rewards.", choices=list(REWARD_FUNCS))
     max_unusable_answer_fraction: float = _option(
         0.1,
         "Rows whose gold answer the accuracy reward cannot read, counted before the model loads: above this "
@@ -96,13 +98,13 @@ def by_model(embedded: Any, named: Any) -> Deferred:
 def deferred_defaults(method: str) -> dict[str, Any]:
     """The layers of `trl_groupopt.cli` as parser defaults: RUN_DEFAULTS and the method's mode, then per-model values."""
     spec = get_method(method)
-    embedded = {**cli.EMBEDDED_POLICY_DEFAULTS, **spec.demo_defaults}
+    embedded = {**EMBEDDED_POLICY_DEFAULTS, **spec.demo_defaults}
     defaults = {f.name: f.default for f in dataclasses.fields(spec.config_class) if f.name in embedded}
-    defaults.update({**spec.config_defaults, **cli.RUN_DEFAULTS})  # what a named model gets
+    defaults.update({**spec.config_defaults, **RUN_DEFAULTS})  # what a named model gets
     defaults.update({name: by_model(value, defaults[name]) for name, value in embedded.items()})
 
     def output_dir(namespace: argparse.Namespace, tiny: bool) -> str:
-        return cli.default_output_dir(method, None if tiny else namespace.model_name_or_path)
+        return default_output_dir(method, None if tiny else namespace.model_name_or_path)
 
     def bf16(namespace: argparse.Namespace, tiny: bool) -> bool:  # the tiny policy trains in fp32 everywhere
         return not tiny and not namespace.fp16 and device_supports_bf16(namespace.use_cpu)
@@ -182,15 +184,13 @@ class MethodParser(TrlParser):
         return target.add_argument(*flags, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        cli.die(self.prog, message)
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")  # one line, as `trl_groupopt.cli.die`
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, rest = super().parse_known_args(args, namespace)
         if rest:
             self.error(unknown_option(rest, self._flags))
-        tiny = isinstance(namespace.model_name_or_path, Deferred) or cli.uses_embedded_policy(
-            namespace.model_name_or_path
-        )
+        tiny = isinstance(namespace.model_name_or_path, Deferred) or uses_embedded_policy(namespace.model_name_or_path)
         for dest in sorted(vars(namespace), key=lambda d: d == "bf16"):  # bf16 reads use_cpu
             if isinstance(value := getattr(namespace, dest), Deferred):
                 setattr(namespace, dest, value.resolve(namespace, tiny))
@@ -234,7 +234,7 @@ def parse(method: str, argv: Sequence[str], prog: str):
 
         training_args.max_all_none_reward_batches = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
     adapters.check_model_path(model_args.model_name_or_path)
-    demo = cli.uses_embedded_policy(model_args.model_name_or_path) and script_args.dataset_name is None
+    demo = uses_embedded_policy(model_args.model_name_or_path) and script_args.dataset_name is None
     return script_args, training_args, model_args, demo
 
 
@@ -266,7 +266,7 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
     training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
     trainer = spec.trainer_class(
         model=model_args.model_name_or_path,
-        reward_funcs=[cli.REWARD_FUNCS[name] for name in script_args.reward_funcs],
+        reward_funcs=[REWARD_FUNCS[name] for name in script_args.reward_funcs],
         args=training_args,
         train_dataset=train_dataset,
         peft_config=get_peft_config(model_args),
@@ -319,7 +319,7 @@ def run(method, script_args, training_args, model_args, demo, train_dataset, eva
     from .model_card import SYNTHETIC_DATASET_NAME
     from .reporting import HeldOutAccuracyCallback
 
-    set_cpu_threads(training_args, cli.uses_embedded_policy(model_args.model_name_or_path))
+    set_cpu_threads(training_args, uses_embedded_policy(model_args.model_name_or_path))
     start = time.perf_counter()
     trainer = _build_trainer(method, script_args, training_args, model_args, train_dataset)
     main = trainer.accelerator.is_main_process
