@@ -10,7 +10,7 @@ each filling what the ones above left unset:
 4. :data:`RUN_DEFAULTS` for every run: the off-policy schedule (`steps_per_generation` > `gradient_accumulation_steps`,
    so the clipping methods act), logging, CPU when there is no accelerator; bf16 for a named model where the device
    runs it natively,
-5. the method's `config_defaults` (a mode, e.g. GRPO-fix), then the config class's own defaults.
+5. the method's `config_defaults` (a mode of another method's trainer), then the config class's own defaults.
 
 With no model and no dataset it trains the embedded policy on the synthetic arithmetic task, offline, into
 `outputs/<method>-demo`. The data is checked at the door (`trl_groupopt.adapters.load_datasets`) before the model
@@ -195,9 +195,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     epilog = (
         f"methods:\n{_methods_table()}\n\nexamples:\n"
-        "  trl-groupopt train --method echo                 # offline CPU demo (embedded policy)\n"
-        "  trl-groupopt train --method otb --help           # every option of a method\n"
-        "  trl-groupopt train --method dfpo --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\\n"
+        "  trl-groupopt train --method NAME                 # offline CPU demo (embedded policy)\n"
+        "  trl-groupopt train --method NAME --help          # every option of a method\n"
+        "  trl-groupopt train --method NAME --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\\n"
         "      --dataset_name openai/gsm8k --dataset_config main --dataset_format gsm8k"
     )
     parser = _OneLineParser(
@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             train(known.method, rest, prog=prog)
     elif known.command == "train" and {"-h", "--help"} & set(rest):
         train_parser.print_help()
-        print("\nAdd --method NAME --help for the method's options, e.g. trl-groupopt train --method otb --help")
+        print("\nAdd --method NAME --help for the method's options: trl-groupopt train --method NAME --help")
         sys.exit(0)
     elif known.command == "train":
         train_parser.error(f"--method is required; one of {', '.join(METHODS)}")

@@ -23,8 +23,8 @@ RUN_DEFAULTS = dict(
 
 #: The embedded tiny policy on the synthetic task. Its greedy decoding boxes only about half of its answers (the asset's
 #: README.md), so RL on the accuracy reward alone learns to box the answers it already computes right: measured
-#: (seeded, one CPU thread) held-out greedy accuracy rises from 18.0% to 29.5-33% in 80 steps for ECHO, DFPO,
-#: CTPO and GRPO-fix (OTB at its spec's own lr: 34.5%), in ~85-105 s of CPU time. Learning rates above ~2e-4 made
+#: (seeded, one CPU thread, fp32) held-out greedy accuracy rises from 18.0% to 29.5-34.5% in 80 steps for every shipped
+#: method (one at its spec's own `demo_defaults` lr), in ~85-105 s of CPU time. Learning rates above ~2e-4 made
 #: this 1 M-parameter policy worse. A checkpoint every 20 steps (on a generation boundary, so a resumed run is the
 #: uninterrupted one), the last 2 kept.
 EMBEDDED_POLICY_DEFAULTS = dict(

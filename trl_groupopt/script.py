@@ -166,7 +166,12 @@ class MethodParser(TrlParser):
             description=f"Train with {spec.trainer_name} ({spec.paper}). Errors print one line; a bare --debug "
             "prints the traceback.",
         )
-        self.add_argument("--config", metavar="YAML", default=argparse.SUPPRESS, help="option: value pairs")
+        self.add_argument(
+            "--config",
+            metavar="YAML",
+            default=argparse.SUPPRESS,
+            help="a YAML file of option: value pairs (and env: variables); the command line overrides it",
+        )
         self.set_defaults(**deferred_defaults(method))
 
     def _group(self, key: str) -> Any:
