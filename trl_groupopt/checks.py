@@ -197,18 +197,13 @@ def checked_reward_func(func: Any) -> Any:
     return CheckedRewardFunc(func)
 
 
-def checked_reward_funcs(reward_funcs: Any) -> Any:
-    """:func:`checked_reward_func` over a single reward function or a list (None passes through)."""
+def prepare_trainer_inputs(reward_funcs: Any, train_dataset: Any, environment_factory: Any = None) -> Any:
+    """The construction-time check of the trainers: the data against the reward functions; returns the reward
+    functions (one or a list) wrapped by :func:`checked_reward_func`."""
+    check_train_dataset(train_dataset, reward_funcs, has_environments=environment_factory is not None)
     if isinstance(reward_funcs, list | tuple):
         return [checked_reward_func(f) for f in reward_funcs]
     return None if reward_funcs is None else checked_reward_func(reward_funcs)
-
-
-def prepare_trainer_inputs(reward_funcs: Any, train_dataset: Any, environment_factory: Any = None) -> Any:
-    """The construction-time check of the trainers: the data against the reward functions; returns the reward
-    functions wrapped by :func:`checked_reward_funcs`."""
-    check_train_dataset(train_dataset, reward_funcs, has_environments=environment_factory is not None)
-    return checked_reward_funcs(reward_funcs)
 
 
 class AllNoneRewardWatch:
