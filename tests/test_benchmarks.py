@@ -755,22 +755,3 @@ def test_sample_efficiency_smoke(tmp_path):
     assert _is_png(tmp_path / "sample_efficiency.png")
     markdown = report.sample_efficiency_markdown(payload)  # the results page's table, from the JSON alone
     assert markdown.count("\n| ") == 1 + len(methods) and "| TRL GRPO | 4 |" in markdown
-
-
-def test_group_reductions_with_a_precomputed_index_match():
-    """The overhead fix in `objectives.common`: a precomputed dense index (one sort for many reductions) and no host
-    read of the group count give the same reductions, for sparse, unordered group ids too."""
-    import torch
-
-    from trl_groupopt.objectives import common as oc
-
-    group_ids = torch.tensor([7, 7, 3, 3, 3, 100, 7])
-    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 9.0])
-    index = oc.dense_group_index(group_ids)
-    expected = {"sum": [12.0, 12.0, 12.0, 12.0, 12.0, 6.0, 12.0], "amax": [9.0, 9.0, 5.0, 5.0, 5.0, 6.0, 9.0]}
-    for reduce, want in expected.items():
-        assert oc.group_reduce(values, group_ids, reduce).tolist() == want
-        assert oc.group_reduce(values, group_ids, reduce, index=index).tolist() == want
-    assert oc.group_mean(values, group_ids, index=index).tolist() == pytest.approx([4.0, 4.0, 4.0, 4.0, 4.0, 6.0, 4.0])
-    assert oc.group_size(group_ids, index=index).tolist() == [3.0, 3.0, 3.0, 3.0, 3.0, 1.0, 3.0]
-    assert oc.group_index(group_ids)[1] == 3

@@ -117,6 +117,8 @@ def _reward_value_problem(value: Any) -> str | None:
     if isinstance(value, str | bytes):
         return "a string"
     if isinstance(value, torch.Tensor):  # (no copy: torch.tensor(tensor) warns)
+        if value.is_meta:  # it has a shape but no value: TRL's `.item()` would fail naming no function
+            return "a tensor on the meta device, which holds no value: compute it on the CPU or GPU"
         return None if value.ndim == 0 else f"of shape {tuple(value.shape)}, not one number"
     try:
         converted = torch.tensor(value, dtype=torch.float32)

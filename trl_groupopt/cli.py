@@ -34,6 +34,7 @@ import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
+from . import resume
 from .defaults import DEMO_DEFAULTS, EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS  # noqa: F401  (read here by benchmarks)
 from .registry import METHODS, get_method
 from .run_folder import RunLock, checkpoints, resolve_resume
@@ -60,27 +61,29 @@ def parse(method: str, argv: Sequence[str] | None = None, *, prog: str | None = 
     return parse_with_trl(method, argv, prog or os.path.basename(sys.argv[0]))
 
 
-def prepare_output_dir(output_dir: str, resume_from_checkpoint: str | None, overwrite: bool, main: bool = True):
-    """The checkpoint to resume from (None: a fresh run), after refusing a fresh run that would overwrite an earlier
-    run's checkpoints. ``"last"``: the newest complete checkpoint. ``overwrite`` (a fresh run only) deletes the
-    earlier checkpoints first (on the main process)."""
+def prepare_output_dir(
+    output_dir: str, resume_from_checkpoint: str | None, overwrite: bool, main: bool = True, method=None, args=None
+):
+    """The checkpoint to resume from (None: a fresh run), after the resume rules of `trl_groupopt.resume` (a fresh
+    run over an earlier run, another method's checkpoint, a finished run: printed, exit 0). ``"last"``: the newest
+    complete checkpoint of `output_dir`. ``overwrite`` (a fresh run only) deletes the earlier checkpoints first (on
+    the main process)."""
     if resume_from_checkpoint is not None and overwrite:
         raise ValueError(
             "--overwrite_output_dir starts a fresh run; it cannot be combined with --resume_from_checkpoint."
         )
     if resume_from_checkpoint is not None:
-        return resolve_resume(output_dir, resume_from_checkpoint)
-    earlier = checkpoints(output_dir)
-    if earlier and overwrite:
-        for folder in earlier if main else ():
+        checkpoint = resolve_resume(output_dir, resume_from_checkpoint)
+        if method is not None and args is not None:  # the trainer checks again, and warns on changed settings
+            resume.check_resume(checkpoint, method, args, warn=False)
+            if (finished := resume.finished_message(checkpoint, args)) is not None:
+                print(finished, flush=True)
+                raise SystemExit(0)
+        return checkpoint
+    resume.refuse_fresh_run(output_dir, overwrite, cli=True)
+    if overwrite and main:
+        for folder in checkpoints(output_dir):
             shutil.rmtree(folder)
-    elif earlier:
-        names = ", ".join(p.name for p in earlier[:3]) + (", ..." if len(earlier) > 3 else "")
-        raise ValueError(
-            f"--output_dir {output_dir} already holds checkpoints of an earlier run ({names}); a fresh run would "
-            "overwrite them. Resume it with --resume_from_checkpoint last (or a checkpoint's path), or start anew "
-            "with another --output_dir or with --overwrite_output_dir (which deletes those checkpoints)."
-        )
     return None
 
 
@@ -106,7 +109,10 @@ def train(method: str, argv: Sequence[str] | None = None, *, prog: str | None = 
             training_args.resume_from_checkpoint,
             script_args.overwrite_output_dir,
             main=main_process,
+            method=method,
+            args=training_args,
         )
+        training_args.overwrite_output_dir = script_args.overwrite_output_dir  # the trainer's check reads it
         return script.run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset)
 
 
