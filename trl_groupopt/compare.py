@@ -171,7 +171,7 @@ def carve_heldout(options: Options, data_dir: Path) -> tuple[list[str], bool]:
         return list(options.train_args), True
     train_path = data_dir / "train.jsonl"
     if not (train_path.exists() and heldout_path.exists()):
-        from .cli import load_raw_dataset, to_prompt_solution
+        from .adapters import load_raw_dataset, to_prompt_solution
 
         fmt = _given(options.train_args, "--dataset_format") or "prompt-answer"
         split = _given(options.train_args, "--dataset_train_split") or "train"
