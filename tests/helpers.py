@@ -154,10 +154,10 @@ def random_batch(
 
 
 def _forward(trainer, model, batch):
-    """TRL's log-prob forward (`LossMixin`'s, without energy capture), for a GRPOTrainer or any of ours."""
-    from trl_groupopt.trainers.loss import LossMixin
+    """TRL's log-prob forward (the loss's, without energy capture), for a GRPOTrainer or any of ours."""
+    from trl_groupopt.trainers.loss import forward_logps_and_entropies
 
-    return LossMixin._forward_logps_and_entropies(trainer, model, batch)
+    return forward_logps_and_entropies(trainer, model, batch)
 
 
 def float64_forward(trainer, model, batch):

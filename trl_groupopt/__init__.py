@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     **dict.fromkeys(("METHODS", "MethodSpec", "Paper", "get_method", "register_method"), ".registry"),
-    **{name: ".trainers" + module for name, module in _TRAINER_EXPORTS.items()},
+    **_TRAINER_EXPORTS,
 }
 
 

@@ -30,10 +30,10 @@ def test_trainer_reports_its_methods_definition(method, tokenizer, base_model, t
     assert outcome.steps == 0 and "not measured" in outcome.text and not report.never_acted
 
 
-def test_otb_advantages_add_otbs_definition(tokenizer, base_model, tmp_path, monkeypatch):
+def test_otb_advantages_add_otbs_definition(tokenizer, base_model, tmp_path):
     """A config whose `advantage_estimator` is "otb" (any method) reports OTB's token baseline too, and says so."""
-    trainer = method_trainer("ctpo", tmp_path, clone_model(base_model), tokenizer, num_generations=2)
-    monkeypatch.setattr(trainer.args, "advantage_estimator", "otb", raising=False)
+    trainer = method_trainer("ctpo", tmp_path, clone_model(base_model), tokenizer, num_generations=2,
+                             advantage_estimator="otb")  # fmt: skip
     assert trainer.mechanisms() == (get_method("ctpo").mechanism, otb.MECHANISM)
     assert trainer.mechanism_report.advantage_estimator == "otb"
 

@@ -1,21 +1,16 @@
-"""Drop-in `trl.GRPOTrainer` subclasses, one per objective, and the shared base (imported on first use, PEP 562).
+"""Drop-in `trl.GRPOTrainer` subclasses, one per method, and the shared base (imported on first use, PEP 562).
 
-The base trainer is `GroupOptTrainer` (`base.py`), assembled from one mixin per concern: the loss path (`loss.py`),
-what each micro-batch carries (`batching.py`), the metric reduction (`metrics.py`); its config side is in
-`config.py` (every method config) and `schedule.py` (the off-policy schedule), its guards against stacks that would
-bypass the loss in `compat.py`. Each method module (`echo.py`, `dfpo.py`, `ctpo.py`, `otb.py`) holds its config and
-its trainer; its registry entry (paper, summary, headline metric) is `trl_groupopt/methods/<method>.py`.
+`base.py` is `GroupOptTrainer`, which overrides each TRL hook once and hands the work to helpers: the loss (`loss.py`),
+whole-group batches (`batching.py`), the metric reduction (`metrics.py`), the energy capture (`energy.py`), the
+mechanism report (`report.py`), the non-finite guard (`guard.py`), the run folder (`checkpointing.py`). Config side:
+`config.py` and `schedule.py`. Each method's config and trainer are in `<method>.py`; the exported classes are the ones
+the method specs (`trl_groupopt/methods/`) name.
 """
 
 from .. import _lazy
+from ..methods import SHIPPED
 
-_EXPORTS = {
-    "GroupOptTrainer": ".base",
-    **dict.fromkeys(("CTPOConfig", "CTPOTrainer"), ".ctpo"),
-    **dict.fromkeys(("DFPOConfig", "DFPOTrainer"), ".dfpo"),
-    **dict.fromkeys(("ECHOConfig", "ECHOTrainer"), ".echo"),
-    **dict.fromkeys(("OTBConfig", "OTBTrainer"), ".otb"),
-}
+_EXPORTS = {name: module for spec in SHIPPED for name, module in spec.exports.items()}
 
 
 def __getattr__(name: str):  # PEP 562: a name is imported on first access

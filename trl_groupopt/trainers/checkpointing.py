@@ -1,41 +1,43 @@
-"""`RunFolderMixin`: the trainer's side of `trl_groupopt.run_folder` (complete checkpoints, resume, the run lock).
+"""The trainer's side of `trl_groupopt.run_folder`: the hooks `GroupOptTrainer` calls at each run-folder event.
 
-- `train(resume_from_checkpoint=True)` resumes from the newest *complete* checkpoint (incomplete newer ones are
-  skipped with a warning naming the folder and what is missing), and an explicit checkpoint path must be complete;
-  `"last"` is accepted as `True` (the CLI's spelling).
-- Each checkpoint gets its completion record once every process has written its part.
-- `train()` holds the output folder's lock (main process), so a second run into the same folder refuses.
+- `RunFolder.training(resume_from_checkpoint)`: around `train()`; holds the output folder's lock (main process), so a
+  second run into the same folder refuses, and resolves the checkpoint to resume from: the newest *complete* one for
+  `True` / `"last"` (incomplete newer ones are skipped with a warning), an explicit path only if complete.
+- `RunFolder.saving_checkpoint(folder)`: around transformers' `_save_checkpoint`; the folder's completion record is
+  removed before (a re-save cut short must not pass for the earlier save) and written once every process has saved.
 """
 
 from __future__ import annotations
 
 import os
-
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..run_folder import RunLock, remove_checkpoint_record, resolve_resume, write_checkpoint_record
 
-__all__ = ["RunFolderMixin"]
+__all__ = ["RunFolder"]
 
 
-class RunFolderMixin:
-    """Mixed into `GroupOptTrainer` before `GRPOTrainer` (see the module docstring)."""
+class RunFolder:
+    """The run-folder rules of one trainer (see the module docstring)."""
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        """transformers' `train`, resuming only from complete checkpoints, with the output folder locked."""
-        with RunLock(self.args.output_dir, enabled=self.args.process_index == 0):
-            checkpoint = resolve_resume(self.args.output_dir, resume_from_checkpoint)
-            return super().train(
-                resume_from_checkpoint=checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs
-            )
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
 
-    def _save_checkpoint(self, model, trial) -> None:
-        """transformers' checkpoint, then its completion record (written once every process has saved its part)."""
-        # mirrors Trainer._save_checkpoint (transformers 5.24): the checkpoint folder's path
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        if self.args.should_save:
-            remove_checkpoint_record(folder)  # a re-save cut short must not pass for the earlier save
-        super()._save_checkpoint(model, trial)
-        self.accelerator.wait_for_everyone()
-        if self.args.should_save and os.path.isdir(folder):
+    @contextmanager
+    def training(self, resume_from_checkpoint: str | bool | None) -> Iterator[str | None]:
+        """Lock the output folder for the run; yields the checkpoint to resume from (None: a fresh run)."""
+        args = self.trainer.args
+        with RunLock(args.output_dir, enabled=args.process_index == 0):
+            yield resolve_resume(args.output_dir, resume_from_checkpoint)
+
+    @contextmanager
+    def saving_checkpoint(self, folder: str) -> Iterator[None]:
+        """Around the checkpoint save into `folder`: its completion record follows every process's part."""
+        trainer = self.trainer
+        if trainer.args.should_save:
+            remove_checkpoint_record(folder)
+        yield
+        trainer.accelerator.wait_for_everyone()
+        if trainer.args.should_save and os.path.isdir(folder):
             write_checkpoint_record(folder)
