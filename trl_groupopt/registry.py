@@ -70,6 +70,7 @@ class Registry(Mapping[str, T], Generic[T]):
 
 #: The registered methods, name -> :class:`MethodSpec`, in registration order.
 METHODS: Registry[MethodSpec] = Registry("method", "Unknown method {name!r}; registered methods: {names}.")
+_METHODS = METHODS._entries  # the dict behind it (tests swap an entry with `monkeypatch.setitem`)
 
 
 def register_method(name: str, *, config_class: type, trainer_class: type, **fields: Any) -> MethodSpec:
