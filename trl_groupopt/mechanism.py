@@ -114,7 +114,9 @@ class MechanismOutcome:
         if not self.steps:
             return f"{m.name}: not measured (no optimizer step logged {', '.join(m.keys)})."
         observed = self._observed_text()
-        head = f"{m.name} acted on {self.acted} of {self.steps} optimizer steps" + (f" ({observed})" if observed else "")
+        head = f"{m.name} acted on {self.acted} of {self.steps} optimizer steps" + (
+            f" ({observed})" if observed else ""
+        )
         text = (
             f"{head}: {m.what} on {self.acted / self.steps:.0%} of them."
             if self.acted

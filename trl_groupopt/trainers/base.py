@@ -1,26 +1,16 @@
 """`GroupOptTrainer`: TRL's `GRPOTrainer` with the policy objective as a pluggable pure function.
 
-Every TRL hook the library changes is overridden here, once, and reads top to bottom: construction, `train`, the
-batch (`_prepare_inputs`, `_generate_and_score_completions`, `_calculate_rewards`), the loss (`compute_loss`,
-`_compute_loss`, `_get_per_token_logps_and_entropies`, `_get_grad_norm`), logging (`log`) and saving (`_save`,
-`_save_checkpoint`, `_push_from_checkpoint`, `create_model_card`). Each hook hands its work to one helper:
-
-- `loss.py`: TRL 1.16's loss with the method's `objective` and `compute_advantages` (plain functions);
-- `batching.py`: whole-group micro-batches with `group_ids`, the raw rewards, equal-reward groups at advantage 0;
-- `metrics.py`: the objective's metrics reduced over processes in one collective per micro-batch (`MetricsQueue`);
-- `energy.py`: the logit-gradient energy from TRL's fused head, only for estimators that need it (`EnergyCapture`);
-- `report.py`: whether the method's mechanism acted (`MechanismReportCallback`, saved in checkpoints);
-- `guard.py`: a NaN/inf loss, gradient norm or weight stops training before it is applied, saved or pushed;
-- `checkpointing.py`: the run folder's lock, resume from complete checkpoints only, completion records (`RunFolder`);
-- `schedule.py`, `compat.py`, `config.py`: construction-time checks and the configs' shared fields.
-
-A method trainer sets the class flags below and overrides `objective`; which method it is, its model-card metadata
-(TRL's `_name`, `_tag_names`, `_paper`) and its mechanism come from the registry (`trl_groupopt.registry.spec_for`).
-The advantages come from the config's `advantage_estimator` (TRL's own for a config without the field).
+Each TRL hook the library changes is overridden here, once, in the order a run meets it: construction, `train`, the
+batch, the loss, logging, saving. Each hook hands its work to one helper: `loss.py` (TRL 1.16's loss around the
+method's `objective` and `compute_advantages`), `batching.py` (whole groups, raw rewards, equal-reward groups),
+`metrics.py` (one collective per micro-batch), `energy.py` (the fused head's energy, for estimators that need it),
+`report.py` (the mechanism report, a callback saved in checkpoints), `guard.py` (NaN/inf stops before it is applied
+or saved), `checkpointing.py` (the run folder). A method trainer sets the class flags and overrides `objective`; which
+method it is, its card metadata (TRL's `_name`, `_tag_names`, `_paper`) and its mechanism come from the registry.
 
 With the default objective and estimator this trainer *is* TRL's GRPO/GSPO/DAPO (tests/trainers/test_base_parity.py);
-TRL's surrogate-replacing loss types (cispo, sapo, vespo) are handed to `GRPOTrainer._compute_loss` then, and refused
-for any other objective or estimator. TRL upgrade checklist: docs/trl-upgrade.md.
+TRL's surrogate-replacing loss types (cispo, sapo, vespo) then go to `GRPOTrainer._compute_loss`, and are refused for
+any other objective or estimator. TRL upgrade checklist: docs/trl-upgrade.md.
 """
 
 from __future__ import annotations
@@ -39,7 +29,7 @@ from trl.trainer.utils import get_config_model_id
 from .. import checks
 from ..mechanism import Mechanism, MechanismReport
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss
-from ..objectives.estimators import AdvantageEstimator, EstimatorInputs, estimator_of
+from ..objectives.estimators import AdvantageEstimator, estimator_of
 from ..registry import spec_for
 from ..spec import MethodSpec, Paper
 from . import batching, guard, loss
@@ -55,8 +45,8 @@ __all__ = ["GroupOptTrainer"]
 
 
 class _FromSpec:
-    """TRL's model-card metadata (`_name`, `_tag_names`, `_paper`) of a trainer class, read from its registered spec
-    (GRPOTrainer's own for a class that is no registered method); a class may still set its own value."""
+    """TRL's card metadata (`_name`, `_tag_names`, `_paper`) from the class's registered spec (GRPOTrainer's for a
+    class that is no registered method); a class may set its own."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -83,24 +73,17 @@ class GroupOptTrainer(GRPOTrainer):
     """`GRPOTrainer` whose policy objective is a pure function (see the module docstring)."""
 
     _name, _tag_names, _paper = _FromSpec(), _FromSpec(), _FromSpec()
-    #: The config class this trainer reads its knobs from (a `GRPOConfig` subclass).
-    config_class: ClassVar[type[GRPOConfig]] = GRPOConfig
-    #: The objective needs whole groups in every micro-batch, with a `group_ids` tensor (an advantage estimator
-    #: declares its own needs: `AdvantageEstimator.needs_whole_groups`, `needs_raw_rewards`, `needs_energy`).
+    config_class: ClassVar[type[GRPOConfig]] = GRPOConfig  # where the knobs are
+    #: The objective needs whole groups (and `group_ids`) in every micro-batch; estimators declare their own needs.
     requires_whole_groups: ClassVar[bool] = False
-    #: Whether TRL's `delta` (two-sided clip of the surrogate) has a meaning for this objective.
-    supports_delta: ClassVar[bool] = True
-    #: What happens to the mechanism on an on-policy schedule, e.g. "ECHO's batch clip never acts" (the trainer then
-    #: warns, naming the fix; `schedule.py`); None: it acts on-policy too.
+    supports_delta: ClassVar[bool] = True  # whether TRL's `delta` (two-sided surrogate clip) means anything here
+    #: What happens to the mechanism on-policy, e.g. "ECHO's batch clip never acts" (then it warns); None: it acts.
     inert_on_policy: ClassVar[str | None] = None
-    #: The objective applies TRL's per-token loss weights itself (keyword `loss_weights`: the product of the
-    #: off-policy mask, the entropy mask and the vLLM IS weights, None when all are off).
+    #: The objective applies TRL's per-token loss weights itself (keyword `loss_weights`, None when all are off).
     objective_applies_loss_weights: ClassVar[bool] = False
-    #: Whether this class changes TRL's policy loss or advantages (derived per subclass unless set): only a class
-    #: without, on TRL's advantages, may hand TRL's cispo/sapo/vespo to `GRPOTrainer._compute_loss`.
+    #: Changes TRL's loss or advantages (derived per subclass): only a class without may run TRL's cispo/sapo/vespo.
     has_own_objective: ClassVar[bool] = False
-    #: Held-out accuracy of the run, when measured: `{"before", "after", "num_examples"}` (the card states it).
-    heldout_accuracy: dict[str, Any] | None = None
+    heldout_accuracy: dict[str, Any] | None = None  # {"before", "after", "num_examples"} when measured (the card)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -311,30 +294,14 @@ class GroupOptTrainer(GRPOTrainer):
     def compute_advantages(self, inputs: dict[str, Any], per_token_logps: Tensor, mask: Tensor) -> Tensor:
         """(B,) or (B, T) advantages for this micro-batch from the config's estimator (TRL's for `"grpo"`), whose
         metrics are queued for this micro-batch's log."""
-        out = self.estimator.estimate(self._estimator_inputs(inputs, mask), **self._estimator_knobs)
+        out = self.estimator.estimate(loss.estimator_inputs(self, inputs, mask), **self._estimator_knobs)
         if out.metrics:
             self._log_objective_metrics(
                 dict(out.metrics), out.metrics_mask, "train" if self.model.training else "eval"
             )
         return out.advantages
 
-    def _estimator_inputs(self, inputs: dict[str, Any], mask: Tensor) -> EstimatorInputs:
-        """What the estimator reads from the batch and the trainer: only the fields it declares a need for."""
-        energy = self._energy.rollout_energy(inputs) if self.estimator.needs_energy else None  # (B, T)
-        weights = inputs.get("importance_sampling_ratio")  # vLLM IS ratio: (B, T) or (B, 1)
-        if weights is not None:
-            weights = weights.expand_as(mask).to(energy.dtype if energy is not None else weights.dtype)  # (B, T)
-        return EstimatorInputs(
-            trl_advantages=inputs.get("advantages"),
-            mask=mask,
-            rewards=inputs["rewards"] if self.estimator.needs_raw_rewards else None,
-            group_ids=inputs.get("group_ids"),
-            energy=energy,
-            importance_weights=weights,
-            tool_use="tool_mask" in inputs,
-        )
-
-    # Helpers a method's extra forward reuses (ECHO's step totals): the loss's own forward, weights and metric queue.
+    # What a method's extra forward reuses (ECHO's step totals): the loss's forward, weights and metric queue.
     def _forward_logps_and_entropies(self, model, inputs: dict[str, Any]):
         if self._energy is None:
             return loss.forward_logps_and_entropies(self, model, inputs)

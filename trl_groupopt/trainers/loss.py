@@ -19,12 +19,14 @@ import torch
 from torch import Tensor
 
 from ..objectives.common import log_importance_weights
+from ..objectives.estimators import EstimatorInputs
 
 __all__ = [
     "SUPPORTED_LOSS_TYPES",
     "TRL_SURROGATE_LOSS_TYPES",
     "LossWeights",
     "aggregate",
+    "estimator_inputs",
     "forward_logps_and_entropies",
     "loss_mask",
     "loss_weights",
@@ -71,6 +73,24 @@ class LossWeights(NamedTuple):
             if weight is not None:
                 product = weight.detach() if product is None else product * weight.detach()
         return product if product is None or product.is_floating_point() else product.float()
+
+
+def estimator_inputs(trainer, inputs: dict[str, Any], mask: Tensor) -> EstimatorInputs:
+    """What the trainer's estimator reads from the batch: only the fields it declares a need for."""
+    estimator = trainer.estimator
+    energy = trainer._energy.rollout_energy(inputs) if estimator.needs_energy else None  # (B, T)
+    weights = inputs.get("importance_sampling_ratio")  # vLLM IS ratio: (B, T) or (B, 1)
+    if weights is not None:
+        weights = weights.expand_as(mask).to(energy.dtype if energy is not None else weights.dtype)  # (B, T)
+    return EstimatorInputs(
+        trl_advantages=inputs.get("advantages"),
+        mask=mask,
+        rewards=inputs["rewards"] if estimator.needs_raw_rewards else None,
+        group_ids=inputs.get("group_ids"),
+        energy=energy,
+        importance_weights=weights,
+        tool_use="tool_mask" in inputs,
+    )
 
 
 def policy_loss(trainer, model, inputs: dict[str, Any]) -> Tensor:
