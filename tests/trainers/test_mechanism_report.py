@@ -25,7 +25,7 @@ def test_trainer_reports_its_methods_definition(method, tokenizer, base_model, t
     trainer = method_trainer(method, tmp_path, clone_model(base_model), tokenizer, num_generations=2)
     assert trainer.mechanisms() == (get_method(method).mechanism,)
     report = trainer.mechanism_report
-    assert report.method == method and report.advantage_estimator == ("otb" if method == "otb" else "grpo")
+    assert report.method == method and report.advantage_estimator == trainer.estimator.name
     (outcome,) = report.outcomes
     assert outcome.steps == 0 and "not measured" in outcome.text and not report.never_acted
 

@@ -12,10 +12,11 @@ import pkgutil
 
 from ..spec import MethodSpec
 
-__all__ = ["MECHANISM_ACTS", "SHIPPED"]
+__all__ = ["MECHANISM_ACTS", "SHIPPED", "discover"]
 
 
-def _shipped() -> tuple[MethodSpec, ...]:
+def discover() -> tuple[MethodSpec, ...]:
+    """Every `MethodSpec` the modules of this package (every folder of its `__path__`) define at their top level."""
     specs = []
     for module in pkgutil.iter_modules(__path__):
         namespace = vars(importlib.import_module(f"{__name__}.{module.name}"))
@@ -24,7 +25,7 @@ def _shipped() -> tuple[MethodSpec, ...]:
 
 
 #: Every shipped method, by module name, then in the order its module defines them.
-SHIPPED = _shipped()
+SHIPPED = discover()
 
 #: method -> (what acted, the logged keys, the predicate), from the methods' `Mechanism` definitions (the trainers'
 #: report and the stress benchmark read the same ones).
