@@ -1,14 +1,10 @@
 """Whether a method's mechanism changed the training: one definition per method, and the run's report.
 
-A method differs from GRPO only on the optimizer steps where its mechanism acts (ECHO's batch clip when R leaves its
-range, DFPO's re-weighting when a group's ratios differ from 1, ...). A :class:`Mechanism` names the logged metrics that
-decide it and a predicate on their step means (:attr:`Mechanism.acts`). The definitions live beside each method's spec
-(``trl_groupopt/methods/<method>.py``), which also gives them their method's name; the trainers' report
-(``trl_groupopt/trainers/report.py``) and the stress benchmark (through ``methods.MECHANISM_ACTS``) read the same ones.
-
-:class:`MechanismTracker` counts: :meth:`~MechanismTracker.record` takes each micro-batch's logged values,
-:meth:`~MechanismTracker.end_step` closes an optimizer step, :meth:`~MechanismTracker.state` / ``restore`` carry the
-counts through a checkpoint. Pure Python: no torch, no TRL.
+A method differs from GRPO only on the optimizer steps where its mechanism acts. A :class:`Mechanism` names the logged
+metrics that decide it and a predicate on their step means; the definitions live beside each method's spec
+(``trl_groupopt/methods/<method>.py``), which gives them their name. :class:`MechanismTracker` counts the steps (and
+carries its counts through a checkpoint); the trainers' report and the stress benchmark read the same definitions.
+Pure Python: no torch, no TRL.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The registries: one generic :class:`Registry`, used for the methods (:data:`METHODS`, here) and the advantage
-estimators (``trl_groupopt.objectives.estimators.ESTIMATORS``), as verl's ``register_policy_loss`` /
-``register_adv_est``.
+"""The registries: one generic :class:`Registry`, for the methods (:data:`METHODS`) and the advantage estimators
+(``objectives.estimators.ESTIMATORS``), as verl's ``register_policy_loss`` / ``register_adv_est``.
 
-The shipped methods (``trl_groupopt/methods/``) are registered when this module is imported, from TRL-free specs that
-name their classes by import path. Another method registers with its classes::
-
-    register_method("toy", config_class=ToyConfig, trainer_class=ToyTrainer, paper="arXiv:2402.03300",
-                    headline_metric="toy/adv_abs_mean", mechanism=Mechanism(...))
-
-The CLI, the benchmarks, the notebook and the parametrised tests read :data:`METHODS`; docs/adding-a-method.md lists
-the files a new method needs.
+The shipped methods (``trl_groupopt/methods/``) are registered on import, from TRL-free specs. A method kept outside
+the package calls ``register_method("toy", config_class=..., trainer_class=..., paper=..., headline_metric=...)``.
+The CLI, the benchmarks, the notebook and the parametrised tests read :data:`METHODS` (docs/adding-a-method.md).
 """
 
 from __future__ import annotations

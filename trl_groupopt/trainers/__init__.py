@@ -1,11 +1,5 @@
-"""Drop-in `trl.GRPOTrainer` subclasses, one per method, and the shared base (imported on first use, PEP 562).
-
-`base.py` is `GroupOptTrainer`, which overrides each TRL hook once and hands the work to helpers: the loss (`loss.py`),
-whole-group batches (`batching.py`), the metric reduction (`metrics.py`), the energy capture (`energy.py`), the
-mechanism report (`report.py`), the non-finite guard (`guard.py`), the run folder (`checkpointing.py`). Config side:
-`config.py` and `schedule.py`. Each method's config and trainer are in `<method>.py`; the exported classes are the ones
-the method specs (`trl_groupopt/methods/`) name.
-"""
+"""Drop-in `trl.GRPOTrainer` subclasses, one per method, and the shared base `GroupOptTrainer` (`base.py`); each
+method's config and trainer are in `<method>.py`, exported as its spec names them (imported on first use, PEP 562)."""
 
 from .. import _lazy
 from ..methods import SHIPPED

@@ -1,15 +1,6 @@
-"""What each micro-batch carries for group-coupled and reward-reading objectives.
-
-Objectives that couple the sequences of a group (DFPO) set `requires_whole_groups = True`, and advantage estimators
-that do (OTB's) declare `needs_whole_groups`: every micro-batch then holds whole groups (TRL's row shuffle of the
-generation batch is replaced by a shuffle of whole groups) and carries an explicit `group_ids` tensor, so no objective
-infers groups from positions. Estimators that read the raw rewards (OTB's) declare `needs_raw_rewards`: the batch then
-carries them as `rewards`.
-
-Every batch's rewards are checked (an infinite reward fails at its first batch, naming the function and the
-completion; no reward at all warns, then stops where the config says), and for the method trainers a group whose
-rewards are all equal gets advantage exactly 0 (`equal_reward_rows`).
-"""
+"""What each micro-batch carries: whole groups with `group_ids` where the objective (DFPO) or the estimator (OTB)
+couples a group's sequences (TRL's row shuffle becomes a shuffle of whole groups), the raw `rewards` for estimators
+that read them, and advantage exactly 0 for a method's groups whose rewards are all equal (`equal_reward_rows`)."""
 
 from __future__ import annotations
 

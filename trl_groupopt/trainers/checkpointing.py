@@ -1,11 +1,6 @@
-"""The trainer's side of `trl_groupopt.run_folder`: the hooks `GroupOptTrainer` calls at each run-folder event.
-
-- `RunFolder.training(resume_from_checkpoint)`: around `train()`; holds the output folder's lock (main process), so a
-  second run into the same folder refuses, and resolves the checkpoint to resume from: the newest *complete* one for
-  `True` / `"last"` (incomplete newer ones are skipped with a warning), an explicit path only if complete.
-- `RunFolder.saving_checkpoint(folder)`: around transformers' `_save_checkpoint`; the folder's completion record is
-  removed before (a re-save cut short must not pass for the earlier save) and written once every process has saved.
-"""
+"""The run-folder hooks `GroupOptTrainer` calls (`trl_groupopt.run_folder` holds the rules): `training` around
+`train()` (the output folder's lock; the complete checkpoint to resume from), `saving_checkpoint` around each
+checkpoint save (its completion record removed before, written once every process has saved)."""
 
 from __future__ import annotations
 

@@ -53,17 +53,10 @@ def objective_arguments(config: Any, fields: Mapping[str, str]) -> dict[str, Any
 
 @dataclass(repr=False)
 class TokenSafeConfigMixin:
-    """Mixed into every method config (put it first, and use `@dataclass(repr=False)`).
-
-    transformers pickles the whole config into every checkpoint and `output_dir` as `training_args.bin`, which
-    `push_to_hub` uploads, and `@dataclass` regenerates a field-by-field `__repr__` that shows `hub_token`. Pickled
-    under `tokens_withheld()` (the trainer's saves and uploads) the state drops every `*_token` field, and `repr()` is
-    the redacting `str()` of `TrainingArguments`; the live object, its deep copies and in-memory pickles keep the token
-    for pushing.
-
-    It also picks `bf16` for the device when the user leaves it unset (see `__post_init__`) and adds
-    `max_all_none_reward_batches` and `nonfinite_guard` (both read with a default, so plain `GRPOConfig`s work too).
-    """
+    """Mixed into every method config, first (`@dataclass(repr=False)`): pickled under `tokens_withheld()` (the
+    trainer's `training_args.bin`, saved and uploaded) it drops every `*_token` field, and `repr()` redacts; the live
+    object keeps the token for pushing. It also picks `bf16` by device and adds `max_all_none_reward_batches` and
+    `nonfinite_guard`."""
 
     max_all_none_reward_batches: int = field(
         default=DEFAULT_MAX_ALL_NONE_REWARD_BATCHES,

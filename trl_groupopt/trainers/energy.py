@@ -1,17 +1,11 @@
 """Logit-gradient energy from the forwards TRL already runs, for advantage estimators that need it (OTB's).
 
-`GroupOptTrainer` builds an `EnergyCapture` only when its config's advantage estimator declares `needs_energy`:
-otherwise TRL's fused head stays as TRL patched it and its hooks call TRL's at once (no recorder, no record).
-
-TRL computes log-probs with a fused, tiled LM head that can also return `log_sum_sq_probs = log sum_v p_v^2` (no
-gradient) from the same tiles. `EnergyCapture` asks the head for that field and the trainer's
-`_get_per_token_logps_and_entropies` runs through `EnergyCapture.recorded`, so that every call records the energy beside the log-probs it returns: no second
-forward, never a (B, T, V) tensor, no gradient through the energy, no module hook. The behaviour-policy forward (run
-by TRL for `old_per_token_logps` when training is off-policy) puts its energy in the batch as `old_per_token_energy`,
-the policy that sampled the completions, as verl does; on-policy TRL skips that forward and the training forward's
-energy is used directly, which is then the same policy's. Off-policy the training forward's energy would be unused,
-so that forward runs TRL's own head (log-probs and entropy only), which saves the energy's extra log-sum-exp over the
-vocabulary. `rollout_energy(inputs)` is the energy an estimator reads.
+TRL's fused, tiled LM head can also return `log_sum_sq_probs = log sum_v p_v^2` (no gradient) from the same tiles.
+`EnergyCapture` (built only when the estimator declares `needs_energy`) asks the head for it and records, for each
+`_get_per_token_logps_and_entropies` call, the energy beside the log-probs it returned: no second forward, no
+(B, T, V) tensor, no module hook. Off-policy, the behaviour forward's energy (the policy that sampled, as verl) goes
+into the batch as `old_per_token_energy` and the training forward runs TRL's own head; on-policy the training
+forward's energy is used. `rollout_energy(inputs)` is what an estimator reads.
 """
 
 from __future__ import annotations

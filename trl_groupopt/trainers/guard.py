@@ -1,20 +1,11 @@
 """The non-finite guard: a diverging run stops with an error before any non-finite weight is applied, saved or pushed.
 
-transformers trains on through a NaN: with `learning_rate=100`, ECHO's default off-policy schedule logs `grad_norm nan`
-at step 2, keeps stepping, saves every later checkpoint with all-NaN weights and returns normally. The guard checks
-the two numbers every step already computes, where they are known and before they act:
-
-- the loss of each micro-batch (`check_loss`, from the trainer's `compute_loss`), before its backward pass;
-- the gradient norm of each optimizer step (`check_grad_norm`, from `_get_grad_norm`: after clipping, before
-  `optimizer.step()`; the norm is reduced over processes, so every rank stops together).
-
-The error names the step, the metric and the likely causes. Nothing after the last good step is applied, so the last
-checkpoint on disk stays the last good one. Saving weights that hold a NaN or inf (`check_weights`, from `_save`:
-`save_model`, checkpoints, `push_to_hub`, which saves first) raises too, before a file is written.
-
-On by default; `nonfinite_guard=False` in a method config restores transformers' behaviour. TRL's plain
-`GRPOConfig` has no such field and reads as on (`guard_enabled`). Under DeepSpeed the optimizer step runs inside the
-backward pass, so there the gradient check comes after it; the loss check and the save check still hold.
+transformers trains on through a NaN (and saves all-NaN checkpoints). The guard checks the numbers every step computes,
+before they act: each micro-batch's loss before its backward pass (`check_loss`), each optimizer step's gradient norm
+after clipping, before `optimizer.step()` (`check_grad_norm`; reduced over processes, so every rank stops together),
+and the weights before any save or push (`check_weights`). The error names the step, the metric, the likely causes and
+the last good checkpoint. `nonfinite_guard=False` turns it off; a plain `GRPOConfig` reads as on. Under DeepSpeed the
+optimizer step runs inside the backward pass, so there the gradient check comes after it.
 """
 
 from __future__ import annotations

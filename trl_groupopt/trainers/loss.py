@@ -1,14 +1,9 @@
-"""The loss path of `GroupOptTrainer`: one `_compute_loss` for every method, with TRL 1.16's extras.
+"""The loss of `GroupOptTrainer` as plain functions: TRL 1.16's `_compute_loss` around a pluggable objective.
 
-1. log-probs and entropies through TRL's own `_get_per_token_logps_and_entropies` (fused, tiled LM head),
-2. the advantages (`compute_advantages`: the config's `advantage_estimator`, TRL's own by default) and the per-token
-   loss (`objective`, a pure function from `trl_groupopt.objectives`),
-3. TRL 1.16's shared extras with TRL's semantics: the per-token loss weights (`LossWeights`: off-policy sequence
-   mask, high-entropy token mask, vLLM importance-sampling correction; applied by the objective itself where it
-   must see them, as ECHO's wide scopes and DFPO's transform do), beta-KL (with `use_bias_correction_kl`),
-   entropy bonus (static or adaptive), MoE load-balancing loss,
-4. the `loss_type` aggregation exactly as TRL does it (grpo, bnpo, dr_grpo, dapo, luspo, with TRL's
-   gradient-accumulation scaling), then the metrics under TRL's names plus the objective's own (`metrics.py`).
+TRL's forward (fused, tiled LM head), the advantages (`compute_advantages`: the config's estimator) and the per-token
+loss (`objective`), then TRL's extras with TRL's semantics: the per-token loss weights (`LossWeights`: off-policy
+mask, entropy mask, vLLM IS correction), beta-KL, the entropy bonus, the MoE aux loss, and the `loss_type`
+aggregation with TRL's gradient-accumulation scaling; the metrics under TRL's names plus the objective's own.
 """
 
 from __future__ import annotations

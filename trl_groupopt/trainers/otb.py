@@ -3,7 +3,7 @@
 The paper and registry entry: `trl_groupopt/methods/otb.py`. Equations in `trl_groupopt.objectives.otb`; derivation
 and deviations in `docs/otb.md`. OTB is the `"otb"` advantage estimator (`trl_groupopt/objectives/estimators.py`),
 which every method config can select; `OTBTrainer` is that estimator with TRL's objective. The energy the baseline
-weighs tokens by comes from the forwards TRL already runs (`EnergyCaptureMixin`, `energy.py`).
+weighs tokens by comes from the forwards TRL already runs (`EnergyCapture`, `energy.py`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The mechanism report: whether the method's mechanism acted, per optimizer step and over the whole run.
 
-The definitions are the methods' (`MethodSpec.mechanism`, `trl_groupopt/methods/<method>.py`); the counting is
-`trl_groupopt.mechanism.MechanismTracker`. `MechanismReportCallback` is a `TrainerCallback` that closes each optimizer
-step (the `acted/<method>` metric: 1 or 0, logged with the step) and, as a transformers `ExportableState`, is saved in
-every checkpoint's `trainer_state.json` (`stateful_callbacks`) and restored from it on resume, so the report,
-`results.json` and the card count the whole run. The trainer feeds it the values each training micro-batch logs and
-prints the report at the end of `train()` (or warns when a mechanism never acted).
+`MechanismReportCallback` closes each optimizer step (`acted/<method>`: 1 or 0, logged with the step) and, as a
+transformers `ExportableState`, is saved in every checkpoint's `trainer_state.json` and restored on resume, so the
+report, `results.json` and the card count the whole run. The trainer feeds it each training micro-batch's logged
+values and prints the report at the end of `train()`.
 """
 
 from __future__ import annotations
