@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 
 class Registry(Mapping[str, T], Generic[T]):
-    """Named entries in registration order: a read-only mapping with `register`, `unregister` and `get`. `what` names
+    """Named entries in registration order: a read-only mapping with `register`, `unregister` and `lookup`. `what` names
     an entry in errors (e.g. "method"); `unknown` is the error for a missing name (formatted with `name`, `names`:
     the sorted names, comma-separated, and `choices`: the names' tuple)."""
 
@@ -41,10 +41,11 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def unregister(self, name: str) -> None:
         """Remove an entry (tests that register a throwaway one)."""
-        self.get(name)
+        self.lookup(name)
         del self._entries[name]
 
-    def get(self, name: str, default: Any = None) -> T:  # type: ignore[override]  # a missing name raises
+    def lookup(self, name: str) -> T:
+        """The entry registered as `name`; a missing name raises `ValueError` listing the registered ones."""
         try:
             return self._entries[name]
         except KeyError:
@@ -87,7 +88,7 @@ def unregister_method(name: str) -> None:
 
 def get_method(name: str) -> MethodSpec:
     """The :class:`MethodSpec` registered as ``name``; the error lists the valid names."""
-    return METHODS.get(name)
+    return METHODS.lookup(name)
 
 
 def spec_for(trainer_class: type, config: Any) -> MethodSpec | None:

@@ -112,7 +112,7 @@ def unregister_estimator(name: str) -> None:
 
 def get_estimator(name: str) -> AdvantageEstimator:
     """The estimator registered as `name`; the error lists the valid names."""
-    return ESTIMATORS.get(name)
+    return ESTIMATORS.lookup(name)
 
 
 def estimator_of(config: Any) -> AdvantageEstimator:
