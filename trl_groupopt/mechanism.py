@@ -68,7 +68,7 @@ class Mechanism:
         return f"acted/{self.method}"
 
     @property
-    def watched_keys(self) -> tuple[str, ...]:
+    def watched_keys(self) -> tuple[str, ...]:  # every metric the definition and the report read
         return tuple(dict.fromkeys((*self.keys, *(o.key for o in self.observed))))
 
     def acted_on(self, values: Mapping[str, float | None]) -> bool | None:
@@ -93,14 +93,9 @@ class MechanismOutcome:
         return self.steps > 0 and self.acted == 0
 
     def _observed_text(self) -> str:
-        parts = []
-        for item in self.mechanism.observed:
-            value = self.observed.get(item.label)
-            if isinstance(value, tuple):
-                parts.append(f"{item.label} within [{value[0]:.4f}, {value[1]:.4f}]")
-            elif value is not None:
-                parts.append(f"{item.label}: mean {value:.3g}")
-        return "; ".join(parts)
+        values = [(item.label, self.observed.get(item.label)) for item in self.mechanism.observed]
+        return "; ".join(f"{label} within [{v[0]:.4f}, {v[1]:.4f}]" if isinstance(v, tuple) else
+                         f"{label}: mean {v:.3g}" for label, v in values if v is not None)  # fmt: skip
 
     @property
     def text(self) -> str:
@@ -110,30 +105,19 @@ class MechanismOutcome:
         if not self.steps:
             return f"{m.name}: not measured (no optimizer step logged {', '.join(m.keys)})."
         observed = self._observed_text()
-        head = f"{m.name} acted on {self.acted} of {self.steps} optimizer steps" + (
-            f" ({observed})" if observed else ""
-        )
-        text = (
-            f"{head}: {m.what} on {self.acted / self.steps:.0%} of them."
-            if self.acted
-            else f"{head}: {m.inert}; to make it act, {m.hint}."
-        )
+        head = f"{m.name} acted on {self.acted} of {self.steps} optimizer steps" + (f" ({observed})" * bool(observed))
+        if self.acted:
+            text = f"{head}: {m.what} on {self.acted / self.steps:.0%} of them."
+        else:
+            text = f"{head}: {m.inert}; to make it act, {m.hint}."
         verdict = m.verdict(self.observed) if m.verdict is not None else None
         return f"{text} {verdict}" if verdict else text
 
     def to_dict(self) -> dict[str, Any]:
-        m = self.mechanism
-        return {
-            "method": m.method,
-            "mechanism": m.name,
-            "acted_means": m.what,
-            "metric": m.metric,
-            "steps": self.steps,
-            "acted": self.acted,
-            "fraction": self.acted / self.steps if self.steps else None,
-            "observed": {k: list(v) if isinstance(v, tuple) else v for k, v in self.observed.items()},
-            "text": self.text,
-        }
+        m, fraction = self.mechanism, self.acted / self.steps if self.steps else None
+        observed = {k: list(v) if isinstance(v, tuple) else v for k, v in self.observed.items()}
+        return {"method": m.method, "mechanism": m.name, "acted_means": m.what, "metric": m.metric, "steps": self.steps,
+                "acted": self.acted, "fraction": fraction, "observed": observed, "text": self.text}  # fmt: skip
 
 
 @dataclass
@@ -157,12 +141,9 @@ class MechanismReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (``results.json``'s ``mechanism``)."""
-        return {
-            "method": self.method,
-            "advantage_estimator": self.advantage_estimator,
-            "mechanisms": [outcome.to_dict() for outcome in self.outcomes],
-            "text": self.text,
-        }
+        outcomes = [outcome.to_dict() for outcome in self.outcomes]
+        return {"method": self.method, "advantage_estimator": self.advantage_estimator, "mechanisms": outcomes,
+                "text": self.text}  # fmt: skip
 
 
 class MechanismTracker:
@@ -194,10 +175,8 @@ class MechanismTracker:
         if key not in self.keys or value is None or math.isnan(value):
             return
         self._step.setdefault(key, []).append(value)
-        stats = self._values.setdefault(key, [value, value, 0.0, 0])
-        stats[0], stats[1] = min(stats[0], value), max(stats[1], value)
-        stats[2] += value
-        stats[3] += 1
+        low, high, total, count = self._values.get(key, [value, value, 0.0, 0])
+        self._values[key] = [min(low, value), max(high, value), total + value, count + 1]
 
     def end_step(self) -> dict[str, float]:
         """Close an optimizer step; returns ``{acted/<method>: 1.0 or 0.0}`` for the mechanisms it measured."""

@@ -99,22 +99,12 @@ class GroupOptTrainer(GRPOTrainer):
 
     # mirrors GRPOTrainer.__init__ (trl 1.16.0): the same parameters, order and defaults, so any GRPOTrainer call works
     def __init__(
-        self,
-        model,
-        reward_funcs: Any | list[Any] | None = None,
-        args: GRPOConfig | None = None,
-        train_dataset=None,
-        eval_dataset=None,
-        processing_class=None,
-        reward_processing_classes=None,
-        callbacks=None,
-        optimizers: tuple[Any, Any] = (None, None),
-        quantization_config=None,
-        peft_config=None,
-        tools: list[Callable] | None = None,
-        rollout_func: Callable | None = None,
+        self, model, reward_funcs: Any | list[Any] | None = None, args: GRPOConfig | None = None, train_dataset=None,
+        eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
+        optimizers: tuple[Any, Any] = (None, None), quantization_config=None, peft_config=None,
+        tools: list[Callable] | None = None, rollout_func: Callable | None = None,
         environment_factory: Callable | dict[str, Callable] | None = None,
-    ):
+    ):  # fmt: skip
         if args is None:  # mirrors GRPOTrainer.__init__ (trl 1.16.0), with this method's config and run name
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = self.config_class(f"{model_name.split('/')[-1]}-{self._name.split()[0]}")
@@ -126,21 +116,11 @@ class GroupOptTrainer(GRPOTrainer):
         self._energy: EnergyCapture | None = None
         self.run_folder = RunFolder(self)
         super().__init__(
-            model,
-            reward_funcs,
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            reward_processing_classes=reward_processing_classes,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            quantization_config=quantization_config,
-            peft_config=peft_config,
-            tools=tools,
-            rollout_func=rollout_func,
-            environment_factory=environment_factory,
-        )
+            model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+            processing_class=processing_class, reward_processing_classes=reward_processing_classes, callbacks=callbacks,
+            optimizers=optimizers, quantization_config=quantization_config, peft_config=peft_config, tools=tools,
+            rollout_func=rollout_func, environment_factory=environment_factory,
+        )  # fmt: skip
         #: The advantage estimator (`advantage_estimator`; TRL's own for a config without the field).
         self.estimator: AdvantageEstimator = estimator_of(self.args)
         self._estimator_knobs = estimator_knobs(self.args, self.estimator)
@@ -270,26 +250,14 @@ class GroupOptTrainer(GRPOTrainer):
         return grad_norm
 
     # ------------------------------------------------------------------ the method's hooks
-    def objective(
-        self,
-        per_token_logps: Tensor,
-        old_per_token_logps: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        inputs: dict[str, Any],
-    ) -> ObjectiveOutput:
+    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
+                  inputs: dict[str, Any]) -> ObjectiveOutput:  # fmt: skip
         """The policy loss before masking and aggregation. Default: TRL's clipped surrogate (GRPO/GSPO). A class with
         `objective_applies_loss_weights` takes the keyword `loss_weights` too and returns the weighted loss."""
-        return clipped_surrogate_loss(
-            per_token_logps,
-            old_per_token_logps,
-            advantages,
-            mask,
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            importance_sampling_level=self.importance_sampling_level,
-            delta=self.args.delta,
-        )
+        return clipped_surrogate_loss(per_token_logps, old_per_token_logps, advantages, mask,
+                                      epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
+                                      importance_sampling_level=self.importance_sampling_level,
+                                      delta=self.args.delta)  # fmt: skip
 
     def compute_advantages(self, inputs: dict[str, Any], per_token_logps: Tensor, mask: Tensor) -> Tensor:
         """(B,) or (B, T) advantages for this micro-batch from the config's estimator (TRL's for `"grpo"`), whose

@@ -11,13 +11,9 @@ from torch import Tensor
 from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
 __all__ = [
-    "add_batch_fields",
-    "equal_reward_rows",
-    "global_raw_rewards",
-    "group_ids_for_local_batch",
-    "prepare_whole_groups",
-    "shuffle_whole_groups",
-]
+    "add_batch_fields", "equal_reward_rows", "global_raw_rewards", "group_ids_for_local_batch",
+    "prepare_whole_groups", "shuffle_whole_groups"
+]  # fmt: skip
 
 
 def group_ids_for_local_batch(num_rows: int, num_generations: int, process_index: int, device=None) -> Tensor:

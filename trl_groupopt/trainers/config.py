@@ -16,12 +16,9 @@ from ..device import device_supports_bf16
 from ..objectives.estimators import DEFAULT_ESTIMATOR, ESTIMATORS, AdvantageEstimator, estimator_of
 
 __all__ = [
-    "AdvantageEstimatorConfigMixin",
-    "TokenSafeConfigMixin",
-    "estimator_knobs",
-    "objective_arguments",
-    "tokens_withheld",
-]
+    "AdvantageEstimatorConfigMixin", "TokenSafeConfigMixin", "estimator_knobs", "objective_arguments",
+    "tokens_withheld"
+]  # fmt: skip
 
 _WITHHOLD_TOKENS: ContextVar[bool] = ContextVar("trl_groupopt_withhold_tokens", default=False)
 

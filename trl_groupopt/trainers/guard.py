@@ -21,14 +21,9 @@ from torch import Tensor
 from ..run_folder import newest_complete_checkpoint
 
 __all__ = [
-    "DEFAULT_NONFINITE_GUARD",
-    "NonFiniteError",
-    "check_grad_norm",
-    "check_loss",
-    "check_weights",
-    "guard_enabled",
-    "nonfinite_weights",
-]
+    "DEFAULT_NONFINITE_GUARD", "NonFiniteError", "check_grad_norm", "check_loss", "check_weights",
+    "guard_enabled", "nonfinite_weights"
+]  # fmt: skip
 
 #: The guard's setting for configs without a `nonfinite_guard` field (TRL's plain `GRPOConfig`).
 DEFAULT_NONFINITE_GUARD = True

@@ -17,16 +17,9 @@ from ..objectives.common import log_importance_weights
 from ..objectives.estimators import EstimatorInputs
 
 __all__ = [
-    "SUPPORTED_LOSS_TYPES",
-    "TRL_SURROGATE_LOSS_TYPES",
-    "LossWeights",
-    "aggregate",
-    "estimator_inputs",
-    "forward_logps_and_entropies",
-    "loss_mask",
-    "loss_weights",
-    "policy_loss",
-]
+    "SUPPORTED_LOSS_TYPES", "TRL_SURROGATE_LOSS_TYPES", "LossWeights", "aggregate", "estimator_inputs",
+    "forward_logps_and_entropies", "loss_mask", "loss_weights", "policy_loss"
+]  # fmt: skip
 
 # The loss types whose aggregation `_compute_loss` reproduces. TRL's cispo/sapo/vespo replace the surrogate itself,
 # so they cannot be combined with another objective: the base trainer hands them to TRL's own `_compute_loss`.
