@@ -16,6 +16,7 @@ any other objective or estimator. TRL upgrade checklist: docs/trl-upgrade.md.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from ..registry import spec_for
 from ..spec import MethodSpec, Paper
 from . import batching, guard, loss
 from .checkpointing import RunFolder
-from .compat import check_loss_routed_through_compute_loss
+from .compat import check_loss_routed_through_compute_loss, dropping_trl_warning
 from .config import estimator_knobs, tokens_withheld
 from .energy import EnergyCapture
 from .metrics import MetricsQueue
@@ -74,8 +75,9 @@ class GroupOptTrainer(GRPOTrainer):
 
     _name, _tag_names, _paper = _FromSpec(), _FromSpec(), _FromSpec()
     config_class: ClassVar[type[GRPOConfig]] = GRPOConfig  # where the knobs are
-    #: The objective needs whole groups (and `group_ids`) in every micro-batch; estimators declare their own needs.
-    requires_whole_groups: ClassVar[bool] = False
+    #: The objective needs whole groups (and `group_ids`) in every micro-batch (or a function of the config that
+    #: says so, for a trainer with modes); estimators declare their own needs.
+    requires_whole_groups: ClassVar[bool | Callable[[Any], bool]] = False
     supports_delta: ClassVar[bool] = True  # whether TRL's `delta` (two-sided surrogate clip) means anything here
     #: What happens to the mechanism on-policy, e.g. "ECHO's batch clip never acts" (then it warns); None: it acts.
     inert_on_policy: ClassVar[str | None] = None
@@ -83,6 +85,9 @@ class GroupOptTrainer(GRPOTrainer):
     objective_applies_loss_weights: ClassVar[bool] = False
     #: Changes TRL's loss or advantages (derived per subclass): only a class without may run TRL's cispo/sapo/vespo.
     has_own_objective: ClassVar[bool] = False
+    #: (text of a TRL construction warning that would mislead this method's users, the line logged in its place by
+    #: the trainer's module logger, formatted with `args`); None: TRL's warnings pass.
+    replaces_trl_warning: ClassVar[tuple[str, str] | None] = None
     heldout_accuracy: dict[str, Any] | None = None  # {"before", "after", "num_examples"} when measured (the card)
 
     def __init_subclass__(cls, **kwargs):
@@ -115,12 +120,16 @@ class GroupOptTrainer(GRPOTrainer):
         self._metrics_queue = MetricsQueue()
         self._energy: EnergyCapture | None = None
         self.run_folder = RunFolder(self)
-        super().__init__(
-            model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-            processing_class=processing_class, reward_processing_classes=reward_processing_classes, callbacks=callbacks,
-            optimizers=optimizers, quantization_config=quantization_config, peft_config=peft_config, tools=tools,
-            rollout_func=rollout_func, environment_factory=environment_factory,
-        )  # fmt: skip
+        replaced = self.replaces_trl_warning
+        with dropping_trl_warning(replaced[0] if replaced else None) as dropped:
+            super().__init__(
+                model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                processing_class=processing_class, reward_processing_classes=reward_processing_classes,
+                callbacks=callbacks, optimizers=optimizers, quantization_config=quantization_config,
+                peft_config=peft_config, tools=tools, rollout_func=rollout_func, environment_factory=environment_factory,
+            )  # fmt: skip
+        if dropped:
+            logging.getLogger(type(self).__module__).warning(replaced[1].format(args=self.args))
         #: The advantage estimator (`advantage_estimator`; TRL's own for a config without the field).
         self.estimator: AdvantageEstimator = estimator_of(self.args)
         self._estimator_knobs = estimator_knobs(self.args, self.estimator)
@@ -143,7 +152,8 @@ class GroupOptTrainer(GRPOTrainer):
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:
         """Whether micro-batches hold whole groups: the objective's `requires_whole_groups`, or the estimator's."""
-        return cls.requires_whole_groups or estimator_of(args).needs_whole_groups
+        needs = cls.requires_whole_groups
+        return bool(needs(args) if callable(needs) else needs) or estimator_of(args).needs_whole_groups
 
     @classmethod
     def validate_args(cls, args: GRPOConfig) -> None:
