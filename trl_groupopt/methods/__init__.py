@@ -21,10 +21,11 @@ def discover() -> tuple[MethodSpec, ...]:
     for module in pkgutil.iter_modules(__path__):
         namespace = vars(importlib.import_module(f"{__name__}.{module.name}"))
         specs += [v for v in namespace.values() if isinstance(v, MethodSpec) and all(v is not s for s in specs)]
-    return tuple(specs)
+    return tuple(sorted(specs, key=lambda spec: spec.trainer_name != "GroupOptTrainer"))  # the baseline first
 
 
-#: Every shipped method, by module name, then in the order its module defines them.
+#: Every shipped method: the baseline (TRL's objective, the base trainer) first, then by module name, then in the order
+#: its module defines them.
 SHIPPED = discover()
 
 #: method -> (what acted, the logged keys, the predicate), from the methods' `Mechanism` definitions (the trainers'
