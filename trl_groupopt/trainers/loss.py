@@ -70,15 +70,10 @@ def estimator_inputs(trainer, inputs: dict[str, Any], mask: Tensor) -> Estimator
     weights = inputs.get("importance_sampling_ratio")  # vLLM IS ratio: (B, T) or (B, 1)
     if weights is not None:
         weights = weights.expand_as(mask).to(energy.dtype if energy is not None else weights.dtype)  # (B, T)
-    return EstimatorInputs(
-        trl_advantages=inputs.get("advantages"),
-        mask=mask,
-        rewards=inputs["rewards"] if estimator.needs_raw_rewards else None,
-        group_ids=inputs.get("group_ids"),
-        energy=energy,
-        importance_weights=weights,
-        tool_use="tool_mask" in inputs,
-    )
+    rewards = inputs["rewards"] if estimator.needs_raw_rewards else None
+    return EstimatorInputs(mask=mask, trl_advantages=inputs.get("advantages"), rewards=rewards, energy=energy,
+                           group_ids=inputs.get("group_ids"), importance_weights=weights,
+                           tool_use="tool_mask" in inputs)  # fmt: skip
 
 
 def policy_loss(trainer, model, inputs: dict[str, Any]) -> Tensor:
@@ -128,13 +123,11 @@ def loss_weights(trainer, per_token_logps, old_per_token_logps, advantages, entr
     # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the off-policy mask, entropy mask and vLLM IS blocks
     off_policy_mask = entropy_mask = importance_weights = None
     if trainer.off_policy_mask_threshold is not None:
-        off_policy_mask = trainer.get_off_policy_mask(
+        off_policy_mask = trainer.get_off_policy_mask(  # (B, 1)
             advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,  # (B, 1) or (B, T)
-            per_token_logps=per_token_logps,
+            per_token_logps=per_token_logps, mask=mask, off_policy_threshold=trainer.off_policy_mask_threshold,
             sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
-            mask=mask,
-            off_policy_threshold=trainer.off_policy_mask_threshold,
-        )  # (B, 1)
+        )  # fmt: skip
     if trainer.top_entropy_quantile < 1.0:
         entropy_mask = trainer.get_high_entropy_mask(entropies, mask, 1 - trainer.top_entropy_quantile)  # (B, T)
     if trainer.use_vllm and trainer.vllm_importance_sampling_correction:
@@ -148,14 +141,10 @@ def forward_logps_and_entropies(trainer, model, inputs: dict[str, Any]):
     prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
     completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
     return trainer._get_per_token_logps_and_entropies(
-        model,
-        torch.cat([prompt_ids, completion_ids], dim=1),
-        torch.cat([prompt_mask, completion_mask], dim=1),
+        model, torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
         completion_ids.size(1),  # logits only for the completion tokens
-        compute_entropy=True,
-        compute_aux_loss=trainer.aux_loss_enabled,
-        **{key: inputs.get(key) for key in _MULTIMODAL_KEYS},
-    )
+        compute_entropy=True, compute_aux_loss=trainer.aux_loss_enabled, **{k: inputs.get(k) for k in _MULTIMODAL_KEYS},
+    )  # fmt: skip
 
 
 def _per_token_kl(trainer, per_token_logps, old_per_token_logps, ref_per_token_logps, mask) -> Tensor:
@@ -217,20 +206,16 @@ def _update_entropy_coef(trainer, entropies: Tensor, effective_mask: Tensor) -> 
     towards `entropy_target` by `entropy_coef_delta` from the window-global entropy over all ranks."""
     # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `use_adaptive_entropy` block
     stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
-    trainer._entropy_window_stats = (
-        stats if trainer._entropy_window_stats is None else trainer._entropy_window_stats + stats
-    )
+    previous = trainer._entropy_window_stats
+    trainer._entropy_window_stats = stats if previous is None else previous + stats
     if not trainer.accelerator.sync_gradients:  # not an optimizer-step boundary
         return
     totals = trainer.accelerator.reduce(trainer._entropy_window_stats, reduction="sum")
     world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
-    if world_entropy <= trainer.args.entropy_target:
-        trainer.entropy_coef = min(
-            trainer.entropy_coef + trainer.args.entropy_coef_delta, trainer.args.entropy_coef_max
-        )
+    args = trainer.args
+    if world_entropy <= args.entropy_target:
+        trainer.entropy_coef = min(trainer.entropy_coef + args.entropy_coef_delta, args.entropy_coef_max)
     else:
-        trainer.entropy_coef = max(
-            trainer.entropy_coef - trainer.args.entropy_coef_delta, trainer.args.entropy_coef_min
-        )
+        trainer.entropy_coef = max(trainer.entropy_coef - args.entropy_coef_delta, args.entropy_coef_min)
     trainer._last_world_entropy = world_entropy
     trainer._entropy_window_stats = None
