@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-__all__ = ["CLIP_METRICS", "MetricsQueue", "global_masked_mean"]
+__all__ = ["CLIP_METRICS", "MetricsQueue"]
 
 #: The objectives' clip indicators, logged under TRL's names (`<name>_mean`, and `_min` / `_max` per sequence).
 CLIP_METRICS = ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region")
@@ -60,13 +60,6 @@ def _local_columns(metrics: dict[str, Tensor], mask: Tensor, mode: str) -> tuple
             local += [torch.where(finite, value, torch.zeros_like(value)), finite.float()]
             columns.append((mode, logged, "nanmean"))
     return columns, local
-
-
-def global_masked_mean(accelerator, values: Tensor, mask: Tensor) -> float:
-    """Token-weighted mean over all processes ((B, 1) values: one per sequence), as TRL logs it."""
-    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): its local `global_masked_mean`
-    totals = accelerator.reduce(torch.stack(_masked_stats(values.float(), mask)), reduction="sum")
-    return (totals[0] / totals[1].clamp(min=1.0)).item()
 
 
 class MetricsQueue:
