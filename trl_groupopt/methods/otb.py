@@ -22,7 +22,6 @@ PAPER = Paper(
 #: OTB acted on a step when its token baseline gave a lower gradient second moment E[A^2 ||grad log p||^2] than the
 #: group-mean baseline on the same tokens (its purpose: variance reduction, Theorem 4.1).
 MECHANISM = Mechanism(
-    method="otb",
     name="OTB's token baseline",
     what="its baseline's gradient second moment was below the group mean's",
     keys=("otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"),
@@ -38,8 +37,10 @@ MECHANISM = Mechanism(
 METHOD = MethodSpec(
     name="otb",
     trainer_class="trl_groupopt.trainers.otb:OTBTrainer",
+    config_class="trl_groupopt.trainers.otb:OTBConfig",
     paper=PAPER,
     headline_metric="otb/grad_second_moment",
     summary="advantages G_i - b_t with the optimal token baseline from the logit-gradient energy",
     mechanism=MECHANISM,
+    is_estimator=True,  # OTB is the advantage estimator "otb": any objective on it reports this mechanism too
 )

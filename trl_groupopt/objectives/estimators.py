@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from ..registry import Registry
 from .common import Groups, as_groups, check_choice
 from .otb import TOKEN_POSITIONS, otb_advantages
 
@@ -91,35 +91,32 @@ class AdvantageEstimator:
     needs_energy: bool = False
     per_token: bool = False
     trl_advantages: bool = False
+    #: The knobs' config fields, `(name, type, dataclasses.field(...))` as `make_dataclass` takes them: every method
+    #: config gets them (`trl_groupopt/trainers/config.py`).
+    config_fields: tuple[tuple[str, Any, Any], ...] = ()
 
 
 #: The estimator of a config without an `advantage_estimator` field (TRL's `GRPOConfig`): TRL's own advantages.
 DEFAULT_ESTIMATOR = "grpo"
-_ESTIMATORS: dict[str, AdvantageEstimator] = {}
-#: Read-only view of the registered estimators, name -> :class:`AdvantageEstimator`, in registration order.
-ESTIMATORS: Mapping[str, AdvantageEstimator] = MappingProxyType(_ESTIMATORS)
+#: The registered estimators, name -> :class:`AdvantageEstimator`, in registration order.
+ESTIMATORS: Registry[AdvantageEstimator] = Registry(
+    "advantage estimator", "advantage_estimator must be one of {choices}, got {name!r}."
+)
 
 
 def register_estimator(estimator: AdvantageEstimator) -> AdvantageEstimator:
     """Add `estimator` to :data:`ESTIMATORS` (its knobs must be fields of the configs that select it)."""
-    if estimator.name in _ESTIMATORS:
-        raise ValueError(f"An advantage estimator named {estimator.name!r} is already registered.")
-    _ESTIMATORS[estimator.name] = estimator
-    return estimator
+    return ESTIMATORS.register(estimator.name, estimator)
 
 
 def unregister_estimator(name: str) -> None:
     """Remove an estimator (for tests that register a toy one)."""
-    get_estimator(name)
-    del _ESTIMATORS[name]
+    ESTIMATORS.unregister(name)
 
 
 def get_estimator(name: str) -> AdvantageEstimator:
     """The estimator registered as `name`; the error lists the valid names."""
-    try:
-        return _ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(f"advantage_estimator must be one of {tuple(_ESTIMATORS)}, got {name!r}.") from None
+    return ESTIMATORS.lookup(name)
 
 
 def estimator_of(config: Any) -> AdvantageEstimator:
@@ -204,6 +201,33 @@ register_estimator(
         summary="the optimal token baseline: A_it = G_i - b_t on the raw rewards, b_t weighted by the "
         "logit-gradient energy (arXiv:2602.07078)",
         knobs=("otb_token_positions", "otb_handle_zero_tail"),
+        config_fields=(
+            (
+                "otb_token_positions",
+                str,
+                field(
+                    default="valid",
+                    metadata={
+                        "help": "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th "
+                        "generated token, verl's tool-use estimator) or 'absolute' (column index, verl's single-turn "
+                        "estimator). Identical without holes.",
+                        "choices": list(TOKEN_POSITIONS),
+                    },
+                ),
+            ),
+            (
+                "otb_handle_zero_tail",
+                bool | None,
+                field(
+                    default=None,
+                    metadata={
+                        "help": "advantage_estimator='otb': baseline 0 on a group's unique longest completion past the "
+                        "second-longest. Default (unset): on for tool-use batches (tool_mask), off otherwise, as verl's two "
+                        "estimators."
+                    },
+                ),
+            ),
+        ),
         validate=_validate_otb_knobs,
         needs_raw_rewards=True,
         needs_whole_groups=True,
