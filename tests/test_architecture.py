@@ -14,6 +14,7 @@ Each checker is also run on a small made-up package that breaks its rule, so non
 from __future__ import annotations
 
 import ast
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,6 +190,19 @@ def test_each_trl_hook_is_overridden_once_in_the_shared_layer():
     assert {"train", "_save", "_compute_loss", "_generate_and_score_completions"} <= set(overrides)
     assert {hook: where for hook, where in overrides.items() if len(where) > 1} == {}
     assert {where for classes in overrides.values() for where in classes} == {"base.GroupOptTrainer"}
+
+
+#: What a method trainer may define besides `objective`: ECHO's extra forward (the step totals of its wide scopes).
+EXTRA_FORWARD = {"ECHOTrainer": {"_compute_loss", "_step_micro_batches", "_compute_step_totals"}}
+
+
+def test_method_trainers_override_objective_only():
+    """Which method, its modes' whole-group needs and a replaced TRL warning are class data (`GroupOptTrainer`)."""
+    trainers = {spec.trainer_class for spec in METHODS.values()} - {METHODS[name].trainer_class for name in BASELINE}
+    assert len(trainers) >= 4
+    for trainer in trainers:
+        defined = {name for name, value in vars(trainer).items() if inspect.isfunction(value)} - {"objective"}
+        assert defined == EXTRA_FORWARD.get(trainer.__name__, set()), (trainer.__name__, defined)
 
 
 # ------------------------------------------------------------------------------------------------ the checkers fail

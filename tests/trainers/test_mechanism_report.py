@@ -65,7 +65,7 @@ def test_dfpo_replaces_trls_loss_type_advice_with_its_own_line(tokenizer, base_m
                     processing_class=tokenizer)  # fmt: skip
     assert not [m for m in _messages(caplog, TRL_LOGGER) if TRL_SEQUENCE_LOSS_ADVICE in m]
     ours = _messages(caplog, "trl_groupopt.trainers.dfpo")
-    assert ours == [SUM_LOSS_NOTE.format(loss_type="dapo")] and "\n" not in ours[0]
+    assert ours == [SUM_LOSS_NOTE.format(args=args)] and "\n" not in ours[0]
     assert "cancel" in ours[0] and "loss_type='grpo'" in ours[0] and "1/|y_i|" in ours[0]
     assert not logging.getLogger(TRL_LOGGER).filters  # the filter is gone once the trainer is built
 

@@ -9,7 +9,6 @@ from typing import Any, ClassVar
 from torch import Tensor
 from trl import GRPOConfig
 
-from ..methods import ctpo
 from ..objectives.common import ObjectiveOutput
 from ..objectives.ctpo import DEFAULT_POSITION_POWER, ctpo_loss, validate_ctpo
 from .base import GroupOptTrainer
@@ -79,7 +78,6 @@ class CTPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
 class CTPOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with the CTPO objective (cumulative prefix ratio, position-scaled log-space clip)."""
 
-    method_spec = ctpo.METHOD
     config_class = CTPOConfig
     supports_delta = False
     inert_on_policy = "CTPO is exactly token-level GRPO"

@@ -12,7 +12,6 @@ from torch import Tensor
 from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
 
-from ..methods import echo
 from ..objectives.common import ObjectiveOutput, check_choice
 from ..objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss, validate_echo
 from .base import GroupOptTrainer
@@ -133,7 +132,6 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
 class ECHOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with ECHO's objective: batch-level clip, token-level importance sampling."""
 
-    method_spec = echo.METHOD
     config_class = ECHOConfig
     supports_delta = False
     inert_on_policy = "ECHO's batch clip never acts"
