@@ -351,12 +351,17 @@ class GroupOptTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ saving
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """transformers' `_save` (weights checked finite, `training_args.bin` without the token), then our card."""
+        """transformers' `_save` (weights checked finite, `training_args.bin` without the token), then our card (and an
+        adapter's portable base, `model_card.portable_adapter_config`)."""
         guard.check_weights(self, state_dict, output_dir)
-        with tokens_withheld(), disk_full_explained(output_dir or self.args.output_dir):
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        with tokens_withheld(), disk_full_explained(output_dir):
             super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
-            self.create_model_card(output_dir=output_dir if output_dir is not None else self.args.output_dir)
+            from ..model_card import portable_adapter_config
+
+            portable_adapter_config(output_dir)  # an adapter on the embedded policy: its base by a portable name
+            self.create_model_card(output_dir=output_dir)
 
     def _save_checkpoint(self, model, trial) -> None:
         # mirrors Trainer._save_checkpoint (transformers 5.24): the checkpoint folder's path
