@@ -27,8 +27,8 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from trl_groupopt import OTBConfig, OTBTrainer
-from trl_groupopt.objectives.estimators import EstimatorInputs, otb_zero_tail
-from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages
+from trl_groupopt.objectives.estimators import EstimatorInputs
+from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages, otb_zero_tail
 from trl_groupopt.trainers import loss
 
 TEMPERATURE = 0.7

@@ -19,7 +19,7 @@ from accelerate.utils import is_peft_model
 from torch import Tensor
 from trl.trainer.utils import add_fused_lm_head
 
-from ..objectives.otb import energy_from_log_probs
+from ..objectives.common import energy_from_log_probs
 
 __all__ = ["EnergyCapture"]
 
