@@ -82,13 +82,7 @@ class CTPOTrainer(GroupOptTrainer):
     supports_delta = False
     inert_on_policy = "CTPO is exactly token-level GRPO"
 
-    def objective(
-        self,
-        per_token_logps: Tensor,
-        old_per_token_logps: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        inputs: dict[str, Any],
-    ) -> ObjectiveOutput:
+    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
+                  inputs: dict[str, Any]) -> ObjectiveOutput:  # fmt: skip
         arguments = config_arguments(ctpo_loss, self.args, PREFIX)
         return ctpo_loss(per_token_logps, old_per_token_logps, advantages, mask, **arguments)

@@ -119,16 +119,8 @@ class DFPOTrainer(GroupOptTrainer):
     requires_whole_groups = staticmethod(lambda args: getattr(args, "dfpo_transform", "min_replace") != GRPO_FIX)
     replaces_trl_warning = (TRL_SEQUENCE_LOSS_ADVICE, SUM_LOSS_NOTE)  # TRL's advice would lose the cancellation
 
-    def objective(
-        self,
-        per_token_logps: Tensor,
-        old_per_token_logps: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        inputs: dict[str, Any],
-        *,
-        loss_weights: Tensor | None = None,
-    ) -> ObjectiveOutput:
+    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
+                  inputs: dict[str, Any], *, loss_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
         inputs = (per_token_logps, old_per_token_logps, advantages, mask)
         if self.args.dfpo_transform == GRPO_FIX:
             arguments = config_arguments(symmetric_clip_loss, self.args)

@@ -194,16 +194,8 @@ class ECHOTrainer(GroupOptTrainer):
         coupling_sum = self.accelerator.reduce(coupling.reshape(1), reduction="sum")[0]
         return dict(log_ratio_sum=totals[0], token_count=totals[1], coupling_sum=coupling_sum)
 
-    def objective(
-        self,
-        per_token_logps: Tensor,
-        old_per_token_logps: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        inputs: dict[str, Any],
-        *,
-        loss_weights: Tensor | None = None,
-    ) -> ObjectiveOutput:
+    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
+                  inputs: dict[str, Any], *, loss_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
         kwargs = dict(config_arguments(echo_loss, self.args), importance_weights=loss_weights)
         scope = self.args.batch_ratio_scope
         if scope == "step" and self.model.training:
