@@ -16,6 +16,7 @@ from datasets import Dataset
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from trl_groupopt import METHODS, get_method
+from trl_groupopt.methods import SHIPPED
 from trl_groupopt.offline import build_tokenizer, make_arithmetic_dataset
 
 
@@ -95,8 +96,8 @@ def method_trainer(name: str, output_dir, model, tokenizer, reward_funcs=length_
                                           processing_class=tokenizer)  # fmt: skip
 
 
-#: The methods the library ships (the issue's acceptance list); tables that pin their properties name exactly these.
-BUILT_IN_METHODS = frozenset({"grpo", "echo", "dfpo", "grpo_fix", "ctpo", "otb"})
+#: The methods the library ships (`trl_groupopt/methods/`), as the registry reads them.
+BUILT_IN_METHODS = frozenset(spec.name for spec in SHIPPED)
 
 
 def assert_registered(table, what: str = "table") -> None:
@@ -154,10 +155,10 @@ def random_batch(
 
 
 def _forward(trainer, model, batch):
-    """TRL's log-prob forward (`LossMixin`'s, without energy capture), for a GRPOTrainer or any of ours."""
-    from trl_groupopt.trainers.loss import LossMixin
+    """TRL's log-prob forward (the loss's, without energy capture), for a GRPOTrainer or any of ours."""
+    from trl_groupopt.trainers.loss import forward_logps_and_entropies
 
-    return LossMixin._forward_logps_and_entropies(trainer, model, batch)
+    return forward_logps_and_entropies(trainer, model, batch)
 
 
 def float64_forward(trainer, model, batch):

@@ -24,7 +24,7 @@ TOY = Mechanism(
     hint="lower toy_epsilon",
 )
 PAIR = Mechanism(method="pair", name="Pair's baseline", what="ours was below theirs", keys=("p/ours", "p/theirs"),
-                 acts=lambda ours, theirs: ours < theirs)  # fmt: skip
+                 acts=lambda ours, theirs: ours < theirs, inert="it ran as the pair", hint="pair up")  # fmt: skip
 
 
 def test_every_registered_method_has_one_definition_the_benchmark_shares():
@@ -36,6 +36,54 @@ def test_every_registered_method_has_one_definition_the_benchmark_shares():
         assert mechanism is not None and mechanism.method == name, name
         assert methods.MECHANISM_ACTS[name] == (mechanism.what, mechanism.keys, mechanism.acts), name
         assert mechanism.metric == f"acted/{name}" and mechanism.inert and mechanism.hint, name
+
+
+def test_the_method_name_comes_from_the_spec_and_is_required_once():
+    """`Mechanism.method` is set by the spec that holds it (the name is written once), and a definition belongs to
+    one method; a definition without `inert` / `hint` is refused (the report must say what ran and what to do)."""
+    from trl_groupopt.spec import MethodSpec
+
+    mechanism = Mechanism(name="M", what="w", keys=("k",), acts=bool, inert="i", hint="h")
+    assert mechanism.method == ""
+    spec = MethodSpec(name="first", trainer_class="x:Y", paper="p", headline_metric="k", mechanism=mechanism)
+    assert spec.mechanism.method == "first" and mechanism.metric == "acted/first"
+    with pytest.raises(ValueError, match="belongs to method 'first', not 'second'"):
+        MethodSpec(name="second", trainer_class="x:Y", paper="p", headline_metric="k", mechanism=mechanism)
+    with pytest.raises(ValueError, match="inert and hint"):
+        Mechanism(name="M", what="w", keys=("k",), acts=bool, inert="", hint="h")
+
+
+def test_tracker_state_round_trips_through_json():
+    """What a checkpoint carries (`trainer_state.json`): a restored tracker continues the counts of the whole run."""
+    import json
+
+    tracker = MechanismTracker([TOY])
+    for clipped in (0.0, 1.0, 0.0):
+        tracker.record("toy/clipped", clipped)
+        tracker.record("toy/ratio", 0.9 + clipped / 10)
+        tracker.end_step()
+    resumed = MechanismTracker([TOY])
+    resumed.restore(json.loads(json.dumps(tracker.state())))
+    resumed.record("toy/clipped", 1.0)
+    resumed.record("toy/ratio", 1.2)
+    resumed.end_step()
+    (outcome,) = resumed.report("toy", "grpo").outcomes
+    assert (outcome.steps, outcome.acted, outcome.observed["R"]) == (4, 2, (0.9, 1.2))
+
+
+@pytest.mark.parametrize("residual, verdict", [(0.293, True), (0.26, False), (0.05, False)])
+def test_dfpo_says_when_the_run_is_clipping_dominated(residual, verdict):
+    """DFPO's definition carries its verdict (docs/dfpo.md): a cancellation residual within 10% of GSPO's on the same
+    batches is a clipping-dominated run ("widen epsilon"), whether or not the transform acted."""
+    tracker = MechanismTracker([METHODS["dfpo"].mechanism])
+    for shrink in (0.5, 1.0):
+        tracker.record("dfpo/shrink", shrink)
+        tracker.record("dfpo/cancellation_residual", residual)
+        tracker.record("dfpo/cancellation_residual_gspo", 0.292)
+        tracker.end_step()
+    text = tracker.report("dfpo", "grpo").text
+    assert text.startswith("DFPO's in-group re-weighting acted on 1 of 2 optimizer steps")
+    assert ("clipping-dominated" in text and "widen epsilon" in text) is verdict
 
 
 @pytest.mark.parametrize(

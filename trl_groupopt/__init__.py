@@ -2,12 +2,8 @@
 
     from trl_groupopt import ECHOConfig, ECHOTrainer   # instead of GRPOConfig, GRPOTrainer
 
-ECHO (batch-level clip, token-level IS), DFPO (in-group re-weighting on GSPO; GRPO-fix), CTPO (cumulative prefix
-ratio, sqrt(t) log-space clip) and OTB (optimal token baseline). The math lives in `trl_groupopt.objectives` as pure
-torch functions; the trainers in `trl_groupopt.trainers` share one `_compute_loss`.
-
-Every name below is imported on first use (PEP 562): `import trl_groupopt` and the registry import no TRL; a trainer
-or config class imports TRL when it is first read.
+ECHO, DFPO (and GRPO-fix), CTPO and OTB; the math is pure torch in `trl_groupopt.objectives`. Every name is imported
+on first use (PEP 562): `import trl_groupopt` and the registry import no TRL.
 """
 
 from . import _lazy
@@ -17,7 +13,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     **dict.fromkeys(("METHODS", "MethodSpec", "Paper", "get_method", "register_method"), ".registry"),
-    **{name: ".trainers" + module for name, module in _TRAINER_EXPORTS.items()},
+    **_TRAINER_EXPORTS,
     "compare": ".compare",  # `trl-groupopt compare`'s Python twin
 }
 

@@ -1,17 +1,10 @@
 """Whether a method's mechanism changed the training: one definition per method, and the run's report.
 
-A method differs from GRPO only on the optimizer steps where its mechanism acts: ECHO's batch clip only when the
-batch ratio R leaves its clip range, DFPO's re-weighting only when the GSPO ratios of a group differ from 1, and so
-on. A :class:`Mechanism` says, for one method, which logged metrics decide it and when they mean "it acted on this
-optimizer step" (:attr:`Mechanism.acts`, a predicate on the step's mean of each metric). The shipped definitions live
-beside each method's spec (``trl_groupopt/methods/<method>.py``, ``METHOD.mechanism``); the trainers
-(``GroupOptTrainer``: the ``acted/<method>`` metric every optimizer step, ``trainer.mechanism_report`` and the report
-``train()`` prints) and the stress benchmark (``benchmarks/stress.py``, through :data:`MECHANISM_ACTS`) read the same
-definitions.
-
-:class:`MechanismTracker` is the trainer-independent part: it receives the values a trainer logs for each micro-batch
-(:meth:`~MechanismTracker.record`), closes an optimizer step (:meth:`~MechanismTracker.end_step`, which evaluates the
-definition on the step's mean values) and builds the :class:`MechanismReport`. Pure Python: no torch, no TRL.
+A method differs from GRPO only on the optimizer steps where its mechanism acts. A :class:`Mechanism` names the logged
+metrics that decide it and a predicate on their step means; the definitions live beside each method's spec
+(``trl_groupopt/methods/<method>.py``), which gives them their name. :class:`MechanismTracker` counts the steps (and
+carries its counts through a checkpoint); the trainers' report and the stress benchmark read the same definitions.
+Pure Python: no torch, no TRL.
 """
 
 from __future__ import annotations
@@ -26,9 +19,8 @@ __all__ = ["Mechanism", "MechanismOutcome", "MechanismReport", "MechanismTracker
 
 @dataclass(frozen=True)
 class Observed:
-    """A logged metric the report quotes beside the count, e.g. the range of ECHO's R.
-
-    ``stat`` is ``"range"`` (the smallest and largest micro-batch value of the run) or ``"mean"`` (their mean)."""
+    """A logged metric the report quotes beside the count: ``stat`` ``"range"`` (smallest and largest micro-batch
+    value of the run) or ``"mean"``."""
 
     label: str  # how the report names it, e.g. "R"
     key: str  # the logged metric, e.g. "echo/batch_ratio"
@@ -43,29 +35,40 @@ class Observed:
 class Mechanism:
     """What "the mechanism acted on this optimizer step" means for one method.
 
-    ``acts`` receives, in the order of ``keys``, the step's mean of each logged metric (the mean over the step's
-    micro-batches, as TRL logs a step with ``logging_steps=1``) and returns whether the mechanism changed the objective
-    on that step. A step where a key was not logged or is NaN is not measured (not counted either way).
+    ``acts`` receives the step's mean of each of ``keys`` (in order) and says whether the mechanism changed the
+    objective; a step where a key is missing or NaN is not measured. ``inert`` (what a run on which it never acted
+    trained as) and ``hint`` (how to make it act) are required: the report says them. ``verdict`` may add one sentence
+    read from the observed values (label -> value), e.g. DFPO's "clipping-dominated". ``method`` is set by the
+    :class:`~trl_groupopt.spec.MethodSpec` that holds the definition (its name, written once).
     """
 
-    method: str  # the registry name the definition belongs to, e.g. "echo"; the per-step metric is `acted/<method>`
     name: str  # the report's subject, e.g. "ECHO's batch clip"
     what: str  # what acting means on one step, e.g. "the batch ratio R was clipped"
     keys: tuple[str, ...]  # the logged metrics `acts` reads
     acts: Callable[..., bool]
-    observed: tuple[Observed, ...] = ()  # what the report quotes beside the count
-    inert: str = ""  # what a run on which it never acted trained as, e.g. "this run trained as GSPO"
-    hint: str = ""  # how to make it act (config knobs), completing "to make it act, ..."
+    inert: str  # e.g. "this run trained as GSPO"
+    hint: str  # completes "to make it act, ..."
+    observed: tuple[Observed, ...] = ()
+    verdict: Callable[[Mapping[str, Any]], str | None] | None = None
+    method: str = ""  # the registry name; the per-step metric is `acted/<method>`
+
+    def __post_init__(self) -> None:
+        if not (self.inert and self.hint):
+            raise ValueError(f"Mechanism {self.name!r}: inert and hint must say what ran and how to make it act.")
+
+    def bind(self, method: str) -> None:
+        """Give the definition its method's name (once: a definition belongs to one method)."""
+        if self.method not in ("", method):
+            raise ValueError(f"Mechanism {self.name!r} belongs to method {self.method!r}, not {method!r}.")
+        object.__setattr__(self, "method", method)
 
     @property
     def metric(self) -> str:
-        """The metric logged every optimizer step: 1 when the mechanism acted, 0 when not (TRL averages it over the
-        steps of each log, so with ``logging_steps=k`` it reads as the fraction of those k steps)."""
+        """Logged every optimizer step: 1 when it acted, 0 when not (averaged over the steps of each log)."""
         return f"acted/{self.method}"
 
     @property
-    def watched_keys(self) -> tuple[str, ...]:
-        """Every logged metric the definition and the report read."""
+    def watched_keys(self) -> tuple[str, ...]:  # every metric the definition and the report read
         return tuple(dict.fromkeys((*self.keys, *(o.key for o in self.observed))))
 
     def acted_on(self, values: Mapping[str, float | None]) -> bool | None:
@@ -81,87 +84,66 @@ class MechanismOutcome:
     """One mechanism over one run: on how many measured optimizer steps it acted, and what the report quotes."""
 
     mechanism: Mechanism
-    steps: int = 0  # optimizer steps on which it was measured
-    acted: int = 0  # of those, the steps on which it acted
+    steps: int = 0
+    acted: int = 0
     observed: dict[str, tuple[float, float] | float] = field(default_factory=dict)  # label -> (min, max) or mean
 
     @property
     def never_acted(self) -> bool:
-        """Measured on at least one step and acted on none."""
         return self.steps > 0 and self.acted == 0
 
     def _observed_text(self) -> str:
-        parts = []
-        for item in self.mechanism.observed:
-            value = self.observed.get(item.label)
-            if isinstance(value, tuple):
-                parts.append(f"{item.label} within [{value[0]:.4f}, {value[1]:.4f}]")
-            elif value is not None:
-                parts.append(f"{item.label}: mean {value:.3g}")
-        return "; ".join(parts)
+        values = [(item.label, self.observed.get(item.label)) for item in self.mechanism.observed]
+        return "; ".join(f"{label} within [{v[0]:.4f}, {v[1]:.4f}]" if isinstance(v, tuple) else
+                         f"{label}: mean {v:.3g}" for label, v in values if v is not None)  # fmt: skip
 
     @property
     def text(self) -> str:
-        """One sentence, e.g. "ECHO's batch clip acted on 0 of 80 optimizer steps (R within [0.954, 1.008]): this
-        run trained as ...; to make it act, ..."."""
+        """One sentence, e.g. "ECHO's batch clip acted on 0 of 80 optimizer steps (R within [...]): this run trained
+        as ...; to make it act, ..."; the definition's verdict, if any, follows."""
         m = self.mechanism
         if not self.steps:
             return f"{m.name}: not measured (no optimizer step logged {', '.join(m.keys)})."
         observed = self._observed_text()
-        head = f"{m.name} acted on {self.acted} of {self.steps} optimizer steps" + (
-            f" ({observed})" if observed else ""
-        )
+        head = f"{m.name} acted on {self.acted} of {self.steps} optimizer steps" + (f" ({observed})" * bool(observed))
         if self.acted:
-            return f"{head}: {m.what} on {self.acted / self.steps:.0%} of them."
-        tail = "; ".join(part for part in (m.inert, f"to make it act, {m.hint}" if m.hint else "") if part)
-        return f"{head}: {tail}." if tail else f"{head}."
+            text = f"{head}: {m.what} on {self.acted / self.steps:.0%} of them."
+        else:
+            text = f"{head}: {m.inert}; to make it act, {m.hint}."
+        verdict = m.verdict(self.observed) if m.verdict is not None else None
+        return f"{text} {verdict}" if verdict else text
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the definition's names, the counts and the quoted values."""
-        m = self.mechanism
-        return {
-            "method": m.method,
-            "mechanism": m.name,
-            "acted_means": m.what,
-            "metric": m.metric,
-            "steps": self.steps,
-            "acted": self.acted,
-            "fraction": self.acted / self.steps if self.steps else None,
-            "observed": {k: list(v) if isinstance(v, tuple) else v for k, v in self.observed.items()},
-            "text": self.text,
-        }
+        m, fraction = self.mechanism, self.acted / self.steps if self.steps else None
+        observed = {k: list(v) if isinstance(v, tuple) else v for k, v in self.observed.items()}
+        return {"method": m.method, "mechanism": m.name, "acted_means": m.what, "metric": m.metric, "steps": self.steps,
+                "acted": self.acted, "fraction": fraction, "observed": observed, "text": self.text}  # fmt: skip
 
 
 @dataclass
 class MechanismReport:
-    """What the run's mechanisms did: one :class:`MechanismOutcome` per mechanism, and the advantage estimator."""
+    """What the run's mechanisms did, and the advantage estimator the objective trained on."""
 
-    method: str  # the registry name of the method that ran, e.g. "grpo_fix"
-    advantage_estimator: str  # the advantages the objective was trained on, e.g. "grpo" (group-normalised)
+    method: str
+    advantage_estimator: str
     outcomes: list[MechanismOutcome]
 
     @property
     def never_acted(self) -> list[MechanismOutcome]:
-        """The outcomes of mechanisms measured on some step that acted on none."""
         return [outcome for outcome in self.outcomes if outcome.never_acted]
 
     @property
     def text(self) -> str:
-        lines = [outcome.text for outcome in self.outcomes]
-        lines.append(f"Advantage estimator: {self.advantage_estimator}.")
-        return "\n".join(lines)
+        return "\n".join([*(o.text for o in self.outcomes), f"Advantage estimator: {self.advantage_estimator}."])
 
     def __str__(self) -> str:
         return self.text
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (``results.json``'s ``mechanism``)."""
-        return {
-            "method": self.method,
-            "advantage_estimator": self.advantage_estimator,
-            "mechanisms": [outcome.to_dict() for outcome in self.outcomes],
-            "text": self.text,
-        }
+        outcomes = [outcome.to_dict() for outcome in self.outcomes]
+        return {"method": self.method, "advantage_estimator": self.advantage_estimator, "mechanisms": outcomes,
+                "text": self.text}  # fmt: skip
 
 
 class MechanismTracker:
@@ -173,35 +155,40 @@ class MechanismTracker:
         self.reset()
 
     def reset(self) -> None:
-        """Forget every step (a new `train()` call)."""
+        """Forget every step (a fresh run)."""
         self._step: dict[str, list[float]] = {}  # key -> this step's finite micro-batch values
         self._counts = {m.method: [0, 0] for m in self.mechanisms}  # method -> [steps measured, steps acted]
         self._values: dict[str, list[float]] = {}  # key -> [min, max, sum, count] over the run
+
+    def state(self) -> dict[str, Any]:
+        """The counts so far, JSON-ready (saved in every checkpoint's `trainer_state.json`)."""
+        return {"counts": {k: list(v) for k, v in self._counts.items()}, "values": dict(self._values)}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from `state` (a resumed run): its counts of the mechanisms this tracker counts."""
+        self.reset()
+        self._counts.update({k: list(v) for k, v in state.get("counts", {}).items() if k in self._counts})
+        self._values.update({k: list(v) for k, v in state.get("values", {}).items() if k in self.keys})
 
     def record(self, key: str, value: float) -> None:
         """One micro-batch's logged value of ``key`` (ignored unless a mechanism reads it, or NaN)."""
         if key not in self.keys or value is None or math.isnan(value):
             return
         self._step.setdefault(key, []).append(value)
-        stats = self._values.setdefault(key, [value, value, 0.0, 0])
-        stats[0], stats[1] = min(stats[0], value), max(stats[1], value)
-        stats[2] += value
-        stats[3] += 1
+        low, high, total, count = self._values.get(key, [value, value, 0.0, 0])
+        self._values[key] = [min(low, value), max(high, value), total + value, count + 1]
 
     def end_step(self) -> dict[str, float]:
-        """Close an optimizer step: evaluate every mechanism on the step's mean values; returns ``{metric: 1.0 or
-        0.0}`` for the mechanisms the step measured (the ``acted/<method>`` metrics to log)."""
+        """Close an optimizer step; returns ``{acted/<method>: 1.0 or 0.0}`` for the mechanisms it measured."""
         means = {key: sum(values) / len(values) for key, values in self._step.items()}
         self._step = {}
         logged = {}
         for m in self.mechanisms:
             acted = m.acted_on(means)
-            if acted is None:
-                continue
-            counts = self._counts[m.method]
-            counts[0] += 1
-            counts[1] += acted
-            logged[m.metric] = float(acted)
+            if acted is not None:
+                self._counts[m.method][0] += 1
+                self._counts[m.method][1] += acted
+                logged[m.metric] = float(acted)
         return logged
 
     def report(self, method: str, advantage_estimator: str) -> MechanismReport:

@@ -1,108 +1,113 @@
-"""The registry of methods: one place that names every method, so nothing else keeps a list.
+"""The registries: one generic :class:`Registry`, for the methods (:data:`METHODS`) and the advantage estimators
+(``objectives.estimators.ESTIMATORS``), as verl's ``register_policy_loss`` / ``register_adv_est``.
 
-The shipped methods (``trl_groupopt/methods/``) are registered when this module is imported, from TRL-free specs that
-name their trainer classes by import path: listing the methods, their papers and summaries imports no trainer, and
-``spec.trainer_class`` imports the trainer (and TRL) on first use. Another method registers with its classes::
-
-    register_method("toy", config_class=ToyConfig, trainer_class=ToyTrainer, paper="arXiv:2402.03300",
-                    headline_metric="toy/adv_abs_mean")
-
-The CLI (``trl-groupopt train --method NAME``), the example scripts, the benchmarks, the notebook and the
-parametrised tests all read :data:`METHODS`. A *mode* of a trainer (GRPO-fix is ``DFPOTrainer`` with
-``dfpo_transform="symmetric_clip"``) is registered with ``config_defaults``; :meth:`MethodSpec.make_config` applies
-them under the caller's own arguments. See docs/adding-a-method.md for the files a new method needs.
+The shipped methods (``trl_groupopt/methods/``) are registered on import, from TRL-free specs. A method kept outside
+the package calls ``register_method("toy", config_class=..., trainer_class=..., paper=..., headline_metric=...)``.
+The CLI, the benchmarks, the notebook and the parametrised tests read :data:`METHODS` (docs/adding-a-method.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Generic, TypeVar
 
 from .methods import SHIPPED
 from .spec import MethodSpec, Paper
 
-if TYPE_CHECKING:
-    from trl import GRPOConfig
+__all__ = ["METHODS", "MethodSpec", "Paper", "Registry", "get_method", "register_method", "unregister_method"]
 
-    from .mechanism import Mechanism
-    from .trainers.base import GroupOptTrainer
-
-__all__ = ["METHODS", "MethodSpec", "Paper", "get_method", "register_method", "unregister_method"]
-
-_METHODS: dict[str, MethodSpec] = {}
-#: Read-only view of the registered methods, name -> :class:`MethodSpec`, in registration order.
-METHODS: Mapping[str, MethodSpec] = MappingProxyType(_METHODS)
+T = TypeVar("T")
 
 
-def _check_classes(name: str, config_class: type, trainer_class: type) -> None:
+class Registry(Mapping[str, T], Generic[T]):
+    """Named entries in registration order: a read-only mapping with `register`, `unregister` and `lookup`. `what` names
+    an entry in errors (e.g. "method"); `unknown` is the error for a missing name (formatted with `name`, `names`:
+    the sorted names, comma-separated, and `choices`: the names' tuple)."""
+
+    def __init__(self, what: str, unknown: str = "Unknown {what} {name!r}; registered: {names}.") -> None:
+        self.what, self.unknown, self._entries = what, unknown, {}
+
+    def register(self, name: str, entry: T) -> T:
+        if name in self._entries:
+            by = getattr(self._entries[name], "trainer_name", None)
+            raise ValueError(
+                f"A {self.what} named {name!r} is already registered{f' (by {by})' if by else ''}; choose another "
+                "name or unregister it first."
+            )
+        if not name or not name.replace("_", "").isalnum() or name != name.lower():
+            raise ValueError(f"{self.what} names are lower-case identifiers (they are CLI values), got {name!r}.")
+        self._entries[name] = entry
+        return entry
+
+    def unregister(self, name: str) -> None:
+        """Remove an entry (tests that register a throwaway one)."""
+        self.lookup(name)
+        del self._entries[name]
+
+    def lookup(self, name: str) -> T:
+        """The entry registered as `name`; a missing name raises `ValueError` listing the registered ones."""
+        try:
+            return self._entries[name]
+        except KeyError:
+            names = ", ".join(sorted(self._entries))
+            message = self.unknown.format(what=self.what, name=name, names=names, choices=tuple(self._entries))
+            raise ValueError(message) from None
+
+    def __getitem__(self, name: str) -> T:
+        return self._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+#: The registered methods, name -> :class:`MethodSpec`, in registration order.
+METHODS: Registry[MethodSpec] = Registry("method", "Unknown method {name!r}; registered methods: {names}.")
+_METHODS = METHODS._entries  # the dict behind it (tests swap an entry with `monkeypatch.setitem`)
+
+
+def register_method(name: str, *, config_class: type, trainer_class: type, **fields: Any) -> MethodSpec:
+    """Register a method with its classes (``fields``: the other :class:`MethodSpec` fields: ``paper``,
+    ``headline_metric``, ``summary``, ``mechanism``, ...); raises ``ValueError`` if the name is taken or the classes
+    do not fit."""
     trainer_config = getattr(trainer_class, "config_class", None)
     if trainer_config is None or not issubclass(config_class, trainer_config):
         raise ValueError(
             f"{trainer_class.__qualname__} reads a {getattr(trainer_config, '__name__', None)}, but method {name!r} "
             f"registers config_class={config_class.__name__}; register the trainer's own config class."
         )
-
-
-def _check_name(name: str) -> None:
-    if name in _METHODS:
-        raise ValueError(
-            f"A method named {name!r} is already registered (by {_METHODS[name].trainer_name}); "
-            "choose another name or call unregister_method first."
-        )
-    if not name or not name.replace("_", "").isalnum() or name != name.lower():
-        raise ValueError(f"Method names are lower-case identifiers (they are CLI values), got {name!r}.")
-
-
-def _add(spec: MethodSpec) -> MethodSpec:
-    _check_name(spec.name)
-    _METHODS[spec.name] = spec
-    return spec
-
-
-def register_method(
-    name: str,
-    *,
-    config_class: type[GRPOConfig],
-    trainer_class: type[GroupOptTrainer],
-    paper: Paper | str,
-    headline_metric: str,
-    config_defaults: Mapping[str, Any] | None = None,
-    summary: str = "",
-    mechanism: Mechanism | None = None,
-) -> MethodSpec:
-    """Register a method with its classes; raises ``ValueError`` if the name is taken or the classes do not fit.
-
-    ``mechanism``: when the method's mechanism acted on an optimizer step (``trl_groupopt.mechanism``); the trainer
-    then logs ``acted/<name>`` and reports it at the end of ``train()``."""
-    _check_name(name)
-    _check_classes(name, config_class, trainer_class)
-    spec = MethodSpec(
-        name=name,
-        trainer_class=trainer_class,
-        config_class=config_class,
-        paper=paper,
-        headline_metric=headline_metric,
-        summary=summary,
-        config_defaults=config_defaults or {},
-        mechanism=mechanism,
-    )
-    return _add(spec)
+    return METHODS.register(name, MethodSpec(name, trainer_class, config_class=config_class, **fields))
 
 
 def unregister_method(name: str) -> None:
-    """Remove a method (for tests that register a toy method)."""
-    get_method(name)
-    del _METHODS[name]
+    """Remove a method (tests that register a throwaway one)."""
+    METHODS.unregister(name)
 
 
 def get_method(name: str) -> MethodSpec:
     """The :class:`MethodSpec` registered as ``name``; the error lists the valid names."""
-    try:
-        return _METHODS[name]
-    except KeyError:
-        raise ValueError(f"Unknown method {name!r}; registered methods: {', '.join(sorted(_METHODS))}.") from None
+    return METHODS.lookup(name)
+
+
+def spec_for(trainer_class: type, config: Any) -> MethodSpec | None:
+    """The registered method a trainer class runs with `config`: the spec of the nearest class in its MRO that a spec
+    names (a mode's spec when `config` matches its ``config_defaults``), None when a class in between has its own
+    `objective` (then it is no registered method)."""
+    for klass in trainer_class.__mro__:
+        specs = [spec for spec in METHODS.values() if spec.__dict__["_trainer_class"] in (klass, _path(klass))]
+        if specs:
+            modes = [spec for spec in specs if spec.config_defaults and spec.matches(config)]
+            return (modes or [spec for spec in specs if not spec.config_defaults] or [None])[0]
+        if "objective" in klass.__dict__:
+            return None
+    return None
+
+
+def _path(klass: type) -> str:
+    return f"{klass.__module__}:{klass.__qualname__}"
 
 
 for _spec in SHIPPED:
-    _add(_spec)
+    METHODS.register(_spec.name, _spec)

@@ -1,27 +1,8 @@
-"""Resume rules: one story for the command line and the Python API (issue 38).
-
-`trl_groupopt.run_folder` decides which checkpoints are complete and intact; this module decides whether a run may
-start in a folder and what a resume does with a checkpoint:
-
-- **A fresh run never replaces an earlier run.** `train()` without `resume_from_checkpoint` into an output folder that
-  holds checkpoints or a finished run (its model, `trainer_state.json` or `results.json`, also without checkpoints, as
-  `--save_strategy no` leaves it) refuses unless `overwrite_output_dir` is set (`refuse_fresh_run`). The CLI runs the
-  same check before it builds anything.
-- **A checkpoint resumes only the method that wrote it** (recorded in its completion record by `run_record`): another
-  method is refused, naming both and how to start a new run from the checkpoint's weights.
-- **Changed settings warn and the record tells the truth.** A learning rate, batch, group or generation setting that
-  differs from the checkpoint's is named in a warning; transformers restores the optimizer and scheduler, so the
-  checkpoint's learning rate goes on being used, and `args.learning_rate` is set back to it (the card and
-  `results.json` read the args). The batch and group settings given now are the ones used.
-- **A finished run stays finished.** A checkpoint already at `max_steps` is not trained past: the CLI prints that the
-  run is finished and exits 0 before anything is written; `train()` loads the checkpoint's weights and state and
-  returns without a step, a checkpoint or a rotation.
-- **A save that runs out of disk says so** (`disk_full_explained`), and **a tied weight reported missing on load**
-  (`lm_head.weight` of a model with tied embeddings, restored by the tie) is not reported (`missing_keys_to_report`).
-- **Exact resume needs generation-cycle boundaries**: `inexact_resume_warning` names the `save_steps` that would
-  resume mid-cycle (the generation buffer is not saved) and the values that would not.
-
-Neither TRL nor torch is imported at module level (the CLI reads it before choosing a trainer).
+"""Resume rules, one story for the command line and the Python API (docs/reliability.md, "Resume is one story"):
+whether a run may start in a folder (`refuse_fresh_run`), what a resume does with a checkpoint (`check_resume`: the
+method that wrote it, changed settings; `finished_message`: a finished run), a full disk named as such, a tied weight
+not reported missing, and the `save_steps` that would resume mid-cycle. `trl_groupopt.run_folder` decides which
+checkpoints are complete. Neither TRL nor torch is imported at module level (the CLI reads it first).
 """
 
 from __future__ import annotations

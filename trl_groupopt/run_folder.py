@@ -1,29 +1,7 @@
-"""A run's output folder: which checkpoints are complete, which one to resume from, and the lock of the run using it.
-
-Neither TRL nor torch is imported here (the CLI reads it before choosing a trainer).
-
-**Complete checkpoints.** transformers writes a checkpoint file by file (weights, optimizer, scheduler, RNG states,
-`trainer_state.json` last) with no completion mark, and `train(resume_from_checkpoint=True)` takes the
-highest-numbered `checkpoint-*` folder, so a run killed while saving leaves a partial folder that every later resume
-picks and crashes on. After a checkpoint is saved (on every process: a barrier), `GroupOptTrainer` writes
-`CHECKPOINT_RECORD` into it: the size and SHA-256 digest of every file in the folder, plus what the resume rules
-read (`trl_groupopt/resume.py`: the method and the settings). Each file is fsynced before it is digested, the record
-is written to a temporary file, fsynced, renamed into place and the folder fsynced: a record on disk vouches for bytes
-on disk. A checkpoint is complete when its record is there and every file it lists has that size and digest, which
-catches a save cut short at any point, a file truncated later (a full disk, a copy between machines) and a file of
-the right size with wrong bytes (a power loss before the data reached the disk, a preallocating copy tool), in any
-layout (sharded or PEFT weights, FSDP or DeepSpeed shards, one RNG file per process), because the record lists
-whatever the save wrote, not a list of expected names. SHA-256 rather than a faster non-cryptographic digest: it is
-in the standard library, and with the SHA extensions of current x86 and ARM CPUs it is the fastest digest hashlib
-offers (about 1.9 GB/s on one core here, faster than BLAKE2b and MD5: `python -m benchmarks.checkpoint_digest`), so
-the digest costs about what reading the files costs (docs/reliability.md). Records written before digests (sizes
-only) are checked by size. Checkpoints without a record (written by `GRPOTrainer` or another `Trainer`) count as
-complete when their `trainer_state.json`, which transformers writes last, is there and parses.
-
-**The lock.** `RunLock` holds `LOCK_NAME` (the pid and host) in the folder while a run writes to it: a second run into
-the same folder refuses with an error instead of silently replacing the first's checkpoints and model. It is released
-on exit; a lock left by a process that no longer exists (killed) is taken over with a warning. The name starts with
-`_`, which transformers leaves out of every Hub upload.
+"""A run's output folder: which checkpoints are complete and intact (`CHECKPOINT_RECORD`: every file's size and
+SHA-256 digest, written after the files and itself are fsynced), which one to resume from, and the lock of the run
+using it (`RunLock`). The rules and the digest's measured cost: docs/reliability.md, "Runs that survive". Neither TRL
+nor torch is imported here (the CLI reads it before choosing a trainer).
 """
 
 from __future__ import annotations

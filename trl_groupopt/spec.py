@@ -1,9 +1,8 @@
 """What the library knows about one method, as plain data: :class:`MethodSpec` and its :class:`Paper`.
 
-Nothing here imports TRL: a spec may name its trainer class by import path (``"trl_groupopt.trainers.ctpo:CTPOTrainer"``)
-and resolves it on first use, so the CLI can list the methods, their summaries and papers, and reject an unknown
-``--method``, before TRL is imported. The shipped specs are in ``trl_groupopt/methods/``; the registry
-(``trl_groupopt.registry``) collects them.
+Nothing here imports TRL: a spec names its classes by import path (``"trl_groupopt.trainers.ctpo:CTPOTrainer"``) and
+resolves them on first read, so the CLI can list the methods and reject an unknown ``--method`` before TRL is imported.
+The shipped specs are in ``trl_groupopt/methods/``; ``trl_groupopt.registry`` collects them.
 """
 
 from __future__ import annotations
@@ -12,13 +11,9 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from trl import GRPOConfig
-
-    from .mechanism import Mechanism
-    from .trainers.base import GroupOptTrainer
+from .mechanism import Mechanism
 
 __all__ = ["MethodSpec", "Paper"]
 
@@ -50,9 +45,8 @@ def resolve(target: str | type) -> type:
 
 
 class _ClassField:
-    """A dataclass field that holds a class or its import path and reads as the class (imported on first read).
-
-    `default`: the value when the field is not given (read then through `fallback(spec)` if set)."""
+    """A dataclass field that holds a class or its import path and reads as the class (imported on first read);
+    unset (None), it reads as `fallback(spec)`."""
 
     def __init__(self, default: Any = MISSING, fallback: Callable[[MethodSpec], type] | None = None) -> None:
         self.default, self.fallback = default, fallback
@@ -76,27 +70,31 @@ class _ClassField:
 class MethodSpec:
     """What the rest of the library needs to know about one method.
 
-    ``trainer_class`` and ``config_class`` are given as classes or as import paths (``"module:ClassName"``) and read
-    as classes: a path is imported on first read. ``config_class=None`` means the trainer's own ``config_class``.
+    ``trainer_class`` and ``config_class`` are classes or import paths (``"module:ClassName"``), read as classes;
+    ``config_class=None`` means the trainer's own. A *mode* of a trainer (GRPO-fix is the DFPO trainer with
+    ``dfpo_transform="symmetric_clip"``) is a spec with ``config_defaults``: the trainer reports the spec whose
+    defaults its config matches. ``is_estimator``: the method *is* the advantage estimator registered under its name
+    (OTB): a run of any objective on that estimator reports this method's mechanism too.
     """
 
     name: str  # the registry key, e.g. "echo"; also the CLI's --method value
-    trainer_class: type[GroupOptTrainer] = _ClassField()  # type: ignore[assignment]  # a GRPOTrainer subclass
-    # (no default: `_ClassField()` only makes the field read as a class)
+    trainer_class: type = _ClassField()  # type: ignore[assignment]  # a GroupOptTrainer subclass
     paper: Paper | str  # a Paper, or for a method registered without one "arXiv:XXXX.XXXXX" / its title
     headline_metric: str  # the logged metric that shows the mechanism acting, e.g. "echo/batch_clipped"
     summary: str = ""  # one line: what changes versus GRPO
-    config_class: type[GRPOConfig] = _ClassField(None, lambda spec: spec.trainer_class.config_class)  # type: ignore
-    config_defaults: Mapping[str, Any] = field(default_factory=dict)  # a mode's fixed settings, e.g. GRPO-fix's
+    config_class: type = _ClassField(None, lambda spec: spec.trainer_class.config_class)  # type: ignore[assignment]
+    config_defaults: Mapping[str, Any] = field(default_factory=dict)  # a mode's fixed settings
     demo_defaults: Mapping[str, Any] = field(default_factory=dict)  # the CLI's settings on the embedded tiny policy
     display_name: str = ""  # the name model cards give the method (TRL's `_name`); default: name upper-cased
-    #: When the method's mechanism acted on an optimizer step (`trl_groupopt.mechanism`); None: no report.
-    mechanism: Mechanism | None = None
+    mechanism: Mechanism | None = None  # when the method acted on an optimizer step; None: no report
+    is_estimator: bool = False  # the method is the advantage estimator of the same name
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config_defaults", MappingProxyType(dict(self.config_defaults)))
         if not self.display_name:
             object.__setattr__(self, "display_name", self.name.upper())
+        if self.mechanism is not None:
+            self.mechanism.bind(self.name)
 
     @property
     def trainer_name(self) -> str:
@@ -104,6 +102,16 @@ class MethodSpec:
         target = self.__dict__["_trainer_class"]
         return target.rpartition(":")[2] if isinstance(target, str) else target.__name__
 
-    def make_config(self, **kwargs: Any) -> GRPOConfig:
+    @property
+    def exports(self) -> dict[str, str]:
+        """``{class name: module}`` of the classes this spec names by import path (the package exports them)."""
+        paths = (self.__dict__["_trainer_class"], self.__dict__["_config_class"])
+        return {path.rpartition(":")[2]: path.partition(":")[0] for path in paths if isinstance(path, str)}
+
+    def matches(self, config: Any) -> bool:
+        """Whether `config` runs this spec's mode (every ``config_defaults`` value in place)."""
+        return all(getattr(config, key, MISSING) == value for key, value in self.config_defaults.items())
+
+    def make_config(self, **kwargs: Any) -> Any:
         """This method's config: ``config_defaults`` first, then ``kwargs`` (the caller wins)."""
         return self.config_class(**{**self.config_defaults, **kwargs})

@@ -110,3 +110,35 @@ def test_cli_run_states_the_report_and_the_heldout_accuracy(tmp_path):
     state = json.loads((out / "trainer_state.json").read_text())
     logged = [e["heldout/accuracy"] for e in state["log_history"] if "heldout/accuracy" in e]
     assert logged == [accuracy for step, accuracy in results["heldout_curve"] if step > 0]
+
+
+def test_the_report_of_a_resumed_run_counts_the_whole_run(tiny):
+    """The report is saved in each checkpoint's `trainer_state.json` (`stateful_callbacks`) and restored on resume:
+    a 4-step run resumed from a 2-step run's checkpoint reports all 4 steps (issue 38: not "acted on 0 of 2"), its
+    counts those of the 2 saved steps plus the 2 resumed ones, and R's range covers the saved steps' range. (The
+    2-step run's learning-rate schedule ends at step 2, so its first steps are not the 4-step run's.)"""
+    tokenizer, model, tmp = tiny
+
+    def run(name: str, max_steps: int, resume: bool = False):  # batch_epsilon: a clip R leaves, so it acts
+        trainer = method_trainer("echo", tmp / name, clone_model(model), tokenizer, num_examples=32, save_steps=2,
+                                 max_steps=max_steps, steps_per_generation=4, gradient_accumulation_steps=2,
+                                 disable_tqdm=True, batch_epsilon=0.002, save_strategy="steps")  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.train(resume_from_checkpoint=resume or None)
+        return trainer
+
+    (first,) = run("resume_cut", 2).mechanism_report.outcomes
+    saved = json.loads((tmp / "resume_cut" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert saved["stateful_callbacks"]["MechanismReportCallback"]["attributes"]["counts"]["counts"]["echo"] == [
+        first.steps,
+        first.acted,
+    ]
+    resumed = run("resume_cut", 4, resume=True)
+    (whole,) = resumed.mechanism_report.outcomes
+    logged = [e["acted/echo"] for e in resumed.state.log_history if "acted/echo" in e]  # the 2 saved, 2 resumed
+    assert first.steps == 2 and first.acted == sum(logged[:2]) and len(logged) == whole.steps == 4
+    assert whole.acted == sum(logged)
+    (low, high), (first_low, first_high) = whole.observed["R"], first.observed["R"]
+    assert low <= first_low and high >= first_high and whole.acted > 0
+    assert "acted on" in resumed.mechanism_report.text and "of 4 optimizer steps" in resumed.mechanism_report.text

@@ -37,7 +37,12 @@ from trl_groupopt import (
     OTBTrainer,
     get_method,
 )
-from trl_groupopt.model_card import ARITHMETIC_QUESTION, SYNTHETIC_DATASET_NAME, render_model_card
+from trl_groupopt.model_card import (
+    ARITHMETIC_QUESTION,
+    EMBEDDED_POLICY_REFERENCE,
+    SYNTHETIC_DATASET_NAME,
+    render_model_card,
+)
 from trl_groupopt.offline import load_embedded_policy
 
 pytestmark = pytest.mark.slow
@@ -310,6 +315,10 @@ def test_lora_run_pushes_the_adapter_with_our_card(runs, hub, policy):
     files = hub.files(repo_id)
     assert ADAPTER_FILES | TOKENIZER_FILES | {"README.md"} <= files.keys(), sorted(files)
     assert "model.safetensors" not in files  # the adapter, not full weights
+    # the embedded policy recorded by its portable name, not by its path in this checkout (saved and pushed)
+    saved = Path(trainer.args.output_dir, "adapter_config.json").read_text(encoding="utf-8")
+    for config in (json.loads(files["adapter_config.json"]), json.loads(saved)):
+        assert config["base_model_name_or_path"] == EMBEDDED_POLICY_REFERENCE, config["base_model_name_or_path"]
     card = files["README.md"].decode()
     check_card(run, card, "| `batch_epsilon` | `0.2` | (method-specific) |")
     assert "This repository holds a PEFT adapter (LoraConfig, r=4)" in card and "- PEFT: " in card

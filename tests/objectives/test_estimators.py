@@ -17,10 +17,9 @@ from trl_groupopt.objectives.estimators import (
     EstimatorInputs,
     estimator_of,
     get_estimator,
-    otb_zero_tail,
     register_estimator,
 )
-from trl_groupopt.objectives.otb import otb_advantages
+from trl_groupopt.objectives.otb import otb_advantages, otb_zero_tail
 
 
 def _batch(seed: int = 0, tool_use: bool = False) -> EstimatorInputs:

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from tests.tensor_sizes import TensorSizeRecorder
-from trl_groupopt.objectives.otb import energy_from_log_probs, logit_gradient_energy, otb_advantages
+from trl_groupopt.objectives.common import energy_from_log_probs
+from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages
 
 # --------------------------------------------------------------------------------------------------
 # Logit-gradient energy

@@ -227,8 +227,8 @@ def test_grpo_estimator_runs_nothing_of_otbs(setup, float_model, method):
 def test_otb_estimator_patches_the_head_once(setup, float_model):
     tokenizer, _, _, root = setup
     trainer = _trainer("ctpo", root / "patched", tokenizer, float_model, advantage_estimator="otb")
-    assert trainer._energy_capture and trainer._head_module.forward is trainer._otb_head_forward
-    assert trainer._otb_head_forward is not trainer._trl_head_forward
+    assert trainer._energy_capture and trainer._energy.head.forward is trainer._energy.fused_forward
+    assert trainer._energy.fused_forward is not trainer._energy.trl_forward
 
 
 # ------------------------------------------------------------------------------------------------ configs

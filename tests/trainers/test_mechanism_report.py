@@ -25,15 +25,15 @@ def test_trainer_reports_its_methods_definition(method, tokenizer, base_model, t
     trainer = method_trainer(method, tmp_path, clone_model(base_model), tokenizer, num_generations=2)
     assert trainer.mechanisms() == (get_method(method).mechanism,)
     report = trainer.mechanism_report
-    assert report.method == method and report.advantage_estimator == ("otb" if method == "otb" else "grpo")
+    assert report.method == method and report.advantage_estimator == trainer.estimator.name
     (outcome,) = report.outcomes
     assert outcome.steps == 0 and "not measured" in outcome.text and not report.never_acted
 
 
-def test_otb_advantages_add_otbs_definition(tokenizer, base_model, tmp_path, monkeypatch):
+def test_otb_advantages_add_otbs_definition(tokenizer, base_model, tmp_path):
     """A config whose `advantage_estimator` is "otb" (any method) reports OTB's token baseline too, and says so."""
-    trainer = method_trainer("ctpo", tmp_path, clone_model(base_model), tokenizer, num_generations=2)
-    monkeypatch.setattr(trainer.args, "advantage_estimator", "otb", raising=False)
+    trainer = method_trainer("ctpo", tmp_path, clone_model(base_model), tokenizer, num_generations=2,
+                             advantage_estimator="otb")  # fmt: skip
     assert trainer.mechanisms() == (get_method("ctpo").mechanism, otb.MECHANISM)
     assert trainer.mechanism_report.advantage_estimator == "otb"
 
@@ -65,7 +65,7 @@ def test_dfpo_replaces_trls_loss_type_advice_with_its_own_line(tokenizer, base_m
                     processing_class=tokenizer)  # fmt: skip
     assert not [m for m in _messages(caplog, TRL_LOGGER) if TRL_SEQUENCE_LOSS_ADVICE in m]
     ours = _messages(caplog, "trl_groupopt.trainers.dfpo")
-    assert ours == [SUM_LOSS_NOTE.format(loss_type="dapo")] and "\n" not in ours[0]
+    assert ours == [SUM_LOSS_NOTE.format(args=args)] and "\n" not in ours[0]
     assert "cancel" in ours[0] and "loss_type='grpo'" in ours[0] and "1/|y_i|" in ours[0]
     assert not logging.getLogger(TRL_LOGGER).filters  # the filter is gone once the trainer is built
 
@@ -87,3 +87,34 @@ def test_dfpo_silences_no_other_trl_warning(tokenizer, base_model, tmp_path, cap
                         processing_class=tokenizer)  # fmt: skip
     assert any(TRL_SEQUENCE_LOSS_ADVICE in m for m in _messages(caplog, TRL_LOGGER))
     assert not _messages(caplog, "trl_groupopt.trainers.dfpo")
+
+
+def test_the_report_callback_is_exportable_state():
+    """The callback's state (what `trainer_state.json` holds) rebuilds it with its counts, both ways transformers and
+    the callback itself restore it: `from_state` (`restore_callback_states_from_checkpoint=True`) and `on_train_begin`
+    of a resumed run; a fresh run (step 0) starts from zero."""
+    import json
+
+    from transformers import TrainerControl, TrainerState
+
+    from trl_groupopt.trainers.report import MechanismReportCallback
+
+    callback = MechanismReportCallback("echo", "grpo")
+    for clipped in (1.0, 0.0, 1.0):
+        callback.tracker.record("echo/batch_clipped", clipped)
+        callback.on_step_end(None, None, None)
+    saved = json.loads(json.dumps(callback.state()))
+    assert callback.pending == [("acted/echo", 1.0), ("acted/echo", 0.0), ("acted/echo", 1.0)]
+    rebuilt = MechanismReportCallback.from_state(saved)
+    assert rebuilt.report().to_dict() == callback.report().to_dict()
+    resumed = MechanismReportCallback("echo", "grpo")
+    state = TrainerState(global_step=3, stateful_callbacks={"MechanismReportCallback": saved})
+    resumed.on_train_begin(None, state, TrainerControl())
+    (outcome,) = resumed.report().outcomes
+    assert (outcome.steps, outcome.acted) == (3, 2)
+    resumed.on_train_begin(None, TrainerState(global_step=0, stateful_callbacks={"MechanismReportCallback": saved}),
+                           TrainerControl())  # fmt: skip
+    assert resumed.report().outcomes[0].steps == 0
+    other = MechanismReportCallback("ctpo", "grpo")  # another method's saved state is not this run's
+    other.on_train_begin(None, state, TrainerControl())
+    assert other.report().outcomes[0].steps == 0

@@ -139,5 +139,5 @@ def test_otb_energy_comes_from_the_fused_forward(tiny):
     length = inputs["completion_ids"].shape[1]
     expected = logit_gradient_energy(logits[:, -length:].double(), input_ids[:, -length:], temperature=0.7)
     mask = inputs["completion_mask"].bool()
-    torch.testing.assert_close(ours._training_energy[mask].double(), expected[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours._energy.training_energy[mask].double(), expected[mask], atol=1e-5, rtol=1e-5)
     assert set(ours._metrics["train"]) >= {"otb/energy_mean", "otb/baseline_mean", "otb/adv_abs_mean"}

@@ -27,8 +27,9 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from trl_groupopt import OTBConfig, OTBTrainer
-from trl_groupopt.objectives.estimators import EstimatorInputs, otb_zero_tail
-from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages
+from trl_groupopt.objectives.estimators import EstimatorInputs
+from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages, otb_zero_tail
+from trl_groupopt.trainers import loss
 
 TEMPERATURE = 0.7
 # The in-code tokenizer's template plus tool calls and tool messages: TRL requires a template that renders a full
@@ -171,9 +172,9 @@ def test_environment_rewards_and_tool_mask_reach_the_otb_advantages(tmp_path, to
 
     # Defaults on a tool-use batch: valid positions and zero tail on (verl's tool-use estimator's defaults)
     zero_tail = trainer.args.otb_handle_zero_tail
-    assert otb_zero_tail(zero_tail, trainer._estimator_inputs(batch, mask).tool_use) is True
+    assert otb_zero_tail(zero_tail, loss.estimator_inputs(trainer, batch, mask).tool_use) is True
     single_turn = {k: v for k, v in batch.items() if k != "tool_mask"}
-    assert otb_zero_tail(zero_tail, trainer._estimator_inputs(single_turn, mask).tool_use) is False
+    assert otb_zero_tail(zero_tail, loss.estimator_inputs(trainer, single_turn, mask).tool_use) is False
 
     losses, advantages = {}, {}
     for zero_tail in (None, True, False):
@@ -241,14 +242,14 @@ def test_energy_record_does_not_depend_on_the_module_object(tmp_path, tool_token
     with torch.no_grad():
         logps, _, _ = trainer._get_per_token_logps_and_entropies(Wrapper(trainer.model), input_ids, attention, 7,
                                                                  batch_size=2)  # fmt: skip
-    energy = trainer._take_energy(logps, "test")
+    energy = trainer._energy.take(logps, "test")
     batch = {"prompt_ids": input_ids[:, :5], "prompt_mask": attention[:, :5], "completion_ids": input_ids[:, 5:],
              "completion_mask": attention[:, 5:]}  # fmt: skip
     valid = attention[:, 5:].bool()
     torch.testing.assert_close(energy[valid].double(), _full_logits_energy(trainer.model, batch)[valid], rtol=1e-5,
                                atol=1e-5)  # fmt: skip
     with pytest.raises(RuntimeError, match="no energy"):  # records are consumed: nothing stale is ever reused
-        trainer._take_energy(logps, "test")
+        trainer._energy.take(logps, "test")
 
 
 def test_off_policy_training_forward_runs_trl_head_without_the_energy(tmp_path, tool_tokenizer, base_model):
@@ -260,7 +261,7 @@ def test_off_policy_training_forward_runs_trl_head_without_the_energy(tmp_path, 
         train_dataset=tiny_dataset(8), processing_class=tool_tokenizer,
     )  # fmt: skip
     with_energy = []  # one entry per fused-head forward: did it compute `log_sum_sq_probs`?
-    trainer._head_module.register_forward_hook(
+    trainer._energy.head.register_forward_hook(
         lambda module, args, out: (
             with_energy.append(out.log_sum_sq_probs is not None) if isinstance(out, FusedCausalLMOutput) else None
         )
@@ -272,8 +273,8 @@ def test_off_policy_training_forward_runs_trl_head_without_the_energy(tmp_path, 
 
     with_energy.clear()
     loss, grads, metrics = compute_loss_and_grads(trainer, batch)
-    assert with_energy == [False] and trainer._training_energy is None
-    trainer._lm_head_without_energy = contextlib.nullcontext  # the energy computed in the training forward too
+    assert with_energy == [False] and trainer._energy.training_energy is None
+    trainer._energy._trl_head = contextlib.nullcontext  # the energy computed in the training forward too
     loss_e, grads_e, metrics_e = compute_loss_and_grads(trainer, batch)
     assert with_energy == [False, True]
     torch.testing.assert_close(loss, loss_e, rtol=0, atol=0)
@@ -285,7 +286,7 @@ def test_off_policy_training_forward_runs_trl_head_without_the_energy(tmp_path, 
     with_energy.clear()  # on-policy (no behaviour forward): the training forward's energy is the one used
     on_policy = {k: v for k, v in batch.items() if k not in ("old_per_token_logps", "old_per_token_energy")}
     compute_loss_and_grads(trainer, on_policy)
-    assert with_energy == [True] and trainer._training_energy is not None
+    assert with_energy == [True] and trainer._energy.training_energy is not None
 
 
 def test_lora_behaviour_energy_is_the_adapted_policy_not_the_reference(tmp_path, tool_tokenizer, base_model):

@@ -1,26 +1,26 @@
-"""The registry of methods (`trl_groupopt.METHODS`): its contract, and a toy method registered inside this test that
-reaches the CLI and passes the same generic trainer tests as the built-in methods.
+"""The registry of methods (`trl_groupopt.METHODS`): its contract, and a toy method added by following
+docs/adding-a-method.md, which reaches the CLI and passes the same generic trainer tests as the built-in methods.
 
-The toy is a complete method in ~30 lines, the parts a real method spreads over its files (docs/adding-a-method.md):
-an objective (TRL's clipped surrogate on advantages scaled by a factor), a config subclass with one validated knob, a
-trainer subclass that binds the knob to the objective, and one `register_method` call. The generic tests are the
-functions of tests/trainers/test_validation.py, tests/hub/test_model_card.py and tests/e2e/ (the 2-step run, the
-trained model card) that are parametrised over `METHODS`; they are called here with the toy's name, so the toy goes
-through exactly the code the registered methods go through. The two checks that train are marked `slow`.
+The toy's three code files are the doc's code blocks, written as they are to the paths they name under a temporary
+folder that `trl_groupopt.objectives`, `.trainers` and `.methods` also search (their `__path__`); the registry's own
+discovery (`trl_groupopt.methods.discover`) then finds its spec. The generic tests are the functions of
+tests/trainers/test_validation.py, tests/hub/test_model_card.py and tests/e2e/ that are parametrised over `METHODS`,
+called here with the toy's name. The two checks that train are marked `slow`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import importlib
+import re
+import sys
 
 import pytest
 import torch
-from torch import Tensor
-from trl import GRPOConfig
 
 from tests.e2e import test_method_training, test_model_card_training
+from tests.environment import REPO_ROOT
 from tests.helpers import (
+    BUILT_IN_METHODS,
     compute_loss_and_grads,
     inputs_with_policies,
     method_config,
@@ -31,75 +31,68 @@ from tests.helpers import (
 )
 from tests.hub import test_model_card
 from tests.trainers import test_validation
-from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, cli, get_method, register_method
-from trl_groupopt.objectives.common import (
-    ObjectiveFn,
-    ObjectiveOutput,
-    as_token_advantages,
-    check_positive,
-    clipped_surrogate_loss,
-    masked_mean,
-)
+from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, cli, get_method, methods, register_method
+from trl_groupopt.objectives.common import ObjectiveFn
 from trl_groupopt.registry import unregister_method
-from trl_groupopt.trainers.base import GroupOptTrainer
-from trl_groupopt.trainers.config import TokenSafeConfigMixin
 
-BUILT_IN = {"grpo", "echo", "dfpo", "grpo_fix", "ctpo", "otb"}
+DOC = REPO_ROOT / "docs" / "adding-a-method.md"
+TOY_FILES = ("trl_groupopt/objectives/toy.py", "trl_groupopt/trainers/toy.py", "trl_groupopt/methods/toy.py")
+
+
+def doc_code_files() -> dict[str, str]:
+    """The doc's code blocks that start with `# <path>`, by that path."""
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+    return {block.splitlines()[0].removeprefix("# "): block for block in blocks if block.startswith("# trl_groupopt/")}
 
 
 # ================================================================================================ the toy method
-def toy_loss(per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor, /, *,
-             scale: float, epsilon_low: float, epsilon_high: float) -> ObjectiveOutput:  # fmt: skip
-    """objectives/toy.py: TRL's clipped surrogate on `scale * A`, plus the headline metric mean |scale * A|."""
-    scaled = scale * as_token_advantages(advantages)  # (B, 1) or (B, T)
-    out = clipped_surrogate_loss(per_token_logps, old_per_token_logps, scaled, mask, epsilon_low=epsilon_low,
-                                 epsilon_high=epsilon_high)  # fmt: skip
-    out.metrics["toy/adv_abs_mean"] = masked_mean(scaled.abs().expand_as(mask), mask).detach()
-    return out
-
-
-_: ObjectiveFn = toy_loss  # the objective protocol (checked by a type checker)
-
-
-@dataclass(repr=False)
-class ToyConfig(TokenSafeConfigMixin, GRPOConfig):
-    """trainers/toy.py: the config, one knob checked at construction."""
-
-    toy_advantage_scale: float = field(default=2.0, metadata={"help": "Factor on the advantages (> 0)."})
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_positive(toy_advantage_scale=self.toy_advantage_scale)
-
-
-class ToyTrainer(GroupOptTrainer):
-    """trainers/toy.py: the trainer binds the knob to the objective."""
-
-    config_class = ToyConfig
-    _tag_names = ["trl", "toy", "trl-groupopt"]
-    _name = "Toy"
-
-    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
-                  inputs: dict[str, Any]) -> ObjectiveOutput:  # fmt: skip
-        return toy_loss(per_token_logps, old_per_token_logps, advantages, mask, scale=self.args.toy_advantage_scale,
-                        epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high)  # fmt: skip
-
-
 @pytest.fixture(scope="module")
-def toy():
-    """trainers/toy.py's `register_method` call, undone after this module's tests."""
-    spec = register_method("toy", config_class=ToyConfig, trainer_class=ToyTrainer, paper="arXiv:2402.03300",
-                           headline_metric="toy/adv_abs_mean", summary="GRPO on scaled advantages")  # fmt: skip
-    yield spec
-    unregister_method("toy")
+def toy(tmp_path_factory):
+    """The doc's steps: its three files, in a folder the packages search; the registry discovers the spec. Undone
+    after this module's tests."""
+    root = tmp_path_factory.mktemp("repo")
+    files = doc_code_files()
+    assert tuple(files) == TOY_FILES
+    for path, code in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(code, encoding="utf-8")
+    packages = [importlib.import_module(f"trl_groupopt.{name}") for name in ("objectives", "trainers", "methods")]
+    for package in packages:
+        package.__path__.append(str(root / package.__name__.replace(".", "/")))
+    try:
+        new = [spec for spec in methods.discover() if spec.name not in METHODS]
+        assert [spec.name for spec in new] == ["toy"]
+        yield METHODS.register("toy", new[0])
+    finally:
+        for package in packages:
+            package.__path__.remove(str(root / package.__name__.replace(".", "/")))
+            sys.modules.pop(f"{package.__name__}.toy", None)
+        if "toy" in METHODS:
+            unregister_method("toy")
     assert "toy" not in METHODS
+
+
+def test_the_toy_is_four_files_and_the_doc_says_so(toy):
+    """Files 1-3 are the doc's code; the spec names the classes (exported from there), the trainer overrides only
+    `objective`, and the method's name is written once (the mechanism's comes from the spec)."""
+    trainer_class, config_class = toy.trainer_class, toy.config_class
+    assert toy.exports == {"ToyTrainer": "trl_groupopt.trainers.toy", "ToyConfig": "trl_groupopt.trainers.toy"}
+    own = {name for name in vars(trainer_class) if not name.startswith("__")} - {"has_own_objective"}  # derived
+    assert own == {"config_class", "objective"}
+    assert config_class is trainer_class.config_class and toy.mechanism.method == "toy"
+    assert trainer_class._name == "TOY" and trainer_class._tag_names == ["trl", "toy", "trl-groupopt"]
+    _: ObjectiveFn = importlib.import_module("trl_groupopt.objectives.toy").toy_loss  # the objective protocol
+    text = DOC.read_text(encoding="utf-8")
+    assert "A method is four files and a test" in text and all(
+        f"`{path}`".replace("toy", "<m>") in text for path in TOY_FILES
+    )
 
 
 # ================================================================================================ the toy through the CLI
 def test_toy_reaches_the_cli(toy, monkeypatch, capsys):
     assert METHODS["toy"] is toy is get_method("toy") and "toy" in cli.METHODS
     _, args, _, demo = cli.parse("toy", [])
-    assert type(args) is ToyConfig and args.toy_advantage_scale == 2.0 and demo
+    assert type(args) is toy.config_class and args.toy_advantage_scale == 2.0 and demo
     _, args, _, _ = cli.parse("toy", ["--toy_advantage_scale", "3", "--max_steps", "1"])
     assert (args.toy_advantage_scale, args.max_steps) == (3.0, 1)
     with pytest.raises(ValueError, match=r"toy_advantage_scale must be > 0, got -1\.0"):
@@ -113,7 +106,7 @@ def test_toy_reaches_the_cli(toy, monkeypatch, capsys):
         cli.main(["train", "--method", "not_a_method"])
     error = capsys.readouterr().err
     assert "invalid choice: 'not_a_method'" in error and "'toy'" in error  # the choices are read from the registry
-    assert all(f"'{name}'" in error for name in BUILT_IN)
+    assert all(f"'{name}'" in error for name in BUILT_IN_METHODS)
 
 
 # ================================================================================================ the toy, generic tests
@@ -180,7 +173,7 @@ def test_toy_objective_is_the_one_trained(toy, tmp_path):
 
 # ================================================================================================ the registry's contract
 def test_built_in_methods_are_registered():
-    assert BUILT_IN <= set(METHODS)
+    assert BUILT_IN_METHODS <= set(METHODS)
     for name, spec in METHODS.items():
         assert spec.name == name and spec.paper and spec.headline_metric
         assert issubclass(spec.config_class, spec.trainer_class.config_class), name
@@ -192,10 +185,11 @@ def test_make_config_applies_a_modes_defaults_under_the_callers(tmp_path):
     assert method_config("dfpo", tmp_path).dfpo_transform == "min_replace"
 
 
-def test_duplicate_name_rejected():
+def test_duplicate_name_rejected(toy):
     before = METHODS["echo"]
     with pytest.raises(ValueError, match=r"A method named 'echo' is already registered \(by ECHOTrainer\)"):
-        register_method("echo", config_class=ToyConfig, trainer_class=ToyTrainer, paper="x", headline_metric="y")
+        register_method("echo", config_class=toy.config_class, trainer_class=toy.trainer_class, paper="x",
+                        headline_metric="y")  # fmt: skip
     assert METHODS["echo"] is before
 
 
@@ -209,7 +203,8 @@ def test_unknown_name_error_lists_the_valid_names():
         unregister_method("nope")
 
 
-def test_config_class_mismatch_rejected():
+def test_config_class_mismatch_rejected(toy):
+    ToyConfig, ToyTrainer = toy.config_class, toy.trainer_class  # noqa: N806
     with pytest.raises(
         ValueError,
         match=r"ToyTrainer reads a ToyConfig, but method 'toy_mismatch' registers "
@@ -224,9 +219,10 @@ def test_config_class_mismatch_rejected():
 
 
 @pytest.mark.parametrize("name", ["Toy", "toy-method", "", "toy method"])
-def test_names_are_cli_values(name):
+def test_names_are_cli_values(toy, name):
     with pytest.raises(ValueError, match="lower-case identifiers"):
-        register_method(name, config_class=ToyConfig, trainer_class=ToyTrainer, paper="x", headline_metric="y")
+        register_method(name, config_class=toy.config_class, trainer_class=toy.trainer_class, paper="x",
+                        headline_metric="y")  # fmt: skip
     assert name not in METHODS
 
 

@@ -1,19 +1,33 @@
-"""The shipped methods' specs (TRL-free data: names, papers, summaries, headline metrics, trainer import paths).
+"""The shipped methods' specs: TRL-free data (names, papers, summaries, mechanisms, trainer import paths).
 
-One module per method; :data:`SHIPPED` is what ``trl_groupopt.registry`` registers when it is imported. A new method
-adds its module here (docs/adding-a-method.md).
+One module per method; every :class:`~trl_groupopt.spec.MethodSpec` a module of this package defines at its top level
+is shipped (a mode, such as DFPO's GRPO-fix, is a second spec in its method's module). A new method adds its module
+and nothing here (docs/adding-a-method.md).
 """
 
 from __future__ import annotations
 
-from . import ctpo, dfpo, echo, grpo, otb
+import importlib
+import pkgutil
 
-__all__ = ["MECHANISM_ACTS", "SHIPPED"]
+from ..spec import MethodSpec
 
-#: Every shipped method, in the order the CLI lists them.
-SHIPPED = (grpo.METHOD, ctpo.METHOD, dfpo.METHOD, dfpo.GRPO_FIX_METHOD, echo.METHOD, otb.METHOD)
+__all__ = ["MECHANISM_ACTS", "SHIPPED", "discover"]
 
-#: When a logged optimizer step shows each shipped method's mechanism changing the objective: method -> (what acted,
-#: the logged keys, a predicate on their values), from the methods' `Mechanism` definitions (the trainers' report and
-#: the stress benchmark read the same ones).
+
+def discover() -> tuple[MethodSpec, ...]:
+    """Every `MethodSpec` the modules of this package (every folder of its `__path__`) define at their top level."""
+    specs = []
+    for module in pkgutil.iter_modules(__path__):
+        namespace = vars(importlib.import_module(f"{__name__}.{module.name}"))
+        specs += [v for v in namespace.values() if isinstance(v, MethodSpec) and all(v is not s for s in specs)]
+    return tuple(sorted(specs, key=lambda spec: spec.trainer_name != "GroupOptTrainer"))  # the baseline first
+
+
+#: Every shipped method: the baseline (TRL's objective, the base trainer) first, then by module name, then in the order
+#: its module defines them.
+SHIPPED = discover()
+
+#: method -> (what acted, the logged keys, the predicate), from the methods' `Mechanism` definitions (the trainers'
+#: report and the stress benchmark read the same ones).
 MECHANISM_ACTS = {spec.name: (spec.mechanism.what, spec.mechanism.keys, spec.mechanism.acts) for spec in SHIPPED}

@@ -22,7 +22,6 @@ PAPER = Paper(
 
 #: CTPO acted on a step when a cumulative prefix ratio hit its position-scaled log-space clip.
 MECHANISM = Mechanism(
-    method="ctpo",
     name="CTPO's prefix-ratio clip",
     what="a prefix ratio was clipped",
     keys=("clip_ratio/region_mean",),
@@ -36,6 +35,7 @@ MECHANISM = Mechanism(
 METHOD = MethodSpec(
     name="ctpo",
     trainer_class="trl_groupopt.trainers.ctpo:CTPOTrainer",
+    config_class="trl_groupopt.trainers.ctpo:CTPOConfig",
     paper=PAPER,
     headline_metric="ctpo/dual_clip",
     summary="cumulative-prefix token ratio with position-adaptive log-space clipping",

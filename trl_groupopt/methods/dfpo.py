@@ -23,10 +23,28 @@ PAPER = Paper(
 #: The `dfpo_transform` that selects GRPO-fix (App. H): a mode of the DFPO trainer.
 GRPO_FIX = "symmetric_clip"
 
+#: The residuals within this fraction of GSPO's on the same batches: clipping, not the transform, decides the run.
+CLIPPING_DOMINATED = 0.1
+
+
+def clipping_verdict(observed: dict[str, float]) -> str | None:
+    """DFPO's end-of-run verdict: a cancellation residual within `CLIPPING_DOMINATED` of GSPO's on the same batches
+    means the run is clipping-dominated (docs/dfpo.md, "Reading `dfpo/cancellation_residual`")."""
+    ours, gspo = observed.get("cancellation residual"), observed.get("GSPO's weights on the same batches")
+    if not isinstance(ours, float) or not isinstance(gspo, float) or gspo <= 0:
+        return None
+    if abs(ours - gspo) > CLIPPING_DOMINATED * gspo:
+        return None
+    return (
+        f"The residual is within {CLIPPING_DOMINATED:.0%} of GSPO's: this run is clipping-dominated (the transform "
+        "barely changed the shared-token gradient); widen epsilon / epsilon_high or use "
+        "dfpo_orthogonal_over='unclipped' (docs/dfpo.md)."
+    )
+
+
 #: DFPO acted on a step when its transform re-weighted a group (shrink < 1, Eq. 87); the report quotes the
 #: token-gradient cancellation residual against the one GSPO's weights leave on the same batches.
 MECHANISM = Mechanism(
-    method="dfpo",
     name="DFPO's in-group re-weighting",
     what="the transform re-weighted a group",
     keys=("dfpo/shrink",),
@@ -36,6 +54,7 @@ MECHANISM = Mechanism(
         Observed("GSPO's weights on the same batches", "dfpo/cancellation_residual_gspo", "mean"),
     ),
     inert="this run trained as GSPO (the transform was the identity)",
+    verdict=clipping_verdict,
     hint="train off-policy (steps_per_generation > gradient_accumulation_steps, or num_iterations > 1): on-policy "
     "every sequence ratio is 1",
 )
@@ -43,6 +62,7 @@ MECHANISM = Mechanism(
 METHOD = MethodSpec(
     name="dfpo",
     trainer_class="trl_groupopt.trainers.dfpo:DFPOTrainer",
+    config_class="trl_groupopt.trainers.dfpo:DFPOConfig",
     paper=PAPER,
     headline_metric="dfpo/shrink",
     summary="GSPO sequence ratios re-weighted inside each group to restore token-gradient cancellation",
@@ -51,7 +71,6 @@ METHOD = MethodSpec(
 
 #: GRPO-fix acted on a step when its symmetric clip removed a token (r > 1 + epsilon_high, either advantage sign).
 GRPO_FIX_MECHANISM = Mechanism(
-    method="grpo_fix",
     name="GRPO-fix's symmetric clip",
     what="the symmetric clip removed a token",
     keys=("dfpo/sym_clip_ratio",),
@@ -65,6 +84,7 @@ GRPO_FIX_MECHANISM = Mechanism(
 GRPO_FIX_METHOD = MethodSpec(
     name="grpo_fix",
     trainer_class="trl_groupopt.trainers.dfpo:DFPOTrainer",
+    config_class="trl_groupopt.trainers.dfpo:DFPOConfig",
     paper=replace(PAPER, section="App. H"),
     headline_metric="dfpo/sym_clip_ratio",
     config_defaults={"dfpo_transform": GRPO_FIX},

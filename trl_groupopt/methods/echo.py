@@ -22,7 +22,6 @@ PAPER = Paper(
 #: ECHO acted on a step when its batch ratio R left the batch clip range (Eq. 7): only then does clip(R) / sg(R)
 #: differ from R / sg(R) and the objective from token-clipped DAPO plus the coupling term.
 MECHANISM = Mechanism(
-    method="echo",
     name="ECHO's batch clip",
     what="the batch ratio R was clipped",
     keys=("echo/batch_clipped",),
@@ -36,6 +35,7 @@ MECHANISM = Mechanism(
 METHOD = MethodSpec(
     name="echo",
     trainer_class="trl_groupopt.trainers.echo:ECHOTrainer",
+    config_class="trl_groupopt.trainers.echo:ECHOConfig",
     paper=PAPER,
     headline_metric="echo/batch_clipped",
     summary="token ratios times clip(R)/sg(R), R the geometric batch ratio",

@@ -22,7 +22,6 @@ PAPER = Paper(
 #: GRPO's clip acted on a step when a token ratio (a sequence ratio with importance_sampling_level="sequence")
 #: hit its clip bound.
 MECHANISM = Mechanism(
-    method="grpo",
     name="GRPO's ratio clip",
     what="a token ratio was clipped",
     keys=("clip_ratio/region_mean",),

@@ -22,7 +22,6 @@ PAPER = Paper(
 #: OTB acted on a step when its token baseline gave a lower gradient second moment E[A^2 ||grad log p||^2] than the
 #: group-mean baseline on the same tokens (its purpose: variance reduction, Theorem 4.1).
 MECHANISM = Mechanism(
-    method="otb",
     name="OTB's token baseline",
     what="its baseline's gradient second moment was below the group mean's",
     keys=("otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"),
@@ -38,6 +37,7 @@ MECHANISM = Mechanism(
 METHOD = MethodSpec(
     name="otb",
     trainer_class="trl_groupopt.trainers.otb:OTBTrainer",
+    config_class="trl_groupopt.trainers.otb:OTBConfig",
     paper=PAPER,
     headline_metric="otb/grad_second_moment",
     summary="advantages G_i - b_t with the optimal token baseline from the logit-gradient energy",
@@ -46,4 +46,5 @@ METHOD = MethodSpec(
     # baseline (no std normalisation); measured, lr 1e-4 left held-out accuracy flat (18.0% -> 17.5%) and 2e-4 / 3e-4
     # collapsed it, while 5e-5 gave 18.0% -> 34.5%
     demo_defaults={"learning_rate": 5e-5},
+    is_estimator=True,  # OTB is the advantage estimator "otb": any objective on it reports this mechanism too
 )

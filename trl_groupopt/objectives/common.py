@@ -39,6 +39,19 @@ def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
     return torch.float32
 
 
+def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> Tensor:
+    """Logit-gradient energy ``e = 1 - 2 p_y + sum_v p_v^2`` (arXiv:2602.07078, Prop. 4.2), (B, T) and detached, from TRL's fused LM head: its ``log_probs`` and ``log_sum_sq_probs`` (both 0
+    where the label is -100, which gives energy 0 there)."""
+    if per_token_logps.shape != log_sum_sq_probs.shape:
+        raise ValueError(
+            f"per_token_logps {tuple(per_token_logps.shape)} and log_sum_sq_probs "
+            f"{tuple(log_sum_sq_probs.shape)} differ"
+        )
+    dtype = compute_dtype(per_token_logps, log_sum_sq_probs)
+    log_p_y, log_sum_sq = per_token_logps.detach().to(dtype), log_sum_sq_probs.detach().to(dtype)
+    return (1.0 - 2.0 * log_p_y.exp() + log_sum_sq.exp()).clamp_min(0.0)  # (B, T); p_y ~ 1 can round below 0
+
+
 def nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
     """Detached 0-dim float32 metric `value`, NaN when `count` is 0 (undefined on this micro-batch)."""
     value = value.detach().float()

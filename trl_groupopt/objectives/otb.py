@@ -16,12 +16,15 @@ group whose returns are all equal gets advantage exactly 0 (both against verl, d
 
 from __future__ import annotations
 
+from dataclasses import field
+
 import torch
 from torch import Tensor
 
-from .common import Groups, as_groups, compute_dtype
+from .common import Groups, as_groups, check_choice, compute_dtype, energy_from_log_probs
+from .estimators import AdvantageEstimator, EstimatorInputs, EstimatorOutput, register_estimator
 
-__all__ = ["TOKEN_POSITIONS", "energy_from_log_probs", "logit_gradient_energy", "otb_advantages"]
+__all__ = ["TOKEN_POSITIONS", "logit_gradient_energy", "otb_advantages", "otb_metrics", "otb_zero_tail"]
 
 # Rows of logits upcast to float32 at a time: 256 x 152k vocabulary is ~155 MB per temporary.
 DEFAULT_ENERGY_CHUNK_SIZE = 256
@@ -33,11 +36,6 @@ TOKEN_POSITIONS = ("valid", "absolute")
 #: limit). float32 resolves each e = 1 - 2p + sum p^2 only to ~1e-7, so weights this small are rounding noise, and the
 #: 1e-8 in the denominator would shrink b_t toward 0 (by 1% at 1e-6, by half at 1e-8).
 MIN_SUMMED_ENERGY = 1e-6
-
-
-def _energy(log_p_y: Tensor, log_sum_sq: Tensor) -> Tensor:
-    """e = 1 - 2 p_y + sum_v p_v^2 from log p_y and log sum_v p_v^2; clamped at 0 (``p_y ~ 1`` can round below)."""
-    return (1.0 - 2.0 * log_p_y.exp() + log_sum_sq.exp()).clamp_min(0.0)
 
 
 def logit_gradient_energy(
@@ -75,20 +73,8 @@ def logit_gradient_energy(
             lse = torch.logsumexp(z, dim=-1)  # (c,)
             log_sum_sq = torch.logsumexp(2.0 * z, dim=-1) - 2.0 * lse  # (c,) log sum_v p_v^2
             log_p_y = z.gather(-1, ids[start:end]).squeeze(-1) - lse  # (c,)
-            out[start:end] = _energy(log_p_y, log_sum_sq)  # (c,)
+            out[start:end] = energy_from_log_probs(log_p_y, log_sum_sq)  # (c,)
     return out.view(token_ids.shape)  # (...)
-
-
-def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> Tensor:
-    """The same energy, (B, T) and detached, from TRL's fused LM head: its ``log_probs`` and ``log_sum_sq_probs`` (both 0
-    where the label is -100, which gives energy 0 there)."""
-    if per_token_logps.shape != log_sum_sq_probs.shape:
-        raise ValueError(
-            f"per_token_logps {tuple(per_token_logps.shape)} and log_sum_sq_probs "
-            f"{tuple(log_sum_sq_probs.shape)} differ"
-        )
-    dtype = compute_dtype(per_token_logps, log_sum_sq_probs)
-    return _energy(per_token_logps.detach().to(dtype), log_sum_sq_probs.detach().to(dtype))  # (B, T)
 
 
 def _valid_first_order(active: Tensor) -> Tensor:
@@ -235,3 +221,104 @@ def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, groups: Groups)
     positions = torch.arange(baseline.shape[1], device=baseline.device)  # (T,)
     tail = unique_longest.unsqueeze(-1) & (positions >= second.unsqueeze(-1))  # (B, T)
     return torch.where(tail, torch.zeros_like(baseline), baseline)  # (B, T)
+
+
+# ------------------------------------------------------------------------------------------------ otb
+def otb_metrics(
+    rewards: Tensor, energy: Tensor, advantages: Tensor, mask: Tensor, groups: Groups | Tensor
+) -> tuple[dict[str, Tensor], Tensor]:
+    """OTB's per-token metrics and the mask to average them over (scored, valid tokens; values there only, so padding's
+    non-finite values never reach a sum). `otb/grad_second_moment` is E[A^2 ||grad log p||^2] (energy as the squared
+    norm), `otb/grad_second_moment_group_mean_baseline` the same with the group-mean baseline's advantages: the
+    mechanism shows as the first below the second."""
+    valid = (mask != 0) & (~torch.isnan(rewards)).unsqueeze(1)  # (B, T)
+    returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
+    baseline = returns - advantages  # (B, T) b_t where valid
+    groups = as_groups(groups, rewards.shape[0])
+    group_adv = returns - groups.rows(returns, "mean")  # (B, 1)
+    per_token = {
+        "otb/energy_mean": energy,
+        "otb/baseline_mean": baseline,
+        "otb/adv_abs_mean": advantages.abs(),
+        "otb/grad_second_moment": advantages**2 * energy,
+        "otb/grad_second_moment_group_mean_baseline": group_adv**2 * energy,
+    }  # (B, T) each
+    metrics = {name: torch.where(valid, value.detach(), torch.zeros_like(value)) for name, value in per_token.items()}
+    return metrics, valid.to(energy.dtype)
+
+
+def _validate_otb_knobs(*, otb_token_positions: str, otb_handle_zero_tail: bool | None) -> None:
+    check_choice("otb_token_positions", otb_token_positions, TOKEN_POSITIONS)
+    if otb_handle_zero_tail not in (None, True, False):
+        raise ValueError(
+            "otb_handle_zero_tail must be True, False or None (None: on for tool-use batches only), "
+            f"got {otb_handle_zero_tail!r}."
+        )
+
+
+def otb_zero_tail(otb_handle_zero_tail: bool | None, tool_use: bool) -> bool:
+    """`otb_handle_zero_tail` with `None` resolved per batch: on for tool-use batches (verl's defaults for its
+    tool-use and single-turn estimators)."""
+    return tool_use if otb_handle_zero_tail is None else bool(otb_handle_zero_tail)
+
+
+def _otb(inputs: EstimatorInputs, *, otb_token_positions: str, otb_handle_zero_tail: bool | None) -> EstimatorOutput:
+    """OTB's advantages `G_i - b_t` and metrics."""
+    zero_tail = otb_zero_tail(otb_handle_zero_tail, inputs.tool_use)
+    groups = inputs.groups()
+    advantages = otb_advantages(
+        inputs.rewards,
+        inputs.energy,
+        inputs.mask,
+        groups,
+        handle_zero_tail=zero_tail,
+        token_positions=otb_token_positions,
+        importance_weights=inputs.importance_weights,
+    )  # (B, T)
+    metrics, valid = otb_metrics(inputs.rewards, inputs.energy, advantages, inputs.mask, groups)
+    return EstimatorOutput(advantages, metrics, valid)
+
+
+#: The "otb" advantage estimator, which every method config may select (registered when `trl_groupopt.objectives` is
+#: imported, as every module of the package is).
+register_estimator(
+    AdvantageEstimator(
+        name="otb",
+        estimate=_otb,
+        summary="the optimal token baseline: A_it = G_i - b_t on the raw rewards, b_t weighted by the "
+        "logit-gradient energy (arXiv:2602.07078)",
+        knobs=("otb_token_positions", "otb_handle_zero_tail"),
+        config_fields=(
+            (
+                "otb_token_positions",
+                str,
+                field(
+                    default="valid",
+                    metadata={
+                        "help": "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th "
+                        "generated token, verl's tool-use estimator) or 'absolute' (column index, verl's single-turn "
+                        "estimator). Identical without holes.",
+                        "choices": list(TOKEN_POSITIONS),
+                    },
+                ),
+            ),
+            (
+                "otb_handle_zero_tail",
+                bool | None,
+                field(
+                    default=None,
+                    metadata={
+                        "help": "advantage_estimator='otb': baseline 0 on a group's unique longest completion past the "
+                        "second-longest. Default (unset): on for tool-use batches (tool_mask), off otherwise, as verl's two "
+                        "estimators."
+                    },
+                ),
+            ),
+        ),
+        validate=_validate_otb_knobs,
+        needs_raw_rewards=True,
+        needs_whole_groups=True,
+        needs_energy=True,
+        per_token=True,
+    )
+)

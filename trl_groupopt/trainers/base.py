@@ -1,65 +1,68 @@
 """`GroupOptTrainer`: TRL's `GRPOTrainer` with the policy objective as a pluggable pure function.
 
-It is assembled from one mixin per concern; this module holds the shell: the method hooks (`objective`,
-`compute_advantages`), the class flags a method sets, construction (validation and guards) and saving.
+Each TRL hook the library changes is overridden here, once, in the order a run meets it: construction, `train`, the
+batch, the loss, logging, saving. Each hook hands its work to one helper: `loss.py` (TRL 1.16's loss around the
+method's `objective` and `compute_advantages`), `batching.py` (whole groups, raw rewards, equal-reward groups),
+`metrics.py` (one collective per micro-batch), `energy.py` (the fused head's energy, for estimators that need it),
+`report.py` (the mechanism report, a callback saved in checkpoints), `guard.py` (NaN/inf stops before it is applied
+or saved), `checkpointing.py` (the run folder). A method trainer sets the class flags and overrides `objective`; which
+method it is, its card metadata (TRL's `_name`, `_tag_names`, `_paper`) and its mechanism come from the registry.
 
-- `loss.py`: one `_compute_loss` for every method, with TRL 1.16's extras and `loss_type` aggregation;
-- `batching.py`: whole-group micro-batches with `group_ids`, the raw rewards, the all-None reward watch;
-- `metrics.py`: the objective's metrics reduced over processes as TRL does, in one collective per micro-batch;
-- `energy.py`: the logit-gradient energy from TRL's fused head, on only for estimators that need it (OTB's);
-- `schedule.py`: the on-policy warning and the dataset-size check; `compat.py`: the Unsloth/Liger guard;
-- `report.py`: whether the method's mechanism acted (`acted/<method>` per step, `mechanism_report`, `train()`'s report);
-- `guard.py`: a NaN/inf loss or gradient norm stops training before it is applied, saved or pushed;
-- `checkpointing.py`: resume from complete checkpoints only, completion records, the output folder's lock.
-
-The advantages the objective receives come from the config's `advantage_estimator` (`"grpo"`, TRL's own, when the
-config has no such field, e.g. TRL's `GRPOConfig`): one registry of estimators, `trl_groupopt/objectives/estimators.py`,
-serves every method, and what an estimator needs (raw rewards, whole groups, the energy) is switched on here for it
-alone.
-
-With the default objective (TRL's clipped surrogate) and estimator this trainer *is* TRL's GRPO/GSPO/DAPO: the parity
-tests compare loss and gradients against `GRPOTrainer._compute_loss`. For TRL's surrogate-replacing loss types (cispo,
-sapo, vespo) the base trainer calls `GRPOTrainer._compute_loss` itself; a trainer with its own objective, or a config
-whose estimator is not TRL's, rejects them at construction (`validate_args`).
-
-The constructor takes exactly `GRPOTrainer.__init__`'s arguments with its defaults (`reward_funcs=None`,
-`environment_factory`, `tools`, `rollout_func`, ...): rewards may come from the environment (`get_reward`), and with
-no reward source at all TRL raises its own "No reward source provided" error.
-
-TRL upgrade checklist: every block that mirrors TRL code carries a `# mirrors GRPOTrainer.<method> (trl 1.16.0)`
-comment (here and in the mixins' modules); re-read those TRL methods and run `tests/trainers/test_base_parity.py`
-and `tests/trainers/test_dropin.py`.
+With the default objective and estimator this trainer *is* TRL's GRPO/GSPO/DAPO (tests/trainers/test_base_parity.py);
+TRL's surrogate-replacing loss types (cispo, sapo, vespo) then go to `GRPOTrainer._compute_loss`, and are refused for
+any other objective or estimator. TRL upgrade checklist: docs/trl-upgrade.md.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
+import os
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from torch import Tensor
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
-from ..checks import prepare_trainer_inputs
-from ..methods import grpo
+from .. import checks
+from ..mechanism import Mechanism, MechanismReport
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss
-from ..objectives.estimators import AdvantageEstimator, EstimatorInputs, estimator_of
-from ..resume import disk_full_explained
+from ..objectives.estimators import AdvantageEstimator, estimator_of
+from ..registry import spec_for
+from ..resume import disk_full_explained, missing_keys_to_report
 from ..spec import MethodSpec, Paper
+from . import batching, guard, loss
 from .args_check import check_numeric_args
-from .batching import GroupBatchingMixin
-from .checkpointing import RunFolderMixin
-from .compat import check_loss_routed_through_compute_loss
+from .checkpointing import RunFolder
+from .compat import check_loss_routed_through_compute_loss, dropping_trl_warning
 from .config import estimator_knobs, tokens_withheld
-from .energy import EnergyCaptureMixin
-from .guard import NonFiniteGuardMixin
-from .loss import SUPPORTED_LOSS_TYPES, TRL_SURROGATE_LOSS_TYPES, LossMixin
-from .metrics import MetricsMixin
-from .report import MechanismReportMixin
+from .energy import EnergyCapture
+from .metrics import MetricsQueue
+from .report import MechanismReportCallback
 from .schedule import check_dataset_holds_a_generation_batch, warn_if_inert_on_policy
 
 __all__ = ["GroupOptTrainer"]
+
+
+class _FromSpec:
+    """TRL's card metadata (`_name`, `_tag_names`, `_paper`) from the class's registered spec (GRPOTrainer's for a
+    class that is no registered method); a class may set its own."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, trainer: Any, owner: type) -> Any:
+        spec = spec_for(owner, None)
+        if spec is None:
+            return getattr(GRPOTrainer, self.name)
+        if self.name == "_name":
+            return spec.display_name
+        if self.name == "_tag_names":
+            return ["trl", spec.name, "trl-groupopt"]
+        return spec.paper.trl_fields() if isinstance(spec.paper, Paper) else {"title": str(spec.paper)}
 
 
 def _is_passthrough(function: Callable) -> bool:
@@ -69,138 +72,96 @@ def _is_passthrough(function: Callable) -> bool:
                      inspect.Parameter.VAR_KEYWORD]  # fmt: skip
 
 
-def _card_metadata(spec: MethodSpec) -> tuple[str, list[str], dict[str, str | None]]:
-    """TRL's `_name`, `_tag_names` and `_paper` (its model card's inputs) for a method's spec."""
-    paper = spec.paper.trl_fields() if isinstance(spec.paper, Paper) else {"title": str(spec.paper)}
-    return spec.display_name, ["trl", spec.name, "trl-groupopt"], paper
+class GroupOptTrainer(GRPOTrainer):
+    """`GRPOTrainer` whose policy objective is a pure function (see the module docstring)."""
 
-
-class GroupOptTrainer(
-    EnergyCaptureMixin,
-    LossMixin,
-    GroupBatchingMixin,
-    MetricsMixin,
-    MechanismReportMixin,
-    NonFiniteGuardMixin,
-    RunFolderMixin,
-    GRPOTrainer,
-):
-    """`GRPOTrainer` whose policy objective is a pure function (see module docstring).
-
-    Subclasses set `method_spec` (their entry in `trl_groupopt/methods/`, from which TRL's model-card metadata
-    `_name`, `_tag_names` and `_paper` follow), `config_class`, `objective` and the class flags below; the
-    advantages come from the config's estimator (`self.estimator`). The base class itself trains TRL's
-    GRPO/GSPO/DAPO objective.
-    """
-
-    #: The method this trainer implements (its paper, name and tags for model cards).
-    method_spec: ClassVar[MethodSpec] = grpo.METHOD
-    _name, _tag_names, _paper = _card_metadata(grpo.METHOD)
-
-    #: The config class this trainer reads its knobs from (a `GRPOConfig` subclass).
-    config_class: ClassVar[type[GRPOConfig]] = GRPOConfig
-    #: The objective needs every micro-batch to hold whole groups, with a `group_ids` tensor (DFPO). An advantage
-    #: estimator declares its own needs (`AdvantageEstimator.needs_whole_groups`, `needs_raw_rewards`).
-    requires_whole_groups: ClassVar[bool] = False
-    #: Whether TRL's `delta` (two-sided clip of the surrogate) has a meaning for this objective.
-    supports_delta: ClassVar[bool] = True
-    #: What happens to this method's mechanism on an on-policy schedule, e.g. "ECHO's batch clip never acts" (the
-    #: trainer then warns, naming the fix; see `schedule.py`); None: the mechanism acts on-policy too.
+    _name, _tag_names, _paper = _FromSpec(), _FromSpec(), _FromSpec()
+    config_class: ClassVar[type[GRPOConfig]] = GRPOConfig  # where the knobs are
+    #: The objective needs whole groups (and `group_ids`) in every micro-batch (or a function of the config that
+    #: says so, for a trainer with modes); estimators declare their own needs.
+    requires_whole_groups: ClassVar[bool | Callable[[Any], bool]] = False
+    supports_delta: ClassVar[bool] = True  # whether TRL's `delta` (two-sided surrogate clip) means anything here
+    #: What happens to the mechanism on-policy, e.g. "ECHO's batch clip never acts" (then it warns); None: it acts.
     inert_on_policy: ClassVar[str | None] = None
-    #: The objective applies TRL's per-token loss weights itself (the product of the off-policy mask, the entropy mask
-    #: and the vLLM IS weights, passed as the keyword `loss_weights`, None when all are off); `_compute_loss` then
-    #: does not multiply them again. ECHO needs them in its batch-ratio coupling, DFPO in its in-group transform.
+    #: The objective applies TRL's per-token loss weights itself (keyword `loss_weights`, None when all are off).
     objective_applies_loss_weights: ClassVar[bool] = False
-    #: Whether this class changes TRL's policy loss or advantages (overrides `objective` or `compute_advantages`, or
-    #: its config class selects another estimator by default, as OTB's). Derived per subclass unless set explicitly.
-    #: Only a class without its own objective, with a config whose estimator is TRL's, is TRL's GRPO and may hand
-    #: TRL's surrogate-replacing loss types (cispo, sapo, vespo) to `GRPOTrainer._compute_loss`.
+    #: Changes TRL's loss or advantages (derived per subclass): only a class without may run TRL's cispo/sapo/vespo.
     has_own_objective: ClassVar[bool] = False
-    #: Held-out accuracy of the run, when measured: `{"before": float, "after": float, "num_examples": int}` (set by
-    #: the CLI and the notebook; the model card states it).
-    heldout_accuracy: dict[str, Any] | None = None
+    #: (text of a TRL construction warning that would mislead this method's users, the line logged in its place by
+    #: the trainer's module logger, formatted with `args`); None: TRL's warnings pass.
+    replaces_trl_warning: ClassVar[tuple[str, str] | None] = None
+    heldout_accuracy: dict[str, Any] | None = None  # {"before", "after", "num_examples"} when measured (the card)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "method_spec" in cls.__dict__:  # TRL's card metadata from the spec, unless the class sets its own
-            for attribute, value in zip(("_name", "_tag_names", "_paper"), _card_metadata(cls.method_spec)):
-                if attribute not in cls.__dict__:
-                    setattr(cls, attribute, value)
         if "has_own_objective" not in cls.__dict__:
             cls.has_own_objective = (
                 cls.objective is not GroupOptTrainer.objective
                 or cls.compute_advantages is not GroupOptTrainer.compute_advantages
                 or not estimator_of(cls.config_class).trl_advantages  # the config class's default estimator
             )
-        # A subclass `__init__(self, *args, **kwargs)` forwards everything here: show GRPOTrainer's signature for it
-        # (help(), IDEs and `inspect.signature` then list the same parameters as for GRPOTrainer).
-        init = cls.__init__  # its own, or a mixin's before GroupOptTrainer
-        if init is not GroupOptTrainer.__init__ and _is_passthrough(init):
-            init.__signature__ = inspect.signature(GroupOptTrainer.__init__)
+        # A subclass `__init__(self, *args, **kwargs)` forwards everything here: show GRPOTrainer's signature for it.
+        if cls.__init__ is not GroupOptTrainer.__init__ and _is_passthrough(cls.__init__):
+            cls.__init__.__signature__ = inspect.signature(GroupOptTrainer.__init__)
 
     # mirrors GRPOTrainer.__init__ (trl 1.16.0): the same parameters, order and defaults, so any GRPOTrainer call works
     def __init__(
-        self,
-        model,
-        reward_funcs: Any | list[Any] | None = None,
-        args: GRPOConfig | None = None,
-        train_dataset=None,
-        eval_dataset=None,
-        processing_class=None,
-        reward_processing_classes=None,
-        callbacks=None,
-        optimizers: tuple[Any, Any] = (None, None),
-        quantization_config=None,
-        peft_config=None,
-        tools: list[Callable] | None = None,
-        rollout_func: Callable | None = None,
+        self, model, reward_funcs: Any | list[Any] | None = None, args: GRPOConfig | None = None, train_dataset=None,
+        eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
+        optimizers: tuple[Any, Any] = (None, None), quantization_config=None, peft_config=None,
+        tools: list[Callable] | None = None, rollout_func: Callable | None = None,
         environment_factory: Callable | dict[str, Callable] | None = None,
-    ):
+    ):  # fmt: skip
         if args is None:  # mirrors GRPOTrainer.__init__ (trl 1.16.0), with this method's config and run name
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = self.config_class(f"{model_name.split('/')[-1]}-{self._name.split()[0]}")
         self.validate_args(args)
-        check_loss_routed_through_compute_loss(type(self), bool(args is not None and args.use_liger_kernel))
+        check_loss_routed_through_compute_loss(type(self), bool(args.use_liger_kernel))
         # Data/reward checks at the door; reward functions come back wrapped so a non-number fails with their name.
-        reward_funcs = prepare_trainer_inputs(reward_funcs, train_dataset, environment_factory)
-        super().__init__(
-            model,
-            reward_funcs,
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            reward_processing_classes=reward_processing_classes,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            quantization_config=quantization_config,
-            peft_config=peft_config,
-            tools=tools,
-            rollout_func=rollout_func,
-            environment_factory=environment_factory,
-        )
+        reward_funcs = checks.prepare_trainer_inputs(reward_funcs, train_dataset, environment_factory)
+        self._metrics_queue = MetricsQueue()
+        self._energy: EnergyCapture | None = None
+        self.run_folder = RunFolder(self)
+        replaced = self.replaces_trl_warning
+        with dropping_trl_warning(replaced[0] if replaced else None) as dropped:
+            super().__init__(
+                model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                processing_class=processing_class, reward_processing_classes=reward_processing_classes,
+                callbacks=callbacks, optimizers=optimizers, quantization_config=quantization_config,
+                peft_config=peft_config, tools=tools, rollout_func=rollout_func, environment_factory=environment_factory,
+            )  # fmt: skip
+        if dropped:
+            logging.getLogger(type(self).__module__).warning(replaced[1].format(args=self.args))
         #: The advantage estimator (`advantage_estimator`; TRL's own for a config without the field).
         self.estimator: AdvantageEstimator = estimator_of(self.args)
         self._estimator_knobs = estimator_knobs(self.args, self.estimator)
         if self.estimator.needs_energy:
-            self._enable_energy_capture()
+            self._energy = EnergyCapture(self)  # after TRL's `__init__`, which patched the LM head
         self.whole_groups = self.needs_whole_groups(self.args)
         check_dataset_holds_a_generation_batch(self.args, self.train_dataset)
         warn_if_inert_on_policy(type(self).__name__, self.args, self.inert_on_policy)
-        self._start_mechanism_report()
+        report = MechanismReportCallback.for_trainer(self)
+        if report is not None:
+            self.add_callback(report)
+
+    # ------------------------------------------------------------------ what the class declares
+    @classmethod
+    def method_for(cls, args: Any) -> MethodSpec | None:
+        """The registered method this class runs with `args` (a mode's spec where `args` selects it; None for a class
+        with its own objective that no spec names)."""
+        return spec_for(cls, args)
 
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:
-        """Whether this configuration couples the sequences of a group (then micro-batches hold whole groups): the
-        objective's `requires_whole_groups`, or the estimator's."""
-        return cls.requires_whole_groups or estimator_of(args).needs_whole_groups
+        """Whether micro-batches hold whole groups: the objective's `requires_whole_groups`, or the estimator's."""
+        needs = cls.requires_whole_groups
+        return bool(needs(args) if callable(needs) else needs) or estimator_of(args).needs_whole_groups
 
     @property
     def group_size(self) -> int:
         """Rows per group: a whole-group micro-batch is consecutive runs of this many (TRL's sampler order)."""
         return self.num_generations if self.model.training else self.num_generations_eval
 
-    # ------------------------------------------------------------------ validation
     @classmethod
     def validate_args(cls, args: GRPOConfig) -> None:
         """Raise a `ValueError` that names the fix for every config this trainer cannot honour."""
@@ -211,10 +172,10 @@ class GroupOptTrainer(
             )
         check_numeric_args(cls.__name__, args)  # num_iterations, beta, max_grad_norm, ... (args_check.py)
         estimator = estimator_of(args)
-        trl_loss = args.loss_type in TRL_SURROGATE_LOSS_TYPES
-        if trl_loss and not cls.has_own_objective and estimator.trl_advantages:
-            pass  # TRL's own `_compute_loss` computes it (see `LossMixin._compute_loss`)
-        elif args.loss_type not in SUPPORTED_LOSS_TYPES:
+        trl_loss = args.loss_type in loss.TRL_SURROGATE_LOSS_TYPES
+        if args.loss_type not in loss.SUPPORTED_LOSS_TYPES and not (
+            trl_loss and not cls.has_own_objective and estimator.trl_advantages
+        ):
             # The one check for every trainer and estimator: TRL's loss would drop another objective or estimator.
             reason = (
                 f"compute their loss from TRL's group-normalised advantages, which would drop the advantages of "
@@ -225,103 +186,204 @@ class GroupOptTrainer(
             )
             raise ValueError(
                 f"loss_type={args.loss_type!r} is not supported by {cls.__name__}: TRL's cispo/sapo/vespo {reason}. "
-                f"Use one of {SUPPORTED_LOSS_TYPES}."
+                f"Use one of {loss.SUPPORTED_LOSS_TYPES}."
             )
         if args.delta is not None and not cls.supports_delta:
             raise ValueError(f"delta={args.delta} has no meaning for {cls.__name__}'s objective; leave delta=None.")
         if cls.needs_whole_groups(args):
-            cls._validate_whole_groups(args)
+            groups, batch_size = args.num_generations, args.per_device_train_batch_size
+            if groups is None or groups < 2:
+                raise ValueError(
+                    f"{cls.__name__} compares the completions of a group: num_generations must be >= 2, got {groups}."
+                )
+            if batch_size % groups != 0:
+                raise ValueError(
+                    f"{cls.__name__} needs whole groups in every micro-batch: per_device_train_batch_size "
+                    f"({batch_size}) must be a multiple of num_generations ({groups}). Use per_device_train_batch_size "
+                    f"in {[groups * k for k in range(1, 5)]}, or a num_generations that divides {batch_size}."
+                )
 
-    @classmethod
-    def _validate_whole_groups(cls, args: GRPOConfig) -> None:
-        num_generations = args.num_generations
-        if num_generations is None or num_generations < 2:
-            raise ValueError(
-                f"{cls.__name__} compares the completions of a group: num_generations must be >= 2, got {num_generations}."
+    # ------------------------------------------------------------------ train
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """transformers' `train` in the locked run folder, resuming only from complete checkpoints (`"last"`: the
+        newest; a finished run returns at once), then the mechanism report: printed, or a warning when a mechanism never acted."""
+        with self.run_folder.training(resume_from_checkpoint) as (checkpoint, finished):
+            if finished is not None:  # a finished run: nothing trains, nothing changes (`resume.py`)
+                return finished
+            output = super().train(
+                resume_from_checkpoint=checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs
             )
-        batch_size = args.per_device_train_batch_size
-        if batch_size % num_generations != 0:
-            working = [num_generations * k for k in range(1, 5)]
-            raise ValueError(
-                f"{cls.__name__} needs whole groups in every micro-batch: per_device_train_batch_size "
-                f"({batch_size}) must be a multiple of num_generations ({num_generations}). "
-                f"Use per_device_train_batch_size in {working}, or a num_generations that divides {batch_size}."
-            )
+        report = self.mechanism_report
+        if report is not None and self.is_world_process_zero():
+            if report.never_acted:
+                warnings.warn(report.text, UserWarning, stacklevel=2)
+            else:
+                print(report.text, flush=True)
+        return output
 
-    # ------------------------------------------------------------------ model card and save
-    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None, **kwargs):
-        """TRL's card plus the method's knobs and the reward-curve summary (see `trl_groupopt.model_card`)."""
-        from ..model_card import create_model_card
-
-        create_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, **kwargs)
-
-    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """transformers' `_save` (its `training_args.bin` without the token; weights checked finite, `guard.py`), then
-        our card in the saved folder (replacing PEFT's empty template for adapters)."""
-        with tokens_withheld(), disk_full_explained(output_dir or self.args.output_dir):
-            super()._save(output_dir, state_dict=state_dict)
-        if self.args.should_save:
-            self.create_model_card(output_dir=output_dir if output_dir is not None else self.args.output_dir)
-
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        """transformers' checkpoint push; the `training_args.bin` it writes before uploading holds no token."""
-        with tokens_withheld():
-            super()._push_from_checkpoint(checkpoint_folder)
+    # ------------------------------------------------------------------ the batch
+    def _prepare_inputs(self, generation_batch):
+        if not self.whole_groups or not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        return batching.prepare_whole_groups(self, generation_batch)
 
     def _generate_and_score_completions(self, inputs):
-        """TRL's, plus the batch fields the objective and estimator need (`group_ids`, raw `rewards`; `batching.py`)."""
+        """TRL's, plus the batch fields the objective and estimator need (`group_ids`, raw `rewards`, energy)."""
         self._raw_rewards_per_func = None  # filled by `_calculate_rewards` during TRL's call
-        return self._add_batch_fields(super()._generate_and_score_completions(inputs), inputs)
+        if self._energy is not None:
+            self._energy.records = []
+        output = super()._generate_and_score_completions(inputs)
+        if self._energy is not None:
+            self._energy.add_behaviour_energy(output)
+        return batching.add_batch_fields(self, output, inputs)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Environment-owned rewards (`get_reward`) are one more column of TRL's (N_global, F) matrix, with weight 1.
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        checks.check_finite_rewards(rewards_per_func, self.reward_func_names)  # +-inf fails, naming the function
+        checks.watch_all_none_rewards(self, rewards_per_func, inputs)  # warn (then stop, for the method configs)
+        self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
+        return rewards_per_func
+
+    # ------------------------------------------------------------------ the loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        output = super().compute_loss(
+            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
+        guard.check_loss(self, model, output)
+        return output
+
+    def _compute_loss(self, model, inputs):
+        if self.loss_type in loss.TRL_SURROGATE_LOSS_TYPES and not self.has_own_objective:
+            return super()._compute_loss(model, inputs)  # TRL's cispo/sapo/vespo, warnings and metrics included
+        return loss.policy_loss(self, model, inputs)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        trl_forward = super()._get_per_token_logps_and_entropies
+        if self._energy is None:
+            return trl_forward(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        return self._energy.recorded(trl_forward, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        guard.check_grad_norm(self, grad_norm)
+        return grad_norm
 
     # ------------------------------------------------------------------ the method's hooks
-    def objective(
-        self,
-        per_token_logps: Tensor,
-        old_per_token_logps: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        inputs: dict[str, Any],
-    ) -> ObjectiveOutput:
-        """The policy loss before masking and aggregation. Default: TRL's clipped surrogate (GRPO/GSPO).
-
-        A class with `objective_applies_loss_weights` takes the keyword `loss_weights` too and returns the weighted
-        loss."""
-        return clipped_surrogate_loss(
-            per_token_logps,
-            old_per_token_logps,
-            advantages,
-            mask,
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            importance_sampling_level=self.importance_sampling_level,
-            delta=self.args.delta,
-        )
+    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
+                  inputs: dict[str, Any]) -> ObjectiveOutput:  # fmt: skip
+        """The policy loss before masking and aggregation. Default: TRL's clipped surrogate (GRPO/GSPO). A class with
+        `objective_applies_loss_weights` takes the keyword `loss_weights` too and returns the weighted loss."""
+        return clipped_surrogate_loss(per_token_logps, old_per_token_logps, advantages, mask,
+                                      epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
+                                      importance_sampling_level=self.importance_sampling_level,
+                                      delta=self.args.delta)  # fmt: skip
 
     def compute_advantages(self, inputs: dict[str, Any], per_token_logps: Tensor, mask: Tensor) -> Tensor:
-        """(B,) or (B, T) advantages for this micro-batch: the config's estimator's (TRL's group-relative advantages
-        for `"grpo"`), whose metrics are queued for this micro-batch's log."""
-        estimator = self.estimator
-        out = estimator.estimate(self._estimator_inputs(inputs, mask), **self._estimator_knobs)
+        """(B,) or (B, T) advantages for this micro-batch from the config's estimator (TRL's for `"grpo"`), whose
+        metrics are queued for this micro-batch's log."""
+        out = self.estimator.estimate(loss.estimator_inputs(self, inputs, mask), **self._estimator_knobs)
         if out.metrics:
             self._log_objective_metrics(
                 dict(out.metrics), out.metrics_mask, "train" if self.model.training else "eval"
             )
         return out.advantages
 
-    def _estimator_inputs(self, inputs: dict[str, Any], mask: Tensor) -> EstimatorInputs:
-        """What the estimator reads from the batch and the trainer: only the fields it declares a need for."""
-        estimator = self.estimator
-        energy = self.rollout_energy(inputs) if estimator.needs_energy else None  # (B, T)
-        weights = inputs.get("importance_sampling_ratio")  # vLLM IS ratio: (B, T) or (B, 1)
-        if weights is not None:
-            weights = weights.expand_as(mask).to(energy.dtype if energy is not None else weights.dtype)  # (B, T)
-        return EstimatorInputs(
-            trl_advantages=inputs.get("advantages"),
-            mask=mask,
-            rewards=inputs["rewards"] if estimator.needs_raw_rewards else None,
-            group_ids=inputs.get("group_ids"),
-            group_size=self.group_size,
-            energy=energy,
-            importance_weights=weights,
-            tool_use="tool_mask" in inputs,
-        )
+    # What a method's extra forward reuses (ECHO's step totals): the loss's forward, weights and metric queue.
+    def _forward_logps_and_entropies(self, model, inputs: dict[str, Any]):
+        if self._energy is None:
+            return loss.forward_logps_and_entropies(self, model, inputs)
+        return self._energy.training_forward(lambda m, i: loss.forward_logps_and_entropies(self, m, i), model, inputs)
+
+    def _loss_weights(self, *args) -> loss.LossWeights:
+        return loss.loss_weights(self, *args)
+
+    def _metrics_discarded(self):
+        return self._metrics_queue.discarded()
+
+    # ------------------------------------------------------------------ metrics and the mechanism report
+    def _log_objective_metrics(self, metrics: dict[str, Tensor], mask: Tensor, mode: str) -> None:
+        """Queue an objective's metrics (reduced as TRL reduces its own, `metrics.py`) for this micro-batch's log."""
+        self._metrics_queue.add(metrics, mask, mode)
+
+    def _flush_metrics(self) -> None:
+        """Reduce the queued metrics (one collective, one sync), log them, and feed the mechanism report."""
+        report = self._report_callback
+        for mode, name, value in self._metrics_queue.flush(self.accelerator):
+            self._metrics[mode][name].append(value)
+            if mode == "train" and report is not None:
+                report.tracker.record(name, value)
+
+    def log_step_metric(self, name: str, value: float) -> None:
+        """Log `value` under `name` with the trainer's next log (averaged, as TRL's metrics, over the values since)."""
+        self._metrics["train"][name].append(value)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        report = self._report_callback
+        if report is not None and self.model.training:  # the `acted/<method>` of the steps since the last log
+            for name, value in report.pending:
+                self.log_step_metric(name, value)
+            report.pending = []
+        super().log(logs, start_time)
+
+    @property
+    def _report_callback(self) -> MechanismReportCallback | None:
+        handler = self.__dict__.get("callback_handler")
+        found = [cb for cb in handler.callbacks if isinstance(cb, MechanismReportCallback)] if handler else []
+        return found[0] if found else None
+
+    def mechanisms(self) -> tuple[Mechanism, ...]:
+        """The mechanisms this run reports: its method's, and OTB's token baseline when the advantages are OTB's."""
+        report = self._report_callback
+        return report.tracker.mechanisms if report is not None else ()
+
+    @property
+    def mechanism_report(self) -> MechanismReport | None:
+        """Whether the method's mechanism acted, over the optimizer steps of the whole run so far (a resumed run
+        included; None for a class without a definition). `str(report)` is what `train()` prints."""
+        report = self._report_callback
+        return report.report() if report is not None else None
+
+    @property
+    def _energy_capture(self) -> bool:
+        """Whether the log-prob forwards record their energy (the estimator needs it)."""
+        return self._energy is not None
+
+    # ------------------------------------------------------------------ saving
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """transformers' `_save` (weights checked finite, `training_args.bin` without the token), then our card (and an
+        adapter's portable base, `model_card.portable_adapter_config`)."""
+        guard.check_weights(self, state_dict, output_dir)
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        with tokens_withheld(), disk_full_explained(output_dir):
+            super()._save(output_dir, state_dict=state_dict)
+        if self.args.should_save:
+            from ..model_card import portable_adapter_config
+
+            portable_adapter_config(output_dir)  # an adapter on the embedded policy: its base by a portable name
+            self.create_model_card(output_dir=output_dir)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        # mirrors Trainer._save_checkpoint (transformers 5.24): the checkpoint folder's path
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        with self.run_folder.saving_checkpoint(folder):
+            super()._save_checkpoint(model, trial)
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """transformers' warnings, less a tied weight reported missing (restored by the tie: `resume.py`)."""
+        if hasattr(load_result, "_replace"):
+            load_result = load_result._replace(
+                missing_keys=missing_keys_to_report(self.model, load_result.missing_keys)
+            )
+        super()._issue_warnings_after_load(load_result)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """transformers' checkpoint push; the `training_args.bin` it writes before uploading holds no token."""
+        with tokens_withheld():
+            super()._push_from_checkpoint(checkpoint_folder)
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None, **kwargs):
+        """TRL's card plus the method's sections (`trl_groupopt.model_card`)."""
+        from ..model_card import create_model_card
+
+        create_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, **kwargs)

@@ -1,15 +1,6 @@
-"""What each micro-batch carries for group-coupled and reward-reading objectives.
-
-Objectives that couple the sequences of a group (DFPO) set `requires_whole_groups = True`, and advantage estimators
-that do (OTB's) declare `needs_whole_groups`: every micro-batch then holds whole groups (TRL's row shuffle of the
-generation batch is replaced by a shuffle of whole groups) and carries an explicit `group_ids` tensor, so no objective
-infers groups from positions. Estimators that read the raw rewards (OTB's) declare `needs_raw_rewards`: the batch then
-carries them as `rewards`.
-
-Every batch's rewards are checked (an infinite reward fails at its first batch, naming the function and the
-completion; no reward at all warns, then stops where the config says), and for the method trainers a group whose
-rewards are all equal gets advantage exactly 0 (`equal_reward_rows`).
-"""
+"""What each micro-batch carries: whole groups with `group_ids` where the objective (DFPO) or the estimator (OTB)
+couples a group's sequences (TRL's row shuffle becomes a shuffle of whole groups), the raw `rewards` for estimators
+that read them, and advantage exactly 0 for a method's groups whose rewards are all equal (`equal_reward_rows`)."""
 
 from __future__ import annotations
 
@@ -19,9 +10,10 @@ import torch
 from torch import Tensor
 from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
-from ..checks import check_finite_rewards, watch_all_none_rewards
-
-__all__ = ["GroupBatchingMixin", "equal_reward_rows", "group_ids_for_local_batch", "shuffle_whole_groups"]
+__all__ = [
+    "add_batch_fields", "equal_reward_rows", "global_raw_rewards", "group_ids_for_local_batch",
+    "prepare_whole_groups", "shuffle_whole_groups"
+]  # fmt: skip
 
 
 def group_ids_for_local_batch(num_rows: int, num_generations: int, process_index: int, device=None) -> Tensor:
@@ -105,72 +97,52 @@ def _check_groups_share_rows(prompts: list[Any], num_generations: int) -> None:
             )
 
 
-class GroupBatchingMixin:
-    """`GRPOTrainer`'s batch production with `group_ids` and whole-group micro-batches (`self.whole_groups`), the raw
-    rewards (the estimator's `needs_raw_rewards`), and the all-None reward watch. Mixed into `GroupOptTrainer`, whose
-    `_generate_and_score_completions` calls `_add_batch_fields` on TRL's output."""
+def add_batch_fields(trainer, output: dict[str, Any], inputs) -> dict[str, Any]:
+    """`output` of TRL's `_generate_and_score_completions` with `group_ids` (checked against the prompts) and the raw
+    `rewards` where the trainer needs them, and advantage exactly 0 for a method's equal-reward groups."""
+    t = trainer
+    num_rows = output["completion_ids"].shape[0]
+    num_generations = t.num_generations if t.model.training else t.num_generations_eval
+    start = t.accelerator.process_index * num_rows  # mirrors TRL's `process_slice` (trl 1.16.0)
+    if t.whole_groups:
+        output["group_ids"] = group_ids_for_local_batch(
+            num_rows, num_generations, t.accelerator.process_index, output["completion_ids"].device
+        )
+        if t.environment_factories is None:
+            _check_groups_share_prompts(output["prompt_ids"], num_generations)
+        else:  # each rollout's `reset()` may extend its prompt: the group is the sampler's, the dataset row's
+            _check_groups_share_rows([x.get("prompt") for x in inputs], num_generations)
+    if t.estimator.needs_raw_rewards:
+        output["rewards"] = global_raw_rewards(t)[start : start + num_rows]
+    if t.has_own_objective and t.multi_objective_aggregation == "sum_then_normalize":
+        # A method's rule: a group without a reward contrast contributes exactly nothing. (TRL's own GRPO keeps
+        # TRL's advantages; "normalize_then_sum" centres over the whole batch, where an equal group has a signal.)
+        equal = equal_reward_rows(global_raw_rewards(t), num_generations)[start : start + num_rows]
+        output["advantages"] = torch.where(equal.to(output["advantages"].device), 0.0, output["advantages"])
+    return output
 
-    def _add_batch_fields(self, output: dict[str, Any], inputs) -> dict[str, Any]:
-        """`output` of TRL's `_generate_and_score_completions` with `group_ids` (checked against the prompts) and
-        the raw `rewards` where this trainer needs them."""
-        num_rows = output["completion_ids"].shape[0]
-        mode = "train" if self.model.training else "eval"
-        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        if self.whole_groups:
-            output["group_ids"] = group_ids_for_local_batch(
-                num_rows, num_generations, self.accelerator.process_index, output["completion_ids"].device
-            )
-            if self.environment_factories is None:
-                _check_groups_share_prompts(output["prompt_ids"], num_generations)
-            else:  # each rollout's `reset()` may extend its prompt: the group is the sampler's, the dataset row's
-                _check_groups_share_rows([x.get("prompt") for x in inputs], num_generations)
-        if self.estimator.needs_raw_rewards:
-            output["rewards"] = self._local_raw_rewards(num_rows)
-        if self.has_own_objective and self.multi_objective_aggregation == "sum_then_normalize":
-            # A method's rule: a group without a reward contrast contributes exactly nothing. (TRL's own GRPO keeps
-            # TRL's advantages; "normalize_then_sum" centres over the whole batch, where an equal group has a signal.)
-            start = self.accelerator.process_index * num_rows
-            equal = equal_reward_rows(self._global_raw_rewards(), num_generations)[start : start + num_rows]
-            output["advantages"] = torch.where(equal.to(output["advantages"].device), 0.0, output["advantages"])
-        return output
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        # Environment-owned rewards (`get_reward`) are one more column of TRL's (N_global, F) matrix, with weight 1.
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        check_finite_rewards(rewards_per_func, self.reward_func_names)  # +-inf fails here, naming the function
-        watch_all_none_rewards(self, rewards_per_func, inputs)  # warn (then stop, for the method configs)
-        self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
-        return rewards_per_func
+def global_raw_rewards(trainer) -> Tensor:
+    """(N_global,) weighted sum of the reward functions for the generation batch; NaN where unscorable: the
+    combination TRL logs as `reward`, before any group centring or scaling (environment rewards included: TRL appends
+    them as a column with weight 1)."""
+    # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): the `rewards` sum
+    rewards_per_func = trainer._raw_rewards_per_func  # (N_global, F), kept by `_calculate_rewards`
+    weights = trainer.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+    rewards = (rewards_per_func * weights).nansum(dim=1)  # (N_global,)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return rewards
 
-    def _global_raw_rewards(self) -> Tensor:
-        """(N_global,) weighted sum of the reward functions for the generation batch; NaN where unscorable.
 
-        The same combination TRL logs as `reward` (weights applied, NaN-skipping sum, NaN when every reward function
-        returned None), before any group centring or scaling. Environment-owned rewards are included (TRL appends
-        them as a reward column with weight 1).
-        """
-        # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): the `rewards` sum
-        rewards_per_func = self._raw_rewards_per_func
-        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
-        rewards = (rewards_per_func * weights).nansum(dim=1)  # (N_global,)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        return rewards
-
-    def _local_raw_rewards(self, num_rows: int) -> Tensor:
-        """(num_rows,) `_global_raw_rewards` of this process's rows."""
-        start = self.accelerator.process_index * num_rows  # mirrors TRL's `process_slice` (trl 1.16.0)
-        return self._global_raw_rewards()[start : start + num_rows]
-
-    def _prepare_inputs(self, generation_batch):
-        """TRL's `_prepare_inputs`, with a shuffle of whole groups in place of the row shuffle (group methods)."""
-        if not self.whole_groups or not self.model.training:
-            return super()._prepare_inputs(generation_batch)
-        # mirrors GRPOTrainer._prepare_inputs (trl 1.16.0), train branch; only the shuffle differs
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        if self._step % generate_every == 0 or self._buffered_inputs is None:
-            generation_batch = self._generate_and_score_completions(generation_batch)
-            generation_batch = split_pixel_values_by_grid(generation_batch)
-            generation_batch = shuffle_whole_groups(generation_batch, generation_batch["group_ids"])
-            generation_batches = split_tensor_dict(generation_batch, self.args.steps_per_generation)
-            self._buffered_inputs = [unsplit_pixel_values_by_grid(batch) for batch in generation_batches]
-        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+def prepare_whole_groups(trainer, generation_batch):
+    """TRL's `_prepare_inputs` (training), with a shuffle of whole groups in place of the row shuffle."""
+    # mirrors GRPOTrainer._prepare_inputs (trl 1.16.0), train branch; only the shuffle differs
+    t = trainer
+    generate_every = t.args.steps_per_generation * t.num_iterations
+    if t._step % generate_every == 0 or t._buffered_inputs is None:
+        generation_batch = t._generate_and_score_completions(generation_batch)
+        generation_batch = split_pixel_values_by_grid(generation_batch)
+        generation_batch = shuffle_whole_groups(generation_batch, generation_batch["group_ids"])
+        generation_batches = split_tensor_dict(generation_batch, t.args.steps_per_generation)
+        t._buffered_inputs = [unsplit_pixel_values_by_grid(batch) for batch in generation_batches]
+    return t._buffered_inputs[t._step % t.args.steps_per_generation]

@@ -44,19 +44,19 @@ def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: 
 class _DropRecords(logging.Filter):
     """Drops (and keeps) the log records whose message contains `text`; every other record passes."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str | None) -> None:
         super().__init__()
         self.text, self.dropped = text, []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.text in record.getMessage():  # accelerate's logger prefixes "[RANK k] "
+        if self.text is not None and self.text in record.getMessage():  # accelerate prefixes "[RANK k] "
             self.dropped.append(record)
             return False
         return True
 
 
 @contextlib.contextmanager
-def dropping_trl_warning(text: str) -> Iterator[list[logging.LogRecord]]:
+def dropping_trl_warning(text: str | None) -> Iterator[list[logging.LogRecord]]:
     """Inside the block, the warnings of `trl.trainer.grpo_trainer` whose message contains `text` are dropped (every
     other record passes); yields the list of the dropped records, for the caller to put its own word instead."""
     trl_logger = logging.getLogger("trl.trainer.grpo_trainer")

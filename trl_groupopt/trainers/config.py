@@ -8,7 +8,7 @@ import copyreg
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from typing import Any
 
 from transformers import TrainingArguments
@@ -16,14 +16,8 @@ from transformers import TrainingArguments
 from ..checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
 from ..device import device_supports_bf16
 from ..objectives.estimators import DEFAULT_ESTIMATOR, ESTIMATORS, AdvantageEstimator, estimator_of
-from ..objectives.otb import TOKEN_POSITIONS
 
-__all__ = [
-    "AdvantageEstimatorConfigMixin",
-    "TokenSafeConfigMixin",
-    "estimator_knobs",
-    "tokens_withheld",
-]
+__all__ = ["AdvantageEstimatorConfigMixin", "TokenSafeConfigMixin", "estimator_knobs", "tokens_withheld"]
 
 _WITHHOLD_TOKENS: ContextVar[bool] = ContextVar("trl_groupopt_withhold_tokens", default=False)
 
@@ -72,17 +66,10 @@ def tokens_withheld() -> Iterator[None]:
 
 @dataclass(repr=False)
 class TokenSafeConfigMixin:
-    """Mixed into every method config (put it first, and use `@dataclass(repr=False)`).
-
-    transformers pickles the whole config into every checkpoint and `output_dir` as `training_args.bin`, which
-    `push_to_hub` uploads, and `@dataclass` regenerates a field-by-field `__repr__` that shows `hub_token`. Pickled
-    under `tokens_withheld()` (the trainer's saves and uploads; it covers every `TrainingArguments` class) the state
-    drops every `*_token` field, and `repr()` is the redacting `str()` of `TrainingArguments`; the live object, its
-    deep copies and in-memory pickles keep the token for pushing.
-
-    It also picks `bf16` for the device when the user leaves it unset (see `__post_init__`) and adds
-    `max_all_none_reward_batches` and `nonfinite_guard` (both read with a default, so plain `GRPOConfig`s work too).
-    """
+    """Mixed into every method config, first (`@dataclass(repr=False)`): pickled under `tokens_withheld()` (the
+    trainer's `training_args.bin`, saved and uploaded) it drops every `*_token` field, and `repr()` redacts; the live
+    object keeps the token for pushing. It also picks `bf16` by device and adds `max_all_none_reward_batches` and
+    `nonfinite_guard`."""
 
     max_all_none_reward_batches: int = field(
         default=DEFAULT_MAX_ALL_NONE_REWARD_BATCHES,
@@ -129,71 +116,17 @@ def estimator_knobs(config: Any, estimator: AdvantageEstimator) -> dict[str, Any
     return {knob: getattr(config, knob) for knob in estimator.knobs}
 
 
-@dataclass(repr=False)
-class AdvantageEstimatorConfigMixin:
-    """Mixed into every method config (before the `GRPOConfig` base, with `@dataclass(repr=False)`): the advantage
-    estimator the policy objective receives its advantages from, and the estimators' knobs.
-
-    The estimators and what each needs are in `trl_groupopt/objectives/estimators.py`; what each combination with a
-    method's objective means is on the method's page (docs/echo.md, docs/ctpo.md, docs/dfpo.md, docs/otb.md).
-
-    Parameters:
-        advantage_estimator (`str`, *optional*, defaults to `"grpo"`):
-            `"grpo"`: TRL's group-normalised advantages, exactly as `GRPOTrainer` computes them. `"otb"`: the optimal
-            token baseline (arXiv:2602.07078): per-token advantages `A_it = G_i - b_t` on the raw rewards (no
-            std normalisation: `scale_rewards` then only changes TRL's logged `advantages`), `b_t` weighted by the
-            logit-gradient energy the trainer reads from its fused LM head; it needs whole groups in every
-            micro-batch and logs `otb/*` metrics (docs/otb.md).
-        otb_token_positions (`str`, *optional*, defaults to `"valid"`):
-            (`"otb"` only.) What the position `t` of the baseline `b_t` counts when the loss mask has holes (tool
-            results under TRL's `tool_mask`). `"valid"`: each row's valid tokens are compacted first, so `b_t`
-            compares the t-th *generated* token of every member, as verl's tool-use estimator does; `"absolute"`: the
-            column index, as verl's single-turn estimator. Identical when no mask has holes (single-turn), so
-            `"valid"` is the default: it is the single-turn estimator there and the tool-use one under a `tool_mask`,
-            where comparing a member's generated token with another member's tool output would make no sense.
-        otb_handle_zero_tail (`bool` or `None`, *optional*, defaults to `None`):
-            (`"otb"` only.) Zero the baseline of a group's unique longest member past the second-longest valid-token
-            count, where it would otherwise be compared with itself (`b_t ~ G_i`, no learning signal on its tail).
-            `None` follows verl's defaults per estimator: on for batches with a `tool_mask` (verl's tool-use
-            estimator defaults it to True), off otherwise (verl's single-turn estimator defaults it to False).
-            `True` / `False` force it.
-    """
-
-    advantage_estimator: str = field(
-        default=DEFAULT_ESTIMATOR,
-        metadata={
-            "help": "Advantages the objective receives: 'grpo' (TRL's group-normalised) or 'otb' (optimal token "
-            "baseline, per token, raw rewards).",
-            "choices": list(ESTIMATORS),
-        },
-    )
-    otb_token_positions: str = field(
-        default="valid",
-        metadata={
-            "help": "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th "
-            "generated token, verl's tool-use estimator) or 'absolute' (column index, verl's single-turn estimator). "
-            "Identical without holes.",
-            "choices": list(TOKEN_POSITIONS),
-        },
-    )
-    otb_handle_zero_tail: bool | None = field(
-        default=None,
-        metadata={
-            "help": "advantage_estimator='otb': baseline 0 on a group's unique longest completion past the "
-            "second-longest. Default (unset): on for tool-use batches (tool_mask), off otherwise, as verl's two "
-            "estimators."
-        },
-    )
+class _EstimatorChecks:
+    """The checks of `AdvantageEstimatorConfigMixin` (its fields are the estimators')."""
 
     def __post_init__(self):
         # Checked before TRL's own post-init: a bad value fails at once, naming the field and the fix.
-        name = type(self).__name__
         try:
             estimator = estimator_of(self)
             if estimator.validate is not None:
                 estimator.validate(**estimator_knobs(self, estimator))
         except ValueError as err:
-            raise ValueError(f"{name}: {err}") from None
+            raise ValueError(f"{type(self).__name__}: {err}") from None
         self._check_no_unused_estimator_knobs(estimator)
         super().__post_init__()
 
@@ -209,3 +142,24 @@ class AdvantageEstimatorConfigMixin:
                     f"{type(self).__name__}: {', '.join(changed)} set, but advantage_estimator={selected.name!r} "
                     f"does not read it: set advantage_estimator={estimator.name!r}, or leave it unset."
                 )
+
+
+def _estimator_fields() -> list[tuple[str, Any, Any]]:
+    """`advantage_estimator` (its choices and help from the registry) and every registered estimator's knobs."""
+    choices = "; ".join(f"{name!r}: {estimator.summary}" for name, estimator in ESTIMATORS.items())
+    selector = field(
+        default=DEFAULT_ESTIMATOR,
+        metadata={"help": f"Advantages the objective receives: {choices}.", "choices": list(ESTIMATORS)},
+    )
+    return [("advantage_estimator", str, selector), *(f for e in ESTIMATORS.values() for f in e.config_fields)]
+
+
+#: Mixed into every method config (before the `GRPOConfig` base): `advantage_estimator`, which advantages the policy
+#: objective receives (`trl_groupopt/objectives/estimators.py`; what each combination with a method's objective means
+#: is on the method's page), and the knobs of every estimator registered when this module is imported, each declared
+#: by its estimator entry (`AdvantageEstimator.config_fields`). A knob of an estimator that is not selected may not
+#: be set.
+AdvantageEstimatorConfigMixin = make_dataclass(
+    "AdvantageEstimatorConfigMixin", _estimator_fields(), bases=(_EstimatorChecks,), repr=False
+)
+AdvantageEstimatorConfigMixin.__module__ = __name__

@@ -9,7 +9,6 @@ from typing import Any, ClassVar
 from torch import Tensor
 from trl import GRPOConfig
 
-from ..methods import ctpo
 from ..objectives.common import ObjectiveOutput
 from ..objectives.ctpo import DEFAULT_POSITION_POWER, ctpo_loss, validate_ctpo
 from .base import GroupOptTrainer
@@ -79,18 +78,11 @@ class CTPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
 class CTPOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with the CTPO objective (cumulative prefix ratio, position-scaled log-space clip)."""
 
-    method_spec = ctpo.METHOD
     config_class = CTPOConfig
     supports_delta = False
     inert_on_policy = "CTPO is exactly token-level GRPO"
 
-    def objective(
-        self,
-        per_token_logps: Tensor,
-        old_per_token_logps: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        inputs: dict[str, Any],
-    ) -> ObjectiveOutput:
+    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
+                  inputs: dict[str, Any]) -> ObjectiveOutput:  # fmt: skip
         arguments = config_arguments(ctpo_loss, self.args, PREFIX)
         return ctpo_loss(per_token_logps, old_per_token_logps, advantages, mask, **arguments)

@@ -4,39 +4,35 @@ Paper and registry entries: `trl_groupopt/methods/dfpo.py`; equations: `trl_grou
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 from trl import GRPOConfig
 
-from ..methods import dfpo
 from ..methods.dfpo import GRPO_FIX
 from ..objectives.common import Groups, ObjectiveOutput, check_choice
 from ..objectives.dfpo import TRANSFORMS, dfpo_loss, validate_dfpo
 from ..objectives.dfpo_diagnostics import dfpo_diagnostics
 from ..objectives.estimators import get_estimator
 from ..objectives.grpo_fix import symmetric_clip_loss, validate_grpo_fix
-from ..spec import MethodSpec
 from .base import GroupOptTrainer
 from .binding import config_arguments, validate_config
-from .compat import dropping_trl_warning
 from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 
 #: DFPOConfig's fields for `dfpo_loss`'s arguments: `dfpo_<argument>`, and TRL's `epsilon` / `epsilon_high`.
 PREFIX = "dfpo_"
 
 #: The opening words of TRL's warning (`GRPOTrainer.__init__`, trl 1.16.0) for sequence-level ratios with a token-sum loss
-#: type, which advises loss_type="grpo": the opposite of DFPO's choice, so the trainer replaces it with `SUM_LOSS_NOTE`.
+#: type, which advises loss_type="grpo": the opposite of DFPO's choice, so the trainer replaces it with `SUM_LOSS_NOTE`
+#: (formatted with the trainer's `args`).
 TRL_SEQUENCE_LOSS_ADVICE = "When using `importance_sampling_level='sequence'`, the `'"
 SUM_LOSS_NOTE = (
-    "DFPOTrainer: loss_type={loss_type!r} with sequence-level ratios is deliberate: it weighs every token by one batch "
+    "DFPOTrainer: loss_type={args.loss_type!r} with sequence-level ratios is deliberate: it weighs every token by one batch "
     "constant, so the gradients of a token shared by a group's completions cancel whatever their lengths; "
     "loss_type='grpo' (GSPO's recipe) would weigh sequence i by 1/|y_i| and lose that cancellation when the lengths "
     "differ (docs/dfpo.md)."
 )
-logger = logging.getLogger(__name__)
 
 # GSPO's clip range (Zheng et al. 2025, Sec. 5.1); DFPO builds on GSPO and its paper sets no other value.
 GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
@@ -113,39 +109,18 @@ class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig
 class DFPOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with DFPO's in-group re-weighted GSPO objective, or GRPO-fix's symmetric clip."""
 
-    method_spec = dfpo.METHOD
     config_class = DFPOConfig
     supports_delta = False
     inert_on_policy = "DFPO's re-weighting (or GRPO-fix's clip) never acts"
     # dfpo_loss folds TRL's loss weights (vLLM IS weights, off-policy and entropy masks) into the in-group transform,
     # so the cancellation includes them; symmetric_clip_loss multiplies them as TRL does.
     objective_applies_loss_weights = True
+    # The transforms (and the asymmetry metrics, also under "none") look at whole groups; GRPO-fix does not.
+    requires_whole_groups = staticmethod(lambda args: getattr(args, "dfpo_transform", "min_replace") != GRPO_FIX)
+    replaces_trl_warning = (TRL_SEQUENCE_LOSS_ADVICE, SUM_LOSS_NOTE)  # TRL's advice would lose the cancellation
 
-    def __init__(self, *args, **kwargs):
-        with dropping_trl_warning(TRL_SEQUENCE_LOSS_ADVICE) as dropped:  # its advice would lose the cancellation
-            super().__init__(*args, **kwargs)
-        if dropped:
-            logger.warning(SUM_LOSS_NOTE.format(loss_type=self.args.loss_type))
-
-    @classmethod
-    def method_for(cls, args: GRPOConfig) -> MethodSpec:
-        return dfpo.GRPO_FIX_METHOD if getattr(args, "dfpo_transform", None) == GRPO_FIX else cls.method_spec
-
-    @classmethod
-    def needs_whole_groups(cls, args: GRPOConfig) -> bool:
-        # The transforms (and the asymmetry metrics, also under "none") look at whole groups; GRPO-fix does not.
-        return super().needs_whole_groups(args) or getattr(args, "dfpo_transform", "min_replace") != GRPO_FIX
-
-    def objective(
-        self,
-        per_token_logps: Tensor,
-        old_per_token_logps: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        inputs: dict[str, Any],
-        *,
-        loss_weights: Tensor | None = None,
-    ) -> ObjectiveOutput:
+    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
+                  inputs: dict[str, Any], *, loss_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
         inputs = (per_token_logps, old_per_token_logps, advantages, mask)
         if self.args.dfpo_transform == GRPO_FIX:
             arguments = config_arguments(symmetric_clip_loss, self.args)

@@ -12,7 +12,6 @@ from torch import Tensor
 from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
 
-from ..methods import echo
 from ..objectives.common import ObjectiveOutput, check_choice
 from ..objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss, validate_echo
 from .base import GroupOptTrainer
@@ -133,7 +132,6 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
 class ECHOTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with ECHO's objective: batch-level clip, token-level importance sampling."""
 
-    method_spec = echo.METHOD
     config_class = ECHOConfig
     supports_delta = False
     inert_on_policy = "ECHO's batch clip never acts"
@@ -196,16 +194,8 @@ class ECHOTrainer(GroupOptTrainer):
         coupling_sum = self.accelerator.reduce(coupling.reshape(1), reduction="sum")[0]
         return dict(log_ratio_sum=totals[0], token_count=totals[1], coupling_sum=coupling_sum)
 
-    def objective(
-        self,
-        per_token_logps: Tensor,
-        old_per_token_logps: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        inputs: dict[str, Any],
-        *,
-        loss_weights: Tensor | None = None,
-    ) -> ObjectiveOutput:
+    def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
+                  inputs: dict[str, Any], *, loss_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
         kwargs = dict(config_arguments(echo_loss, self.args), importance_weights=loss_weights)
         scope = self.args.batch_ratio_scope
         if scope == "step" and self.model.training:

@@ -1,18 +1,11 @@
 """Logit-gradient energy from the forwards TRL already runs, for advantage estimators that need it (OTB's).
 
-`GroupOptTrainer` mixes this in for every method and turns it on (`_enable_energy_capture`) only when its config's
-advantage estimator declares `needs_energy`: otherwise TRL's fused head stays as TRL patched it and every override
-below returns TRL's result at once (no recorder, no record, no extra output).
-
-TRL computes log-probs with a fused, tiled LM head that can also return `log_sum_sq_probs = log sum_v p_v^2` (no
-gradient) from the same tiles. `EnergyCaptureMixin` asks the head for that field and overrides
-`_get_per_token_logps_and_entropies` so that every call records the energy beside the log-probs it returns: no second
-forward, never a (B, T, V) tensor, no gradient through the energy, no module hook. The behaviour-policy forward (run
-by TRL for `old_per_token_logps` when training is off-policy) puts its energy in the batch as `old_per_token_energy`,
-the policy that sampled the completions, as verl does; on-policy TRL skips that forward and the training forward's
-energy is used directly, which is then the same policy's. Off-policy the training forward's energy would be unused,
-so that forward runs TRL's own head (log-probs and entropy only), which saves the energy's extra log-sum-exp over the
-vocabulary. `rollout_energy(inputs)` is the energy an estimator reads.
+TRL's fused, tiled LM head can also return `log_sum_sq_probs = log sum_v p_v^2` (no gradient) from the same tiles.
+`EnergyCapture` (built only when the estimator declares `needs_energy`) asks the head for it and records, for each
+`_get_per_token_logps_and_entropies` call, the energy beside the log-probs it returned: no second forward, no
+(B, T, V) tensor, no module hook. Off-policy, the behaviour forward's energy (the policy that sampled, as verl) goes
+into the batch as `old_per_token_energy` and the training forward runs TRL's own head; on-policy the training
+forward's energy is used. `rollout_energy(inputs)` is what an estimator reads.
 """
 
 from __future__ import annotations
@@ -26,9 +19,9 @@ from accelerate.utils import is_peft_model
 from torch import Tensor
 from trl.trainer.utils import add_fused_lm_head
 
-from ..objectives.otb import energy_from_log_probs
+from ..objectives.common import energy_from_log_probs
 
-__all__ = ["EnergyCaptureMixin"]
+__all__ = ["EnergyCapture"]
 
 
 class _EnergyRecord(NamedTuple):
@@ -56,47 +49,35 @@ class _FusedOutputRecorder:
         return getattr(self.__dict__["model"], name)
 
 
-class EnergyCaptureMixin:
-    """Mixed into `GroupOptTrainer` (before `LossMixin`): records the energy of every log-prob forward once
-    `_enable_energy_capture` ran (see the module docstring)."""
+class EnergyCapture:
+    """The energy of every log-prob forward of `trainer` (see the module docstring), built after TRL's `__init__`,
+    which patched the head: re-patches the fused LM head (TRL's public helper, on the module TRL patched) so that it
+    also returns `log_sum_sq_probs` from the same tiles, and keeps TRL's head for forwards whose energy is unused."""
 
-    #: Whether the log-prob forwards record their energy (set by `_enable_energy_capture`).
-    _energy_capture: bool = False
-
-    def _enable_energy_capture(self) -> None:
-        """Re-patch the fused LM head to also return `log_sum_sq_probs` and record it from now on (after TRL's
-        `__init__`, which patched the head)."""
-        # TRL's fused head computes only `log_probs` and `entropy`; re-patch it (TRL's public helper, applied on top of
-        # TRL's own patch, to the module TRL patched) so that it also returns `log_sum_sq_probs` from the same tiles.
-        # TRL's head is kept for the forwards whose energy is unused (`_lm_head_without_energy`).
-        self._head_module = self.model.get_base_model() if is_peft_model(self.model) else self.model
-        self._trl_head_forward = self._head_module.forward
+    def __init__(self, trainer) -> None:
+        self.head = trainer.model.get_base_model() if is_peft_model(trainer.model) else trainer.model
+        self.trl_forward = self.head.forward
         add_fused_lm_head(
-            self._head_module,
-            temperature=self.temperature,
-            cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
+            self.head,
+            temperature=trainer.temperature,
+            cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32,
             outputs=("log_probs", "entropy", "log_sum_sq_probs"),
         )
-        self._otb_head_forward = self._head_module.forward
-        self._energy_records: list[_EnergyRecord] = []
-        self._training_energy: Tensor | None = None
-        self._energy_capture = True
+        self.fused_forward = self.head.forward
+        self.records: list[_EnergyRecord] = []
+        self.training_energy: Tensor | None = None
 
     def rollout_energy(self, inputs: dict[str, Any]) -> Tensor:
         """(B, T) energy of the policy that sampled `inputs`: the behaviour forward's off-policy, else the training
         forward's (then the same policy)."""
         energy = inputs.get("old_per_token_energy")
-        return self._training_energy if energy is None else energy
+        return self.training_energy if energy is None else energy
 
-    # ---- every log-prob forward records its energy
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        """TRL's method, run with a recorder in place of `model`; records `(log-probs, energy)` of this call."""
-        if not self._energy_capture:
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
-            )
+    def recorded(self, trl_method, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        """TRL's `_get_per_token_logps_and_entropies` (`trl_method`) run with a recorder in place of `model`; records
+        `(log-probs, energy)` of the call."""
         recorder = _FusedOutputRecorder(model)
-        per_token_logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
+        per_token_logps, entropies, aux_loss = trl_method(
             recorder, input_ids, attention_mask, logits_to_keep, *args, **kwargs
         )
         fields = recorder.log_sum_sq_probs
@@ -105,12 +86,12 @@ class EnergyCaptureMixin:
             # mirrors TRL's `_get_per_token_logps_and_entropies`: `log_probs[:, -logits_to_keep:]` per chunk, concatenated
             log_sum_sq = torch.cat([f[:, -logits_to_keep:] for f in fields])  # (B, T)
             energy = energy_from_log_probs(per_token_logps, log_sum_sq)  # (B, T), detached
-        self._energy_records.append(_EnergyRecord(per_token_logps, energy))
+        self.records.append(_EnergyRecord(per_token_logps, energy))
         return per_token_logps, entropies, aux_loss
 
-    def _take_energy(self, per_token_logps: Tensor, forward: str) -> Tensor:
+    def take(self, per_token_logps: Tensor, forward: str) -> Tensor:
         """The energy recorded beside `per_token_logps` (the very tensor a recorded call returned); clears the records."""
-        records, self._energy_records = self._energy_records, []
+        records, self.records = self.records, []
         for record in records:
             if record.per_token_logps is per_token_logps and record.energy is not None:
                 return record.energy
@@ -120,35 +101,31 @@ class EnergyCaptureMixin:
             "differently; please report it with your TRL version."
         )
 
-    def _generate_and_score_completions(self, inputs):
-        if not self._energy_capture:
-            return super()._generate_and_score_completions(inputs)
-        self._energy_records = []
-        output = super()._generate_and_score_completions(inputs)
+    def add_behaviour_energy(self, output: dict[str, Any]) -> None:
+        """Off-policy, put the behaviour policy's energy in the batch TRL's `_generate_and_score_completions` made
+        (as `old_per_token_energy`); clears the records (e.g. the reference forward's)."""
         old = output.get("old_per_token_logps")
-        if old is not None:  # off-policy: the behaviour policy's energy, as a batch field
-            output["old_per_token_energy"] = self._take_energy(old, "behaviour-policy")
-        self._energy_records = []  # e.g. the reference forward's record
-        return output
+        if old is not None:
+            output["old_per_token_energy"] = self.take(old, "behaviour-policy")
+        self.records = []
 
     @contextmanager
-    def _lm_head_without_energy(self) -> Iterator[None]:
-        """TRL's own fused head (log-probs and entropy, no `log_sum_sq_probs`) for the forwards inside."""
-        self._head_module.forward = self._trl_head_forward
+    def _trl_head(self) -> Iterator[None]:
+        self.head.forward = self.trl_forward
         try:
             yield
         finally:
-            self._head_module.forward = self._otb_head_forward
+            self.head.forward = self.fused_forward
 
-    def _forward_logps_and_entropies(self, model, inputs):
-        if not self._energy_capture:
-            return super()._forward_logps_and_entropies(model, inputs)
-        self._energy_records = []
-        if "old_per_token_energy" in inputs:  # off-policy: the advantages use the behaviour policy's energy
-            with self._lm_head_without_energy():
-                output = super()._forward_logps_and_entropies(model, inputs)
-            self._energy_records, self._training_energy = [], None
+    def training_forward(self, forward, model, inputs):
+        """The loss's log-prob forward (`forward(model, inputs)`): off-policy with TRL's head (the advantages use the
+        behaviour policy's energy), on-policy with the fused head, keeping its energy."""
+        self.records = []
+        if "old_per_token_energy" in inputs:
+            with self._trl_head():
+                output = forward(model, inputs)
+            self.records, self.training_energy = [], None
             return output
-        per_token_logps, entropies, aux_loss = super()._forward_logps_and_entropies(model, inputs)
-        self._training_energy = self._take_energy(per_token_logps, "training")
+        per_token_logps, entropies, aux_loss = forward(model, inputs)
+        self.training_energy = self.take(per_token_logps, "training")
         return per_token_logps, entropies, aux_loss

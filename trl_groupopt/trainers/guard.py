@@ -1,20 +1,11 @@
 """The non-finite guard: a diverging run stops with an error before any non-finite weight is applied, saved or pushed.
 
-transformers trains on through a NaN: with `learning_rate=100`, ECHO's default off-policy schedule logs `grad_norm nan`
-at step 2, keeps stepping, saves every later checkpoint with all-NaN weights and returns normally. The guard checks
-the two numbers every step already computes, where they are known and before they act:
-
-- the loss of each micro-batch, in `compute_loss`, before its backward pass;
-- the gradient norm of each optimizer step, in `_get_grad_norm` (after clipping, before `optimizer.step()`; the norm
-  is reduced over processes, so every rank stops together).
-
-The error names the step, the metric and the likely causes. Nothing after the last good step is applied, so the last
-checkpoint on disk stays the last good one. Saving weights that hold a NaN or inf (`save_model`, checkpoints,
-`push_to_hub`, which saves first) raises too, before a file is written.
-
-On by default; `nonfinite_guard=False` in a method config restores transformers' behaviour. TRL's plain
-`GRPOConfig` has no such field and reads as on (`guard_enabled`). Under DeepSpeed the optimizer step runs inside the
-backward pass, so there the gradient check comes after it; the loss check and the save check still hold.
+transformers trains on through a NaN (and saves all-NaN checkpoints). The guard checks the numbers every step computes,
+before they act: each micro-batch's loss before its backward pass (`check_loss`), each optimizer step's gradient norm
+after clipping, before `optimizer.step()` (`check_grad_norm`; reduced over processes, so every rank stops together),
+and the weights before any save or push (`check_weights`). The error names the step, the metric, the likely causes and
+the last good checkpoint. `nonfinite_guard=False` turns it off; a plain `GRPOConfig` reads as on. Under DeepSpeed the
+optimizer step runs inside the backward pass, so there the gradient check comes after it.
 """
 
 from __future__ import annotations
@@ -29,7 +20,10 @@ from torch import Tensor
 
 from ..run_folder import newest_complete_checkpoint
 
-__all__ = ["DEFAULT_NONFINITE_GUARD", "NonFiniteError", "NonFiniteGuardMixin", "guard_enabled", "nonfinite_weights"]
+__all__ = [
+    "DEFAULT_NONFINITE_GUARD", "NonFiniteError", "check_grad_norm", "check_loss", "check_weights",
+    "guard_enabled", "nonfinite_weights"
+]  # fmt: skip
 
 #: The guard's setting for configs without a `nonfinite_guard` field (TRL's plain `GRPOConfig`).
 DEFAULT_NONFINITE_GUARD = True
@@ -78,42 +72,36 @@ def _resume_hint(output_dir: str) -> str:
     )
 
 
-class NonFiniteGuardMixin:
-    """Mixed into `GroupOptTrainer` before `GRPOTrainer` (see the module docstring)."""
+def _stop(trainer, metric: str, value: Any) -> None:
+    step = trainer.state.global_step + 1  # the optimizer step being computed
+    raise NonFiniteError(
+        f"Training diverged at step {step}: the {metric} is {value}, so the optimizer step was not applied. "
+        f"{_causes(trainer.args)} {_resume_hint(trainer.args.output_dir)} (nonfinite_guard=False turns this check off.)"
+    )
 
-    def _stop_nonfinite(self, metric: str, value: Any) -> None:
-        step = self.state.global_step + 1  # the optimizer step being computed
+
+def check_loss(trainer, model, loss) -> None:
+    """Stop before the backward pass of a training micro-batch whose loss is NaN or inf."""
+    if model.training and guard_enabled(trainer.args):
+        value = (loss[0] if isinstance(loss, tuple) else loss).detach()
+        if not bool(torch.isfinite(value).all()):
+            _stop(trainer, "loss of a micro-batch", value.float().tolist())
+
+
+def check_grad_norm(trainer, grad_norm) -> None:
+    """Stop before `optimizer.step()` when the (clipped, process-reduced) gradient norm is NaN or inf."""
+    if grad_norm is not None and guard_enabled(trainer.args) and not math.isfinite(float(grad_norm)):
+        _stop(trainer, "gradient norm", float(grad_norm))
+
+
+def check_weights(trainer, state_dict, output_dir: str | None) -> None:
+    """Refuse to save weights that hold NaN or inf (before a file is written)."""
+    if not guard_enabled(trainer.args):
+        return
+    bad = nonfinite_weights((state_dict if state_dict is not None else trainer.model.state_dict()).items())
+    if bad:
+        where = output_dir if output_dir is not None else trainer.args.output_dir
         raise NonFiniteError(
-            f"Training diverged at step {step}: the {metric} is {value}, so the optimizer step was not applied. "
-            f"{_causes(self.args)} {_resume_hint(self.args.output_dir)} (nonfinite_guard=False turns this check off.)"
+            f"Refusing to save weights that hold NaN or inf to {where}: {len(bad)} tensor(s), e.g. "
+            f"{bad[:3]}. {_causes(trainer.args)} (nonfinite_guard=False saves them anyway.)"
         )
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss = super().compute_loss(
-            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
-        )
-        if model.training and guard_enabled(self.args):
-            value = loss[0] if isinstance(loss, tuple) else loss
-            if not bool(torch.isfinite(value.detach()).all()):
-                self._stop_nonfinite("loss of a micro-batch", value.detach().float().tolist())
-        return loss
-
-    def _get_grad_norm(self, model, grad_norm=None):
-        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        if grad_norm is not None and guard_enabled(self.args):
-            value = float(grad_norm)
-            if not math.isfinite(value):
-                self._stop_nonfinite("gradient norm", value)
-        return grad_norm
-
-    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        if guard_enabled(self.args):
-            tensors = state_dict.items() if state_dict is not None else self.model.state_dict().items()
-            bad = nonfinite_weights(tensors)
-            if bad:
-                where = output_dir if output_dir is not None else self.args.output_dir
-                raise NonFiniteError(
-                    f"Refusing to save weights that hold NaN or inf to {where}: {len(bad)} tensor(s), e.g. "
-                    f"{bad[:3]}. {_causes(self.args)} (nonfinite_guard=False saves them anyway.)"
-                )
-        super()._save(output_dir, state_dict=state_dict)

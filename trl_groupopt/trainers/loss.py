@@ -1,14 +1,9 @@
-"""The loss path of `GroupOptTrainer`: one `_compute_loss` for every method, with TRL 1.16's extras.
+"""The loss of `GroupOptTrainer` as plain functions: TRL 1.16's `_compute_loss` around a pluggable objective.
 
-1. log-probs and entropies through TRL's own `_get_per_token_logps_and_entropies` (fused, tiled LM head),
-2. the advantages (`compute_advantages`: the config's `advantage_estimator`, TRL's own by default) and the per-token
-   loss (`objective`, a pure function from `trl_groupopt.objectives`),
-3. TRL 1.16's shared extras with TRL's semantics: the per-token loss weights (`LossWeights`: off-policy sequence
-   mask, high-entropy token mask, vLLM importance-sampling correction; applied by the objective itself where it
-   must see them, as ECHO's wide scopes and DFPO's transform do), beta-KL (with `use_bias_correction_kl`),
-   entropy bonus (static or adaptive), MoE load-balancing loss,
-4. the `loss_type` aggregation exactly as TRL does it (grpo, bnpo, dr_grpo, dapo, luspo, with TRL's
-   gradient-accumulation scaling), then the metrics under TRL's names plus the objective's own (`metrics.py`).
+TRL's forward (fused, tiled LM head), the advantages (`compute_advantages`: the config's estimator) and the per-token
+loss (`objective`), then TRL's extras with TRL's semantics: the per-token loss weights (`LossWeights`: off-policy
+mask, entropy mask, vLLM IS correction), beta-KL, the entropy bonus, the MoE aux loss, and the `loss_type`
+aggregation with TRL's gradient-accumulation scaling; the metrics under TRL's names plus the objective's own.
 """
 
 from __future__ import annotations
@@ -19,8 +14,12 @@ import torch
 from torch import Tensor
 
 from ..objectives.common import log_importance_weights
+from ..objectives.estimators import EstimatorInputs
 
-__all__ = ["SUPPORTED_LOSS_TYPES", "TRL_SURROGATE_LOSS_TYPES", "LossMixin", "LossWeights", "loss_mask"]
+__all__ = [
+    "SUPPORTED_LOSS_TYPES", "TRL_SURROGATE_LOSS_TYPES", "LossWeights", "aggregate", "estimator_inputs",
+    "forward_logps_and_entropies", "loss_mask", "loss_weights", "policy_loss"
+]  # fmt: skip
 
 # The loss types whose aggregation `_compute_loss` reproduces. TRL's cispo/sapo/vespo replace the surrogate itself,
 # so they cannot be combined with another objective: the base trainer hands them to TRL's own `_compute_loss`.
@@ -64,155 +63,159 @@ class LossWeights(NamedTuple):
         return product if product is None or product.is_floating_point() else product.float()
 
 
-class LossMixin:
-    """Mixed into `GroupOptTrainer`, which provides `objective` and `compute_advantages`."""
+def estimator_inputs(trainer, inputs: dict[str, Any], mask: Tensor) -> EstimatorInputs:
+    """What the trainer's estimator reads from the batch: only the fields it declares a need for."""
+    estimator = trainer.estimator
+    energy = trainer._energy.rollout_energy(inputs) if estimator.needs_energy else None  # (B, T)
+    weights = inputs.get("importance_sampling_ratio")  # vLLM IS ratio: (B, T) or (B, 1)
+    if weights is not None:
+        weights = weights.expand_as(mask).to(energy.dtype if energy is not None else weights.dtype)  # (B, T)
+    rewards = inputs["rewards"] if estimator.needs_raw_rewards else None
+    return EstimatorInputs(mask=mask, trl_advantages=inputs.get("advantages"), rewards=rewards, energy=energy,
+                           group_ids=inputs.get("group_ids"), group_size=trainer.group_size, importance_weights=weights,
+                           tool_use="tool_mask" in inputs)  # fmt: skip
 
-    def _compute_loss(self, model, inputs):
-        if self.loss_type in TRL_SURROGATE_LOSS_TYPES and not self.has_own_objective:
-            return super()._compute_loss(model, inputs)  # TRL's cispo/sapo/vespo, warnings and metrics included
-        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): mask, old log-probs, OPSM, entropy mask, vLLM IS, KL,
-        # entropy bonus, aux loss and metric names, in TRL's order; only the surrogate and advantages are pluggable
-        mode = "train" if self.model.training else "eval"
-        mask = loss_mask(inputs)  # (B, T)
-        per_token_logps, entropies, aux_loss = self._forward_logps_and_entropies(model, inputs)  # (B, T) each
-        # On-policy TRL skips the behaviour forward: the ratio is then exactly 1 (old = sg(current)).
-        old_per_token_logps = inputs.get("old_per_token_logps")
-        if old_per_token_logps is None:
-            old_per_token_logps = per_token_logps.detach()
-        advantages = self.compute_advantages(inputs, per_token_logps, mask)  # (B,) or (B, T)
-        weights = self._loss_weights(per_token_logps, old_per_token_logps, advantages, entropies, mask, inputs)
-        if self.objective_applies_loss_weights:
-            out = self.objective(
-                per_token_logps, old_per_token_logps, advantages, mask, inputs, loss_weights=weights.product()
-            )
-            per_token_loss = out.per_token_loss
-        else:
-            out = self.objective(per_token_logps, old_per_token_logps, advantages, mask, inputs)
-            per_token_loss = weights.apply(out.per_token_loss)
-        if self.beta != 0.0:
-            per_token_kl = self._per_token_kl(
-                per_token_logps, old_per_token_logps, inputs["ref_per_token_logps"], mask
-            )
-            per_token_loss = per_token_loss + self.beta * per_token_kl
 
-        loss, policy_loss = self._aggregate(per_token_loss, mask, inputs, mode)
-        if self._entropy_bonus_enabled:
-            effective_mask = mask if weights.entropy_mask is None else mask * weights.entropy_mask
-            loss = loss - self._entropy_bonus(entropies, effective_mask, mode)
-            self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
-        if self.aux_loss_enabled:
-            accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-
-        # ---- metrics, with TRL's names
-        shared = {"entropy": entropies, **({"kl": per_token_kl} if self.beta != 0.0 else {})}  # (B, T) each
-        self._log_objective_metrics({**out.metrics, **shared}, mask, mode)
-        self._flush_metrics()  # this micro-batch's metrics (and any a hook queued): one collective, one sync
-        return loss
-
-    def _loss_weights(self, per_token_logps, old_per_token_logps, advantages, entropies, mask,
-                      inputs) -> LossWeights:  # fmt: skip
-        """TRL's per-token multipliers of the policy loss at the current parameters: the off-policy sequence mask,
-        the high-entropy token mask and the vLLM IS weights, each None where switched off. All are constants of the
-        loss (no gradient): the masks are 0/1 functions of detached log-probs and entropies."""
-        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the off-policy mask, entropy mask and vLLM IS blocks
-        off_policy_mask = entropy_mask = importance_weights = None
-        if self.off_policy_mask_threshold is not None:
-            off_policy_mask = self.get_off_policy_mask(
-                advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,  # (B, 1) or (B, T)
-                per_token_logps=per_token_logps,
-                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
-                mask=mask,
-                off_policy_threshold=self.off_policy_mask_threshold,
-            )  # (B, 1)
-        if self.top_entropy_quantile < 1.0:
-            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)  # (B, T)
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            importance_weights = inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
-        return LossWeights(off_policy_mask, entropy_mask, importance_weights)
-
-    def _forward_logps_and_entropies(self, model, inputs: dict[str, Any]):
-        """Per-token log-probs, entropies and MoE aux loss of the completion, via TRL's own forward."""
-        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): its `_get_per_token_logps_and_entropies` call
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        return self._get_per_token_logps_and_entropies(
-            model,
-            torch.cat([prompt_ids, completion_ids], dim=1),
-            torch.cat([prompt_mask, completion_mask], dim=1),
-            completion_ids.size(1),  # logits only for the completion tokens
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            **{key: inputs.get(key) for key in _MULTIMODAL_KEYS},
+def policy_loss(trainer, model, inputs: dict[str, Any]) -> Tensor:
+    """`GroupOptTrainer._compute_loss`: TRL's loss with the trainer's `objective` and `compute_advantages`."""
+    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): mask, old log-probs, OPSM, entropy mask, vLLM IS, KL,
+    # entropy bonus, aux loss and metric names, in TRL's order; only the surrogate and advantages are pluggable
+    t = trainer
+    mode = "train" if t.model.training else "eval"
+    mask = loss_mask(inputs)  # (B, T)
+    per_token_logps, entropies, aux_loss = t._forward_logps_and_entropies(model, inputs)  # (B, T) each
+    # On-policy TRL skips the behaviour forward: the ratio is then exactly 1 (old = sg(current)).
+    old_per_token_logps = inputs.get("old_per_token_logps")
+    if old_per_token_logps is None:
+        old_per_token_logps = per_token_logps.detach()
+    advantages = t.compute_advantages(inputs, per_token_logps, mask)  # (B,) or (B, T)
+    weights = loss_weights(t, per_token_logps, old_per_token_logps, advantages, entropies, mask, inputs)
+    if t.objective_applies_loss_weights:
+        out = t.objective(
+            per_token_logps, old_per_token_logps, advantages, mask, inputs, loss_weights=weights.product()
         )
+        per_token_loss = out.per_token_loss
+    else:
+        out = t.objective(per_token_logps, old_per_token_logps, advantages, mask, inputs)
+        per_token_loss = weights.apply(out.per_token_loss)
+    if t.beta != 0.0:
+        per_token_kl = _per_token_kl(t, per_token_logps, old_per_token_logps, inputs["ref_per_token_logps"], mask)
+        per_token_loss = per_token_loss + t.beta * per_token_kl
+    loss, policy_loss = aggregate(t, per_token_loss, mask, inputs, mode)
+    if t._entropy_bonus_enabled:
+        effective_mask = mask if weights.entropy_mask is None else mask * weights.entropy_mask
+        loss = loss - _entropy_bonus(t, entropies, effective_mask, mode)
+        t._metrics[mode]["policy_loss"].append(t.accelerator.gather(policy_loss).nanmean().item())
+    if t.aux_loss_enabled:
+        accumulation = t.current_gradient_accumulation_steps if mode == "train" else 1.0
+        loss = loss + t.router_aux_loss_coef * aux_loss / accumulation
+        t._metrics[mode]["aux_loss"].append(t.accelerator.gather_for_metrics(aux_loss).mean().item())
+    shared = {"entropy": entropies, **({"kl": per_token_kl} if t.beta != 0.0 else {})}  # (B, T) each
+    t._log_objective_metrics({**out.metrics, **shared}, mask, mode)
+    t._flush_metrics()  # this micro-batch's metrics (and any a hook queued): one collective, one sync
+    return loss
 
-    def _per_token_kl(self, per_token_logps, old_per_token_logps, ref_per_token_logps, mask) -> Tensor:
-        """k3 estimator of KL(pi_theta || pi_ref), TRL's form; times the IS weight with `use_bias_correction_kl`."""
-        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): `per_token_kl` and its bias correction
-        delta = ref_per_token_logps - per_token_logps  # (B, T)
-        per_token_kl = torch.exp(delta) - delta - 1  # (B, T)
-        if self.args.use_bias_correction_kl:
-            log_weights = log_importance_weights(  # (B, T) or (B, 1), as the default objective's
-                per_token_logps - old_per_token_logps, mask, self.importance_sampling_level
-            )
-            per_token_kl = per_token_kl * torch.exp(log_weights)
-        return per_token_kl
 
-    def _aggregate(self, per_token_loss: Tensor, mask: Tensor, inputs, mode: str) -> tuple[Tensor, Tensor]:
-        """TRL 1.16's `loss_type` aggregation and gradient-accumulation scaling. Returns (loss, policy_loss)."""
-        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `loss_type` branches (grpo, bnpo, dr_grpo, dapo, luspo)
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
-        if self.loss_type == "grpo":
-            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-        elif self.loss_type == "bnpo":
-            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-        elif self.loss_type == "dr_grpo":
-            loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)
-        elif self.loss_type == "luspo":
-            loss = (per_token_loss * mask).sum(-1).mean()
-        elif self.loss_type == "dapo":
-            # `num_items_in_batch` counts the tokens of the whole generation batch on all processes: rescale it to
-            # one accumulation window on one process (TRL's normaliser), so no further division by accumulation.
-            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":
-                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-            loss = (per_token_loss * mask).sum() / normalizer
-            return loss, loss.detach()
-        else:  # validate_args rejects the others; kept for subclasses that bypass it
-            raise ValueError(f"Unsupported loss_type {self.loss_type!r}; use one of {SUPPORTED_LOSS_TYPES}")
-        return loss / accumulation, loss.detach()
+def loss_weights(trainer, per_token_logps, old_per_token_logps, advantages, entropies, mask, inputs) -> LossWeights:
+    """TRL's per-token multipliers of the policy loss at the current parameters: the off-policy sequence mask,
+    the high-entropy token mask and the vLLM IS weights, each None where switched off. All are constants of the
+    loss (no gradient): the masks are 0/1 functions of detached log-probs and entropies."""
+    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the off-policy mask, entropy mask and vLLM IS blocks
+    off_policy_mask = entropy_mask = importance_weights = None
+    if trainer.off_policy_mask_threshold is not None:
+        off_policy_mask = trainer.get_off_policy_mask(  # (B, 1)
+            advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,  # (B, 1) or (B, T)
+            per_token_logps=per_token_logps, mask=mask, off_policy_threshold=trainer.off_policy_mask_threshold,
+            sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+        )  # fmt: skip
+    if trainer.top_entropy_quantile < 1.0:
+        entropy_mask = trainer.get_high_entropy_mask(entropies, mask, 1 - trainer.top_entropy_quantile)  # (B, T)
+    if trainer.use_vllm and trainer.vllm_importance_sampling_correction:
+        importance_weights = inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
+    return LossWeights(off_policy_mask, entropy_mask, importance_weights)
 
-    def _entropy_bonus(self, entropies: Tensor, effective_mask: Tensor, mode: str) -> Tensor:
-        """coef * mean token entropy, TRL 1.16's static or adaptive entropy bonus (to be subtracted from the loss)."""
-        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `_entropy_bonus_enabled` block and adaptive controller
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
-        # The coefficient from the end of the previous optimizer step: every micro-batch of a window applies the same.
-        apply_coef = self.entropy_coef
-        if self.use_adaptive_entropy and self._last_world_entropy > self.args.entropy_target:
-            apply_coef = 0.0
-        if self.use_adaptive_entropy and mode == "train":
-            self._update_entropy_coef(entropies, effective_mask)
-        if mode == "train" and self.accelerator.sync_gradients:
-            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
-        return apply_coef * entropy_loss
 
-    def _update_entropy_coef(self, entropies: Tensor, effective_mask: Tensor) -> None:
-        """TRL's adaptive controller: accumulate the window's entropy; at the optimizer step, move the coefficient
-        towards `entropy_target` by `entropy_coef_delta` from the window-global entropy over all ranks."""
-        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `use_adaptive_entropy` block
-        stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
-        self._entropy_window_stats = (
-            stats if self._entropy_window_stats is None else self._entropy_window_stats + stats
+def forward_logps_and_entropies(trainer, model, inputs: dict[str, Any]):
+    """Per-token log-probs, entropies and MoE aux loss of the completion, via TRL's own forward."""
+    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): its `_get_per_token_logps_and_entropies` call
+    prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+    completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+    return trainer._get_per_token_logps_and_entropies(
+        model, torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
+        completion_ids.size(1),  # logits only for the completion tokens
+        compute_entropy=True, compute_aux_loss=trainer.aux_loss_enabled, **{k: inputs.get(k) for k in _MULTIMODAL_KEYS},
+    )  # fmt: skip
+
+
+def _per_token_kl(trainer, per_token_logps, old_per_token_logps, ref_per_token_logps, mask) -> Tensor:
+    """k3 estimator of KL(pi_theta || pi_ref), TRL's form; times the IS weight with `use_bias_correction_kl`."""
+    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): `per_token_kl` and its bias correction
+    delta = ref_per_token_logps - per_token_logps  # (B, T)
+    per_token_kl = torch.exp(delta) - delta - 1  # (B, T)
+    if trainer.args.use_bias_correction_kl:
+        log_weights = log_importance_weights(  # (B, T) or (B, 1), as the default objective's
+            per_token_logps - old_per_token_logps, mask, trainer.importance_sampling_level
         )
-        if not self.accelerator.sync_gradients:  # not an optimizer-step boundary
-            return
-        totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
-        world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
-        if world_entropy <= self.args.entropy_target:
-            self.entropy_coef = min(self.entropy_coef + self.args.entropy_coef_delta, self.args.entropy_coef_max)
-        else:
-            self.entropy_coef = max(self.entropy_coef - self.args.entropy_coef_delta, self.args.entropy_coef_min)
-        self._last_world_entropy = world_entropy
-        self._entropy_window_stats = None
+        per_token_kl = per_token_kl * torch.exp(log_weights)
+    return per_token_kl
+
+
+def aggregate(trainer, per_token_loss: Tensor, mask: Tensor, inputs, mode: str) -> tuple[Tensor, Tensor]:
+    """TRL 1.16's `loss_type` aggregation and gradient-accumulation scaling. Returns (loss, policy_loss)."""
+    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `loss_type` branches (grpo, bnpo, dr_grpo, dapo, luspo)
+    accumulation = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
+    if trainer.loss_type == "grpo":
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif trainer.loss_type == "bnpo":
+        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    elif trainer.loss_type == "dr_grpo":
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * trainer.max_completion_length)
+    elif trainer.loss_type == "luspo":
+        loss = (per_token_loss * mask).sum(-1).mean()
+    elif trainer.loss_type == "dapo":
+        # `num_items_in_batch` counts the tokens of the whole generation batch on all processes: rescale it to
+        # one accumulation window on one process (TRL's normaliser), so no further division by accumulation.
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / trainer.accelerator.num_processes
+        if mode == "train":
+            normalizer = normalizer * trainer.current_gradient_accumulation_steps / trainer.args.steps_per_generation
+        loss = (per_token_loss * mask).sum() / normalizer
+        return loss, loss.detach()
+    else:  # validate_args rejects the others; kept for subclasses that bypass it
+        raise ValueError(f"Unsupported loss_type {trainer.loss_type!r}; use one of {SUPPORTED_LOSS_TYPES}")
+    return loss / accumulation, loss.detach()
+
+
+def _entropy_bonus(trainer, entropies: Tensor, effective_mask: Tensor, mode: str) -> Tensor:
+    """coef * mean token entropy, TRL 1.16's static or adaptive entropy bonus (to be subtracted from the loss)."""
+    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `_entropy_bonus_enabled` block and adaptive controller
+    accumulation = trainer.current_gradient_accumulation_steps if mode == "train" else 1.0
+    entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
+    # The coefficient from the end of the previous optimizer step: every micro-batch of a window applies the same.
+    apply_coef = trainer.entropy_coef
+    if trainer.use_adaptive_entropy and trainer._last_world_entropy > trainer.args.entropy_target:
+        apply_coef = 0.0
+    if trainer.use_adaptive_entropy and mode == "train":
+        _update_entropy_coef(trainer, entropies, effective_mask)
+    if mode == "train" and trainer.accelerator.sync_gradients:
+        trainer._metrics[mode]["entropy_coef"].append(trainer.entropy_coef)
+    return apply_coef * entropy_loss
+
+
+def _update_entropy_coef(trainer, entropies: Tensor, effective_mask: Tensor) -> None:
+    """TRL's adaptive controller: accumulate the window's entropy; at the optimizer step, move the coefficient
+    towards `entropy_target` by `entropy_coef_delta` from the window-global entropy over all ranks."""
+    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `use_adaptive_entropy` block
+    stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
+    previous = trainer._entropy_window_stats
+    trainer._entropy_window_stats = stats if previous is None else previous + stats
+    if not trainer.accelerator.sync_gradients:  # not an optimizer-step boundary
+        return
+    totals = trainer.accelerator.reduce(trainer._entropy_window_stats, reduction="sum")
+    world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+    args = trainer.args
+    if world_entropy <= args.entropy_target:
+        trainer.entropy_coef = min(trainer.entropy_coef + args.entropy_coef_delta, args.entropy_coef_max)
+    else:
+        trainer.entropy_coef = max(trainer.entropy_coef - args.entropy_coef_delta, args.entropy_coef_min)
+    trainer._last_world_entropy = world_entropy
+    trainer._entropy_window_stats = None

@@ -1,5 +1,10 @@
 """The metric reduction of `GroupOptTrainer`: an objective's metrics reduced over processes as TRL reduces its own,
-queued per micro-batch and flushed with one collective and one host sync."""
+queued per micro-batch and flushed with one collective and one host sync (TRL: one of each per metric, which stalls a
+GPU a dozen times per micro-batch).
+
+Per-token (B, T) / per-sequence (B, 1) tensors are reduced as TRL reduces its clip indicators (global masked mean, and
+per-sequence min/max for `clip_ratio/low` / `high`); scalars are averaged over processes ignoring NaN; `clip_ratio/*`
+keys get TRL's names."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-__all__ = ["CLIP_METRICS", "MetricsMixin"]
+__all__ = ["CLIP_METRICS", "MetricsQueue"]
 
 #: The objectives' clip indicators, logged under TRL's names (`<name>_mean`, and `_min` / `_max` per sequence).
 CLIP_METRICS = ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region")
@@ -57,41 +62,29 @@ def _local_columns(metrics: dict[str, Tensor], mask: Tensor, mode: str) -> tuple
     return columns, local
 
 
-class MetricsMixin:
-    """Mixed into `GroupOptTrainer`: `_log_objective_metrics` queues, `_flush_metrics` reduces and logs."""
+class MetricsQueue:
+    """The metrics of the current micro-batch: `add` queues, `flush` reduces them over processes in one collective."""
 
-    def _global_masked_mean(self, values: Tensor, mask: Tensor) -> float:
-        """Token-weighted mean over all processes ((B, 1) values: one per sequence), as TRL logs it."""
-        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): its local `global_masked_mean`
-        totals = self.accelerator.reduce(torch.stack(_masked_stats(values.float(), mask)), reduction="sum")
-        return (totals[0] / totals[1].clamp(min=1.0)).item()
+    def __init__(self) -> None:
+        self.pending: list[tuple[dict[str, Tensor], Tensor, str]] = []
 
-    def _log_objective_metrics(self, metrics: dict[str, Tensor], mask: Tensor, mode: str) -> None:
-        """Queue an objective's metrics for `_flush_metrics`, which `_compute_loss` calls once at its end.
-
-        Per-token (B, T) / per-sequence (B, 1) tensors are reduced as TRL reduces its clip indicators (global masked
-        mean, and per-sequence min/max for `clip_ratio/low` / `high`); scalars are averaged over processes ignoring
-        NaN. `clip_ratio/*` keys get TRL's names. Queued, so that every metric of a micro-batch costs one collective
-        and one host sync in all (TRL: one of each per metric, which stalls a GPU a dozen times per micro-batch).
-        """
-        self.__dict__.setdefault("_queued_objective_metrics", []).append((metrics, mask, mode))
+    def add(self, metrics: dict[str, Tensor], mask: Tensor, mode: str) -> None:
+        self.pending.append((metrics, mask, mode))
 
     @contextmanager
-    def _metrics_discarded(self) -> Iterator[None]:
-        """Drop the metrics queued inside (computations that only prepare the loss, e.g. ECHO's step totals, would
-        otherwise log a micro-batch's metrics twice)."""
-        queue = self.__dict__.setdefault("_queued_objective_metrics", [])
-        queued = len(queue)
+    def discarded(self) -> Iterator[None]:
+        """Drop the metrics queued inside (computations that only prepare the loss, e.g. ECHO's step totals)."""
+        queued = len(self.pending)
         try:
             yield
         finally:
-            del self._queued_objective_metrics[queued:]
+            del self.pending[queued:]
 
-    def _flush_metrics(self) -> None:
-        """Reduce every queued metric over processes with ONE gather and ONE `.tolist()`, and log the results."""
+    def flush(self, accelerator) -> list[tuple[str, str, float]]:
+        """Every queued metric reduced over processes with ONE gather and ONE `.tolist()`: (mode, name, value)."""
         # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `clip_ratio/*` metrics (names, nanmin/nanmax over
         # sequences) and `global_masked_mean`, batched into one collective
-        pending, self._queued_objective_metrics = self.__dict__.get("_queued_objective_metrics", []), []
+        pending, self.pending = self.pending, []
         columns: list[tuple[str, str, str]] = []  # (mode, logged name, reduction: one of _REDUCTIONS)
         local: list[Tensor] = []  # two entries per column
         for metrics, mask, mode in pending:
@@ -99,17 +92,16 @@ class MetricsMixin:
             columns += more_columns
             local += more_local
         if not columns:
-            return
-        device = self.accelerator.device
-        stats = torch.stack([t.to(device) for t in local]).view(1, len(columns), 2)  # (1, K, 2)
-        gathered = self.accelerator.gather(stats)  # (P, K, 2)
+            return []
+        stats = torch.stack([t.to(accelerator.device) for t in local]).view(1, len(columns), 2)  # (1, K, 2)
+        gathered = accelerator.gather(stats)  # (P, K, 2)
         sums, mins, maxs = gathered.sum(0), gathered.amin(0), gathered.amax(0)  # (K, 2) each
         mean = sums[:, 0] / sums[:, 1].clamp(min=1.0)  # TRL: 0 for an empty mask
         nanmean = torch.where(sums[:, 1] > 0, mean, torch.full_like(mean, float("nan")))  # gather().nanmean()
         kinds = {"mean": mean, "nanmean": nanmean, "min": mins[:, 0], "max": maxs[:, 0]}
         table = torch.stack([kinds[kind] for kind in _REDUCTIONS]).tolist()  # the one sync
+        out = []
         for k, (mode, logged, kind) in enumerate(columns):
             value = table[_REDUCTIONS.index(kind)][k]
-            value = float("nan") if value in (float("inf"), float("-inf")) else value
-            self._metrics[mode][logged].append(value)
-            self._record_mechanism_value(mode, logged, value)  # `report.py`: did the mechanism act on this step?
+            out.append((mode, logged, float("nan") if value in (float("inf"), float("-inf")) else value))
+        return out

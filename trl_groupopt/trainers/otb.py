@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from ..methods import otb
 from ..objectives.common import check_positive
 from .base import GroupOptTrainer
 from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
@@ -73,5 +72,4 @@ class OTBConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig)
 class OTBTrainer(GroupOptTrainer):
     """[`trl.GRPOTrainer`] with OTB advantages (optimal token baseline from the logit-gradient energy)."""
 
-    method_spec = otb.METHOD
     config_class = OTBConfig

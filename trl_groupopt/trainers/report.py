@@ -1,102 +1,71 @@
-"""The mechanism report of `GroupOptTrainer`: whether the method's mechanism acted, per optimizer step and per run.
+"""The mechanism report: whether the method's mechanism acted, per optimizer step and over the whole run.
 
-The definitions are the methods' (`trl_groupopt/methods/<method>.py`, `MethodSpec.mechanism`; the counting is
-`trl_groupopt.mechanism.MechanismTracker`). This mixin feeds the tracker the values `_flush_metrics` logs for each
-training micro-batch, closes each optimizer step from a callback (logging `acted/<method>`: 1 or 0), and at the end of
-`train()` prints the report, or warns when a mechanism never acted. `trainer.mechanism_report` gives it from Python at
-any time (the steps trained so far); the model card and the CLI's `results.json` state it.
+`MechanismReportCallback` closes each optimizer step (`acted/<method>`: 1 or 0, logged with the step) and, as a
+transformers `ExportableState`, is saved in every checkpoint's `trainer_state.json` and restored on resume, so the
+report, `results.json` and the card count the whole run. The trainer feeds it each training micro-batch's logged
+values and prints the report at the end of `train()`.
 """
 
 from __future__ import annotations
 
-import warnings
-from typing import TYPE_CHECKING
+from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from ..mechanism import Mechanism, MechanismReport, MechanismTracker
-from ..methods import grpo, otb
+from ..objectives.estimators import estimator_of
+from ..registry import METHODS
 
-if TYPE_CHECKING:
-    from trl import GRPOConfig
-
-    from ..spec import MethodSpec
-
-__all__ = ["MechanismReportMixin", "advantage_estimator"]
+__all__ = ["MechanismReportCallback", "mechanisms_of"]
 
 
-def advantage_estimator(args: GRPOConfig, spec: MethodSpec) -> str:
-    """The advantages the run trains on: the config's `advantage_estimator` when it has one, else the method's own
-    (OTB's token baseline for OTB, TRL's group-normalised advantages for every other method)."""
-    return getattr(args, "advantage_estimator", None) or ("otb" if spec.name == otb.METHOD.name else "grpo")
+def mechanisms_of(method: str | None, advantage_estimator: str) -> tuple[Mechanism, ...]:
+    """The mechanisms a run reports: its method's (None: a class that is no registered method), and that of the
+    method that *is* its advantage estimator (OTB's token baseline under `advantage_estimator="otb"`)."""
+    names = [method, *(n for n, spec in METHODS.items() if spec.is_estimator and n == advantage_estimator)]
+    found = [METHODS[n].mechanism for n in dict.fromkeys(names) if n is not None and n in METHODS]
+    return tuple(m for m in found if m is not None)
 
 
-class _StepEnd(TrainerCallback):
-    """Closes the tracker's optimizer step (before the step's log: `on_step_end` precedes `_maybe_log_save_evaluate`)."""
+class MechanismReportCallback(TrainerCallback, ExportableState):
+    """Counts whether the run's mechanisms acted (see the module docstring); built from plain names, so that
+    transformers can rebuild it from a checkpoint (`restore_callback_states_from_checkpoint`)."""
 
-    def __init__(self, trainer: MechanismReportMixin) -> None:
-        self.trainer = trainer
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.trainer._mechanism_tracker.reset()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        for metric, value in self.trainer._mechanism_tracker.end_step().items():
-            self.trainer.log_step_metric(metric, value)
-
-
-class MechanismReportMixin:
-    """Mixed into `GroupOptTrainer` (see the module docstring); `_start_mechanism_report` is called at the end of
-    its `__init__`."""
+    def __init__(self, method: str | None, advantage_estimator: str) -> None:
+        self.method, self.advantage_estimator = method, advantage_estimator
+        self.tracker = MechanismTracker(mechanisms_of(method, advantage_estimator))
+        self.pending: list[tuple[str, float]] = []  # `acted/<method>` values for the trainer's next log
 
     @classmethod
-    def method_for(cls, args: GRPOConfig) -> MethodSpec:
-        """The registered method a configuration of this trainer runs (a mode may be its own method: GRPO-fix)."""
-        return cls.method_spec
+    def for_trainer(cls, trainer) -> MechanismReportCallback | None:
+        spec = trainer.method_for(trainer.args)
+        callback = cls(spec.name if spec is not None else None, estimator_of(trainer.args).name)
+        return callback if callback.tracker.mechanisms else None
 
-    def mechanisms(self) -> tuple[Mechanism, ...]:
-        """The mechanisms this run reports: its method's, and OTB's token baseline when the advantages are OTB's."""
-        spec = self.method_for(self.args)
-        found = []
-        # a subclass with its own objective that kept the base's spec is not GRPO: no definition fits it
-        if spec.mechanism is not None and not (spec is grpo.METHOD and self.has_own_objective):
-            found.append(spec.mechanism)
-        if advantage_estimator(self.args, spec) == "otb" and otb.MECHANISM not in found:
-            found.append(otb.MECHANISM)
-        return tuple(found)
-
-    def _start_mechanism_report(self) -> None:
-        self._mechanism_tracker = MechanismTracker(self.mechanisms())
-        if self._mechanism_tracker.mechanisms:
-            self.add_callback(_StepEnd(self))
-
-    def log_step_metric(self, name: str, value: float) -> None:
-        """Log `value` under `name` with the trainer's next log (averaged, as TRL's metrics, over the values since)."""
-        self._metrics["train"][name].append(value)
-
-    def _record_mechanism_value(self, mode: str, name: str, value: float) -> None:
-        """One training micro-batch's logged metric, for the tracker (`MetricsMixin._flush_metrics` calls it)."""
-        tracker = self.__dict__.get("_mechanism_tracker")
-        if mode == "train" and tracker is not None:
-            tracker.record(name, value)
+    def state(self) -> dict[str, Any]:
+        args = {"method": self.method, "advantage_estimator": self.advantage_estimator}
+        return {"args": args, "attributes": {"counts": self.tracker.state()}}
 
     @property
-    def mechanism_report(self) -> MechanismReport | None:
-        """Whether the method's mechanism acted, over the optimizer steps of the last `train()` call so far (None for
-        a method without a definition). `str(report)` is the text `train()` prints; `.to_dict()` is JSON-ready."""
-        tracker = self.__dict__.get("_mechanism_tracker")
-        if tracker is None or not tracker.mechanisms:
-            return None
-        spec = self.method_for(self.args)
-        return tracker.report(spec.name, advantage_estimator(self.args, spec))
+    def counts(self) -> dict[str, Any]:
+        return self.tracker.state()
 
-    def train(self, *args, **kwargs):
-        """`Trainer.train`, then the mechanism report: printed, or a warning when a mechanism never acted."""
-        output = super().train(*args, **kwargs)
-        report = self.mechanism_report
-        if report is not None and self.is_world_process_zero():
-            if report.never_acted:
-                warnings.warn(report.text, UserWarning, stacklevel=2)
-            else:
-                print(report.text, flush=True)
-        return output
+    @counts.setter
+    def counts(self, state: dict[str, Any]) -> None:  # transformers' `from_state` sets the attributes
+        self.tracker.restore(state)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        saved = state.stateful_callbacks.get(type(self).__name__) if state.global_step > 0 else None
+        if isinstance(saved, dict) and saved.get("args", {}).get("method") == self.method:
+            self.tracker.restore(saved["attributes"]["counts"])  # a resumed run: count the whole run
+        else:
+            self.tracker.reset()
+        self.pending = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # before the step's log: `on_step_end` precedes `_maybe_log_save_evaluate`
+        self.pending += self.tracker.end_step().items()
+
+    def report(self) -> MechanismReport:
+        return self.tracker.report(self.method or "", self.advantage_estimator)

@@ -1,15 +1,9 @@
-"""The off-policy rollout schedule, in one place (TRL-free: the CLI's run defaults read it before TRL is imported).
+"""The off-policy rollout schedule, in one place (TRL-free: the CLI reads it before TRL is imported).
 
-TRL's `GRPOConfig` defaults to an on-policy schedule (`steps_per_generation = gradient_accumulation_steps`,
-`num_iterations = 1`): every optimizer step sees fresh samples, every importance ratio is exactly 1, and methods whose
-mechanism acts on those ratios (ECHO, CTPO, DFPO and GRPO-fix) train as plain GRPO. Here:
-
-- `off_policy_schedule`: the schedule fields that split each rollout into k optimizer steps (the one formula);
-- `OffPolicyScheduleMixin`: a config that defaults to its paper's k (ECHOConfig 8, CTPOConfig 16);
-- `is_on_policy` and `warn_if_inert_on_policy`: TRL's on-policy condition, and the warning (naming the fix) that a
-  trainer whose mechanism is then inert gives at construction;
-- `check_dataset_holds_a_generation_batch`: off-policy generation batches are large; a small dataset would train zero
-  steps.
+TRL's default schedule is on-policy: every importance ratio is exactly 1, and methods whose mechanism acts on the
+ratios train as plain GRPO. `off_policy_schedule` is the one formula for k optimizer steps per rollout;
+`OffPolicyScheduleMixin` makes a config default to its paper's k; `warn_if_inert_on_policy` warns, naming the fix;
+`check_dataset_holds_a_generation_batch` refuses a dataset too small for one (large) generation batch.
 """
 
 from __future__ import annotations
@@ -19,12 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
-    "OffPolicyScheduleMixin",
-    "check_dataset_holds_a_generation_batch",
-    "is_on_policy",
-    "off_policy_schedule",
-    "warn_if_inert_on_policy",
-]
+    "OffPolicyScheduleMixin", "check_dataset_holds_a_generation_batch", "is_on_policy", "off_policy_schedule",
+    "warn_if_inert_on_policy"
+]  # fmt: skip
 
 
 def off_policy_schedule(updates_per_rollout: int, gradient_accumulation_steps: int) -> dict[str, int]:
@@ -39,17 +30,9 @@ def off_policy_schedule(updates_per_rollout: int, gradient_accumulation_steps: i
 
 @dataclass(repr=False)
 class OffPolicyScheduleMixin:
-    """Config mixin (before the `GRPOConfig` base, with `@dataclass(repr=False)`): the paper's off-policy schedule
-    unless the user chose one.
-
-    When none of `steps_per_generation`, `generation_batch_size` and `num_iterations` is set, each rollout is split into
-    `updates_per_rollout` optimizer steps (`off_policy_schedule`) and `num_iterations = 1`. Otherwise the user's
-    schedule is kept (an on-policy one makes the trainer warn), and an unset `num_iterations` becomes TRL's 1.
-
-    Parameters:
-        num_iterations (`int`, *optional*):
-            TRL's `num_iterations`; unset means 1 (and, with `steps_per_generation` unset, the schedule above).
-    """
+    """Config mixin (before `GRPOConfig`): with none of `steps_per_generation`, `generation_batch_size` and
+    `num_iterations` set, each rollout is split into `updates_per_rollout` optimizer steps; an unset `num_iterations`
+    is TRL's 1."""
 
     #: Optimizer steps per rollout when the user sets no schedule (each config states its paper's).
     updates_per_rollout: ClassVar[int]
