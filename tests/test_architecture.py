@@ -31,14 +31,6 @@ PRIVATE_ATTRIBUTES = ("__closure__", "_actions")
 BASELINE = frozenset(name for name, spec in METHODS.items() if spec.trainer_name == "GroupOptTrainer")
 #: Every name a method goes by (registry keys) and the modules a method owns (named after it).
 METHOD_NAMES = (frozenset(METHODS) | frozenset(ESTIMATORS)) - BASELINE
-#: Violations in modules being changed on other branches of issue 36; remove an entry once its module is clean.
-#: "cli" owns cli.py, options.py (to be removed) and script.py: their import cycle, private argparse attributes and
-#: `cli.py`'s 'otb'.
-PENDING = {
-    "cycle": {"trl_groupopt.cli", "trl_groupopt.options", "trl_groupopt.script"},
-    "generic": {"trl_groupopt.cli", "trl_groupopt.options"},
-    "private": {"trl_groupopt.script", "trl_groupopt.options"},
-}
 
 
 # ------------------------------------------------------------------------------------------------ reading the source
@@ -156,14 +148,13 @@ def hook_overrides(paths: list[Path], hooks: set[str]) -> dict[str, list[str]]:
 def test_no_import_cycle():
     graph = import_graph(PACKAGE)
     assert len(graph) > 40 and "trl_groupopt.spec" in graph["trl_groupopt.registry"]
-    graph = {module: targets - PENDING["cycle"] for module, targets in graph.items() if module not in PENDING["cycle"]}
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 
 def test_no_private_argparse_or_trl_attribute_outside_a_mirror():
     offenders = {module: private_uses(path) for module, path in modules(PACKAGE).items()}
     offenders = {module: uses for module, uses in offenders.items() if uses}
-    assert set(offenders) <= PENDING["private"], offenders
+    assert offenders == {}, offenders
 
 
 def test_generic_modules_name_no_method():
@@ -171,7 +162,7 @@ def test_generic_modules_name_no_method():
     assert "trl_groupopt.trainers.base" in generic and "trl_groupopt.trainers.echo" not in generic
     offenders = {module: method_names_in(module, path) for module, path in generic.items()}
     offenders = {module: names for module, names in offenders.items() if names}
-    assert set(offenders) <= PENDING["generic"], offenders
+    assert offenders == {}, offenders
 
 
 def test_each_trl_hook_is_overridden_once_in_the_shared_layer():
