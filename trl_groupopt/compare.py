@@ -1,12 +1,7 @@
 """`trl-groupopt compare`: does a method beat the baseline on your model and task? Paired seeds, 95% intervals.
 
-    trl-groupopt compare --methods grpo,dfpo,otb --seeds 8 --output_dir DIR [--baseline grpo] [--workers K] \\
-        [--eval_examples N] [any `train` option: --model_name_or_path, --dataset_name, --max_steps, LoRA, vLLM, ...]
-
-Each (method, seed) run is `python -m trl_groupopt.cli train --method M --seed S --output_dir DIR/runs/M-S ...` (its
-log: DIR/runs/M-S.log), one at a time or `--workers K` at once on the CPU, scored before and after on a held-out
-split every run shares (`carve_heldout`); the runs are paired by seed against the baseline (`trl_groupopt.stats`).
-DIR: runs.jsonl (resumable, `trl_groupopt.runs`), compare.json, compare.md, compare.png. See docs/compare.md.
+Each (method, seed) is one `train` run in DIR/runs/M-S, scored on a held-out split every run shares. See
+docs/compare.md.
 """
 
 from __future__ import annotations
@@ -22,13 +17,13 @@ import threading
 import time
 import types
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from . import runs as runfile
 from . import stats
-from .compare_report import describe, write_markdown, write_plot
+from .compare_report import describe, markdown, write_plot
 from .registry import METHODS
 
 #: Options `compare` sets on each run itself.
@@ -111,13 +106,13 @@ def check(options: Options) -> None:
                            "more (docs/compare.md: 8 for a first look, the power note says how many to decide).")  # fmt: skip
     if options.workers < 1 or options.eval_examples < 1:
         raise CompareError("--workers and --eval_examples must be at least 1.")
-    if "--num_eval_examples" in {_flag(a) for a in options.train_args}:
+    flags = {_flag(a) for a in options.train_args}
+    if "--num_eval_examples" in flags:
         raise CompareError("--num_eval_examples: compare sets the held-out size of every run; use --eval_examples.")
-    own = sorted({_flag(a) for a in options.train_args} & set(OWN_OPTIONS))
-    if own:
+    if own := sorted(flags & set(OWN_OPTIONS)):
         raise CompareError(f"{', '.join(own)}: compare sets these for each run (DIR/runs/METHOD-SEED); use "
                            "--methods, --seeds and --output_dir.")  # fmt: skip
-    if options.workers > 1 and "--use_cpu" not in {_flag(a) for a in options.train_args}:
+    if options.workers > 1 and "--use_cpu" not in flags:
         from .device import has_accelerator
 
         if has_accelerator():
@@ -152,11 +147,9 @@ def _without(args: Sequence[str], flags: Sequence[str]) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------- data
 def carve_heldout(options: Options, data_dir: Path) -> tuple[list[str], bool]:
-    """(every run's train options, whether compare scores DATA/heldout.jsonl itself). The embedded policy on the
-    synthetic task: its runs score `eval_examples` prompts of the test split (results.json). Another model on it:
-    that split, written to DATA/heldout.jsonl. `--dataset_name`: the held-out rows carved once (the first
-    `eval_examples` of a shuffle with `CARVE_SEED`) into DATA/heldout.jsonl, the rest into DATA/train.jsonl (the
-    prompt-answer format), which the runs train on."""
+    """(every run's train options, whether compare scores DATA/heldout.jsonl itself): the held-out split every run
+    shares, carved once from `--dataset_name` (the first `eval_examples` of a shuffle with `CARVE_SEED`; the rest in
+    DATA/train.jsonl). See docs/compare.md."""
     from .offline import EMBEDDED_POLICY_PATH, make_arithmetic_dataset
 
     name, heldout_path = _given(options.train_args, "--dataset_name"), data_dir / "heldout.jsonl"
@@ -304,7 +297,7 @@ def payload(options: Options, runs: runfile.Runs) -> dict[str, Any]:
     ok = [r for r in runs.records if "error" not in r]
     return {
         "command": shlex.join(["trl-groupopt", "compare", *options_argv(options)]),
-        "settings": {**asdict(options), "train_args": options.train_args},
+        "settings": asdict(options),
         "verdict_rule": stats.VERDICT_RULE,
         "runs": runs.records,
         "comparisons": comparisons(runs.records, options.methods, options.baseline),
@@ -321,22 +314,17 @@ def options_argv(options: Options) -> list[str]:
             "--eval_examples", str(options.eval_examples), *options.train_args]  # fmt: skip
 
 
-GRID_KEY = ("method", "seed")
-
-
 def run(options: Options) -> dict[str, Any]:
-    """The comparison `options` asks for: check, run what DIR lacks, write the four files; returns compare.json's
-    content. Bad input raises `CompareError` before any run."""
-
+    """Check `options` (`CompareError` before any run), run what DIR lacks, write the four files; returns
+    compare.json's content."""
     check(options)
     out = Path(options.output_dir)
-    grid = runfile.Grid(GRID_KEY, lambda *a: {}, describe)
-    conflict = runfile.settings_conflict(grid, runfile.read_runs(out / "runs.jsonl", grid), options.settings)
-    if conflict:
+    grid = runfile.Grid(("method", "seed"), lambda *a: {}, describe)
+    runs = runfile.read_runs(out / "runs.jsonl", grid)
+    if conflict := runfile.settings_conflict(grid, runs, options.settings):
         raise CompareError(f"{conflict}: pass the train options those runs were made with, or another --output_dir.")
     trainer = Trainer(options, *carve_heldout(options, out / "data"))
-    grid = runfile.Grid(GRID_KEY, trainer, describe)
-    runs = runfile.read_runs(out / "runs.jsonl", grid)
+    grid = replace(grid, run_one=trainer)
     jobs = runfile.pending(grid, runs, [(m, s) for s in range(options.seeds) for m in options.methods])
     total = len(options.methods) * options.seeds
     print(f"{PROG}: {total - len(jobs)} of {total} runs done in {out / 'runs.jsonl'}; {len(jobs)} to run "
@@ -349,7 +337,7 @@ def run(options: Options) -> dict[str, Any]:
         raise
     result = payload(options, runfile.read_runs(out / "runs.jsonl", grid))
     (out / "compare.json").write_text(json.dumps(runfile.jsonable(result), indent=2) + "\n")
-    write_markdown(result, out / "compare.md")
+    (out / "compare.md").write_text(markdown(result))
     write_plot(result, out / "compare.png")
     return result
 

@@ -71,11 +71,6 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(result: dict[str, Any], path: Path) -> Path:
-    path.write_text(markdown(result))
-    return path
-
-
 def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     """One row per method: each seed's paired difference (dots), the mean and its 95% interval (bar), the +-2-point
     band of "no difference". None when matplotlib is missing."""

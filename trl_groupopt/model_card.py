@@ -1,9 +1,6 @@
-"""Hub model cards: TRL's own card (`GRPOTrainer.create_model_card` with the trainer's `_name`, `_tag_names`, `_paper`)
-kept from "Training procedure" on (badges, the method's paper, framework versions, BibTeX), under our introduction
-and quick start (TRL's assume a Hub base model and a pushed repo), then the method configuration and what was
-measured: held-out accuracy, training reward, the mechanism report (`trl_groupopt/templates/model_card.md`). A name
-the user chose reaches the body only as a Python literal or inside a code span; secret-named fields are never listed
-and token-shaped text (`hf_...`) is redacted."""
+"""Hub model cards: TRL's own card from "Training procedure" on, under our introduction and quick start, then the
+method configuration and what was measured (`trl_groupopt/templates/model_card.md`; see docs/hub.md). A name the user
+chose reaches the body only as a Python literal or code span; secret-named fields and `hf_...` tokens never do."""
 
 from __future__ import annotations
 
@@ -237,9 +234,8 @@ def render_model_card(trainer, model_name: str | None = None, dataset_name: str 
 
 
 def create_model_card(trainer, output_dir: str | os.PathLike | None = None, **card: Any) -> str | None:
-    """Write `render_model_card(trainer, output_dir=..., **card)` to `<output_dir>/README.md` (default
-    `args.output_dir`) on the main process and return its path: the hook behind `GroupOptTrainer.create_model_card`
-    (TRL's call sites) and `_save`."""
+    """Write `render_model_card` to `<output_dir>/README.md` (default `args.output_dir`) on the main process; returns
+    its path."""
     if not trainer.is_world_process_zero():
         return None
     folder = Path(output_dir if output_dir is not None else trainer.args.output_dir)
@@ -251,9 +247,7 @@ def create_model_card(trainer, output_dir: str | os.PathLike | None = None, **ca
 
 def portable_adapter_config(output_dir: str | os.PathLike) -> bool:
     """After an adapter save: `adapter_config.json` names the embedded policy as `EMBEDDED_POLICY_REFERENCE`, not by
-    PEFT's absolute path into this installation (which breaks when it moves); load it as the card's quick start does,
-    `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(EMBEDDED_POLICY_PATH), output_dir)`. Other bases
-    are left as PEFT wrote them. Returns whether the file changed."""
+    PEFT's absolute path, which breaks when the installation moves (docs/hub.md). Returns whether the file changed."""
     path = Path(output_dir) / "adapter_config.json"
     config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     base = config.get("base_model_name_or_path")

@@ -1,18 +1,8 @@
-"""The runner of `trl-groupopt compare` and of the benchmarks' grids: a keyed, appendable JSONL runs file, a pool of
-workers, a progress line per run with the time left, and a clean stop on SIGTERM.
-
-A runs file holds two kinds of lines, appended as they happen:
-
-- a run record per finished run, identified by its key (the values of `Grid.key_fields`, e.g. method and seed) and
-  carrying the settings it was made with (`settings`) and its wall time (`wall_s`); a failed run's record has
-  `error` instead of results;
-- an invocation record, `{"invocation": {command, workers, runs, started, wall_s}}`, when an invocation that ran
-  something ends (stopped or not).
-
-Running the same jobs again with the same file runs only the keys it lacks (a failed run runs again and its new
-record supersedes the failed one); runs made with other settings are refused, never mixed (`settings_conflict`).
-SIGTERM stops after the runs in flight (their records are kept) and starts no other; Ctrl-C stops at once (the runs
-in flight are lost). Standard library only.
+"""The runner of `trl-groupopt compare` and of the benchmarks' grids: a keyed, appendable JSONL runs file (a record
+per finished run, keyed by `Grid.key_fields`, with its `settings`, `wall_s`, or `error`; an `{"invocation": ...}`
+line per invocation that ran something), a pool of workers, a progress line per run. Running again runs only the
+keys the file lacks; other settings are refused, never mixed. SIGTERM stops after the runs in flight; Ctrl-C at once
+(those are lost). Standard library only. See docs/compare.md.
 """
 
 from __future__ import annotations
@@ -59,10 +49,6 @@ class Runs:
     path: Path
     records: list[dict[str, Any]] = field(default_factory=list)
     invocations: list[dict[str, Any]] = field(default_factory=list)
-
-    def done(self, grid: Grid) -> set[tuple]:
-        """The keys of the runs that finished without error."""
-        return {grid.key(r) for r in self.records if "error" not in r}
 
 
 def jsonable(value: Any) -> Any:
@@ -141,22 +127,19 @@ def _worker_start(initializer: Callable[[], None] | None) -> None:
 class Stop:
     """SIGTERM, while installed (main thread only): no further run starts; the runs in flight finish."""
 
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
-        self._installed = threading.current_thread() is threading.main_thread()
+    requested = False
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
         print(f"signal {signum}: stopping after the run(s) in flight", file=sys.stderr, flush=True)
 
     def __enter__(self) -> Stop:
-        if self._installed:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._main = threading.current_thread() is threading.main_thread()
+        self._previous = signal.signal(signal.SIGTERM, self._handle) if self._main else None
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._installed:
+        if self._main:
             signal.signal(signal.SIGTERM, self._previous)
 
 
@@ -169,19 +152,15 @@ def _finished(grid: Grid, jobs: list[tuple], settings: dict[str, Any], pool: Exe
                 return
             yield run_safely(grid.run_one, grid.key_fields, job, settings)
         return
-    queue, running = list(jobs), set()
-    try:
-        while queue or running:
-            while queue and len(running) < workers and not stop.requested:
-                running.add(pool.submit(run_safely, grid.run_one, grid.key_fields, queue.pop(0), settings))
-            if not running:
-                return
-            done, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
-            for future in done:
-                yield future.result()
-    except BaseException:  # Ctrl-C: start nothing more
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
+    queue, running = list(jobs), set()  # Ctrl-C: `run_grid` shuts the pool down, starting nothing more
+    while queue or running:
+        while queue and len(running) < workers and not stop.requested:
+            running.add(pool.submit(run_safely, grid.run_one, grid.key_fields, queue.pop(0), settings))
+        if not running:
+            return
+        done, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+        for future in done:
+            yield future.result()
 
 
 def _clock(seconds: float) -> str:
@@ -220,9 +199,8 @@ def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], path: Path
                 done += 1
                 append_line(path, record)
                 head = f"  {progress_line(done, len(jobs), time.perf_counter() - started)} {grid.tag(record)}"
-                failed = "error" in record
-                print(f"{head}: FAILED\n{record['error']}" if failed else f"{head}: {grid.describe(record)}",
-                      flush=True)  # fmt: skip
+                tail = f"FAILED\n{record['error']}" if "error" in record else grid.describe(record)
+                print(f"{head}: {tail}", flush=True)
                 if on_record is not None and on_record(record):
                     stop.requested = True
     finally:
@@ -237,5 +215,5 @@ def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], path: Path
 
 def pending(grid: Grid, runs: Runs, jobs: Sequence[tuple]) -> list[tuple]:
     """The jobs whose keys have no finished run in `runs`."""
-    done = runs.done(grid)
+    done = {grid.key(r) for r in runs.records if "error" not in r}
     return [tuple(job) for job in jobs if tuple(job) not in done]

@@ -1,12 +1,6 @@
-"""Paired-seed statistics of `trl-groupopt compare` and of the benchmarks' claims grid: one implementation of the
-95% Student-t interval, the verdict rule and the power note.
-
-Two runs with the same seed saw the same prompts in the same order and drew their first samples from the same
-policy, so a method is compared with its baseline seed by seed: d_s = outcome(method, s) - outcome(baseline, s). The
-mean of d over n seeds has the 95% interval mean +- t_{0.975, n-1} * sd / sqrt(n) (Student t, sample sd), and
-:func:`verdict` reads that interval (:data:`VERDICT_RULE`). Standard library only: `--help` and the benchmarks'
-table rebuilds import neither torch nor scipy, so the t quantiles are tabulated.
-"""
+"""Paired-seed statistics of `trl-groupopt compare` and the benchmarks: the 95% Student-t interval, the verdict rule
+and the power note (docs/compare.md). Standard library only, so the t quantiles are tabulated: `--help` and the
+benchmarks' table rebuilds import neither torch nor scipy."""
 
 from __future__ import annotations
 
@@ -43,7 +37,7 @@ def t_quantile_975(df: int) -> float:
 
 
 def present(values: Sequence[float | None]) -> list[float]:
-    """The values that were measured: None (no such seed or step) and NaN (nothing to measure) left out."""
+    """The values that were measured: None (no such seed or step) and NaN left out."""
     return [float(v) for v in values if v is not None and not math.isnan(float(v))]
 
 
@@ -56,15 +50,12 @@ def mean(values: Sequence[float | None]) -> float | None:
 def mean_ci(values: Sequence[float | None]) -> dict[str, Any]:
     """Mean and 95% Student-t interval over seeds, ignoring None/NaN: {"mean", "ci95" (half-width), "low", "high",
     "n", "std"}; the interval fields are None for fewer than 2 values."""
-    xs = present(values)
+    xs, average = present(values), mean(values)
     n = len(xs)
-    if n == 0:
-        return {"mean": None, "ci95": None, "low": None, "high": None, "n": 0, "std": None}
-    average = sum(xs) / n
     if n < 2:
-        return {"mean": average, "ci95": None, "low": None, "high": None, "n": 1, "std": None}
+        return {"mean": average, "ci95": None, "low": None, "high": None, "n": n, "std": None}
     std = math.sqrt(sum((x - average) ** 2 for x in xs) / (n - 1))  # sample standard deviation
-    half = t_quantile_975(n - 1) * std / math.sqrt(n)
+    half = half_width(std, n)
     return {"mean": average, "ci95": half, "low": average - half, "high": average + half, "n": n, "std": std}
 
 
@@ -112,11 +103,9 @@ def compare_pair(
     accuracy: bool = True,
     acted: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One comparison by :data:`VERDICT_RULE`: `ours` and `theirs` map seed -> outcome (`theirs` None: `ours` are
-    already the per-seed differences, e.g. a within-run log ratio); `accuracy` applies the +-2-point band and the
-    floor; `acted` ({"steps", "acted", "what"}) is how often the method's mechanism acted. Returns {"n",
-    "difference" (`mean_ci`), "per_seed", "verdict", "note" (None or why the verdict is not the interval's),
-    "power": `power_note`}."""
+    """One comparison by :data:`VERDICT_RULE` of seed -> outcome maps (`theirs` None: `ours` are already the paired
+    differences); `accuracy` applies the band and the floor; `acted` ({"steps", "acted", "what"}) is how often the
+    mechanism acted. Returns {"n", "difference" (`mean_ci`), "per_seed", "verdict", "note", "power"}."""
     per_seed = list(ours.values()) if theirs is None else paired_differences(ours, theirs)
     stats = mean_ci(per_seed)
     row: dict[str, Any] = {"n": stats["n"], "difference": stats, "per_seed": per_seed, "note": None}
