@@ -31,6 +31,7 @@ from .common import (
     as_token_advantages,
     check_positive,
     check_token_inputs,
+    clip_indicators,
     compute_dtype,
     named,
     nan_if_empty,
@@ -83,8 +84,7 @@ def _surrogate(
     batch_bounds: tuple[float, float],
     token_clip: bool,
 ) -> tuple[Tensor, Tensor]:
-    """Per-token ECHO loss (Eq. 7-11) given the token log-ratios and log R, times the loss weights (None: 1).
-    Returns (loss, rho)."""
+    """(loss, rho), (B, T) each: the per-token ECHO loss (Eq. 7-11) from log r and log R, times the loss weights."""
     log_ratio_bar = log_ratio.clamp(min=batch_bounds[0], max=batch_bounds[1])  # () log R_bar, Eq. 7
     log_c = log_ratio_bar - log_ratio.detach()  # () log C = log R_bar - sg(log R), Eq. 8
     log_rho = (log_r + log_c).clamp(max=MAX_LOG_RHO)  # (B, T) overflow guard, see module doc
@@ -143,30 +143,18 @@ def validate_echo(
     batch_epsilon_high: float,
     names: Mapping[str, str] | None = None,
 ) -> None:
-    """Raise unless every clip width is > 0 (`ECHOConfig` checks its fields with it, once; `names`: what the caller
-    calls each argument, see `common.named`). ``batch_epsilon_low >= 1`` is allowed here: no lower batch
-    bound."""
-    check_positive(
-        **named(
-            names,
-            epsilon_low=epsilon_low,
-            epsilon_high=epsilon_high,
-            batch_epsilon_low=batch_epsilon_low,
-            batch_epsilon_high=batch_epsilon_high,
-        )
-    )
+    """Raise unless every clip width is > 0 (`ECHOConfig` runs it once; `names`: see `common.named`).
+    ``batch_epsilon_low >= 1`` is allowed here: no lower batch bound."""
+    widths = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, batch_epsilon_low=batch_epsilon_low)
+    check_positive(**named(names, **widths, batch_epsilon_high=batch_epsilon_high))
 
 
 def _surrogate_kwargs(
     epsilon_low: float, epsilon_high: float, batch_epsilon_low: float, batch_epsilon_high: float, token_clip: bool
 ) -> dict:
-    """Keyword arguments of `_surrogate` (shared by the loss and the coupling; `validate_echo` states their rules)."""
-    return dict(
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        batch_bounds=_batch_log_bounds(batch_epsilon_low, batch_epsilon_high),
-        token_clip=token_clip,
-    )
+    """Keyword arguments of `_surrogate` (shared by the loss and the coupling)."""
+    bounds = _batch_log_bounds(batch_epsilon_low, batch_epsilon_high)
+    return dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, batch_bounds=bounds, token_clip=token_clip)
 
 
 def _local_coupling(prep: _Prepared, **surrogate_kwargs) -> Tensor:
@@ -218,24 +206,13 @@ def echo_loss(
     coupling_sum: Tensor | float | None = None,
     importance_weights: Tensor | None = None,
 ) -> ObjectiveOutput:
-    """ECHO per-token loss (Eq. 6-11; the module docstring, docs/echo.md). `validate_echo` states the rules of the
-    clip widths (`ECHOConfig` runs it once).
-
-    Args:
-        per_token_logps, old_per_token_logps, mask: (B, T) current and behaviour log-probs (the latter constant),
-            0/1 completion mask.
-        advantages: (B,) or (B, T).
-        epsilon_low, epsilon_high, batch_epsilon_low, batch_epsilon_high: the token clip (Eq. 11) and R's (Eq. 7).
-        token_clip: False gives ``loss = -rho * A`` (batch clip only).
-        log_ratio_sum, token_count: detached totals over the set that forms R (`echo_log_ratio_totals` summed over
-            its parts); None: R over this micro-batch.
-        coupling_sum: `echo_batch_ratio_coupling` summed over the same parts (needs the totals).
-        importance_weights: (B, T) or (B, 1) constant loss multipliers ``w``; None: 1. Pass the same to
-            `echo_batch_ratio_coupling`; R stays Eq. 6 over every token of ``mask``.
-
-    Returns:
-        ObjectiveOutput: per_token_loss (B, T) (0 where mask is 0); metrics "echo/batch_ratio" (R),
-        "echo/batch_clipped" (0/1), "clip_ratio/low|high|region" (token clip of rho; 0 without it). NaN if undefined.
+    """ECHO per-token loss (Eq. 6-11; the module docstring, docs/echo.md); `validate_echo` checks the clip widths
+    once, in `ECHOConfig`. (B, T) log-probs (old ones constant) and 0/1 mask, (B,) or (B, T) advantages; the token
+    clip (Eq. 11) and R's (Eq. 7); ``log_ratio_sum``, ``token_count``: detached totals over the parts that form R
+    (summed `echo_log_ratio_totals`; None: this micro-batch); ``coupling_sum``: the summed
+    `echo_batch_ratio_coupling` of the same parts; ``importance_weights``: (B, T) or (B, 1) constant loss
+    multipliers (R stays Eq. 6 over every token of ``mask``). Returns per_token_loss (B, T) (0 off the mask) and
+    metrics "echo/batch_ratio" (R), "echo/batch_clipped" (0/1), TRL's clip indicators of rho; NaN if undefined.
     """
     kwargs = _surrogate_kwargs(epsilon_low, epsilon_high, batch_epsilon_low, batch_epsilon_high, token_clip)
     prep = _Prepared(
@@ -259,17 +236,7 @@ def echo_loss(
         batch_ratio = nan_if_empty(log_ratio.exp(), prep.count)
         batch_clipped = nan_if_empty((log_ratio < low_b) | (log_ratio > high_b), prep.count)
         adv = prep.advantages.expand_as(rho)  # (B, T)
-        if token_clip:
-            is_low = (rho < 1 - epsilon_low) & (adv < 0) & prep.valid  # (B, T)
-            is_high = (rho > 1 + epsilon_high) & (adv > 0) & prep.valid  # (B, T)
-        else:
-            is_low = is_high = torch.zeros_like(prep.valid)  # (B, T) nothing is token-clipped
-        metrics = {
-            "echo/batch_ratio": batch_ratio,
-            "echo/batch_clipped": batch_clipped,
-            # per-token indicators: the trainer reduces them over processes token-weighted, as TRL does
-            "clip_ratio/low": is_low.float(),  # (B, T)
-            "clip_ratio/high": is_high.float(),  # (B, T)
-            "clip_ratio/region": (is_low | is_high).float(),  # (B, T)
-        }
-    return ObjectiveOutput(per_token_loss=loss, metrics=metrics)
+        is_low = (rho < 1 - epsilon_low) & (adv < 0) & prep.valid & token_clip  # (B, T); none without the clip
+        is_high = (rho > 1 + epsilon_high) & (adv > 0) & prep.valid & token_clip  # (B, T)
+    metrics = {"echo/batch_ratio": batch_ratio, "echo/batch_clipped": batch_clipped}
+    return ObjectiveOutput(per_token_loss=loss, metrics=metrics | clip_indicators(is_low, is_high))

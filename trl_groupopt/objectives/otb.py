@@ -45,11 +45,9 @@ def logit_gradient_energy(
     *,
     chunk_size: int = DEFAULT_ENERGY_CHUNK_SIZE,
 ) -> Tensor:
-    """Logit-gradient energy ``e = ||d log softmax(z)_y / dz||^2 = 1 - 2 p_y + sum_v p_v^2`` from (..., V) logits of
-    the rollout policy and (...) sampled ids, ``z = logits / temperature``; (...) energies, float32 (float64 for
-    float64 logits), without gradient. At most a (chunk_size, V) upcast copy of the logits exists at a time. The
-    trainer reads the energy from TRL's fused head instead (`energy_from_log_probs`); this is the tests' reference.
-    """
+    """Logit-gradient energy ``e = ||d log softmax(z)_y / dz||^2 = 1 - 2 p_y + sum_v p_v^2``, ``z = logits / T``, from
+    (..., V) logits and (...) sampled ids: (...), float32 (float64 for float64 logits), no gradient, at most one
+    (chunk_size, V) upcast copy at a time. The tests' reference; the trainer uses `energy_from_log_probs`."""
     if not logits.is_floating_point() or token_ids.shape != logits.shape[:-1] or token_ids.is_floating_point():
         raise ValueError(
             f"logits must be float (..., V) and token_ids integer (...): got {logits.dtype} {tuple(logits.shape)}, "
@@ -78,8 +76,7 @@ def logit_gradient_energy(
 
 
 def _valid_first_order(active: Tensor) -> Tensor:
-    """(B, T) per-row stable permutation putting each row's valid positions first: gathering with it compacts the
-    valid tokens to the left (column k = the k-th valid token), scattering with it puts them back."""
+    """(B, T) per-row stable permutation putting valid positions first (gather: column k = the k-th valid token)."""
     return torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T)
 
 
@@ -95,24 +92,14 @@ def otb_advantages(
     epsilon: float = 1e-8,
     check_values: bool = False,
 ) -> Tensor:
-    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`).
+    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`): (B, T), detached,
+    float32 (float64 if any input is), 0 at masked positions and on rows with a NaN reward.
 
-    Args:
-        rewards: (B,) raw outcome rewards G_i (weighted sum over reward sources, uncentred); NaN: unscorable.
-        energy: (B, T) per-token energy e_t >= 0 (`energy_from_log_probs`).
-        mask: (B, T) loss mask: nonzero at generated tokens trained on, zero at padding and tool results.
-        groups: the trainer's `common.Groups.contiguous(B, num_generations)` (reads nothing from the device), or (B,)
-            integer group ids in any order.
-        handle_zero_tail, token_positions: the module docstring (verl defaults the first to True for tool use only).
-        importance_weights: optional (B, T) rollout importance weights w; energies become w^2 e.
-        epsilon: added to the denominator of b_t (1e-8 as in the reference).
-        check_values: also raise on +-inf rewards and on non-finite or negative energies at valid positions. Off by
-            default: reading values stalls a GPU; the trainer checks the rewards once per generation batch
-            (`checks.check_finite_rewards`), and its energies are non-negative by construction.
-
-    Returns:
-        (B, T) advantages, detached, float32 (float64 if any input is float64); 0 at masked positions and on rows
-        with a NaN reward. `token_positions` is checked once, by the estimator's config validation.
+    ``rewards`` (B,) raw weighted rewards G_i, NaN: unscorable; ``energy`` (B, T) e_t >= 0; ``mask`` (B, T) loss mask
+    (0 at padding and tool results); ``groups`` a `Groups` or (B,) integer ids; ``importance_weights`` optional (B, T)
+    rollout IS weights w (energies become w^2 e); ``epsilon``: the reference's 1e-8 in b_t's denominator.
+    ``check_values`` also rejects +-inf rewards and non-finite or negative energies: off by default, as reading values
+    stalls a GPU (the trainer checks rewards once per generation batch; its energies are >= 0 by construction).
     """
     _check_inputs(rewards, energy, mask, importance_weights)
     groups = as_groups(groups, rewards.shape[0])
@@ -223,14 +210,12 @@ def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, groups: Groups)
     return torch.where(tail, torch.zeros_like(baseline), baseline)  # (B, T)
 
 
-# ------------------------------------------------------------------------------------------------ otb
 def otb_metrics(
     rewards: Tensor, energy: Tensor, advantages: Tensor, mask: Tensor, groups: Groups | Tensor
 ) -> tuple[dict[str, Tensor], Tensor]:
-    """OTB's per-token metrics and the mask to average them over (scored, valid tokens; values there only, so padding's
-    non-finite values never reach a sum). `otb/grad_second_moment` is E[A^2 ||grad log p||^2] (energy as the squared
-    norm), `otb/grad_second_moment_group_mean_baseline` the same with the group-mean baseline's advantages: the
-    mechanism shows as the first below the second."""
+    """OTB's (B, T) metrics and the mask to average them over (scored valid tokens; padding's non-finite values never
+    reach a sum). The mechanism shows as `otb/grad_second_moment`, E[A^2 ||grad log p||^2] with the energy as the
+    squared norm, below `otb/grad_second_moment_group_mean_baseline` (the group-mean baseline's advantages)."""
     valid = (mask != 0) & (~torch.isnan(rewards)).unsqueeze(1)  # (B, T)
     returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
     baseline = returns - advantages  # (B, T) b_t where valid
@@ -257,8 +242,7 @@ def _validate_otb_knobs(*, otb_token_positions: str, otb_handle_zero_tail: bool 
 
 
 def otb_zero_tail(otb_handle_zero_tail: bool | None, tool_use: bool) -> bool:
-    """`otb_handle_zero_tail` with `None` resolved per batch: on for tool-use batches (verl's defaults for its
-    tool-use and single-turn estimators)."""
+    """`otb_handle_zero_tail`, `None` resolved per batch: on for tool-use batches (verl's two estimators' defaults)."""
     return tool_use if otb_handle_zero_tail is None else bool(otb_handle_zero_tail)
 
 
@@ -279,8 +263,15 @@ def _otb(inputs: EstimatorInputs, *, otb_token_positions: str, otb_handle_zero_t
     return EstimatorOutput(advantages, metrics, valid)
 
 
-#: The "otb" advantage estimator, which every method config may select (registered when `trl_groupopt.objectives` is
-#: imported, as every module of the package is).
+_POSITIONS_HELP = (
+    "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th generated token, "
+    "verl's tool-use estimator) or 'absolute' (column index, verl's single-turn estimator). Identical without holes."
+)
+_ZERO_TAIL_HELP = (
+    "advantage_estimator='otb': baseline 0 on a group's unique longest completion past the second-longest. Default "
+    "(unset): on for tool-use batches (tool_mask), off otherwise, as verl's two estimators."
+)
+#: The "otb" advantage estimator, which every method config may select.
 register_estimator(
     AdvantageEstimator(
         name="otb",
@@ -292,28 +283,9 @@ register_estimator(
             (
                 "otb_token_positions",
                 str,
-                field(
-                    default="valid",
-                    metadata={
-                        "help": "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th "
-                        "generated token, verl's tool-use estimator) or 'absolute' (column index, verl's single-turn "
-                        "estimator). Identical without holes.",
-                        "choices": list(TOKEN_POSITIONS),
-                    },
-                ),
+                field(default="valid", metadata={"help": _POSITIONS_HELP, "choices": list(TOKEN_POSITIONS)}),
             ),
-            (
-                "otb_handle_zero_tail",
-                bool | None,
-                field(
-                    default=None,
-                    metadata={
-                        "help": "advantage_estimator='otb': baseline 0 on a group's unique longest completion past the "
-                        "second-longest. Default (unset): on for tool-use batches (tool_mask), off otherwise, as verl's two "
-                        "estimators."
-                    },
-                ),
-            ),
+            ("otb_handle_zero_tail", bool | None, field(default=None, metadata={"help": _ZERO_TAIL_HELP})),
         ),
         validate=_validate_otb_knobs,
         needs_raw_rewards=True,

@@ -1,6 +1,4 @@
-"""DFPO (in-group re-weighting on GSPO that restores token-gradient cancellation) and GRPO-fix: config and trainer.
-Paper and registry entries: `trl_groupopt/methods/dfpo.py`; equations: `trl_groupopt/objectives/dfpo.py`, docs/dfpo.md.
-"""
+"""DFPO and GRPO-fix: config and trainer. Equations: `trl_groupopt/objectives/dfpo.py`; docs/dfpo.md."""
 
 from __future__ import annotations
 
@@ -44,22 +42,11 @@ GRPO_FIX_EPSILON_HIGH = 0.2
 class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig):
     r"""
     Configuration class for [`DFPOTrainer`]: every parameter of [`trl.GRPOConfig`], and DFPO's. DFPO re-weights the
-    GSPO sequence ratios inside each group (App. B of the paper); `dfpo_transform="symmetric_clip"` selects GRPO-fix
-    instead (App. H, Eq. 80: token-level `-A * clip(r, 0, 1 + epsilon_high)` for both advantage signs).
-
-    With on-policy data (`steps_per_generation == gradient_accumulation_steps`, `num_iterations == 1`, no vLLM IS
-    correction) every GSPO ratio is exactly 1 and every transform is the identity: DFPO only differs from GSPO
-    off-policy. What the transforms guarantee, and under which settings, is in docs/dfpo.md.
-
-    Fields beyond their `help`: `dfpo_orthogonal_over="all"` is the paper's constraint, under which a clipped member
-    carries no gradient but counts, so the shared-token gradient does not cancel under clipping; `"unclipped"` (the
-    projections only) keeps it exact. Under both, a member that TRL's loss weights drop (off-policy mask, vLLM IS
-    `*_mask` modes, no high-entropy token) leaves its group, and the weights enter the transform. `epsilon` /
-    `epsilon_high` default to GSPO's `3e-4` / `4e-4` (GRPO-fix: `0.2`, no lower clip); `importance_sampling_level`
-    is fixed by the mode. A per-token estimator (`"otb"`) is refused by the transforms (one advantage per sequence),
-    taken by GRPO-fix. `loss_type="dapo"` weighs every token by one batch constant, so a token shared by a group
-    cancels whatever the lengths (as `"luspo"`, `"dr_grpo"`, `"bnpo"`; for GRPO-fix it is Eq. 80's token sum up to
-    that constant); `"grpo"` (GSPO's recipe) weighs sequence `i` by `1/|y_i|` and breaks it. Details: docs/dfpo.md.
+    GSPO sequence ratios inside each group (App. B); `dfpo_transform="symmetric_clip"` selects GRPO-fix (App. H,
+    Eq. 80). `epsilon` / `epsilon_high` default to GSPO's `3e-4` / `4e-4` (GRPO-fix: `0.2`, no lower clip);
+    `importance_sampling_level` is fixed by the mode; a per-token estimator (`"otb"`) is refused by the transforms,
+    taken by GRPO-fix. What the transforms guarantee, `dfpo_orthogonal_over`, TRL's loss weights and why
+    `loss_type="dapo"` (not `"grpo"`): docs/dfpo.md.
     """
 
     dfpo_transform: str = field(
