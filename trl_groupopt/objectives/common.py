@@ -107,6 +107,16 @@ def clip_indicators(is_low: Tensor, is_high: Tensor) -> dict[str, Tensor]:
     return {"clip_ratio/low": is_low, "clip_ratio/high": is_high, "clip_ratio/region": torch.maximum(is_low, is_high)}
 
 
+def loss_weights(weights: Tensor | None, shape: torch.Size, dtype: torch.dtype) -> Tensor | None:
+    """TRL's per-token loss weights, detached in `dtype`: (B, T) or (B, 1), checked against the (B, T) mask `shape`."""
+    if weights is None:
+        return None
+    batch, length = shape
+    if weights.dim() != 2 or weights.shape[0] != batch or weights.shape[1] not in (1, length):
+        raise ValueError(f"importance_weights must be ({batch}, {length}) or ({batch}, 1), got {tuple(weights.shape)}")
+    return weights.detach().to(dtype)
+
+
 def masked_sum(values: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
     """Sum of `values` where `mask` is 1 (mask broadcast to values)."""
     masked = values * mask

@@ -36,6 +36,7 @@ from .common import (
     clip_indicators,
     compute_dtype,
     log_importance_weights,
+    loss_weights,
     masked_mean,
     named,
     names_of,
@@ -243,15 +244,10 @@ def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
     """(B,) one loss weight per sequence, detached; ones without weights. (B, T) weights (``token_*`` IS modes, the
     entropy mask) times a (B, 1) loss weigh sequence ``i``, under any ``loss_type``, by their mean over its valid
     tokens (0 for a row without any)."""
-    batch, length = mask.shape
+    weights = loss_weights(weights, mask.shape, mask.dtype)
     if weights is None:
-        return torch.ones(batch, dtype=mask.dtype, device=mask.device)
-    weights = weights.detach().to(mask.dtype)
-    if weights.dim() == 2 and weights.shape[0] == batch and weights.shape[1] == 1:
-        return weights.squeeze(1)
-    if weights.shape == (batch, length):
-        return masked_mean(weights, mask, dim=-1)
-    raise ValueError(f"importance_weights must be ({batch}, 1) or ({batch}, {length}), got {tuple(weights.shape)}")
+        return torch.ones(mask.shape[0], dtype=mask.dtype, device=mask.device)
+    return weights.squeeze(1) if weights.shape[1] == 1 else masked_mean(weights, mask, dim=-1)
 
 
 class SequenceWeights(NamedTuple):

@@ -6,12 +6,9 @@ this code and every deviation from the paper and from verl's reference estimator
     b_t  = sum_i mask_it W_it G_i / (sum_i mask_it W_it + 1e-8)        baseline (Thm. 4.1), active members at t
     A_it = (G_i - b_t) * mask_it                                       no std normalisation
 
-``token_positions``: what ``t`` indexes when a mask has holes (tool results): ``"valid"``, the t-th *generated* token
-of every member (verl's tool-use estimator), or ``"absolute"``, the column (its single-turn one). ``handle_zero_tail``
-zeroes the baseline of a group's unique longest member past the second-longest, where it would be compared with
-itself. Members without a score (NaN reward) or a valid token leave their group; a group of one has baseline 0. Where
-a position's summed energy is ~0, ``b_t`` is the plain mean of the active returns (not 0 through the 1e-8), and a
-group whose returns are all equal gets advantage exactly 0 (both against verl, docs/otb.md).
+``token_positions``: what ``t`` indexes under a tool mask, ``"valid"`` (the t-th generated token) or ``"absolute"``
+(the column). ``handle_zero_tail`` zeroes the baseline of a group's unique longest member past the second-longest.
+Members without a score (NaN) or a valid token leave their group; near-zero energy and equal-return groups: docs/otb.md.
 """
 
 from __future__ import annotations
@@ -39,11 +36,7 @@ MIN_SUMMED_ENERGY = 1e-6
 
 
 def logit_gradient_energy(
-    logits: Tensor,
-    token_ids: Tensor,
-    temperature: float = 1.0,
-    *,
-    chunk_size: int = DEFAULT_ENERGY_CHUNK_SIZE,
+    logits: Tensor, token_ids: Tensor, temperature: float = 1.0, *, chunk_size: int = DEFAULT_ENERGY_CHUNK_SIZE
 ) -> Tensor:
     """Logit-gradient energy ``e = ||d log softmax(z)_y / dz||^2 = 1 - 2 p_y + sum_v p_v^2``, ``z = logits / T``, from
     (..., V) logits and (...) sampled ids: (...), float32 (float64 for float64 logits), no gradient, at most one
