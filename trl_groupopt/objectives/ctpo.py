@@ -15,9 +15,8 @@ mask (0 on padding and tool tokens)::
     loss_t   = max(-A exp(log_rho), -A exp(clipped))
     loss_t   = min(loss_t, -A exp(dual_clip * s_t))   where A < 0             dual clip
 
-Token t's loss sends gradient only to ``logp_t``, weighted by its prefix ratio. On-policy every ratio is 1 and CTPO
-is TRL's token-level GRPO surrogate. The bias analysis, the ratio-space ablation, the numerics and the deviations from
-the authors' code are in docs/ctpo.md.
+Token t's loss sends gradient only to ``logp_t``, weighted by its prefix ratio; on-policy CTPO is TRL's token-level
+GRPO. Bias analysis, numerics and deviations from the authors' code: docs/ctpo.md.
 """
 
 from __future__ import annotations

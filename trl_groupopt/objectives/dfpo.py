@@ -9,12 +9,9 @@ each equation and every deviation from the paper are in ``docs/dfpo.md``. In sho
     s_til   = T(sg(e), A) over the members M of each group         (50) min_replace, (52)-(55) orth_proj, (51) QP
     loss_i  = -A_i * sg(s_til_i / s_bar_i) * s_bar_i               phi-form, App. C/K
 
-so sequence ``i`` gets the gradient ``-A_i s_til_i grad log s_i`` when unclipped and none when clipped, and every
-transform but ``"none"`` makes ``sum_{i in M} A_i s_til_i = 0``: the gradient of a token shared by the whole group
-cancels, under a loss_type that weighs every token alike (``"dapo"``, the default; not ``"grpo"``). ``M`` is the whole
-group (``orthogonal_over="all"``, the paper's constraint) or its members that carry gradient (``"unclipped"``), which
-keeps the cancellation exact under clipping. ``"none"`` is TRL's GSPO, loss and gradient. GRPO-fix (App. H) is in
-`grpo_fix.py`, the logged diagnostics (Eq. 23, 87, the cancellation residual) in `dfpo_diagnostics.py`.
+so every transform but ``"none"`` (TRL's GSPO) makes ``sum_{i in M} A_i s_til_i = 0``: a token shared by the group
+gets no gradient under a loss_type that weighs every token alike (``"dapo"``, not ``"grpo"``). ``M``: the whole group
+(``orthogonal_over="all"``, the paper's) or its members that carry gradient (``"unclipped"``, exact under clipping).
 """
 
 from __future__ import annotations
@@ -222,19 +219,16 @@ def group_transform(
 
 
 def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
-    """(B,) sequence advantages from (B,), (B, 1) or a (B, T) tensor constant along T."""
+    """(B,) sequence advantages from (B,), (B, 1) or a (B, T) tensor constant along T (TRL expands (B,) this way)."""
     if advantages.dim() == 1 and advantages.shape[0] == batch:
         return advantages
     if advantages.dim() == 2 and advantages.shape[0] == batch and advantages.shape[1] in (1, length):
-        # A sequence-level objective needs one advantage per sequence: take column 0, but only
-        # after checking the row is constant (TRL expands (B,) to (B, T) this way).
-        first = advantages[:, :1]  # (B, 1)
-        if not torch.equal(advantages, first.expand_as(advantages)):
+        if not torch.equal(advantages, advantages[:, :1].expand_as(advantages)):  # one advantage per sequence
             raise ValueError(
                 "dfpo_loss is sequence-level: (B, T) advantages must be constant along T "
                 "(got token-varying advantages); pass (B,) advantages"
             )
-        return first.squeeze(1)
+        return advantages[:, 0]
     raise ValueError(
         f"advantages must be ({batch},) or ({batch}, {length}) constant along T, got shape {tuple(advantages.shape)}"
     )

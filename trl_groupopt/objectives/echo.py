@@ -11,11 +11,8 @@ r"""ECHO: clip at batch, learn at token (arXiv "ECHO", Eq. 5-11, 34; App. A.2). 
 off-policy and entropy masks) give ``w * loss``, R unchanged. Unclipped and unweighted the gradient is Eq. 34,
 ``C (1/N) (A r + L) mask`` with ``L = (1/N) sum r A``: every token carries the coupling ``L`` through ``log R``.
 
-Scopes of R: this micro-batch (``log_ratio_sum=None``), or wider: R's value from detached totals over processes or
-the optimizer step's micro-batches (`echo_log_ratio_totals`) while the local tokens keep their graph, and
-``coupling_sum`` (the parts' summed `echo_batch_ratio_coupling`) supplies the others' share of ``L``, so the summed
-gradient is that of the objective over the union. Derivations, the Eq. 15 vs Eq. 34 discrepancy, the coupling's
-exactness conditions and the log-rho cap: docs/echo.md.
+R over this micro-batch (``log_ratio_sum=None``) or wider (detached totals, and ``coupling_sum`` for the others' share
+of ``L``): the scopes, their exactness, the Eq. 15 vs Eq. 34 discrepancy and the log-rho cap are in docs/echo.md.
 """
 
 from __future__ import annotations

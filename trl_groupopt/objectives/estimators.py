@@ -98,16 +98,9 @@ def estimator_of(config: Any) -> AdvantageEstimator:
     return get_estimator(getattr(config, "advantage_estimator", DEFAULT_ESTIMATOR))
 
 
-# ------------------------------------------------------------------------------------------------ grpo
 def _trl_advantages(inputs: EstimatorInputs) -> EstimatorOutput:
     return EstimatorOutput(inputs.trl_advantages)
 
 
-register_estimator(
-    AdvantageEstimator(
-        name="grpo",
-        estimate=_trl_advantages,
-        summary="TRL's group-normalised advantages (G_i - group mean, scaled as `scale_rewards` says)",
-        trl_advantages=True,
-    )
-)
+_GRPO_SUMMARY = "TRL's group-normalised advantages (G_i - group mean, scaled as `scale_rewards` says)"
+register_estimator(AdvantageEstimator("grpo", _trl_advantages, _GRPO_SUMMARY, trl_advantages=True))

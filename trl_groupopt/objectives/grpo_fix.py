@@ -48,9 +48,8 @@ def symmetric_clip_loss(
     epsilon_high: float,
     importance_weights: Tensor | None = None,
 ) -> ObjectiveOutput:
-    """GRPO-fix: token-level ``-A * clip(r, 0, 1 + eps_high)`` for both advantage signs (Eq. 79-80): the clip alone,
-    not PPO's ``min(rA, clip(r) A)`` (App. H.3), so a token with ``r > 1 + eps`` gets no gradient whatever the sign of
-    ``A``; Eq. 80's ``1/G sum_i sum_t`` is the trainer's ``loss_type``; no lower clip (Eq. 79's 0 never binds).
+    """GRPO-fix: token-level ``-A * clip(r, 0, 1 + eps_high)`` for both signs of A (Eq. 79-80; not PPO's min, App. H.3):
+    no gradient where ``r > 1 + eps``; Eq. 80's ``1/G sum_i sum_t`` is the trainer's ``loss_type``.
 
     (B, T) log-probs (old ones constant) and mask; advantages (B,), (B, 1) or (B, T); ``importance_weights``: TRL's
     per-token loss weights, (B, 1) or (B, T) or None, multiplied after the clip as TRL does. Returns per_token_loss

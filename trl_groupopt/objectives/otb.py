@@ -68,11 +68,6 @@ def logit_gradient_energy(
     return out.view(token_ids.shape)  # (...)
 
 
-def _valid_first_order(active: Tensor) -> Tensor:
-    """(B, T) per-row stable permutation putting valid positions first (gather: column k = the k-th valid token)."""
-    return torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T)
-
-
 def otb_advantages(
     rewards: Tensor,
     energy: Tensor,
@@ -94,7 +89,12 @@ def otb_advantages(
     ``check_values`` also rejects +-inf rewards and non-finite or negative energies: off by default, as reading values
     stalls a GPU (the trainer checks rewards once per generation batch; its energies are >= 0 by construction).
     """
-    _check_inputs(rewards, energy, mask, importance_weights)
+    shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]  # one (B, T) shape
+    if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
+        raise ValueError(
+            f"rewards must be (B,) and energy, mask, importance_weights one (B, T) shape, got {tuple(rewards.shape)}, "
+            f"{shapes}"
+        )
     groups = as_groups(groups, rewards.shape[0])
 
     dtype = compute_dtype(rewards, energy, importance_weights)
@@ -115,7 +115,7 @@ def otb_advantages(
         if token_positions == "valid":
             # Compact each row's valid tokens to the left: column k is then its k-th valid token, and the rest of
             # the computation below is the absolute-position estimator on right-padded rows.
-            order = _valid_first_order(active)  # (B, T)
+            order = torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T) valid ones first
             e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
 
         baseline = _token_baseline(e, active, returns, member, groups, epsilon)  # (B, T)
@@ -126,16 +126,6 @@ def otb_advantages(
         if order is not None:  # back to the columns of the input
             advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
     return advantages
-
-
-def _check_inputs(rewards: Tensor, energy: Tensor, mask: Tensor, importance_weights: Tensor | None) -> None:
-    """Shapes of `otb_advantages`' tensors: rewards (B,), energy, mask and importance weights one (B, T) shape."""
-    shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]
-    if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
-        raise ValueError(
-            f"rewards must be (B,) and energy, mask, importance_weights one (B, T) shape, got {tuple(rewards.shape)}, "
-            f"{shapes}"
-        )
 
 
 def _check_values(rewards: Tensor, e: Tensor) -> None:

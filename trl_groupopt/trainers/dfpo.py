@@ -21,9 +21,8 @@ from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 #: DFPOConfig's fields for `dfpo_loss`'s arguments: `dfpo_<argument>`, and TRL's `epsilon` / `epsilon_high`.
 PREFIX = "dfpo_"
 
-#: The opening words of TRL's warning (`GRPOTrainer.__init__`, trl 1.16.0) for sequence-level ratios with a token-sum loss
-#: type, which advises loss_type="grpo": the opposite of DFPO's choice, so the trainer replaces it with `SUM_LOSS_NOTE`
-#: (formatted with the trainer's `args`).
+#: The opening words of TRL's warning (`GRPOTrainer.__init__`, trl 1.16.0) advising loss_type="grpo" with sequence-level
+#: ratios: the opposite of DFPO's choice, so the trainer replaces it with `SUM_LOSS_NOTE` (formatted with its `args`).
 TRL_SEQUENCE_LOSS_ADVICE = "When using `importance_sampling_level='sequence'`, the `'"
 SUM_LOSS_NOTE = (
     "DFPOTrainer: loss_type={args.loss_type!r} with sequence-level ratios is deliberate: it weighs every token by one batch "
