@@ -50,7 +50,7 @@ RATIO_MODES = ("cumprod", "geomean")  # the authors' cum-token-cumprod-la and cu
 # The authors' recommended position power per ratio mode (core_algos.py): the log prefix ratio's spread grows like
 # sqrt(t), its per-token mean's shrinks like 1/sqrt(t).
 DEFAULT_POSITION_POWER = {"cumprod": 0.5, "geomean": -0.5}
-POSITION_BUCKETS = ((0, 16, "t<=16"), (16, 256, "t<=256"), (256, None, "t>256"))  # (lo, hi] in t
+POSITION_BUCKETS = ((0, 16, "t<=16"), (16, 256, "t<=256"), (256, math.inf, "t>256"))  # (lo, hi] in t
 
 
 def validate_ctpo(
@@ -112,10 +112,7 @@ def _ctpo_metrics(
         metrics["ctpo/dual_clip"] = nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), valid.sum())
         abs_cum = cum_log_ratio.abs()  # (B, T)
         for lo, hi, label in POSITION_BUCKETS:
-            in_bucket = valid & (position > lo)  # (B, T)
-            if hi is not None:
-                in_bucket = in_bucket & (position <= hi)
-            bucket = in_bucket.to(dtype)  # (B, T)
+            bucket = (valid & (position > lo) & (position <= hi)).to(dtype)  # (B, T)
             metrics[f"ctpo/abs_cum_log_ratio/{label}"] = nan_if_empty(masked_mean(abs_cum, bucket), bucket.sum())
     return metrics
 

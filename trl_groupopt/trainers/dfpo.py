@@ -40,12 +40,10 @@ GRPO_FIX_EPSILON_HIGH = 0.2
 @dataclass(repr=False)
 class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig):
     r"""
-    Configuration class for [`DFPOTrainer`]: every parameter of [`trl.GRPOConfig`], and DFPO's. DFPO re-weights the
-    GSPO sequence ratios inside each group (App. B); `dfpo_transform="symmetric_clip"` selects GRPO-fix (App. H,
-    Eq. 80). `epsilon` / `epsilon_high` default to GSPO's `3e-4` / `4e-4` (GRPO-fix: `0.2`, no lower clip);
-    `importance_sampling_level` is fixed by the mode; a per-token estimator (`"otb"`) is refused by the transforms,
-    taken by GRPO-fix. What the transforms guarantee, `dfpo_orthogonal_over`, TRL's loss weights and why
-    `loss_type="dapo"` (not `"grpo"`): docs/dfpo.md.
+    Configuration class for [`DFPOTrainer`]: every parameter of [`trl.GRPOConfig`], and DFPO's (App. B: in-group
+    re-weighting of GSPO's ratios; `dfpo_transform="symmetric_clip"`: GRPO-fix, App. H). `epsilon` / `epsilon_high`
+    default to GSPO's `3e-4` / `4e-4` (GRPO-fix: `0.2`); `importance_sampling_level` is fixed by the mode. What the
+    transforms guarantee, and why per-token advantages and `loss_type="grpo"` break it: docs/dfpo.md.
     """
 
     dfpo_transform: str = field(

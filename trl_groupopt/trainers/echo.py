@@ -28,12 +28,10 @@ GLOBAL_SCOPE_LOSS_TYPES = ("dapo", "dr_grpo")
 @dataclass(repr=False)
 class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     r"""
-    Configuration class for [`ECHOTrainer`]: every parameter of [`trl.GRPOConfig`], and ECHO's. ECHO clips the
-    geometric batch ratio `R` to `[1 - batch_epsilon, 1 + batch_epsilon_high]` (Eq. 7), scales every token ratio by
-    `clip(R) / sg(R)` (Eq. 8), then clips tokens with `epsilon` / `epsilon_high` (Eq. 11); the paper's one epsilon
-    gives the defaults. Without a schedule set, the paper's 8 optimizer steps per rollout (`OffPolicyScheduleMixin`).
-    `batch_ratio_scope` (which tokens form R; `"step"`, the paper's, when the configuration allows it, else
-    `"global"`, else `"micro_batch"`, with a warning), its exactness and cost: docs/echo.md.
+    Configuration class for [`ECHOTrainer`]: every parameter of [`trl.GRPOConfig`], and ECHO's: the batch clip of R
+    (Eq. 7, `batch_epsilon*`, defaulting to the paper's one `epsilon`) and the token clip (Eq. 11). Without a schedule
+    set, the paper's 8 optimizer steps per rollout (`OffPolicyScheduleMixin`). `batch_ratio_scope` (which tokens form
+    R; `"step"` when the configuration allows it), its exactness and cost: docs/echo.md.
     """
 
     #: The paper's schedule: a 512-prompt rollout trained in mini-batches of 64 prompts.
