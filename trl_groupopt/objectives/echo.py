@@ -82,12 +82,11 @@ class _Prepared:
         self.weights = loss_weights(importance_weights, mask.shape, dtype)  # (B, T), (B, 1) or None
         self.num_valid = self.valid.sum()  # () local valid tokens
         local_sum = self.log_r.sum()  # () keeps the graph to the local tokens
-        if log_ratio_sum is None:
-            self.global_scope = False
+        self.global_scope = log_ratio_sum is not None
+        if not self.global_scope:
             self.count = self.num_valid.to(dtype)  # ()
             total = local_sum  # ()
         else:
-            self.global_scope = True
             self.count = torch.as_tensor(token_count, dtype=dtype, device=device).detach().reshape(())
             global_sum = torch.as_tensor(log_ratio_sum, dtype=dtype, device=device).detach().reshape(())
             total = local_sum + (global_sum - local_sum.detach())  # () value global, grad local

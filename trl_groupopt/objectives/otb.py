@@ -118,10 +118,11 @@ def otb_advantages(
             order = torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T) valid ones first
             e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
 
-        baseline = _token_baseline(e, active, returns, member, groups, epsilon)  # (B, T)
+        shared = groups.rows(member.to(torch.int64), "sum") > 1  # (B,) the row's group has two or more members
+        baseline = _token_baseline(e, active, returns, shared, groups, epsilon)  # (B, T)
         if handle_zero_tail:
-            baseline = _zero_tail(baseline, active, member, groups)  # (B, T)
-        trains = active & ~_constant_group(returns, member, groups).unsqueeze(-1)  # (B, T)
+            baseline = _zero_tail(baseline, active, member, shared, groups)  # (B, T)
+        trains = active & ~_constant_group(returns, member, shared, groups).unsqueeze(-1)  # (B, T)
         advantages = torch.where(trains, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
         if order is not None:  # back to the columns of the input
             advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
@@ -148,46 +149,39 @@ def _active_energy(energy: Tensor, importance_weights: Tensor | None, active: Te
 
 
 def _token_baseline(
-    e: Tensor, active: Tensor, returns: Tensor, member: Tensor, groups: Groups, epsilon: float
+    e: Tensor, active: Tensor, returns: Tensor, shared: Tensor, groups: Groups, epsilon: float
 ) -> Tensor:
     """(B, T) ``b_t`` of each row's group (Theorem 4.1) over its members active at ``t``; the plain mean of their
     returns where their summed energy is at most `MIN_SUMMED_ENERGY`; 0 for a group of one."""
     cum_energy = e.cumsum(-1)  # (B, T) W_t, including t (e is 0 off the mask)
     weight = torch.where(active, cum_energy, torch.zeros_like(cum_energy))  # (B, T) mask_t W_t
     # Per-group, per-position sums over the active members: (K, T), broadcast back to rows
-
-    def per_group(values: Tensor) -> Tensor:  # (B, T) -> (K, T) sums over each group's rows
-        return groups.reduce(values, "sum")
-
-    numer = per_group(weight * returns.unsqueeze(-1))  # (K, T)
-    denom = per_group(weight)  # (K, T)
+    numer = groups.reduce(weight * returns.unsqueeze(-1), "sum")  # (K, T)
+    denom = groups.reduce(weight, "sum")  # (K, T)
     weighted = numer / (denom + epsilon)  # (K, T)
-    count = per_group(active.to(weight.dtype))  # (K, T) active members
-    plain = per_group(torch.where(active, returns.unsqueeze(-1), torch.zeros_like(weight))) / count.clamp_min(1.0)
+    count = groups.reduce(active.to(weight.dtype), "sum").clamp_min(1.0)  # (K, T) active members
+    plain = groups.reduce(torch.where(active, returns.unsqueeze(-1), torch.zeros_like(weight)), "sum") / count
     baseline = groups.broadcast(torch.where(denom > MIN_SUMMED_ENERGY, weighted, plain))  # (B, T)
     # A group of one member has nothing to compare with: baseline 0 (verl: N == 1)
-    n_members = groups.rows(member.to(torch.int64), "sum")  # (B,)
-    return torch.where(n_members.unsqueeze(-1) > 1, baseline, torch.zeros_like(baseline))  # (B, T)
+    return torch.where(shared.unsqueeze(-1), baseline, torch.zeros_like(baseline))  # (B, T)
 
 
-def _constant_group(returns: Tensor, member: Tensor, groups: Groups) -> Tensor:
+def _constant_group(returns: Tensor, member: Tensor, shared: Tensor, groups: Groups) -> Tensor:
     """(B,) whether the row is a member of a group of two or more members that all have the same return."""
     lowest = groups.rows(torch.where(member, returns, torch.full_like(returns, torch.inf)), "amin")  # (B,)
     highest = groups.rows(torch.where(member, returns, torch.full_like(returns, -torch.inf)), "amax")  # (B,)
-    n_members = groups.rows(member.to(torch.int64), "sum")  # (B,)
-    return member & (n_members > 1) & (lowest == highest)  # (B,)
+    return member & shared & (lowest == highest)  # (B,)
 
 
-def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, groups: Groups) -> Tensor:
+def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, shared: Tensor, groups: Groups) -> Tensor:
     """`baseline` with 0 on a group's unique longest member past the second-longest valid-token count (verl)."""
     # verl: lengths are valid-token counts; non-members get -1 so they never rank
     lengths = torch.where(member, active.sum(-1), torch.full_like(member, -1, dtype=torch.int64))  # (B,)
     longest = groups.rows(lengths, "amax")  # (B,)
     is_longest = member & (lengths == longest)  # (B,)
     n_longest = groups.rows(is_longest.to(torch.int64), "sum")  # (B,)
-    n_members = groups.rows(member.to(torch.int64), "sum")  # (B,)
     second = groups.rows(torch.where(is_longest, torch.full_like(lengths, -1), lengths), "amax")  # (B,)
-    unique_longest = is_longest & (n_longest == 1) & (n_members > 1)  # (B,)
+    unique_longest = is_longest & (n_longest == 1) & shared  # (B,)
     positions = torch.arange(baseline.shape[1], device=baseline.device)  # (T,)
     tail = unique_longest.unsqueeze(-1) & (positions >= second.unsqueeze(-1))  # (B, T)
     return torch.where(tail, torch.zeros_like(baseline), baseline)  # (B, T)
