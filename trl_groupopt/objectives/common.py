@@ -33,9 +33,7 @@ class ObjectiveFn(Protocol):
 
 def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
     """Dtype the objectives compute in: float64 if any input is float64, else float32 (half/bf16 upcast)."""
-    if any(t is not None and t.dtype == torch.float64 for t in tensors):
-        return torch.float64
-    return torch.float32
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> Tensor:
@@ -60,8 +58,7 @@ def nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
 def named(names: Mapping[str, str] | None, **values: Any) -> dict[str, Any]:
     """`values` keyed by the caller's names (`names`: argument -> config field, `trainers/binding.py`), so that a
     `validate_<method>` error names the setting the user wrote."""
-    names = names or {}
-    return {names.get(key, key): value for key, value in values.items()}
+    return dict(zip(names_of(names, *values), values.values()))
 
 
 def names_of(names: Mapping[str, str] | None, *arguments: str) -> tuple[str, ...]:
