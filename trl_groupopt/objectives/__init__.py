@@ -1,6 +1,5 @@
-"""The objectives and advantage estimators: pure torch. Importing the package imports each of its modules, so the
-estimators they register (OTB's, in `otb.py`) are in `estimators.ESTIMATORS` before one is looked up, as the
-methods' specs are discovered in `trl_groupopt/methods/`: a new estimator's module needs nothing here."""
+"""The objectives and advantage estimators: pure torch. Importing the package imports each of its modules, so that
+the estimators they register (OTB's, in `otb.py`) are in `estimators.ESTIMATORS` before one is looked up."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Shared pieces of the pure objectives (plain torch: no TRL, no trainer state): the output type and protocol, checks,
-masked and group reductions (an empty mask reduces to 0, never a division by zero), TRL's clipped surrogate.
-"""
+"""Shared pieces of the pure objectives (plain torch, no TRL): output type, checks, masked and group reductions (an
+empty mask reduces to 0, never a division by zero), TRL's clipped surrogate."""
 
 from __future__ import annotations
 
@@ -34,14 +33,12 @@ class ObjectiveFn(Protocol):
 
 def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
     """Dtype the objectives compute in: float64 if any input is float64, else float32 (half/bf16 upcast)."""
-    if any(t is not None and t.dtype == torch.float64 for t in tensors):
-        return torch.float64
-    return torch.float32
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> Tensor:
-    """Logit-gradient energy ``e = 1 - 2 p_y + sum_v p_v^2`` (arXiv:2602.07078, Prop. 4.2), (B, T) and detached, from TRL's fused LM head: its ``log_probs`` and ``log_sum_sq_probs`` (both 0
-    where the label is -100, which gives energy 0 there)."""
+    """Logit-gradient energy ``e = 1 - 2 p_y + sum_v p_v^2`` (arXiv:2602.07078, Prop. 4.2), (B, T) and detached, from
+    TRL's fused LM head's ``log_probs`` and ``log_sum_sq_probs`` (both 0 where the label is -100: energy 0 there)."""
     if per_token_logps.shape != log_sum_sq_probs.shape:
         raise ValueError(
             f"per_token_logps {tuple(per_token_logps.shape)} and log_sum_sq_probs "
@@ -59,11 +56,9 @@ def nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
 
 
 def named(names: Mapping[str, str] | None, **values: Any) -> dict[str, Any]:
-    """`values` keyed by the caller's names for them: `names` maps an objective's argument to what the caller calls
-    it (a config field, e.g. ``{"epsilon_low": "epsilon"}``: `trainers/binding.py`), so that a `validate_<method>`
-    error names the setting the user wrote. Arguments not in `names` keep their own name."""
-    names = names or {}
-    return {names.get(key, key): value for key, value in values.items()}
+    """`values` keyed by the caller's names (`names`: argument -> config field, `trainers/binding.py`), so that a
+    `validate_<method>` error names the setting the user wrote."""
+    return dict(zip(names_of(names, *values), values.values()))
 
 
 def names_of(names: Mapping[str, str] | None, *arguments: str) -> tuple[str, ...]:
@@ -72,9 +67,7 @@ def names_of(names: Mapping[str, str] | None, *arguments: str) -> tuple[str, ...
 
 
 def check_positive(*, finite: bool = False, reason: str = "", **values: float) -> None:
-    """Raise unless every keyword value is > 0 (NaN rejected too); with `finite=True`, +inf is rejected as well.
-
-    `reason` follows "> 0" in the message (e.g. " for CTPO (a log-space bound)")."""
+    """Raise unless every keyword value is > 0 (NaN too; +inf too with `finite`); `reason` follows "> 0"."""
     for name, value in values.items():
         if not value > 0:
             raise ValueError(f"{name} must be > 0{reason}, got {value!r}")
@@ -104,6 +97,23 @@ def check_token_inputs(
         )
 
 
+def clip_indicators(is_low: Tensor, is_high: Tensor) -> dict[str, Tensor]:
+    """TRL's `clip_ratio/low|high|region` as detached 0/1 float32 indicators (the trainer reduces them over all
+    processes token-weighted, as TRL does)."""
+    is_low, is_high = is_low.detach().float(), is_high.detach().float()
+    return {"clip_ratio/low": is_low, "clip_ratio/high": is_high, "clip_ratio/region": torch.maximum(is_low, is_high)}
+
+
+def loss_weights(weights: Tensor | None, shape: torch.Size, dtype: torch.dtype) -> Tensor | None:
+    """TRL's per-token loss weights, detached in `dtype`: (B, T) or (B, 1), checked against the (B, T) mask `shape`."""
+    if weights is None:
+        return None
+    batch, length = shape
+    if weights.dim() != 2 or weights.shape[0] != batch or weights.shape[1] not in (1, length):
+        raise ValueError(f"importance_weights must be ({batch}, {length}) or ({batch}, 1), got {tuple(weights.shape)}")
+    return weights.detach().to(dtype)
+
+
 def masked_sum(values: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
     """Sum of `values` where `mask` is 1 (mask broadcast to values)."""
     masked = values * mask
@@ -130,12 +140,9 @@ def as_token_advantages(advantages: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class Groups:
-    """The group layout of a (micro-)batch, built once from what the caller knows, so that no reduction reads the
-    device (``K``, and the largest group for the padded view, are host ints). `Groups.contiguous(B, G)`: the
-    trainer's layout, consecutive runs of ``G`` rows (TRL's sampler order; micro-batches hold whole groups), reduced as
-    ``view(K, G)``. `Groups.from_ids(group_ids)`: arbitrary integer ids in any order (tests, interleaved callers); it
-    sorts them and reads ``K``: one host sync on a GPU, here and never again.
-    """
+    """The group layout of a (micro-)batch, built once so that no reduction reads the device (``K`` and the largest
+    group are host ints). `contiguous(B, G)`: the trainer's consecutive runs of ``G`` rows, reduced as ``view(K, G)``;
+    `from_ids(group_ids)`: integer ids in any order, one host sync (on a GPU) to read ``K``."""
 
     index: Tensor  # (B,) int64 dense group of each row, 0..K-1 (groups in sorted-id order)
     num_groups: int  # K
@@ -154,15 +161,9 @@ class Groups:
     @classmethod
     def from_ids(cls, group_ids: Tensor) -> Groups:
         """Groups named by arbitrary integer ids (B,). Reads the group count on the host (a sync on a GPU)."""
-        if (
-            group_ids.dim() != 1
-            or group_ids.is_floating_point()
-            or group_ids.is_complex()
-            or group_ids.dtype == torch.bool
-        ):
-            raise ValueError(
-                f"group_ids must be a (B,) integer tensor, got {group_ids.dtype} {tuple(group_ids.shape)}"
-            )
+        dtype = group_ids.dtype
+        if group_ids.dim() != 1 or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise ValueError(f"group_ids must be a (B,) integer tensor, got {dtype} {tuple(group_ids.shape)}")
         _, index, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)  # (B,), (K,)
         order = torch.argsort(index, stable=True)  # (B,) rows grouped by group, in batch order
         starts = torch.cumsum(counts, 0) - counts  # (K,) first sorted position of each group
@@ -237,15 +238,14 @@ def clipped_surrogate_loss(
     importance_sampling_level: str = "token",
     delta: float | None = None,
 ) -> ObjectiveOutput:
-    """TRL's clipped surrogate (GRPO/DAPO at token level, GSPO at sequence level): the default objective.
+    """TRL's clipped surrogate (GRPO/DAPO at token level, GSPO at sequence level): the default objective::
 
         token:    w_it = pi_theta(o_it) / pi_old(o_it)                         (GRPO, Shao et al. 2024)
         sequence: w_i  = exp( sum_t log w_it / |o_i| )                        (GSPO, Zheng et al. 2025)
         loss      = -min(w A, clip(w, 1 - eps_low, 1 + eps_high) A),   w -> min(w, delta) first if delta is set
 
-    Written to match `GRPOTrainer._compute_loss` of TRL 1.16 term by term, so that the base trainer with this
-    objective is TRL's GRPO/GSPO (tested for parity). Returns (B, T) at token level and (B, 1) at sequence level,
-    and the clip indicators TRL logs.
+    Matches `GRPOTrainer._compute_loss` of TRL 1.16 term by term (tested for parity). Returns (B, T) at token level,
+    (B, 1) at sequence level, and the clip indicators TRL logs.
     """
     if epsilon_low < 0 or epsilon_high < 0:
         raise ValueError(f"epsilons must be >= 0, got epsilon_low={epsilon_low}, epsilon_high={epsilon_high}")
@@ -256,11 +256,5 @@ def clipped_surrogate_loss(
     if delta is not None:  # two-sided clip (TRL's `delta`) bounds the unclipped branch too
         coef_1 = torch.clamp(coef_1, max=delta)
     per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)  # (B, T) or (B, 1)
-    is_low = ((coef_1 < 1 - epsilon_low) & (advantages < 0)).float()
-    is_high = ((coef_1 > 1 + epsilon_high) & (advantages > 0)).float()
-    metrics = {
-        "clip_ratio/low": is_low.detach(),
-        "clip_ratio/high": is_high.detach(),
-        "clip_ratio/region": torch.maximum(is_low, is_high).detach(),
-    }
-    return ObjectiveOutput(per_token_loss, metrics)
+    is_low = (coef_1 < 1 - epsilon_low) & (advantages < 0)
+    return ObjectiveOutput(per_token_loss, clip_indicators(is_low, (coef_1 > 1 + epsilon_high) & (advantages > 0)))

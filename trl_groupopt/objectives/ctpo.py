@@ -15,9 +15,8 @@ mask (0 on padding and tool tokens)::
     loss_t   = max(-A exp(log_rho), -A exp(clipped))
     loss_t   = min(loss_t, -A exp(dual_clip * s_t))   where A < 0             dual clip
 
-Token t's loss sends gradient only to ``logp_t``, weighted by its prefix ratio. On-policy every ratio is 1 and CTPO
-is TRL's token-level GRPO surrogate. The bias analysis, the ratio-space ablation, the numerics and the deviations from
-the authors' code are in docs/ctpo.md.
+Token t's loss sends gradient only to ``logp_t``, weighted by its prefix ratio; on-policy CTPO is TRL's token-level
+GRPO. Bias analysis, numerics and deviations from the authors' code: docs/ctpo.md.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from .common import (
     check_choice,
     check_positive,
     check_token_inputs,
+    clip_indicators,
     compute_dtype,
     masked_mean,
     named,
@@ -50,7 +50,7 @@ RATIO_MODES = ("cumprod", "geomean")  # the authors' cum-token-cumprod-la and cu
 # The authors' recommended position power per ratio mode (core_algos.py): the log prefix ratio's spread grows like
 # sqrt(t), its per-token mean's shrinks like 1/sqrt(t).
 DEFAULT_POSITION_POWER = {"cumprod": 0.5, "geomean": -0.5}
-POSITION_BUCKETS = ((0, 16, "t<=16"), (16, 256, "t<=256"), (256, None, "t>256"))  # (lo, hi] in t
+POSITION_BUCKETS = ((0, 16, "t<=16"), (16, 256, "t<=256"), (256, math.inf, "t>256"))  # (lo, hi] in t
 
 
 def validate_ctpo(
@@ -62,8 +62,7 @@ def validate_ctpo(
     ratio_mode: str,
     names: Mapping[str, str] | None = None,
 ) -> None:
-    """Raise, naming the fix, unless `ctpo_loss` can take these hyper-parameters (`CTPOConfig` checks its fields
-    with it, once; `names`: what the caller calls each argument, see `common.named`)."""
+    """Raise, naming the fix, unless `ctpo_loss` can take these (`CTPOConfig` runs it once; `names`: `common.named`)."""
     check_positive(
         **named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high, dual_clip=dual_clip),
         reason=" for CTPO (a log-space bound)",
@@ -109,19 +108,11 @@ def _ctpo_metrics(
         is_low = (log_rho_d < -epsilon_low * scale) & negative & valid  # (B, T)
         is_high = (log_rho_d > epsilon_high * scale) & (adv > 0) & valid  # (B, T)
         is_dual = (loss.detach() > dual) & negative & valid  # (B, T)
-        metrics = {
-            # per-token indicators: the trainer reduces them over processes token-weighted, as TRL does
-            "clip_ratio/low": is_low.float(),  # (B, T)
-            "clip_ratio/high": is_high.float(),  # (B, T)
-            "clip_ratio/region": (is_low | is_high).float(),  # (B, T)
-            "ctpo/dual_clip": nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), valid.sum()),
-        }
+        metrics = clip_indicators(is_low, is_high)  # (B, T) each
+        metrics["ctpo/dual_clip"] = nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), valid.sum())
         abs_cum = cum_log_ratio.abs()  # (B, T)
         for lo, hi, label in POSITION_BUCKETS:
-            in_bucket = valid & (position > lo)  # (B, T)
-            if hi is not None:
-                in_bucket = in_bucket & (position <= hi)
-            bucket = in_bucket.to(dtype)  # (B, T)
+            bucket = (valid & (position > lo) & (position <= hi)).to(dtype)  # (B, T)
             metrics[f"ctpo/abs_cum_log_ratio/{label}"] = nan_if_empty(masked_mean(abs_cum, bucket), bucket.sum())
     return metrics
 
@@ -138,23 +129,11 @@ def ctpo_loss(
     position_power: float,
     ratio_mode: str = "cumprod",
 ) -> ObjectiveOutput:
-    """CTPO per-token loss (the module docstring; derivations in docs/ctpo.md). `validate_ctpo` states the rules of
-    the hyper-parameters (`CTPOConfig` runs it once).
-
-    Args:
-        per_token_logps, old_per_token_logps, mask: (B, T) current and behaviour log-probs (the latter constant),
-            0/1 mask of the generated tokens (tool tokens 0).
-        advantages: (B,) or (B, T).
-        epsilon_low, epsilon_high, dual_clip: log-space clip bases: window ``[-eps_low s_t, eps_high s_t]``, dual-clip
-            threshold ``exp(dual_clip s_t)`` for A < 0.
-        position_power, ratio_mode: p in ``s_t = max(t, 1) ** p``; "cumprod" (``L_t`` the prefix log-ratio) or
-            "geomean" (``L_t / t``), with the authors' p of 0.5 and -0.5 (`DEFAULT_POSITION_POWER`).
-
-    Returns:
-        ObjectiveOutput: per_token_loss (B, T) (0 where mask is 0); metrics "clip_ratio/low|high|region" (log_rho
-        beyond its bound with A < 0 / A > 0), "ctpo/dual_clip" (fraction of valid tokens where it binds), and
-        "ctpo/abs_cum_log_ratio/t<=16|t<=256|t>256" (mean |L_t| over valid tokens in disjoint position buckets;
-        NaN when empty).
+    """CTPO per-token loss (the module docstring's symbols; derivations in docs/ctpo.md); `validate_ctpo` checks the
+    settings once, in `CTPOConfig`. (B, T) log-probs (old ones constant) and 0/1 mask (tool tokens 0), (B,) or (B, T)
+    advantages. Returns per_token_loss (B, T) (0 off the mask) and metrics: TRL's clip indicators (log_rho beyond its
+    bound), "ctpo/dual_clip" (fraction of valid tokens where it binds), "ctpo/abs_cum_log_ratio/t<=16|t<=256|t>256"
+    (mean |L_t| over valid tokens in disjoint position buckets; NaN when empty).
     """
     check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
 

@@ -9,12 +9,9 @@ each equation and every deviation from the paper are in ``docs/dfpo.md``. In sho
     s_til   = T(sg(e), A) over the members M of each group         (50) min_replace, (52)-(55) orth_proj, (51) QP
     loss_i  = -A_i * sg(s_til_i / s_bar_i) * s_bar_i               phi-form, App. C/K
 
-so sequence ``i`` gets the gradient ``-A_i s_til_i grad log s_i`` when unclipped and none when clipped, and every
-transform but ``"none"`` makes ``sum_{i in M} A_i s_til_i = 0``: the gradient of a token shared by the whole group
-cancels, under a loss_type that weighs every token alike (``"dapo"``, the default; not ``"grpo"``). ``M`` is the whole
-group (``orthogonal_over="all"``, the paper's constraint) or its members that carry gradient (``"unclipped"``), which
-keeps the cancellation exact under clipping. ``"none"`` is TRL's GSPO, loss and gradient. GRPO-fix (App. H) is in
-`grpo_fix.py`, the logged diagnostics (Eq. 23, 87, the cancellation residual) in `dfpo_diagnostics.py`.
+so every transform but ``"none"`` (TRL's GSPO) makes ``sum_{i in M} A_i s_til_i = 0``: a token shared by the group
+gets no gradient under a loss_type that weighs every token alike (``"dapo"``, not ``"grpo"``). ``M``: the whole group
+(``orthogonal_over="all"``, the paper's) or its members that carry gradient (``"unclipped"``, exact under clipping).
 """
 
 from __future__ import annotations
@@ -33,22 +30,14 @@ from .common import (
     check_choice,
     check_positive,
     check_token_inputs,
+    clip_indicators,
     compute_dtype,
     log_importance_weights,
+    loss_weights,
     masked_mean,
     named,
     names_of,
 )
-
-__all__ = [
-    "ORTHOGONAL_OVER",
-    "TRANSFORMS",
-    "DFPOOutput",
-    "SequenceWeights",
-    "dfpo_loss",
-    "group_transform",
-    "validate_dfpo",
-]
 
 #: The in-group transforms of the post-clip weights (the one list of names; the trainer imports it).
 TRANSFORMS: tuple[str, ...] = ("none", "min_replace", "orth_proj", "orth_proj_qp")
@@ -68,13 +57,12 @@ def validate_dfpo(
     names: Mapping[str, str] | None = None,
 ) -> None:
     """Raise, naming the fix, unless `dfpo_loss` can take these settings (`DFPOConfig` runs it once; `names`: see
-    `common.named`). ``orthogonal_over="unclipped"`` needs a transform that makes ``sum_i A_i s_til_i = 0`` over any
-    subset of a group (the projections): ``min_replace`` gives ``min_j s_j * sum_{i in M} A_i``, which a clipped
-    member makes non-zero; ``"none"`` has no constraint to restrict."""
+    `common.named`). Why ``"unclipped"`` needs a projection: docs/dfpo.md, Deviations."""
     transform_name, over_name = names_of(names, "transform", "orthogonal_over")
     check_choice(transform_name, transform, TRANSFORMS)
-    check_positive(**named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high, orth_floor=orth_floor),
-                   finite=True)  # fmt: skip
+    check_positive(
+        **named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high, orth_floor=orth_floor), finite=True
+    )
     check_choice(over_name, orthogonal_over, ORTHOGONAL_OVER)
     if orthogonal_over == "unclipped" and transform not in _SUBSET_TRANSFORMS:
         raise ValueError(
@@ -90,11 +78,6 @@ def both_signs(adv: Tensor, groups: Groups) -> Tensor:
     has_pos = groups.reduce((adv > 0).to(adv.dtype), "amax") > 0  # (K,)
     has_neg = groups.reduce((adv < 0).to(adv.dtype), "amax") > 0  # (K,)
     return groups.broadcast(has_pos & has_neg)
-
-
-# --------------------------------------------------------------------------------------------
-# group transforms
-# --------------------------------------------------------------------------------------------
 
 
 def _orth_proj(s_bar: Tensor, adv: Tensor, groups: Groups, floor: float) -> Tensor:
@@ -210,16 +193,10 @@ def group_transform(
     orth_floor: float = 1e-6,
     members: Tensor | None = None,
 ) -> Tensor:
-    """In-group transform of the post-clip sequence weights (Eq. 50, 51, 52-55), detached.
-
-    ``s_bar`` (B,) >= 0 and ``advantages`` (B,); ``groups`` as in `dfpo_loss`; ``method`` one of ``TRANSFORMS``;
-    ``orth_floor`` Eq. 52's floor (``"orth_proj"``); ``members`` optional (B,) bool, the members the transform ranges
-    over (the others are returned unchanged and enter neither a group's minimum nor its constraint). Returns (B,)
-    ``s_til`` in float32 (half / bf16 inputs) or the input's float dtype. For every method but ``"none"``, a group
-    whose advantages do not take both signs gets ``s_til = 0`` on its members with ``A != 0``: no ``v >= 0`` but
-    that satisfies ``A^T v = 0`` (for ``min_replace`` a deviation, docs/dfpo.md); with TRL's centred advantages such
-    a group has equal rewards, and its advantages are rounding noise.
-    """
+    """In-group transform of the post-clip sequence weights (Eq. 50, 51, 52-55), detached: (B,) ``s_til`` in float32
+    (half / bf16 inputs) or the input's float dtype, from (B,) ``s_bar`` >= 0 and ``advantages``; ``groups`` as in
+    `dfpo_loss`; ``members`` (B,) bool, the rows it ranges over (the others are returned unchanged). A group whose
+    advantages do not take both signs gets 0 where ``A != 0`` (docs/dfpo.md, Degenerate groups)."""
     if s_bar.dim() != 1 or advantages.shape != s_bar.shape:
         raise ValueError(f"s_bar and advantages must be (B,), got {tuple(s_bar.shape)}, {tuple(advantages.shape)}")
     groups = as_groups(groups, s_bar.shape[0])
@@ -242,19 +219,16 @@ def group_transform(
 
 
 def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
-    """(B,) sequence advantages from (B,), (B, 1) or a (B, T) tensor constant along T."""
+    """(B,) sequence advantages from (B,), (B, 1) or a (B, T) tensor constant along T (TRL expands (B,) this way)."""
     if advantages.dim() == 1 and advantages.shape[0] == batch:
         return advantages
     if advantages.dim() == 2 and advantages.shape[0] == batch and advantages.shape[1] in (1, length):
-        # A sequence-level objective needs one advantage per sequence: take column 0, but only
-        # after checking the row is constant (TRL expands (B,) to (B, T) this way).
-        first = advantages[:, :1]  # (B, 1)
-        if not torch.equal(advantages, first.expand_as(advantages)):
+        if not torch.equal(advantages, advantages[:, :1].expand_as(advantages)):  # one advantage per sequence
             raise ValueError(
                 "dfpo_loss is sequence-level: (B, T) advantages must be constant along T "
                 "(got token-varying advantages); pass (B,) advantages"
             )
-        return first.squeeze(1)
+        return advantages[:, 0]
     raise ValueError(
         f"advantages must be ({batch},) or ({batch}, {length}) constant along T, got shape {tuple(advantages.shape)}"
     )
@@ -264,15 +238,10 @@ def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
     """(B,) one loss weight per sequence, detached; ones without weights. (B, T) weights (``token_*`` IS modes, the
     entropy mask) times a (B, 1) loss weigh sequence ``i``, under any ``loss_type``, by their mean over its valid
     tokens (0 for a row without any)."""
-    batch, length = mask.shape
+    weights = loss_weights(weights, mask.shape, mask.dtype)
     if weights is None:
-        return torch.ones(batch, dtype=mask.dtype, device=mask.device)
-    weights = weights.detach().to(mask.dtype)
-    if weights.dim() == 2 and weights.shape[0] == batch and weights.shape[1] == 1:
-        return weights.squeeze(1)
-    if weights.shape == (batch, length):
-        return masked_mean(weights, mask, dim=-1)
-    raise ValueError(f"importance_weights must be ({batch}, 1) or ({batch}, {length}), got {tuple(weights.shape)}")
+        return torch.ones(mask.shape[0], dtype=mask.dtype, device=mask.device)
+    return weights.squeeze(1) if weights.shape[1] == 1 else masked_mean(weights, mask, dim=-1)
 
 
 class SequenceWeights(NamedTuple):
@@ -313,30 +282,15 @@ def dfpo_loss(
     orthogonal_over: str = "all",
     importance_weights: Tensor | None = None,
 ) -> DFPOOutput:
-    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K): the module docstring and docs/dfpo.md. The settings
-    are not re-checked per call: `validate_dfpo` states their rules (`DFPOConfig` runs it once).
+    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K): the module docstring and docs/dfpo.md. Settings are
+    checked once, by `validate_dfpo` in `DFPOConfig`.
 
-    Args:
-        per_token_logps, old_per_token_logps, mask: (B, T) current and behaviour log-probs (the latter constant), and
-            the completion mask.
-        advantages: (B,) sequence advantages, or (B, T) / (B, 1) constant along T.
-        groups: the trainer's `Groups.contiguous(B, num_generations)` (reads nothing from the device), or (B,)
-            integer group ids in any order (`Groups.from_ids`).
-        transform, epsilon_low, epsilon_high, orth_floor: ``TRANSFORMS``; GSPO's clip range
-            ``[1 - eps_low, 1 + eps_high]``; Eq. 52's floor (``"orth_proj"``).
-        orthogonal_over: ``"all"`` (the paper): the transform ranges over every member with a valid token and a
-            non-zero loss weight, a clipped one counted at its bound although it carries no gradient; ``"unclipped"``
-            (projections only): over the members that carry gradient, so the shared-token gradient cancels under
-            clipping too; clipped members keep GSPO's constant value.
-        importance_weights: TRL's per-token loss weights (vLLM IS weights times the off-policy and entropy masks),
-            (B, 1) or (B, T), or None; applied here, not by the caller. The transform acts on ``s_bar_i w_i``
-            (`_sequence_is_weights`), so the cancellation includes them and a member with ``w_i = 0`` leaves its
-            group; under ``"none"`` they multiply GSPO's loss token by token, as TRL does.
-
-    Returns:
-        `DFPOOutput`: per_token_loss (B, 1) = ``-A_i s_til_i`` in value ((B, T) for ``"none"`` with (B, T) weights;
-        float32 for half / bf16 inputs); ``clip_ratio/low|high|region`` (B, 1) indicators with TRL's semantics; and
-        `weights`, from which `dfpo_diagnostics` computes the logged diagnostics.
+    (B, T) log-probs (old ones constant) and mask; advantages (B,), or (B, T) / (B, 1) constant along T; ``groups``
+    a `Groups` (the trainer's `Groups.contiguous(B, G)`) or (B,) integer ids. ``orthogonal_over``: the module
+    docstring. ``importance_weights``: TRL's per-token loss weights, (B, 1) or (B, T) or None, applied here: the
+    transform acts on ``s_bar_i w_i``, so the cancellation includes them (under ``"none"``: per token, as TRL).
+    Returns per_token_loss (B, 1) = ``-A_i s_til_i`` in value ((B, T) for ``"none"`` with (B, T) weights; float32
+    for half / bf16), TRL's (B, 1) clip indicators, and `weights` for `dfpo_diagnostics`.
     """
     check_token_inputs(per_token_logps, old_per_token_logps, mask)
     batch, length = per_token_logps.shape
@@ -361,16 +315,9 @@ def dfpo_loss(
     per_token_loss = (-adv * coefficient * torch.exp(seq.log_factor)).unsqueeze(-1)  # (B, 1) -A sg(s_til/s_bar) s_bar
     if transform == "none" and importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
         per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
-    with torch.no_grad():
-        lower, upper = seq.bounds
-        is_low = ((seq.s < lower) & (adv < 0)).float().unsqueeze(-1)  # (B, 1) TRL's indicators
-        is_high = ((seq.s > upper) & (adv > 0)).float().unsqueeze(-1)  # (B, 1)
-    metrics = {
-        "clip_ratio/low": is_low,
-        "clip_ratio/high": is_high,
-        "clip_ratio/region": torch.maximum(is_low, is_high),
-    }
-    return DFPOOutput(per_token_loss, metrics, seq._replace(s_til=s_til.detach(), groups=groups))
+    lower, upper = seq.bounds
+    metrics = clip_indicators(((seq.s < lower) & (adv < 0)).unsqueeze(-1), ((seq.s > upper) & (adv > 0)).unsqueeze(-1))
+    return DFPOOutput(per_token_loss, metrics, seq._replace(s_til=s_til.detach(), groups=groups))  # (B, 1) indicators
 
 
 def _post_clip(

@@ -1,7 +1,5 @@
-"""DFPO's diagnostics: what the trainer logs about the in-group transform (arXiv:2604.13088, Eq. 23 and 87; the
-cancellation residual is ours, see docs/dfpo.md). Computed from `dfpo_loss`'s `SequenceWeights` where they are logged
-(`DFPOTrainer.objective`), never inside the loss.
-"""
+"""DFPO's logged diagnostics (arXiv:2604.13088, Eq. 23 and 87; the cancellation residual is ours, docs/dfpo.md), from
+`dfpo_loss`'s `SequenceWeights` where they are logged (`DFPOTrainer.objective`), never inside the loss."""
 
 from __future__ import annotations
 
@@ -19,18 +17,9 @@ DIAGNOSTICS = ("dfpo/asym_before", "dfpo/asym_after", "dfpo/shrink", "dfpo/cance
 
 
 def dfpo_diagnostics(weights: SequenceWeights, loss_type: str = "dapo") -> dict[str, Tensor]:
-    """0-dim detached metrics of one `dfpo_loss` call (its output's `weights`).
-
-    ``dfpo/asym_before`` / ``dfpo/asym_after``: Eq. 23 ``Var_i(w_i A_i)`` (population variance) with
-    ``w = s_bar w_IS`` / ``w = s_til``, mean over groups. ``dfpo/shrink``: mean of ``s_til / (s_bar w_IS)`` (App. K's
-    phi_i, Eq. 87) over the transformed members of groups whose advantages take both signs.
-    ``dfpo/cancellation_residual``: per group ``|sum_i A_i c_i| / sum_i |A_i| c_i`` over the members with a non-zero
-    gradient, ``c_i`` the effective shared-token coefficient (``s_til_i``, times ``1 / |y_i|`` under
-    ``loss_type="grpo"``, which weighs the tokens of sequence ``i`` by ``1 / |y_i|``; the other loss types weigh every
-    token by one batch constant), averaged over the groups with at least two such members; 0 means a token shared by
-    the whole group gets no gradient (NaN: no group). ``dfpo/cancellation_residual_gspo``: the same with GSPO's weights
-    ``s_bar w_IS`` in place of ``s_til`` (the residual ``transform="none"`` leaves on the same batch).
-    """
+    """0-dim detached metrics of one `dfpo_loss` call (its output's `weights`), defined in docs/dfpo.md, Metrics:
+    Eq. 23's asymmetry before / after the transform, Eq. 87's mean shrink, and the cancellation residual of
+    ``s_til`` and of GSPO's ``s_bar w_IS`` on the same batch."""
     seq, adv, groups = weights, weights.advantages, weights.groups
     if not adv.numel():
         return dict.fromkeys(DIAGNOSTICS, torch.tensor(float("nan")))
@@ -53,11 +42,8 @@ def dfpo_diagnostics(weights: SequenceWeights, loss_type: str = "dapo") -> dict[
 
 
 def _mean_group_variance(values: Tensor, groups: Groups) -> Tensor:
-    """Mean over groups of the population variance of ``values`` within each group (Eq. 23).
-
-    In float64, saturated at float32's largest value: an unclipped ratio of e^50 (A < 0 keeps large ratios, Eq. 47)
-    squares to ~1e43, which would make the float32 metric inf and poison the logged mean.
-    """
+    """Mean over groups of the population variance of ``values`` within each group (Eq. 23), in float64 saturated at
+    float32's largest value: an unclipped ratio of e^50 (A < 0 keeps large ratios, Eq. 47) squares to ~1e43."""
     if groups.num_groups == 0:
         return values.new_full((), float("nan"))
     values = values.double()
@@ -69,11 +55,9 @@ def _mean_group_variance(values: Tensor, groups: Groups) -> Tensor:
 def _cancellation_residual(
     adv: Tensor, s_til: Tensor, carries: Tensor, lengths: Tensor, groups: Groups, loss_type: str
 ) -> Tensor:
-    """0-dim mean over groups of ``|sum_i A_i c_i| / sum_i |A_i| c_i`` (see `dfpo_loss`), in float64.
-
-    ``c_i`` is the coefficient of ``grad log p`` at a token of sequence ``i`` up to a batch constant: ``s_til_i``
-    (loss weight included) and, for ``loss_type="grpo"``, ``1 / |y_i|`` (the sequence mean of Eq. 44 is not undone
-    by a token sum). Only members with ``A_i c_i != 0`` that are unclipped and present count.
+    """0-dim mean over groups of ``|sum_i A_i c_i| / sum_i |A_i| c_i`` in float64, ``c_i`` the coefficient of
+    ``grad log p`` at a token of sequence ``i`` up to a batch constant: ``s_til_i``, times ``1 / |y_i|`` under
+    ``loss_type="grpo"`` (a token sum does not undo Eq. 44's sequence mean). Only members that carry gradient count.
     """
     adv, s_til = adv.double(), s_til.double()
     coef = s_til / lengths.double().clamp(min=1.0) if loss_type == "grpo" else s_til  # (B,)

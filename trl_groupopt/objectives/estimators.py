@@ -1,22 +1,8 @@
-"""Advantage estimators: which advantages the policy objective receives, chosen by a config's `advantage_estimator`.
-
-OTB (arXiv:2602.07078) changes the *advantages*; ECHO, CTPO, DFPO and GRPO-fix change the *policy objective*. A
-trainer picks its objective, its config the estimator from :data:`ESTIMATORS` (as verl picks `adv_estimator` and
-`loss_mode` independently). An estimator is a pure function ``estimate(inputs: EstimatorInputs, **knobs) ->
-EstimatorOutput`` plus what it needs from the trainer, declared once (the trainer provides exactly that):
-
-- ``needs_raw_rewards``: the weighted, un-normalised rewards (``inputs.rewards``);
-- ``needs_whole_groups``: micro-batches of whole groups, consecutive runs of ``inputs.group_size`` rows (the
-  trainer's ``num_generations``): group reductions are ``view(K, G)`` and read nothing from the device;
-- ``needs_energy``: the rollout policy's logit-gradient energy (``inputs.energy``, from the trainer's fused LM head,
-  ``trl_groupopt/trainers/energy.py``); no other estimator pays for it;
-- ``knobs``: the config fields it reads (keywords; ``validate`` checks them at config time);
-- ``per_token``: (B, T) advantages (objectives on sequence advantages, as DFPO's transforms, refuse them);
-- ``trl_advantages``: TRL's own advantages, so TRL's surrogate-replacing loss types (cispo, sapo, vespo) may run.
-
-Shipped: ``"grpo"`` (TRL's group-normalised advantages; the default), registered here, and the estimators that the
-package's modules register when `trl_groupopt.objectives` is imported (OTB's, in ``otb.py``). A third, e.g. RLOO's
-leave-one-out mean, is one :func:`register_estimator` call.
+"""Advantage estimators: which advantages the policy objective receives, chosen by a config's `advantage_estimator`
+(as verl picks `adv_estimator` and `loss_mode` independently). OTB (arXiv:2602.07078) changes the advantages; ECHO,
+CTPO, DFPO and GRPO-fix change the objective. An estimator is a pure ``estimate(inputs: EstimatorInputs, **knobs) ->
+EstimatorOutput`` plus what it needs from the trainer (`AdvantageEstimator`). Shipped: ``"grpo"`` (TRL's advantages,
+the default) and those the package's modules register (OTB's, in ``otb.py``). Adding one: docs/adding-a-method.md.
 """
 
 from __future__ import annotations
@@ -29,17 +15,6 @@ from torch import Tensor
 
 from ..registry import Registry
 from .common import Groups, as_groups
-
-__all__ = [
-    "ESTIMATORS",
-    "AdvantageEstimator",
-    "EstimatorInputs",
-    "EstimatorOutput",
-    "estimator_of",
-    "get_estimator",
-    "register_estimator",
-    "unregister_estimator",
-]
 
 
 @dataclass(frozen=True)
@@ -76,18 +51,19 @@ class EstimatorOutput:
 
 @dataclass(frozen=True)
 class AdvantageEstimator:
-    """One entry of :data:`ESTIMATORS` (module docstring for the fields)."""
+    """One entry of :data:`ESTIMATORS`: the function, and what it needs from the trainer (which provides exactly that)."""
 
     name: str
     estimate: Callable[..., EstimatorOutput]
     summary: str
-    knobs: tuple[str, ...] = ()
+    knobs: tuple[str, ...] = ()  # the config fields it reads (keywords), checked by `validate` at config time
     validate: Callable[..., None] | None = None
-    needs_raw_rewards: bool = False
+    needs_raw_rewards: bool = False  # the weighted, un-normalised rewards (`inputs.rewards`)
+    # micro-batches of whole groups, consecutive runs of `inputs.group_size` rows: reductions read nothing from device
     needs_whole_groups: bool = False
-    needs_energy: bool = False
-    per_token: bool = False
-    trl_advantages: bool = False
+    needs_energy: bool = False  # the rollout policy's logit-gradient energy (`trainers/energy.py`); no other pays it
+    per_token: bool = False  # (B, T) advantages (objectives on sequence advantages, as DFPO's transforms, refuse them)
+    trl_advantages: bool = False  # TRL's own: TRL's surrogate-replacing loss types (cispo, sapo, vespo) may run
     #: The knobs' config fields, `(name, type, dataclasses.field(...))` as `make_dataclass` takes them: every method
     #: config gets them (`trl_groupopt/trainers/config.py`).
     config_fields: tuple[tuple[str, Any, Any], ...] = ()
@@ -122,16 +98,9 @@ def estimator_of(config: Any) -> AdvantageEstimator:
     return get_estimator(getattr(config, "advantage_estimator", DEFAULT_ESTIMATOR))
 
 
-# ------------------------------------------------------------------------------------------------ grpo
 def _trl_advantages(inputs: EstimatorInputs) -> EstimatorOutput:
     return EstimatorOutput(inputs.trl_advantages)
 
 
-register_estimator(
-    AdvantageEstimator(
-        name="grpo",
-        estimate=_trl_advantages,
-        summary="TRL's group-normalised advantages (G_i - group mean, scaled as `scale_rewards` says)",
-        trl_advantages=True,
-    )
-)
+_GRPO_SUMMARY = "TRL's group-normalised advantages (G_i - group mean, scaled as `scale_rewards` says)"
+register_estimator(AdvantageEstimator("grpo", _trl_advantages, _GRPO_SUMMARY, trl_advantages=True))

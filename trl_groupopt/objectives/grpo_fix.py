@@ -14,6 +14,7 @@ from .common import (
     as_token_advantages,
     check_positive,
     check_token_inputs,
+    clip_indicators,
     compute_dtype,
     masked_sum,
     named,
@@ -27,9 +28,8 @@ __all__ = ["symmetric_clip_loss", "validate_grpo_fix"]
 def validate_grpo_fix(
     *, epsilon_high: float, orthogonal_over: str = "all", names: Mapping[str, str] | None = None
 ) -> None:
-    """Raise unless the upper clip ``1 + epsilon_high`` has a finite width > 0, and ``orthogonal_over`` is left at
-    ``"all"``: GRPO-fix clips each token on its own, with no in-group constraint to restrict (`DFPOConfig` runs it
-    once; `names`: see `common.named`)."""
+    """Raise unless ``epsilon_high`` is finite and > 0 and ``orthogonal_over`` is ``"all"`` (GRPO-fix has no in-group
+    constraint to restrict; `DFPOConfig` runs it once; `names`: see `common.named`)."""
     check_positive(**named(names, epsilon_high=epsilon_high), finite=True)
     if orthogonal_over != "all":
         (over_name,) = names_of(names, "orthogonal_over")
@@ -48,16 +48,13 @@ def symmetric_clip_loss(
     epsilon_high: float,
     importance_weights: Tensor | None = None,
 ) -> ObjectiveOutput:
-    """GRPO-fix: token-level ``-A * clip(r, 0, 1 + eps_high)`` for both advantage signs (Eq. 79-80): the clip alone,
-    not PPO's ``min(rA, clip(r) A)`` (App. H.3), so a token with ``r > 1 + eps`` gets no gradient whatever the sign of
-    ``A``; Eq. 80's ``1/G sum_i sum_t`` is the trainer's ``loss_type``; no lower clip (Eq. 79's 0 never binds).
+    """GRPO-fix: token-level ``-A * clip(r, 0, 1 + eps_high)`` for both signs of A (Eq. 79-80; not PPO's min, App. H.3):
+    no gradient where ``r > 1 + eps``; Eq. 80's ``1/G sum_i sum_t`` is the trainer's ``loss_type``.
 
-    ``per_token_logps``, ``old_per_token_logps`` (constant), ``mask``: (B, T); ``advantages``: (B,), (B, 1) or (B, T);
-    ``importance_weights``: TRL's per-token loss weights, (B, 1) or (B, T) or None, multiplied after the clip as TRL
-    does (not again by the caller). Returns per_token_loss (B, T) before masking; metrics ``clip_ratio/high`` (B, T)
-    ``r > 1 + eps_high`` with ``A > 0`` (TRL's semantics), ``clip_ratio/low`` 0, ``clip_ratio/region`` either, and
-    ``dfpo/sym_clip_ratio``: the fraction of valid tokens with ``r > 1 + eps_high`` for any sign (every token whose
-    gradient the clip removes).
+    (B, T) log-probs (old ones constant) and mask; advantages (B,), (B, 1) or (B, T); ``importance_weights``: TRL's
+    per-token loss weights, (B, 1) or (B, T) or None, multiplied after the clip as TRL does. Returns per_token_loss
+    (B, T) before masking; TRL's clip indicators (high: ``r > 1 + eps_high`` with ``A > 0``; low: 0), and
+    ``dfpo/sym_clip_ratio``: the fraction of valid tokens with ``r > 1 + eps_high`` for any sign.
     """
     check_token_inputs(per_token_logps, old_per_token_logps, mask)
     batch, length = per_token_logps.shape
@@ -85,11 +82,6 @@ def symmetric_clip_loss(
         above = (ratio > upper).to(dtype)  # (B, T)
         high = above * (adv.expand_as(ratio) > 0).to(dtype)  # (B, T)
         count = mask_f.sum()
-        metrics = {
-            # per-token indicators (reduced token-weighted over processes by the trainer); no lower bound, low is 0
-            "clip_ratio/low": torch.zeros_like(high, dtype=torch.float32) * mask_f,  # (B, T)
-            "clip_ratio/high": (high * mask_f).float(),  # (B, T)
-            "clip_ratio/region": (high * mask_f).float(),  # (B, T)
-            "dfpo/sym_clip_ratio": nan_if_empty(masked_sum(above, mask_f) / count.clamp(min=1), count),
-        }
+        metrics = clip_indicators(torch.zeros_like(high), high * mask_f)  # (B, T) each; no lower bound, low is 0
+        metrics["dfpo/sym_clip_ratio"] = nan_if_empty(masked_sum(above, mask_f) / count.clamp(min=1), count)
     return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)

@@ -6,12 +6,9 @@ this code and every deviation from the paper and from verl's reference estimator
     b_t  = sum_i mask_it W_it G_i / (sum_i mask_it W_it + 1e-8)        baseline (Thm. 4.1), active members at t
     A_it = (G_i - b_t) * mask_it                                       no std normalisation
 
-``token_positions``: what ``t`` indexes when a mask has holes (tool results): ``"valid"``, the t-th *generated* token
-of every member (verl's tool-use estimator), or ``"absolute"``, the column (its single-turn one). ``handle_zero_tail``
-zeroes the baseline of a group's unique longest member past the second-longest, where it would be compared with
-itself. Members without a score (NaN reward) or a valid token leave their group; a group of one has baseline 0. Where
-a position's summed energy is ~0, ``b_t`` is the plain mean of the active returns (not 0 through the 1e-8), and a
-group whose returns are all equal gets advantage exactly 0 (both against verl, docs/otb.md).
+``token_positions``: what ``t`` indexes under a tool mask, ``"valid"`` (the t-th generated token) or ``"absolute"``
+(the column). ``handle_zero_tail`` zeroes the baseline of a group's unique longest member past the second-longest.
+Members without a score (NaN) or a valid token leave their group; near-zero energy and equal-return groups: docs/otb.md.
 """
 
 from __future__ import annotations
@@ -39,17 +36,11 @@ MIN_SUMMED_ENERGY = 1e-6
 
 
 def logit_gradient_energy(
-    logits: Tensor,
-    token_ids: Tensor,
-    temperature: float = 1.0,
-    *,
-    chunk_size: int = DEFAULT_ENERGY_CHUNK_SIZE,
+    logits: Tensor, token_ids: Tensor, temperature: float = 1.0, *, chunk_size: int = DEFAULT_ENERGY_CHUNK_SIZE
 ) -> Tensor:
-    """Logit-gradient energy ``e = ||d log softmax(z)_y / dz||^2 = 1 - 2 p_y + sum_v p_v^2`` from (..., V) logits of
-    the rollout policy and (...) sampled ids, ``z = logits / temperature``; (...) energies, float32 (float64 for
-    float64 logits), without gradient. At most a (chunk_size, V) upcast copy of the logits exists at a time. The
-    trainer reads the energy from TRL's fused head instead (`energy_from_log_probs`); this is the tests' reference.
-    """
+    """Logit-gradient energy ``e = ||d log softmax(z)_y / dz||^2 = 1 - 2 p_y + sum_v p_v^2``, ``z = logits / T``, from
+    (..., V) logits and (...) sampled ids: (...), float32 (float64 for float64 logits), no gradient, at most one
+    (chunk_size, V) upcast copy at a time. The tests' reference; the trainer uses `energy_from_log_probs`."""
     if not logits.is_floating_point() or token_ids.shape != logits.shape[:-1] or token_ids.is_floating_point():
         raise ValueError(
             f"logits must be float (..., V) and token_ids integer (...): got {logits.dtype} {tuple(logits.shape)}, "
@@ -77,12 +68,6 @@ def logit_gradient_energy(
     return out.view(token_ids.shape)  # (...)
 
 
-def _valid_first_order(active: Tensor) -> Tensor:
-    """(B, T) per-row stable permutation putting each row's valid positions first: gathering with it compacts the
-    valid tokens to the left (column k = the k-th valid token), scattering with it puts them back."""
-    return torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T)
-
-
 def otb_advantages(
     rewards: Tensor,
     energy: Tensor,
@@ -95,26 +80,21 @@ def otb_advantages(
     epsilon: float = 1e-8,
     check_values: bool = False,
 ) -> Tensor:
-    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`).
+    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`): (B, T), detached,
+    float32 (float64 if any input is), 0 at masked positions and on rows with a NaN reward.
 
-    Args:
-        rewards: (B,) raw outcome rewards G_i (weighted sum over reward sources, uncentred); NaN: unscorable.
-        energy: (B, T) per-token energy e_t >= 0 (`energy_from_log_probs`).
-        mask: (B, T) loss mask: nonzero at generated tokens trained on, zero at padding and tool results.
-        groups: the trainer's `common.Groups.contiguous(B, num_generations)` (reads nothing from the device), or (B,)
-            integer group ids in any order.
-        handle_zero_tail, token_positions: the module docstring (verl defaults the first to True for tool use only).
-        importance_weights: optional (B, T) rollout importance weights w; energies become w^2 e.
-        epsilon: added to the denominator of b_t (1e-8 as in the reference).
-        check_values: also raise on +-inf rewards and on non-finite or negative energies at valid positions. Off by
-            default: reading values stalls a GPU; the trainer checks the rewards once per generation batch
-            (`checks.check_finite_rewards`), and its energies are non-negative by construction.
-
-    Returns:
-        (B, T) advantages, detached, float32 (float64 if any input is float64); 0 at masked positions and on rows
-        with a NaN reward. `token_positions` is checked once, by the estimator's config validation.
+    ``rewards`` (B,) raw weighted rewards G_i, NaN: unscorable; ``energy`` (B, T) e_t >= 0; ``mask`` (B, T) loss mask
+    (0 at padding and tool results); ``groups`` a `Groups` or (B,) integer ids; ``importance_weights`` optional (B, T)
+    rollout IS weights w (energies become w^2 e); ``epsilon``: the reference's 1e-8 in b_t's denominator.
+    ``check_values`` also rejects +-inf rewards and non-finite or negative energies: off by default, as reading values
+    stalls a GPU (the trainer checks rewards once per generation batch; its energies are >= 0 by construction).
     """
-    _check_inputs(rewards, energy, mask, importance_weights)
+    shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]  # one (B, T) shape
+    if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
+        raise ValueError(
+            f"rewards must be (B,) and energy, mask, importance_weights one (B, T) shape, got {tuple(rewards.shape)}, "
+            f"{shapes}"
+        )
     groups = as_groups(groups, rewards.shape[0])
 
     dtype = compute_dtype(rewards, energy, importance_weights)
@@ -135,27 +115,18 @@ def otb_advantages(
         if token_positions == "valid":
             # Compact each row's valid tokens to the left: column k is then its k-th valid token, and the rest of
             # the computation below is the absolute-position estimator on right-padded rows.
-            order = _valid_first_order(active)  # (B, T)
+            order = torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T) valid ones first
             e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
 
-        baseline = _token_baseline(e, active, returns, member, groups, epsilon)  # (B, T)
+        shared = groups.rows(member.to(torch.int64), "sum") > 1  # (B,) the row's group has two or more members
+        baseline = _token_baseline(e, active, returns, shared, groups, epsilon)  # (B, T)
         if handle_zero_tail:
-            baseline = _zero_tail(baseline, active, member, groups)  # (B, T)
-        trains = active & ~_constant_group(returns, member, groups).unsqueeze(-1)  # (B, T)
+            baseline = _zero_tail(baseline, active, member, shared, groups)  # (B, T)
+        trains = active & ~_constant_group(returns, member, shared, groups).unsqueeze(-1)  # (B, T)
         advantages = torch.where(trains, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
         if order is not None:  # back to the columns of the input
             advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
     return advantages
-
-
-def _check_inputs(rewards: Tensor, energy: Tensor, mask: Tensor, importance_weights: Tensor | None) -> None:
-    """Shapes of `otb_advantages`' tensors: rewards (B,), energy, mask and importance weights one (B, T) shape."""
-    shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]
-    if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
-        raise ValueError(
-            f"rewards must be (B,) and energy, mask, importance_weights one (B, T) shape, got {tuple(rewards.shape)}, "
-            f"{shapes}"
-        )
 
 
 def _check_values(rewards: Tensor, e: Tensor) -> None:
@@ -178,59 +149,50 @@ def _active_energy(energy: Tensor, importance_weights: Tensor | None, active: Te
 
 
 def _token_baseline(
-    e: Tensor, active: Tensor, returns: Tensor, member: Tensor, groups: Groups, epsilon: float
+    e: Tensor, active: Tensor, returns: Tensor, shared: Tensor, groups: Groups, epsilon: float
 ) -> Tensor:
     """(B, T) ``b_t`` of each row's group (Theorem 4.1) over its members active at ``t``; the plain mean of their
     returns where their summed energy is at most `MIN_SUMMED_ENERGY`; 0 for a group of one."""
     cum_energy = e.cumsum(-1)  # (B, T) W_t, including t (e is 0 off the mask)
     weight = torch.where(active, cum_energy, torch.zeros_like(cum_energy))  # (B, T) mask_t W_t
     # Per-group, per-position sums over the active members: (K, T), broadcast back to rows
-
-    def per_group(values: Tensor) -> Tensor:  # (B, T) -> (K, T) sums over each group's rows
-        return groups.reduce(values, "sum")
-
-    numer = per_group(weight * returns.unsqueeze(-1))  # (K, T)
-    denom = per_group(weight)  # (K, T)
+    numer = groups.reduce(weight * returns.unsqueeze(-1), "sum")  # (K, T)
+    denom = groups.reduce(weight, "sum")  # (K, T)
     weighted = numer / (denom + epsilon)  # (K, T)
-    count = per_group(active.to(weight.dtype))  # (K, T) active members
-    plain = per_group(torch.where(active, returns.unsqueeze(-1), torch.zeros_like(weight))) / count.clamp_min(1.0)
+    count = groups.reduce(active.to(weight.dtype), "sum").clamp_min(1.0)  # (K, T) active members
+    plain = groups.reduce(torch.where(active, returns.unsqueeze(-1), torch.zeros_like(weight)), "sum") / count
     baseline = groups.broadcast(torch.where(denom > MIN_SUMMED_ENERGY, weighted, plain))  # (B, T)
     # A group of one member has nothing to compare with: baseline 0 (verl: N == 1)
-    n_members = groups.rows(member.to(torch.int64), "sum")  # (B,)
-    return torch.where(n_members.unsqueeze(-1) > 1, baseline, torch.zeros_like(baseline))  # (B, T)
+    return torch.where(shared.unsqueeze(-1), baseline, torch.zeros_like(baseline))  # (B, T)
 
 
-def _constant_group(returns: Tensor, member: Tensor, groups: Groups) -> Tensor:
+def _constant_group(returns: Tensor, member: Tensor, shared: Tensor, groups: Groups) -> Tensor:
     """(B,) whether the row is a member of a group of two or more members that all have the same return."""
     lowest = groups.rows(torch.where(member, returns, torch.full_like(returns, torch.inf)), "amin")  # (B,)
     highest = groups.rows(torch.where(member, returns, torch.full_like(returns, -torch.inf)), "amax")  # (B,)
-    n_members = groups.rows(member.to(torch.int64), "sum")  # (B,)
-    return member & (n_members > 1) & (lowest == highest)  # (B,)
+    return member & shared & (lowest == highest)  # (B,)
 
 
-def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, groups: Groups) -> Tensor:
+def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, shared: Tensor, groups: Groups) -> Tensor:
     """`baseline` with 0 on a group's unique longest member past the second-longest valid-token count (verl)."""
     # verl: lengths are valid-token counts; non-members get -1 so they never rank
     lengths = torch.where(member, active.sum(-1), torch.full_like(member, -1, dtype=torch.int64))  # (B,)
     longest = groups.rows(lengths, "amax")  # (B,)
     is_longest = member & (lengths == longest)  # (B,)
     n_longest = groups.rows(is_longest.to(torch.int64), "sum")  # (B,)
-    n_members = groups.rows(member.to(torch.int64), "sum")  # (B,)
     second = groups.rows(torch.where(is_longest, torch.full_like(lengths, -1), lengths), "amax")  # (B,)
-    unique_longest = is_longest & (n_longest == 1) & (n_members > 1)  # (B,)
+    unique_longest = is_longest & (n_longest == 1) & shared  # (B,)
     positions = torch.arange(baseline.shape[1], device=baseline.device)  # (T,)
     tail = unique_longest.unsqueeze(-1) & (positions >= second.unsqueeze(-1))  # (B, T)
     return torch.where(tail, torch.zeros_like(baseline), baseline)  # (B, T)
 
 
-# ------------------------------------------------------------------------------------------------ otb
 def otb_metrics(
     rewards: Tensor, energy: Tensor, advantages: Tensor, mask: Tensor, groups: Groups | Tensor
 ) -> tuple[dict[str, Tensor], Tensor]:
-    """OTB's per-token metrics and the mask to average them over (scored, valid tokens; values there only, so padding's
-    non-finite values never reach a sum). `otb/grad_second_moment` is E[A^2 ||grad log p||^2] (energy as the squared
-    norm), `otb/grad_second_moment_group_mean_baseline` the same with the group-mean baseline's advantages: the
-    mechanism shows as the first below the second."""
+    """OTB's (B, T) metrics and the mask to average them over (scored valid tokens; padding's non-finite values never
+    reach a sum). The mechanism shows as `otb/grad_second_moment`, E[A^2 ||grad log p||^2] with the energy as the
+    squared norm, below `otb/grad_second_moment_group_mean_baseline` (the group-mean baseline's advantages)."""
     valid = (mask != 0) & (~torch.isnan(rewards)).unsqueeze(1)  # (B, T)
     returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
     baseline = returns - advantages  # (B, T) b_t where valid
@@ -257,8 +219,7 @@ def _validate_otb_knobs(*, otb_token_positions: str, otb_handle_zero_tail: bool 
 
 
 def otb_zero_tail(otb_handle_zero_tail: bool | None, tool_use: bool) -> bool:
-    """`otb_handle_zero_tail` with `None` resolved per batch: on for tool-use batches (verl's defaults for its
-    tool-use and single-turn estimators)."""
+    """`otb_handle_zero_tail`, `None` resolved per batch: on for tool-use batches (verl's two estimators' defaults)."""
     return tool_use if otb_handle_zero_tail is None else bool(otb_handle_zero_tail)
 
 
@@ -279,8 +240,15 @@ def _otb(inputs: EstimatorInputs, *, otb_token_positions: str, otb_handle_zero_t
     return EstimatorOutput(advantages, metrics, valid)
 
 
-#: The "otb" advantage estimator, which every method config may select (registered when `trl_groupopt.objectives` is
-#: imported, as every module of the package is).
+_POSITIONS_HELP = (
+    "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th generated token, "
+    "verl's tool-use estimator) or 'absolute' (column index, verl's single-turn estimator). Identical without holes."
+)
+_ZERO_TAIL_HELP = (
+    "advantage_estimator='otb': baseline 0 on a group's unique longest completion past the second-longest. Default "
+    "(unset): on for tool-use batches (tool_mask), off otherwise, as verl's two estimators."
+)
+#: The "otb" advantage estimator, which every method config may select.
 register_estimator(
     AdvantageEstimator(
         name="otb",
@@ -292,28 +260,9 @@ register_estimator(
             (
                 "otb_token_positions",
                 str,
-                field(
-                    default="valid",
-                    metadata={
-                        "help": "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th "
-                        "generated token, verl's tool-use estimator) or 'absolute' (column index, verl's single-turn "
-                        "estimator). Identical without holes.",
-                        "choices": list(TOKEN_POSITIONS),
-                    },
-                ),
+                field(default="valid", metadata={"help": _POSITIONS_HELP, "choices": list(TOKEN_POSITIONS)}),
             ),
-            (
-                "otb_handle_zero_tail",
-                bool | None,
-                field(
-                    default=None,
-                    metadata={
-                        "help": "advantage_estimator='otb': baseline 0 on a group's unique longest completion past the "
-                        "second-longest. Default (unset): on for tool-use batches (tool_mask), off otherwise, as verl's two "
-                        "estimators."
-                    },
-                ),
-            ),
+            ("otb_handle_zero_tail", bool | None, field(default=None, metadata={"help": _ZERO_TAIL_HELP})),
         ),
         validate=_validate_otb_knobs,
         needs_raw_rewards=True,

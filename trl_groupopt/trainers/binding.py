@@ -1,9 +1,6 @@
-"""The one binding of a method config to its objective: config fields named after the objective's arguments.
-
-A method config sets its objective's keyword arguments through fields named by one rule (`config_fields`), validates
-them once with the objective's ``validate_<method>`` under those names (`validate_config`, so an error names the field
-the user set), and its trainer calls the objective with the same values (`config_arguments`).
-"""
+"""The one binding of a method config to its objective: fields named after the objective's keyword arguments by one
+rule (`config_fields`), validated once under those names (`validate_config`), passed by the trainer
+(`config_arguments`)."""
 
 from __future__ import annotations
 
@@ -15,13 +12,9 @@ __all__ = ["config_arguments", "config_fields", "validate_config"]
 
 
 def config_fields(function: Callable, config: Any, prefix: str = "") -> dict[str, str]:
-    """``{argument: config field}`` for the keyword-only arguments of ``function`` (an objective) that ``config`` sets.
-
-    The one rule that binds a method's config to its objective: argument ``a`` is read from the field
-    ``<prefix>a`` (e.g. ``dfpo_transform`` for ``transform``), else ``a``, else, for ``x_low``, ``x`` (TRL names a
-    lower clip ``epsilon`` and its upper one ``epsilon_high``). The config validates with the same names, so an
-    error names the field the user set.
-    """
+    """``{argument: config field}`` for the keyword-only arguments of ``function`` that ``config`` sets: argument
+    ``a`` is the field ``<prefix>a`` (``dfpo_transform``), else ``a``, else, for ``x_low``, ``x`` (TRL's lower clip
+    is ``epsilon``, its upper one ``epsilon_high``)."""
     fields = {}
     for name, parameter in inspect.signature(function).parameters.items():
         if parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
@@ -44,6 +37,6 @@ def config_arguments(function: Callable, config: Any, prefix: str = "") -> dict[
 
 
 def validate_config(validate: Callable, config: Any, prefix: str = "") -> None:
-    """Run an objective's ``validate_<method>`` on the config fields that set its arguments (`config_arguments`),
-    so that an error names the field (e.g. ``dfpo_transform``), not the argument: the configs' one check."""
+    """Run an objective's ``validate_<method>`` on the config's fields (`config_arguments`), so that an error names
+    the field (e.g. ``dfpo_transform``), not the argument: the configs' one check."""
     validate(**config_arguments(validate, config, prefix), names=config_fields(validate, config, prefix))

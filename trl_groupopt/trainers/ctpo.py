@@ -1,5 +1,5 @@
-"""CTPO (cumulative token ratio, position-adaptive log-space clip): config and trainer. Paper and registry entry:
-`trl_groupopt/methods/ctpo.py`; equations: `trl_groupopt.objectives.ctpo`; derivations: docs/ctpo.md."""
+"""CTPO (cumulative token ratio, position-adaptive log-space clip): config and trainer. Equations:
+`trl_groupopt.objectives.ctpo`; docs/ctpo.md."""
 
 from __future__ import annotations
 
@@ -23,18 +23,11 @@ PREFIX = "ctpo_"
 @dataclass(repr=False)
 class CTPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     r"""
-    Configuration class for [`CTPOTrainer`]: every parameter of [`trl.GRPOConfig`], CTPO's own fields (each with its
-    `help`), and the authors' defaults (`ctpo.sh` in github.com/horizon-llm/CTPO): `epsilon` / `epsilon_high` are
-    *log-space* bounds per unit of `t**p` (the cumulative log ratio at valid position `t` is clipped to
-    `[-epsilon * t**p, epsilon_high * t**p]`), `ctpo_dual_clip` caps the loss of a token with `A < 0` at
-    `-A * exp(ctpo_dual_clip * t**p)`, `ctpo_position_power` defaults to the mode's recommendation (`0.5` for
-    `"cumprod"`, `-0.5` for `"geomean"`), the vLLM correction is sequence-level truncated IS capped at 5, `loss_type`
-    is token-mean, `beta` is 0.
-
-    Schedule. CTPO's clips only act off-policy (on-policy it is token-level GRPO). When none of
-    `steps_per_generation`, `generation_batch_size` and `num_iterations` is set, CTPOConfig uses the authors' 16
-    optimizer steps per rollout (512 prompts per rollout, mini-batches of 32; `OffPolicyScheduleMixin`). Set any of
-    the three to choose another schedule; an on-policy one makes the trainer warn.
+    Configuration class for [`CTPOTrainer`]: every parameter of [`trl.GRPOConfig`], CTPO's own fields, and the
+    authors' defaults (`ctpo.sh` in github.com/horizon-llm/CTPO): `epsilon` / `epsilon_high` are *log-space* bounds
+    per unit of `t**p`, the vLLM correction is sequence-level truncated IS capped at 5, `loss_type` is token-mean,
+    `beta` 0. Without a schedule set, the authors' 16 optimizer steps per rollout (`OffPolicyScheduleMixin`; CTPO's
+    clips act only off-policy). docs/ctpo.md.
     """
 
     #: The authors' schedule (ctpo.sh): a 512-prompt rollout trained in mini-batches of 32 prompts.

@@ -1,6 +1,4 @@
-"""DFPO (in-group re-weighting on GSPO that restores token-gradient cancellation) and GRPO-fix: config and trainer.
-Paper and registry entries: `trl_groupopt/methods/dfpo.py`; equations: `trl_groupopt/objectives/dfpo.py`, docs/dfpo.md.
-"""
+"""DFPO and GRPO-fix: config and trainer. Equations: `trl_groupopt/objectives/dfpo.py`; docs/dfpo.md."""
 
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 #: DFPOConfig's fields for `dfpo_loss`'s arguments: `dfpo_<argument>`, and TRL's `epsilon` / `epsilon_high`.
 PREFIX = "dfpo_"
 
-#: The opening words of TRL's warning (`GRPOTrainer.__init__`, trl 1.16.0) for sequence-level ratios with a token-sum loss
-#: type, which advises loss_type="grpo": the opposite of DFPO's choice, so the trainer replaces it with `SUM_LOSS_NOTE`
-#: (formatted with the trainer's `args`).
+#: The opening words of TRL's warning (`GRPOTrainer.__init__`, trl 1.16.0) advising loss_type="grpo" with sequence-level
+#: ratios: the opposite of DFPO's choice, so the trainer replaces it with `SUM_LOSS_NOTE` (formatted with its `args`).
 TRL_SEQUENCE_LOSS_ADVICE = "When using `importance_sampling_level='sequence'`, the `'"
 SUM_LOSS_NOTE = (
     "DFPOTrainer: loss_type={args.loss_type!r} with sequence-level ratios is deliberate: it weighs every token by one batch "
@@ -43,23 +40,10 @@ GRPO_FIX_EPSILON_HIGH = 0.2
 @dataclass(repr=False)
 class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig):
     r"""
-    Configuration class for [`DFPOTrainer`]: every parameter of [`trl.GRPOConfig`], and DFPO's. DFPO re-weights the
-    GSPO sequence ratios inside each group (App. B of the paper); `dfpo_transform="symmetric_clip"` selects GRPO-fix
-    instead (App. H, Eq. 80: token-level `-A * clip(r, 0, 1 + epsilon_high)` for both advantage signs).
-
-    With on-policy data (`steps_per_generation == gradient_accumulation_steps`, `num_iterations == 1`, no vLLM IS
-    correction) every GSPO ratio is exactly 1 and every transform is the identity: DFPO only differs from GSPO
-    off-policy. What the transforms guarantee, and under which settings, is in docs/dfpo.md.
-
-    Fields beyond their `help`: `dfpo_orthogonal_over="all"` is the paper's constraint, under which a clipped member
-    carries no gradient but counts, so the shared-token gradient does not cancel under clipping; `"unclipped"` (the
-    projections only) keeps it exact. Under both, a member that TRL's loss weights drop (off-policy mask, vLLM IS
-    `*_mask` modes, no high-entropy token) leaves its group, and the weights enter the transform. `epsilon` /
-    `epsilon_high` default to GSPO's `3e-4` / `4e-4` (GRPO-fix: `0.2`, no lower clip); `importance_sampling_level`
-    is fixed by the mode. A per-token estimator (`"otb"`) is refused by the transforms (one advantage per sequence),
-    taken by GRPO-fix. `loss_type="dapo"` weighs every token by one batch constant, so a token shared by a group
-    cancels whatever the lengths (as `"luspo"`, `"dr_grpo"`, `"bnpo"`; for GRPO-fix it is Eq. 80's token sum up to
-    that constant); `"grpo"` (GSPO's recipe) weighs sequence `i` by `1/|y_i|` and breaks it. Details: docs/dfpo.md.
+    Configuration class for [`DFPOTrainer`]: every parameter of [`trl.GRPOConfig`], and DFPO's (App. B: in-group
+    re-weighting of GSPO's ratios; `dfpo_transform="symmetric_clip"`: GRPO-fix, App. H). `epsilon` / `epsilon_high`
+    default to GSPO's `3e-4` / `4e-4` (GRPO-fix: `0.2`); `importance_sampling_level` is fixed by the mode. What the
+    transforms guarantee, and why per-token advantages and `loss_type="grpo"` break it: docs/dfpo.md.
     """
 
     dfpo_transform: str = field(

@@ -1,5 +1,4 @@
-"""ECHO (clip at batch, learn at token): config and trainer. Paper and registry entry: `trl_groupopt/methods/echo.py`;
-equations: `trl_groupopt.objectives.echo`; derivations and deviations: docs/echo.md."""
+"""ECHO (clip at batch, learn at token): config and trainer. Equations: `trl_groupopt.objectives.echo`; docs/echo.md."""
 
 from __future__ import annotations
 
@@ -29,34 +28,10 @@ GLOBAL_SCOPE_LOSS_TYPES = ("dapo", "dr_grpo")
 @dataclass(repr=False)
 class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     r"""
-    Configuration class for [`ECHOTrainer`]: every parameter of [`trl.GRPOConfig`], and ECHO's. ECHO clips the
-    geometric batch ratio `R = exp(mean of the token log-ratios)` to `[1 - batch_epsilon, 1 + batch_epsilon_high]`
-    (Eq. 7), scales every token ratio by `clip(R) / sg(R)` (Eq. 8), then applies the token clip with `epsilon` /
-    `epsilon_high` (Eq. 11). The paper uses one epsilon for both clips, hence the defaults.
-
-    Schedule. The batch clip only acts off-policy. When none of `steps_per_generation`, `generation_batch_size` and
-    `num_iterations` is set, ECHOConfig uses the paper's schedule of 8 optimizer steps per rollout (a 512-prompt rollout
-    in mini-batches of 64 prompts; `OffPolicyScheduleMixin`). Set any of the three to choose another schedule; an
-    on-policy one makes the trainer warn.
-
-    Which tokens form R (`batch_ratio_scope`). The paper forms R over a PPO mini-batch, i.e. over all the tokens of one
-    optimizer step: that is `"step"` (every gradient-accumulation micro-batch on every process). `"global"` spans the
-    processes' current micro-batches only, `"micro_batch"` this process's micro-batch only (with the default
-    `per_device_train_batch_size`, one group: a noisy R that clips for the wrong reasons). `"step"` and `"global"` are
-    exact: the accumulated (and process-summed) gradient equals the gradient of the objective formed over the whole
-    step (resp. the union of the micro-batches), including the coupling term of Eq. 34 and TRL's per-token loss
-    multipliers (vLLM importance-sampling weights in every mode, entropy mask, off-policy mask): with `use_vllm=True`
-    the default stays `"step"`.
-
-    Cost of `"step"`: at the first micro-batch of each optimizer step, one extra no-grad forward of each of the step's
-    micro-batches, plus two scalar all-reduces: 1.4-1.5x the loss-and-backward time of `"micro_batch"` on CPU
-    (~1.33x is the large-model limit), a fraction of that end to end, where generation dominates (docs/echo.md).
-
-    `batch_epsilon` defaults to `epsilon` (the paper's single epsilon), `batch_epsilon_high` to `batch_epsilon`;
-    `token_clip=False` trains with the batch clip alone (`-rho * A`); `loss_type` is token-mean (Eq. 11). Default
-    `batch_ratio_scope`: `"step"` when the configuration allows it (the default one does), else `"global"`, else
-    `"micro_batch"`, with a warning naming what prevented `"step"`. The wide scopes need one shared loss normaliser
-    (`dapo`, `dr_grpo`), and `"step"` every optimizer step inside one generation batch.
+    Configuration class for [`ECHOTrainer`]: every parameter of [`trl.GRPOConfig`], and ECHO's: the batch clip of R
+    (Eq. 7, `batch_epsilon*`, defaulting to the paper's one `epsilon`) and the token clip (Eq. 11). Without a schedule
+    set, the paper's 8 optimizer steps per rollout (`OffPolicyScheduleMixin`). `batch_ratio_scope` (which tokens form
+    R; `"step"` when the configuration allows it), its exactness and cost: docs/echo.md.
     """
 
     #: The paper's schedule: a 512-prompt rollout trained in mini-batches of 64 prompts.

@@ -1,6 +1,4 @@
-"""OTB (advantages `G_i - b_t` from the optimal token baseline) on TRL's policy loss: the `"otb"` estimator
-(`trl_groupopt/objectives/estimators.py`) with TRL's objective. Paper and registry entry: `trl_groupopt/methods/otb.py`;
-equations: `trl_groupopt.objectives.otb`, docs/otb.md; the energy comes from TRL's own forwards (`energy.py`)."""
+"""OTB: TRL's policy loss on the `"otb"` estimator's advantages (`trl_groupopt.objectives.otb`, docs/otb.md)."""
 
 from __future__ import annotations
 
@@ -16,24 +14,11 @@ from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 @dataclass(repr=False)
 class OTBConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig):
     r"""
-    Configuration class for [`OTBTrainer`].
-
-    Inherits every parameter of [`trl.GRPOConfig`]; the policy loss is TRL's (set by `loss_type`,
-    `importance_sampling_level`, `epsilon`...), only the advantages change: `A_it = G_i - b_t` with the optimal token
-    baseline `b_t` of the group (raw rewards, no std normalisation; `docs/otb.md`). This is `advantage_estimator="otb"`,
-    which every method config offers: `ECHOConfig(advantage_estimator="otb")` is ECHO's objective on these advantages.
-
-    The paper's claim: OTB with a group of N=4 matches a group-mean baseline with N=32; `benchmarks/sample_efficiency.py`
-    tests it here (OTB N=4 against GRPO N=4 and N=16 at equal prompts).
-
-    The defaults reproduce verl's two reference estimators with their own defaults: a single-turn batch (no
-    `tool_mask`) gets `optimal_token_baseline` (no zero tail), a multi-turn tool-use batch (TRL's `tool_mask`, from
-    `tools`, `environment_factory` or a `rollout_func`'s `env_mask`) gets `tir_optimal_token_baseline` (valid-token
-    positions, zero tail on).
-
-    Its own fields: `advantage_estimator` (fixed, `"otb"`), `scale_rewards` (`"none"`, as the reference: only TRL's
-    logged advantages use it), and the estimator's knobs `otb_token_positions`, `otb_handle_zero_tail`
-    (`AdvantageEstimatorConfigMixin`, shared by every method config, documents both; docs/otb.md).
+    Configuration class for [`OTBTrainer`]: every parameter of [`trl.GRPOConfig`]. The policy loss is TRL's; only the
+    advantages change, `A_it = G_i - b_t` (`advantage_estimator="otb"`, fixed here and offered by every method
+    config), on raw rewards (`scale_rewards="none"`, as the reference). The defaults reproduce verl's single-turn
+    and tool-use estimators, each in its setting (docs/otb.md); the paper's N=4-matches-N=32 claim is tested by
+    `benchmarks/sample_efficiency.py`.
     """
 
     advantage_estimator: str = field(default="otb", metadata={"help": "Fixed: 'otb' (OTB's advantages)."})
