@@ -1,11 +1,6 @@
-"""The numeric options every trainer checks at construction (issue 38), the baseline's plain `GRPOConfig` included.
-
-Each bad value raises a `ValueError` of one line naming the option, the value and the fix, instead of a
-`ZeroDivisionError` at the first step (`num_iterations=0`), a run that silently does something else (`max_steps=-5`
-trained by epochs, a negative `beta` rewards drifting from the reference, a NaN `max_grad_norm` turns every update
-into NaN), or a failure at the first loss (a negative `epsilon`). A `save_steps` that would make a resume inexact
-warns (`trl_groupopt.resume.inexact_resume_warning`).
-"""
+"""The numeric options every trainer checks at construction, a plain `GRPOConfig` included: one `ValueError` line
+naming the option and the fix, instead of a `ZeroDivisionError` (`num_iterations=0`) or a run that silently does
+something else (`max_steps=-5` trains by epochs, a NaN `max_grad_norm` makes every update NaN)."""
 
 from __future__ import annotations
 
@@ -23,7 +18,6 @@ def _number(value: Any) -> bool:
 
 
 def _problems(args: Any) -> list[str]:
-    """One line per option `args` cannot honour."""
     found = []
     num_iterations = getattr(args, "num_iterations", 1)
     if not isinstance(num_iterations, int) or num_iterations < 1:
@@ -49,7 +43,7 @@ def _problems(args: Any) -> list[str]:
 
 
 def check_numeric_args(trainer_name: str, args: Any) -> None:
-    """Raise one `ValueError` line per bad numeric option (see the module docstring); warn on an inexact resume."""
+    """Raise on the bad numeric options; warn on a `save_steps` that makes a resume inexact."""
     problems = _problems(args)
     if problems:
         raise ValueError(f"{trainer_name}: " + "; ".join(problems) + ".")

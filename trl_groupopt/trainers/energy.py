@@ -1,11 +1,8 @@
-"""Logit-gradient energy from the forwards TRL already runs, for advantage estimators that need it (OTB's).
+"""Logit-gradient energy from the forwards TRL already runs, for estimators that declare `needs_energy`.
 
-TRL's fused, tiled LM head can also return `log_sum_sq_probs = log sum_v p_v^2` (no gradient) from the same tiles.
-`EnergyCapture` (built only when the estimator declares `needs_energy`) asks the head for it and records, for each
-`_get_per_token_logps_and_entropies` call, the energy beside the log-probs it returned: no second forward, no
-(B, T, V) tensor, no module hook. Off-policy, the behaviour forward's energy (the policy that sampled, as verl) goes
-into the batch as `old_per_token_energy` and the training forward runs TRL's own head; on-policy the training
-forward's energy is used. `rollout_energy(inputs)` is what an estimator reads.
+TRL's fused, tiled LM head can also return `log_sum_sq_probs = log sum_v p_v^2` (no gradient) from the same tiles:
+no second forward, no (B, T, V) tensor, no module hook. Off-policy, the behaviour forward's energy (the policy that
+sampled, as verl) goes into the batch as `old_per_token_energy` and the training forward runs TRL's own head.
 """
 
 from __future__ import annotations
@@ -25,16 +22,14 @@ __all__ = ["EnergyCapture"]
 
 
 class _EnergyRecord(NamedTuple):
-    """One `_get_per_token_logps_and_entropies` call: the log-probs it returned and their energy (None when the model
-    called has no `log_sum_sq_probs` field, e.g. a separate reference model)."""
+    """One `_get_per_token_logps_and_entropies` call (energy None for a model without `log_sum_sq_probs`)."""
 
     per_token_logps: Tensor  # (B, T)
     energy: Tensor | None  # (B, T), detached
 
 
 class _FusedOutputRecorder:
-    """Stands in for the model during one `_get_per_token_logps_and_entropies` call and keeps each forward's
-    `log_sum_sq_probs`. Calls and attribute reads go to the model (whatever wrapper it is: DDP, FSDP, PEFT) unchanged."""
+    """Stands in for the model (any wrapper) in one TRL log-prob call; keeps each forward's `log_sum_sq_probs`."""
 
     def __init__(self, model):
         self.model = model
@@ -50,9 +45,8 @@ class _FusedOutputRecorder:
 
 
 class EnergyCapture:
-    """The energy of every log-prob forward of `trainer` (see the module docstring), built after TRL's `__init__`,
-    which patched the head: re-patches the fused LM head (TRL's public helper, on the module TRL patched) so that it
-    also returns `log_sum_sq_probs` from the same tiles, and keeps TRL's head for forwards whose energy is unused."""
+    """Built after TRL's `__init__` patched the head: re-patches the fused LM head (TRL's public helper) to return
+    `log_sum_sq_probs` too, and keeps TRL's head for forwards whose energy is unused."""
 
     def __init__(self, trainer) -> None:
         self.head = trainer.model.get_base_model() if is_peft_model(trainer.model) else trainer.model
@@ -68,14 +62,12 @@ class EnergyCapture:
         self.training_energy: Tensor | None = None
 
     def rollout_energy(self, inputs: dict[str, Any]) -> Tensor:
-        """(B, T) energy of the policy that sampled `inputs`: the behaviour forward's off-policy, else the training
-        forward's (then the same policy)."""
+        """(B, T) energy of the policy that sampled `inputs` (on-policy: the training forward's)."""
         energy = inputs.get("old_per_token_energy")
         return self.training_energy if energy is None else energy
 
     def recorded(self, trl_method, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        """TRL's `_get_per_token_logps_and_entropies` (`trl_method`) run with a recorder in place of `model`; records
-        `(log-probs, energy)` of the call."""
+        """TRL's `_get_per_token_logps_and_entropies` (`trl_method`), recording `(log-probs, energy)` of the call."""
         recorder = _FusedOutputRecorder(model)
         per_token_logps, entropies, aux_loss = trl_method(
             recorder, input_ids, attention_mask, logits_to_keep, *args, **kwargs
@@ -90,7 +82,7 @@ class EnergyCapture:
         return per_token_logps, entropies, aux_loss
 
     def take(self, per_token_logps: Tensor, forward: str) -> Tensor:
-        """The energy recorded beside `per_token_logps` (the very tensor a recorded call returned); clears the records."""
+        """The energy recorded beside `per_token_logps` (the very tensor); clears the records."""
         records, self.records = self.records, []
         for record in records:
             if record.per_token_logps is per_token_logps and record.energy is not None:
@@ -102,8 +94,7 @@ class EnergyCapture:
         )
 
     def add_behaviour_energy(self, output: dict[str, Any]) -> None:
-        """Off-policy, put the behaviour policy's energy in the batch TRL's `_generate_and_score_completions` made
-        (as `old_per_token_energy`); clears the records (e.g. the reference forward's)."""
+        """Off-policy, put the behaviour policy's energy in TRL's batch; clears the records (e.g. the reference's)."""
         old = output.get("old_per_token_logps")
         if old is not None:
             output["old_per_token_energy"] = self.take(old, "behaviour-policy")
@@ -118,8 +109,6 @@ class EnergyCapture:
             self.head.forward = self.fused_forward
 
     def training_forward(self, forward, model, inputs):
-        """The loss's log-prob forward (`forward(model, inputs)`): off-policy with TRL's head (the advantages use the
-        behaviour policy's energy), on-policy with the fused head, keeping its energy."""
         self.records = []
         if "old_per_token_energy" in inputs:
             with self._trl_head():
