@@ -62,7 +62,8 @@ def greedy_accuracy(
     model.eval()
     device = next(model.parameters()).device
     gen_kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if do_sample else {}
-    gen_kwargs["do_sample"] = do_sample
+    gen_kwargs.update(do_sample=do_sample, max_new_tokens=max_new_tokens)
+    gen_kwargs.update(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     completions: list[str] = []
     prompts = list(dataset["prompt"])
     with torch.no_grad():
@@ -71,13 +72,7 @@ def greedy_accuracy(
             texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in chunk]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
-            out = model.generate(
-                **enc,
-                **gen_kwargs,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
+            out = model.generate(**enc, **gen_kwargs)
             completions += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     if was_training:
         model.train()

@@ -88,28 +88,17 @@ def arithmetic_problems(
     return out
 
 
-def make_arithmetic_dataset(
-    num_examples: int,
-    seed: int = 0,
-    split: str = "train",
-    *,
-    operations: tuple[int, int] = NUM_OPERATIONS,
-    operands: tuple[int, int] = OPERAND_RANGE,
-):
+def make_arithmetic_dataset(num_examples: int, seed: int = 0, split: str = "train", **variant: tuple[int, int]):
     """The task as a conversational prompt-only ``datasets.Dataset`` (columns ``prompt``, ``solution``:
-    ``"\\boxed{-11}"``, ``answer``: ``-11``). Completions of the default variant need up to ~46 tokens (use
-    ``max_completion_length=48``); the long-chain variant needs :data:`LONG_CHAIN_MAX_COMPLETION_LENGTH`."""
+    ``"\\boxed{-11}"``, ``answer``: ``-11``); ``variant``: ``operations``, ``operands`` (:func:`arithmetic_problems`).
+    Completions of the default variant need up to ~46 tokens (use ``max_completion_length=48``); the long-chain
+    variant needs :data:`LONG_CHAIN_MAX_COMPLETION_LENGTH`."""
     from datasets import Dataset
 
-    exprs = arithmetic_problems(num_examples, seed=seed, split=split, operations=operations, operands=operands)
+    exprs = arithmetic_problems(num_examples, seed=seed, split=split, **variant)
     answers = [evaluate_expression(e) for e in exprs]
-    return Dataset.from_dict(
-        {
-            "prompt": [[{"role": "user", "content": f"Compute {e}"}] for e in exprs],
-            "solution": [f"\\boxed{{{a}}}" for a in answers],
-            "answer": answers,
-        }
-    )
+    prompts = [[{"role": "user", "content": f"Compute {e}"}] for e in exprs]
+    return Dataset.from_dict({"prompt": prompts, "solution": [f"\\boxed{{{a}}}" for a in answers], "answer": answers})
 
 
 def expression_of_prompt(prompt: str | Sequence[dict[str, Any]]) -> str:

@@ -17,28 +17,29 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+#: option -> the fix, for the options that must be finite and >= 0
+_NON_NEGATIVE = {
+    "beta": "the KL penalty's weight must be a finite number >= 0; use 0 to turn it off",
+    "max_grad_norm": "it must be a finite number >= 0; use 0 to turn clipping off",
+    "epsilon": "the clip range must be a finite number >= 0, e.g. 0.2",
+    "epsilon_high": "the clip range must be a finite number >= 0, e.g. 0.2",
+    "learning_rate": "it must be a finite number >= 0, e.g. 1e-6",
+}
+
+
 def _problems(args: Any) -> list[str]:
     found = []
     num_iterations = getattr(args, "num_iterations", 1)
     if not isinstance(num_iterations, int) or num_iterations < 1:
         found.append(f"num_iterations={num_iterations}: it must be an integer >= 1 (optimizer passes per generated "
                      "batch); use 1 for on-policy training")  # fmt: skip
-    beta = getattr(args, "beta", 0.0)
-    if _number(beta) and not (math.isfinite(beta) and beta >= 0):
-        found.append(f"beta={beta}: the KL penalty's weight must be a finite number >= 0; use 0 to turn it off")
-    max_grad_norm = getattr(args, "max_grad_norm", None)
-    if _number(max_grad_norm) and not (math.isfinite(max_grad_norm) and max_grad_norm >= 0):
-        found.append(f"max_grad_norm={max_grad_norm}: it must be a finite number >= 0; use 0 to turn clipping off")
     max_steps = getattr(args, "max_steps", -1)
     if _number(max_steps) and max_steps < 0 and max_steps != -1:
         found.append(f"max_steps={max_steps}: use a positive number of steps, or -1 to train by num_train_epochs")
-    for name in ("epsilon", "epsilon_high"):
+    for name, fix in _NON_NEGATIVE.items():
         value = getattr(args, name, None)
         if _number(value) and not (math.isfinite(value) and value >= 0):
-            found.append(f"{name}={value}: the clip range must be a finite number >= 0, e.g. 0.2")
-    learning_rate = getattr(args, "learning_rate", 0.0)
-    if _number(learning_rate) and not (math.isfinite(learning_rate) and learning_rate >= 0):
-        found.append(f"learning_rate={learning_rate}: it must be a finite number >= 0, e.g. 1e-6")
+            found.append(f"{name}={value}: {fix}")
     return found
 
 

@@ -224,9 +224,7 @@ class GroupOptTrainer(GRPOTrainer):
         return rewards_per_func
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        output = super().compute_loss(
-            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
-        )
+        output = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         guard.check_loss(self, model, output)
         return output
 
@@ -259,9 +257,8 @@ class GroupOptTrainer(GRPOTrainer):
         """(B,) or (B, T) advantages for this micro-batch from the config's estimator."""
         out = self.estimator.estimate(loss.estimator_inputs(self, inputs, mask), **self._estimator_knobs)
         if out.metrics:
-            self._log_objective_metrics(
-                dict(out.metrics), out.metrics_mask, "train" if self.model.training else "eval"
-            )
+            mode = "train" if self.model.training else "eval"
+            self._log_objective_metrics(dict(out.metrics), out.metrics_mask, mode)
         return out.advantages
 
     # What a method's extra forward reuses (ECHO's step totals): the loss's forward, weights and metric queue.
@@ -301,8 +298,8 @@ class GroupOptTrainer(GRPOTrainer):
     @property
     def _report_callback(self) -> MechanismReportCallback | None:
         handler = self.__dict__.get("callback_handler")
-        found = [cb for cb in handler.callbacks if isinstance(cb, MechanismReportCallback)] if handler else []
-        return found[0] if found else None
+        callbacks = handler.callbacks if handler else []
+        return next((cb for cb in callbacks if isinstance(cb, MechanismReportCallback)), None)
 
     def mechanisms(self) -> tuple[Mechanism, ...]:
         """The mechanisms this run reports: its method's, and its advantage estimator's."""

@@ -87,7 +87,7 @@ def add_batch_fields(trainer, output: dict[str, Any], inputs) -> dict[str, Any]:
     """TRL's batch with `group_ids` and raw `rewards` where needed; advantage 0 for equal-reward groups."""
     t = trainer
     num_rows = output["completion_ids"].shape[0]
-    num_generations = t.num_generations if t.model.training else t.num_generations_eval
+    num_generations = t.group_size
     start = t.accelerator.process_index * num_rows  # mirrors TRL's `process_slice` (trl 1.16.0)
     if t.whole_groups:
         output["group_ids"] = group_ids_for_local_batch(

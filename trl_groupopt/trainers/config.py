@@ -21,30 +21,23 @@ __all__ = ["AdvantageEstimatorConfigMixin", "TokenSafeConfigMixin", "estimator_k
 _WITHHOLD_TOKENS: ContextVar[bool] = ContextVar("trl_groupopt_withhold_tokens", default=False)
 
 
-def _without_tokens(state: Any) -> Any:
-    if not (_WITHHOLD_TOKENS.get() and isinstance(state, dict)):
-        return state
-    return {key: (None if key.endswith("_token") else value) for key, value in state.items()}
-
-
 def _reduce_training_arguments(args: TrainingArguments) -> tuple:
     """`copyreg` reducer of every `TrainingArguments` class: the default reduction, less the tokens when withheld."""
     reduced = list(object.__reduce_ex__(args, 2))  # (copyreg.__newobj__, (cls,), state, ...), as pickle would
-    reduced[2] = _without_tokens(reduced[2])
+    state = reduced[2]
+    if _WITHHOLD_TOKENS.get() and isinstance(state, dict):
+        reduced[2] = {key: (None if key.endswith("_token") else value) for key, value in state.items()}
     return tuple(reduced)
 
 
 def _withhold_for_every_config_class() -> None:
     """Register the reducer for `TrainingArguments` and every subclass so far: `copyreg`'s table is looked up by exact
     class, so without it a plain `GRPOConfig` (the baseline method) wrote its token to disk."""
-    classes, pending = set(), [TrainingArguments]
+    pending = [TrainingArguments]
     while pending:
         cls = pending.pop()
-        if cls not in classes:
-            classes.add(cls)
-            pending.extend(cls.__subclasses__())
-    for cls in classes:
         copyreg.dispatch_table.setdefault(cls, _reduce_training_arguments)
+        pending.extend(cls.__subclasses__())
 
 
 @contextmanager

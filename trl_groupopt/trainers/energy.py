@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from accelerate.utils import is_peft_model
@@ -19,13 +19,6 @@ from trl.trainer.utils import add_fused_lm_head
 from ..objectives.common import energy_from_log_probs
 
 __all__ = ["EnergyCapture"]
-
-
-class _EnergyRecord(NamedTuple):
-    """One `_get_per_token_logps_and_entropies` call (energy None for a model without `log_sum_sq_probs`)."""
-
-    per_token_logps: Tensor  # (B, T)
-    energy: Tensor | None  # (B, T), detached
 
 
 class _FusedOutputRecorder:
@@ -58,7 +51,8 @@ class EnergyCapture:
             outputs=("log_probs", "entropy", "log_sum_sq_probs"),
         )
         self.fused_forward = self.head.forward
-        self.records: list[_EnergyRecord] = []
+        #: (log-probs, energy) of each TRL log-prob call; energy None for a model without `log_sum_sq_probs`
+        self.records: list[tuple[Tensor, Tensor | None]] = []
         self.training_energy: Tensor | None = None
 
     def rollout_energy(self, inputs: dict[str, Any]) -> Tensor:
@@ -78,15 +72,15 @@ class EnergyCapture:
             # mirrors TRL's `_get_per_token_logps_and_entropies`: `log_probs[:, -logits_to_keep:]` per chunk, concatenated
             log_sum_sq = torch.cat([f[:, -logits_to_keep:] for f in fields])  # (B, T)
             energy = energy_from_log_probs(per_token_logps, log_sum_sq)  # (B, T), detached
-        self.records.append(_EnergyRecord(per_token_logps, energy))
+        self.records.append((per_token_logps, energy))
         return per_token_logps, entropies, aux_loss
 
     def take(self, per_token_logps: Tensor, forward: str) -> Tensor:
         """The energy recorded beside `per_token_logps` (the very tensor); clears the records."""
         records, self.records = self.records, []
-        for record in records:
-            if record.per_token_logps is per_token_logps and record.energy is not None:
-                return record.energy
+        for logps, energy in records:
+            if logps is per_token_logps and energy is not None:
+                return energy
         raise RuntimeError(
             f"OTB found no energy for the {forward} forward: TRL's `_get_per_token_logps_and_entropies` did not return "
             "the log-probs of a fused-head call with `log_sum_sq_probs`. This TRL version computes log-probs "
