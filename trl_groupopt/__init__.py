@@ -12,13 +12,5 @@ _EXPORTS = {
     "compare": ".compare",  # `trl-groupopt compare`'s Python twin
 }
 
-
-def __getattr__(name: str):  # PEP 562: a name is imported on first access
-    return _lazy.load(__name__, _EXPORTS, name)
-
-
-def __dir__() -> list[str]:
-    return _lazy.names(__name__, _EXPORTS)
-
-
+__getattr__, __dir__ = _lazy.exports(__name__, _EXPORTS)  # PEP 562: a name is imported on first access
 __all__ = [*_EXPORTS, "__version__"]
