@@ -14,8 +14,7 @@ ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
 WORD_TOKENS = ["\\boxed{", "Compute"]
 CHAR_TOKENS = list("0123456789") + list("+-*/=.,:?()[]{}^$\\") + [" ", "\n"] + list("abcdefghijklmnopqrstuvwxyz")
 
-# With add_generation_prompt the prompt ends at the assistant marker: an exact token prefix of the whole conversation
-# (tests/test_offline_kit.py).
+# With add_generation_prompt the prompt ends at the assistant marker: a token prefix of the whole conversation.
 CHAT_TEMPLATE = (
     "{{- bos_token }}"
     "{%- for message in messages %}"
