@@ -1,10 +1,5 @@
-"""trl-groupopt: four group RL objectives for LLM reasoning as drop-in TRL trainers.
-
-    from trl_groupopt import ECHOConfig, ECHOTrainer   # instead of GRPOConfig, GRPOTrainer
-
-ECHO, DFPO (and GRPO-fix), CTPO and OTB; the math is pure torch in `trl_groupopt.objectives`. Every name is imported
-on first use (PEP 562): `import trl_groupopt` and the registry import no TRL.
-"""
+"""trl-groupopt: group RL objectives for LLM reasoning as drop-in TRL trainers (`from trl_groupopt import ECHOConfig,
+ECHOTrainer` instead of GRPOConfig, GRPOTrainer). Names are imported on first use (PEP 562): no TRL at import."""
 
 from . import _lazy
 from .trainers import _EXPORTS as _TRAINER_EXPORTS
@@ -17,13 +12,5 @@ _EXPORTS = {
     "compare": ".compare",  # `trl-groupopt compare`'s Python twin
 }
 
-
-def __getattr__(name: str):  # PEP 562: a name is imported on first access
-    return _lazy.load(__name__, _EXPORTS, name)
-
-
-def __dir__() -> list[str]:
-    return _lazy.names(__name__, _EXPORTS)
-
-
+__getattr__, __dir__ = _lazy.exports(__name__, _EXPORTS)  # PEP 562: a name is imported on first access
 __all__ = [*_EXPORTS, "__version__"]

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def load(package: str, exports: Mapping[str, str], name: str) -> Any:
-    """`package`'s attribute `name`, imported now from the module `exports[name]` (relative to `package`) names."""
-    if name not in exports:
-        raise AttributeError(f"module {package!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(exports[name], package), name)
+def exports(package: str, names: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """`package`'s `__getattr__` (imports `name` from the module `names[name]`, relative to `package`) and `__dir__`
+    (what it holds now and what it exports lazily)."""
 
+    def load(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(names[name], package), name)
 
-def names(package: str, exports: Mapping[str, str]) -> list[str]:
-    """`dir(package)`: what it holds now and what it exports lazily."""
-    return sorted(set(exports) | set(importlib.import_module(package).__dict__))
+    def listing() -> list[str]:
+        return sorted(set(names) | set(importlib.import_module(package).__dict__))
+
+    return load, listing

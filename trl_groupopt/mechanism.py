@@ -1,11 +1,5 @@
-"""Whether a method's mechanism changed the training: one definition per method, and the run's report.
-
-A method differs from GRPO only on the optimizer steps where its mechanism acts. A :class:`Mechanism` names the logged
-metrics that decide it and a predicate on their step means; the definitions live beside each method's spec
-(``trl_groupopt/methods/<method>.py``), which gives them their name. :class:`MechanismTracker` counts the steps (and
-carries its counts through a checkpoint); the trainers' report and the stress benchmark read the same definitions.
-Pure Python: no torch, no TRL.
-"""
+"""Whether a method's mechanism acted on each optimizer step (definitions: `trl_groupopt/methods/<method>.py`), and
+the run's report. Pure Python: no torch, no TRL."""
 
 from __future__ import annotations
 
@@ -19,8 +13,7 @@ __all__ = ["Mechanism", "MechanismOutcome", "MechanismReport", "MechanismTracker
 
 @dataclass(frozen=True)
 class Observed:
-    """A logged metric the report quotes beside the count: ``stat`` ``"range"`` (smallest and largest micro-batch
-    value of the run) or ``"mean"``."""
+    """A logged metric the report quotes: ``stat`` ``"range"`` (min and max over micro-batches) or ``"mean"``."""
 
     label: str  # how the report names it, e.g. "R"
     key: str  # the logged metric, e.g. "echo/batch_ratio"
@@ -33,14 +26,9 @@ class Observed:
 
 @dataclass(frozen=True)
 class Mechanism:
-    """What "the mechanism acted on this optimizer step" means for one method.
-
-    ``acts`` receives the step's mean of each of ``keys`` (in order) and says whether the mechanism changed the
-    objective; a step where a key is missing or NaN is not measured. ``inert`` (what a run on which it never acted
-    trained as) and ``hint`` (how to make it act) are required: the report says them. ``verdict`` may add one sentence
-    read from the observed values (label -> value), e.g. DFPO's "clipping-dominated". ``method`` is set by the
-    :class:`~trl_groupopt.spec.MethodSpec` that holds the definition (its name, written once).
-    """
+    """What "the mechanism acted on this optimizer step" means for one method: ``acts`` receives the step's mean of
+    each of ``keys`` (a missing or NaN key: not measured). ``verdict`` may add a sentence from the observed values;
+    ``method`` is set by the :class:`~trl_groupopt.spec.MethodSpec` that holds the definition."""
 
     name: str  # the report's subject, e.g. "ECHO's batch clip"
     what: str  # what acting means on one step, e.g. "the batch ratio R was clipped"
@@ -57,14 +45,12 @@ class Mechanism:
             raise ValueError(f"Mechanism {self.name!r}: inert and hint must say what ran and how to make it act.")
 
     def bind(self, method: str) -> None:
-        """Give the definition its method's name (once: a definition belongs to one method)."""
         if self.method not in ("", method):
             raise ValueError(f"Mechanism {self.name!r} belongs to method {self.method!r}, not {method!r}.")
         object.__setattr__(self, "method", method)
 
     @property
     def metric(self) -> str:
-        """Logged every optimizer step: 1 when it acted, 0 when not (averaged over the steps of each log)."""
         return f"acted/{self.method}"
 
     @property
@@ -72,7 +58,6 @@ class Mechanism:
         return tuple(dict.fromkeys((*self.keys, *(o.key for o in self.observed))))
 
     def acted_on(self, values: Mapping[str, float | None]) -> bool | None:
-        """Whether it acted on a step whose mean metrics are ``values``; None when the step did not measure it."""
         args = [values.get(key) for key in self.keys]
         if any(v is None or math.isnan(v) for v in args):
             return None
@@ -81,7 +66,7 @@ class Mechanism:
 
 @dataclass
 class MechanismOutcome:
-    """One mechanism over one run: on how many measured optimizer steps it acted, and what the report quotes."""
+    """One mechanism over one run: on how many measured optimizer steps it acted."""
 
     mechanism: Mechanism
     steps: int = 0
@@ -99,8 +84,6 @@ class MechanismOutcome:
 
     @property
     def text(self) -> str:
-        """One sentence, e.g. "ECHO's batch clip acted on 0 of 80 optimizer steps (R within [...]): this run trained
-        as ...; to make it act, ..."; the definition's verdict, if any, follows."""
         m = self.mechanism
         if not self.steps:
             return f"{m.name}: not measured (no optimizer step logged {', '.join(m.keys)})."
@@ -122,7 +105,7 @@ class MechanismOutcome:
 
 @dataclass
 class MechanismReport:
-    """What the run's mechanisms did, and the advantage estimator the objective trained on."""
+    """What the run's mechanisms did, and the advantage estimator."""
 
     method: str
     advantage_estimator: str
@@ -140,7 +123,6 @@ class MechanismReport:
         return self.text
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (``results.json``'s ``mechanism``)."""
         outcomes = [outcome.to_dict() for outcome in self.outcomes]
         return {"method": self.method, "advantage_estimator": self.advantage_estimator, "mechanisms": outcomes,
                 "text": self.text}  # fmt: skip
@@ -155,23 +137,19 @@ class MechanismTracker:
         self.reset()
 
     def reset(self) -> None:
-        """Forget every step (a fresh run)."""
         self._step: dict[str, list[float]] = {}  # key -> this step's finite micro-batch values
         self._counts = {m.method: [0, 0] for m in self.mechanisms}  # method -> [steps measured, steps acted]
         self._values: dict[str, list[float]] = {}  # key -> [min, max, sum, count] over the run
 
     def state(self) -> dict[str, Any]:
-        """The counts so far, JSON-ready (saved in every checkpoint's `trainer_state.json`)."""
         return {"counts": {k: list(v) for k, v in self._counts.items()}, "values": dict(self._values)}
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        """Continue from `state` (a resumed run): its counts of the mechanisms this tracker counts."""
         self.reset()
         self._counts.update({k: list(v) for k, v in state.get("counts", {}).items() if k in self._counts})
         self._values.update({k: list(v) for k, v in state.get("values", {}).items() if k in self.keys})
 
     def record(self, key: str, value: float) -> None:
-        """One micro-batch's logged value of ``key`` (ignored unless a mechanism reads it, or NaN)."""
         if key not in self.keys or value is None or math.isnan(value):
             return
         self._step.setdefault(key, []).append(value)
@@ -192,7 +170,6 @@ class MechanismTracker:
         return logged
 
     def report(self, method: str, advantage_estimator: str) -> MechanismReport:
-        """The report of the steps closed so far."""
         outcomes = []
         for m in self.mechanisms:
             observed: dict[str, tuple[float, float] | float] = {}

@@ -1,10 +1,5 @@
-"""The registries: one generic :class:`Registry`, for the methods (:data:`METHODS`) and the advantage estimators
-(``objectives.estimators.ESTIMATORS``), as verl's ``register_policy_loss`` / ``register_adv_est``.
-
-The shipped methods (``trl_groupopt/methods/``) are registered on import, from TRL-free specs. A method kept outside
-the package calls ``register_method("toy", config_class=..., trainer_class=..., paper=..., headline_metric=...)``.
-The CLI, the benchmarks, the notebook and the parametrised tests read :data:`METHODS` (docs/adding-a-method.md).
-"""
+"""One generic :class:`Registry`, for the methods (:data:`METHODS`) and the advantage estimators, as verl's
+``register_policy_loss`` / ``register_adv_est``; the shipped methods register on import (docs/adding-a-method.md)."""
 
 from __future__ import annotations
 
@@ -20,9 +15,8 @@ T = TypeVar("T")
 
 
 class Registry(Mapping[str, T], Generic[T]):
-    """Named entries in registration order: a read-only mapping with `register`, `unregister` and `lookup`. `what` names
-    an entry in errors (e.g. "method"); `unknown` is the error for a missing name (formatted with `name`, `names`:
-    the sorted names, comma-separated, and `choices`: the names' tuple)."""
+    """Named entries in registration order, a read-only mapping. `unknown` is the error for a missing name (formatted
+    with `what`, `name`, `names`: the sorted names, comma-separated, and `choices`: the names' tuple)."""
 
     def __init__(self, what: str, unknown: str = "Unknown {what} {name!r}; registered: {names}.") -> None:
         self.what, self.unknown, self._entries = what, unknown, {}
@@ -40,12 +34,10 @@ class Registry(Mapping[str, T], Generic[T]):
         return entry
 
     def unregister(self, name: str) -> None:
-        """Remove an entry (tests that register a throwaway one)."""
         self.lookup(name)
         del self._entries[name]
 
     def lookup(self, name: str) -> T:
-        """The entry registered as `name`; a missing name raises `ValueError` listing the registered ones."""
         try:
             return self._entries[name]
         except KeyError:
@@ -69,9 +61,7 @@ _METHODS = METHODS._entries  # the dict behind it (tests swap an entry with `mon
 
 
 def register_method(name: str, *, config_class: type, trainer_class: type, **fields: Any) -> MethodSpec:
-    """Register a method with its classes (``fields``: the other :class:`MethodSpec` fields: ``paper``,
-    ``headline_metric``, ``summary``, ``mechanism``, ...); raises ``ValueError`` if the name is taken or the classes
-    do not fit."""
+    """Register a method with its classes and the other :class:`MethodSpec` ``fields``."""
     trainer_config = getattr(trainer_class, "config_class", None)
     if trainer_config is None or not issubclass(config_class, trainer_config):
         raise ValueError(
@@ -82,19 +72,16 @@ def register_method(name: str, *, config_class: type, trainer_class: type, **fie
 
 
 def unregister_method(name: str) -> None:
-    """Remove a method (tests that register a throwaway one)."""
     METHODS.unregister(name)
 
 
 def get_method(name: str) -> MethodSpec:
-    """The :class:`MethodSpec` registered as ``name``; the error lists the valid names."""
     return METHODS.lookup(name)
 
 
 def spec_for(trainer_class: type, config: Any) -> MethodSpec | None:
-    """The registered method a trainer class runs with `config`: the spec of the nearest class in its MRO that a spec
-    names (a mode's spec when `config` matches its ``config_defaults``), None when a class in between has its own
-    `objective` (then it is no registered method)."""
+    """The spec of the nearest class in `trainer_class`'s MRO that a spec names (a mode's when `config` matches it);
+    None when a class in between has its own `objective`."""
     for klass in trainer_class.__mro__:
         specs = [spec for spec in METHODS.values() if spec.__dict__["_trainer_class"] in (klass, _path(klass))]
         if specs:

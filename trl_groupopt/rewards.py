@@ -1,16 +1,5 @@
-r"""Reward functions with TRL's signature ``f(completions, **kwargs) -> list[float | None]``.
-
-``completions`` may be conversational (each a list of ``{"role", "content"}`` dicts, as
-GRPOTrainer passes them for conversational datasets) or plain strings (standard datasets); both
-are accepted. Dataset columns arrive as keyword arguments (``solution=...``), and the trainer
-also passes ``prompts``, ``completion_ids``, ``trainer_state``, ``log_extra`` and ``log_metric``,
-which are accepted and, except ``log_extra``, ignored.
-
-- :func:`accuracy_reward`: ``trl.rewards.accuracy_reward`` (math-verify; the answer must be boxed, an
-  unparseable gold gives ``None``), wrapped to accept every completion shape.
-- :func:`format_reward`: 1.0 iff the completion has exactly one well-formed ``\boxed{...}`` and
-  it ends the completion (rule in its docstring).
-"""
+"""Reward functions with TRL's signature ``f(completions, **kwargs) -> list[float | None]``, for conversational or
+plain-string completions; dataset columns and TRL's extra keywords arrive as keyword arguments."""
 
 from __future__ import annotations
 
@@ -21,18 +10,12 @@ from typing import Any
 __all__ = ["accuracy_reward", "closing_brace", "completion_text", "extract_last_boxed", "format_reward"]
 
 BOXED = "\\boxed{"
-# Characters allowed after the closing brace of the final \boxed{...}: whitespace, a full stop,
-# and math delimiters ("$\boxed{4}$.", "\[ \boxed{4} \]").
+# Allowed after the final \boxed{...}: whitespace, a full stop, math delimiters ("$\boxed{4}$.", "\[ \boxed{4} \]").
 _TRAILING_OK = set(" \t\r\n.$") | set("\\[]()")
 
 
 def completion_text(completion: str | Sequence[dict[str, Any]]) -> str:
-    """Text of one completion: a string as is; for messages, the content of the last message.
-
-    A single assistant message (what GRPOTrainer passes) gives exactly TRL's
-    ``completion[0]["content"]``; multimodal content parts (``[{"type": "text", "text": ...}]``)
-    are joined.
-    """
+    """Text of one completion: a string as is; for messages, the last one's content (text parts joined)."""
     if isinstance(completion, str):
         return completion
     if not completion:
@@ -49,13 +32,8 @@ def accuracy_reward(
     log_extra: Callable[[str, list], None] | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
-    r"""``trl.rewards.accuracy_reward`` (math-verify; boxed answer first) for any completion shape.
-
-    TRL's function reads ``completion[0]["content"]`` of conversational completions only; this wrapper also
-    accepts plain strings (standard datasets), multi-message completions (the last message is scored, see
-    :func:`completion_text`) and ``None`` solutions (unparseable gold: reward ``None``, skipped by the trainer).
-    The answer must be boxed (or in an anchored LaTeX form): ``"... -11"`` scores 0.
-    """
+    r"""``trl.rewards.accuracy_reward`` (math-verify; the answer must be boxed: ``"... -11"`` scores 0) for any
+    completion shape (TRL's reads ``completion[0]["content"]`` only); a ``None`` solution gives reward ``None``."""
     from trl.rewards import accuracy_reward as trl_accuracy_reward
 
     if len(completions) != len(solution):
@@ -82,10 +60,7 @@ _BOXED_START = re.compile(r"\\(?:boxed|fbox)\s*(\{|\s+(\S+))")
 
 
 def extract_last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces matched.
-
-    ``\\boxed 5`` (no braces) gives ``"5"``; returns ``None`` when there is none or it is unclosed.
-    """
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed 5``) in ``text``, or None."""
     starts = list(_BOXED_START.finditer(text))
     if not starts:
         return None
@@ -97,18 +72,8 @@ def extract_last_boxed(text: str) -> str | None:
 
 
 def format_reward(completions: Sequence[str | Sequence[dict[str, Any]]], **kwargs: Any) -> list[float]:
-    r"""1.0 iff the completion ends with its only, well-formed ``\boxed{...}``; else 0.0.
-
-    Rule, checked on the completion text:
-    1. ``\boxed{`` occurs exactly once (two boxed answers are ambiguous);
-    2. its braces balance and the content is non-blank (``\boxed{}`` is no answer);
-    3. after the closing brace come only whitespace, ``.``, ``$``, ``\``, ``[``, ``]``, ``(``,
-       ``)`` (e.g. ``$\boxed{4}$.`` or ``\[\boxed{4}\]``), so the answer is the end of the
-       completion, not an intermediate remark followed by more reasoning.
-
-    Correctness is not checked: this rewards the answer format only, and pairs with
-    :func:`accuracy_reward`.
-    """
+    r"""1.0 iff ``\boxed{`` occurs exactly once (two answers are ambiguous), its braces balance around non-blank
+    content, and only ``_TRAILING_OK`` follows (it ends the completion); else 0.0. Correctness is not checked."""
     rewards: list[float] = []
     for completion in completions:
         text = completion_text(completion)

@@ -1,9 +1,5 @@
-"""What the library knows about one method, as plain data: :class:`MethodSpec` and its :class:`Paper`.
-
-Nothing here imports TRL: a spec names its classes by import path (``"trl_groupopt.trainers.ctpo:CTPOTrainer"``) and
-resolves them on first read, so the CLI can list the methods and reject an unknown ``--method`` before TRL is imported.
-The shipped specs are in ``trl_groupopt/methods/``; ``trl_groupopt.registry`` collects them.
-"""
+"""What the library knows about one method, as plain data: :class:`MethodSpec` and its :class:`Paper`. Nothing here
+imports TRL: a spec names its classes by import path and resolves them on first read (the CLI lists methods first)."""
 
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ __all__ = ["MethodSpec", "Paper"]
 
 @dataclass(frozen=True)
 class Paper:
-    """The paper a method comes from, written once: model cards cite it, the CLI names it."""
+    """The paper a method comes from: model cards cite it, the CLI names it."""
 
     title: str
     bibtex: str  # the citation model cards carry
@@ -32,12 +28,11 @@ class Paper:
         return f"{reference} ({self.section})" if self.section else reference
 
     def trl_fields(self) -> dict[str, str | None]:
-        """The paper as TRL's trainers carry it (`_paper`: title, id, citation), for TRL's model card."""
         return {"title": self.title, "id": self.arxiv_id, "citation": self.bibtex}
 
 
 def resolve(target: str | type) -> type:
-    """A class, or the class an import path ``"package.module:ClassName"`` names (imported now)."""
+    """A class, or the class an import path ``"package.module:ClassName"`` names."""
     if not isinstance(target, str):
         return target
     module, _, name = target.partition(":")
@@ -45,8 +40,7 @@ def resolve(target: str | type) -> type:
 
 
 class _ClassField:
-    """A dataclass field that holds a class or its import path and reads as the class (imported on first read);
-    unset (None), it reads as `fallback(spec)`."""
+    """A dataclass field holding a class or its import path, read as the class; unset (None), as `fallback(spec)`."""
 
     def __init__(self, default: Any = MISSING, fallback: Callable[[MethodSpec], type] | None = None) -> None:
         self.default, self.fallback = default, fallback
@@ -68,14 +62,8 @@ class _ClassField:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """What the rest of the library needs to know about one method.
-
-    ``trainer_class`` and ``config_class`` are classes or import paths (``"module:ClassName"``), read as classes;
-    ``config_class=None`` means the trainer's own. A *mode* of a trainer (GRPO-fix is the DFPO trainer with
-    ``dfpo_transform="symmetric_clip"``) is a spec with ``config_defaults``: the trainer reports the spec whose
-    defaults its config matches. ``is_estimator``: the method *is* the advantage estimator registered under its name
-    (OTB): a run of any objective on that estimator reports this method's mechanism too.
-    """
+    """What the rest of the library needs to know about one method (docs/adding-a-method.md). A *mode* of a trainer
+    (GRPO-fix is the DFPO trainer with ``dfpo_transform="symmetric_clip"``) is a spec with ``config_defaults``."""
 
     name: str  # the registry key, e.g. "echo"; also the CLI's --method value
     trainer_class: type = _ClassField()  # type: ignore[assignment]  # a GroupOptTrainer subclass
@@ -98,20 +86,17 @@ class MethodSpec:
 
     @property
     def trainer_name(self) -> str:
-        """The trainer class's name, without importing it."""
         target = self.__dict__["_trainer_class"]
         return target.rpartition(":")[2] if isinstance(target, str) else target.__name__
 
     @property
     def exports(self) -> dict[str, str]:
-        """``{class name: module}`` of the classes this spec names by import path (the package exports them)."""
+        """``{class name: module}`` of the classes this spec names by import path."""
         paths = (self.__dict__["_trainer_class"], self.__dict__["_config_class"])
         return {path.rpartition(":")[2]: path.partition(":")[0] for path in paths if isinstance(path, str)}
 
     def matches(self, config: Any) -> bool:
-        """Whether `config` runs this spec's mode (every ``config_defaults`` value in place)."""
         return all(getattr(config, key, MISSING) == value for key, value in self.config_defaults.items())
 
     def make_config(self, **kwargs: Any) -> Any:
-        """This method's config: ``config_defaults`` first, then ``kwargs`` (the caller wins)."""
         return self.config_class(**{**self.config_defaults, **kwargs})

@@ -42,8 +42,7 @@ def clipping_verdict(observed: dict[str, float]) -> str | None:
     )
 
 
-#: DFPO acted on a step when its transform re-weighted a group (shrink < 1, Eq. 87); the report quotes the
-#: token-gradient cancellation residual against the one GSPO's weights leave on the same batches.
+#: DFPO acted when its transform re-weighted a group (shrink < 1, Eq. 87); quoted beside GSPO's cancellation residual.
 MECHANISM = Mechanism(
     name="DFPO's in-group re-weighting",
     what="the transform re-weighted a group",
@@ -80,7 +79,6 @@ GRPO_FIX_MECHANISM = Mechanism(
     hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower epsilon_high",
 )
 
-#: GRPO-fix: the DFPO trainer in its symmetric-clip mode.
 GRPO_FIX_METHOD = MethodSpec(
     name="grpo_fix",
     trainer_class="trl_groupopt.trainers.dfpo:DFPOTrainer",

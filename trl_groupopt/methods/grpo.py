@@ -19,8 +19,7 @@ PAPER = Paper(
         }"""),
 )
 
-#: GRPO's clip acted on a step when a token ratio (a sequence ratio with importance_sampling_level="sequence")
-#: hit its clip bound.
+#: GRPO's clip acted when a token ratio (sequence ratio with importance_sampling_level="sequence") hit its bound.
 MECHANISM = Mechanism(
     name="GRPO's ratio clip",
     what="a token ratio was clipped",

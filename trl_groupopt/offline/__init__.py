@@ -1,12 +1,5 @@
-"""Everything needed to train and test with no Hub and no GPU.
-
-- :mod:`.tokenizer`: the task's character-level tokenizer, built in code (:func:`build_tokenizer`).
-- :mod:`.task`: the synthetic arithmetic task (:func:`make_arithmetic_dataset`; its long-chain variant
-  :data:`LONG_CHAIN`).
-- :mod:`.policy`: the embedded 1 M-parameter policies (:data:`EMBEDDED_POLICY_PATH`,
-  :data:`EMBEDDED_LONG_POLICY_PATH`; :data:`VARIANTS`, each task variant with its policy; :func:`load_embedded_policy`)
-  and :func:`greedy_accuracy` to measure a policy on the held-out split.
-"""
+"""Everything needed to train and test with no Hub and no GPU: the task's tokenizer, the synthetic arithmetic task
+and the embedded policies (docs/embedded-policy.md)."""
 
 from .policy import (
     EMBEDDED_LONG_POLICY_PATH,

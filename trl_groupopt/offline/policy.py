@@ -1,10 +1,5 @@
-"""The embedded tiny pretrained policies shipped in ``trl_groupopt/assets/``.
-
-``tiny_policy`` (:data:`EMBEDDED_POLICY_PATH`) solves the default task; ``tiny_policy_long``
-(:data:`EMBEDDED_LONG_POLICY_PATH`) continues it on the long-chain variant (``task.LONG_CHAIN``), for the
-benchmarks' long-completion regime. Both are built by ``scripts/build_tiny_policy.py`` and load from the package
-directory with ``local_files_only=True``.
-"""
+"""The embedded tiny policies in ``trl_groupopt/assets/`` (built by ``scripts/build_tiny_policy.py``; see
+docs/embedded-policy.md): one for the default task, one for the long-chain variant."""
 
 from __future__ import annotations
 
@@ -35,12 +30,7 @@ VARIANTS: dict[str, Variant] = {
 
 def load_embedded_policy(path: str | os.PathLike | None = None):
     """Load a shipped tiny policy (default: :data:`EMBEDDED_POLICY_PATH`): ``(LlamaForCausalLM, tokenizer)``, offline,
-    fp32, eval mode.
-
-    A 1.06 M-parameter Llama SFT-trained on the arithmetic task (see the asset's README.md for
-    how it was built and its measured greedy accuracy). Loads from the package directory with
-    ``local_files_only=True``: no Hub access.
-    """
+    fp32, eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = str(path or EMBEDDED_POLICY_PATH)
@@ -61,19 +51,9 @@ def greedy_accuracy(
     do_sample: bool = False,
     temperature: float = 1.0,
 ) -> dict[str, Any]:
-    """Greedy-decoding accuracy of ``model`` on a prompt/solution dataset.
-
-    Renders each ``prompt`` with the chat template (generation prompt), decodes greedily up to
-    ``max_new_tokens`` (left padding, batches of ``batch_size``), and scores the decoded text with
-    :func:`trl_groupopt.rewards.accuracy_reward` (math-verify, boxed answer required) and
-    :func:`trl_groupopt.rewards.format_reward`. With ``do_sample=True`` it samples at
-    ``temperature`` instead (pure sampling: top-k/top-p off), i.e. the accuracy GRPO's rollouts
-    see; seed torch first for a reproducible number.
-
-    Returns:
-        ``{"accuracy", "format_rate", "num_examples", "num_scored"}`` (+ ``"completions"``);
-        accuracy averages over examples whose gold parses.
-    """
+    """Greedy-decoding accuracy of ``model`` on a prompt/solution dataset (``do_sample=True``: pure sampling at
+    ``temperature``, what GRPO's rollouts see), scored by ``trl_groupopt.rewards``: ``{"accuracy", "format_rate",
+    "num_examples", "num_scored"}`` (+ ``"completions"``); accuracy averages over examples whose gold parses."""
     import torch
 
     from ..rewards import accuracy_reward, format_reward
@@ -81,11 +61,9 @@ def greedy_accuracy(
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    gen_kwargs = (
-        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-        if do_sample
-        else {"do_sample": False}
-    )
+    gen_kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if do_sample else {}
+    gen_kwargs.update(do_sample=do_sample, max_new_tokens=max_new_tokens)
+    gen_kwargs.update(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     completions: list[str] = []
     prompts = list(dataset["prompt"])
     with torch.no_grad():
@@ -94,13 +72,7 @@ def greedy_accuracy(
             texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in chunk]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
-            out = model.generate(
-                **enc,
-                **gen_kwargs,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
+            out = model.generate(**enc, **gen_kwargs)
             completions += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     if was_training:
         model.train()

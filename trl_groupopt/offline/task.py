@@ -1,11 +1,5 @@
-"""The offline synthetic reasoning task: seeded multi-step integer arithmetic ("Compute 12+7-30").
-
-Used by the demo, the tests and the benchmarks. :func:`make_arithmetic_dataset` gives TRL's conversational
-prompt-only format with a ``solution`` column; :func:`arithmetic_chain_of_thought` is the SFT target the embedded
-policies were trained on (``scripts/build_tiny_policy.py``). Two variants share one generator: the default
-(2-3 operations on operands 1..50, completions up to ~46 tokens) and the long-chain variant (:data:`LONG_CHAIN`:
-8-12 operations on operands 1..20, correct completions of 71-143 tokens), which the long-chain policy was trained on.
-"""
+"""The offline synthetic reasoning task: seeded multi-step integer arithmetic ("Compute 12+7-30"); see
+docs/embedded-policy.md."""
 
 from __future__ import annotations
 
@@ -46,12 +40,8 @@ def evaluate_expression(expression: str) -> int:
 
 
 def arithmetic_chain_of_thought(expression: str, boxed: bool = True) -> str:
-    """SFT target for one problem: one step per operation, then the answer.
-
-    ``"12+7-30"`` gives ``"12+7=19. 19-30=-11. \\boxed{-11}"``; with ``boxed=False`` the answer
-    is the bare number (``"12+7=19. 19-30=-11. -11"``), which the accuracy reward scores 0: the
-    format headroom RL can learn.
-    """
+    """SFT target: ``"12+7-30"`` gives ``"12+7=19. 19-30=-11. \\boxed{-11}"``; with ``boxed=False`` the answer is
+    the bare number, which the accuracy reward scores 0 (the format headroom RL can learn)."""
     terms = _parse_expression(expression)
     value = terms[0][1] if terms[0][0] == "+" else -terms[0][1]
     steps = []
@@ -71,14 +61,8 @@ def arithmetic_problems(
     operations: tuple[int, int] = NUM_OPERATIONS,
     operands: tuple[int, int] = OPERAND_RANGE,
 ) -> list[str]:
-    """``num_examples`` distinct expressions (e.g. ``"12+7-30"``) of the given split.
-
-    Operands uniform in ``operands`` (inclusive, default 1..50), a number of operations uniform in
-    ``operations`` (default 2 or 3), each ``+`` or ``-``. A problem belongs to the test split iff a
-    SHA-256 hash of its text falls in the reserved 10%, so the splits are disjoint for every seed and
-    variant; the list is a deterministic function of all the arguments (the default variant's lists
-    are those of every earlier version).
-    """
+    """``num_examples`` distinct expressions (e.g. ``"12+7-30"``) of the split, a deterministic function of the
+    arguments (the default variant's lists are those of every earlier version); the splits are disjoint (a hash)."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if num_examples < 0:
@@ -104,39 +88,17 @@ def arithmetic_problems(
     return out
 
 
-def make_arithmetic_dataset(
-    num_examples: int,
-    seed: int = 0,
-    split: str = "train",
-    *,
-    operations: tuple[int, int] = NUM_OPERATIONS,
-    operands: tuple[int, int] = OPERAND_RANGE,
-):
-    """The offline reasoning task as a conversational prompt-only ``datasets.Dataset``.
-
-    Columns:
-        ``prompt``: ``[{"role": "user", "content": "Compute 12+7-30"}]``
-        ``solution``: ``"\\boxed{-11}"`` (parsed by :func:`trl_groupopt.rewards.accuracy_reward`
-        and by ``trl.rewards.accuracy_reward``)
-        ``answer``: ``-11`` (int)
-
-    Deterministic given the arguments; train and test are disjoint (see :func:`arithmetic_problems`,
-    which takes ``operations`` and ``operands``). Completions of the default variant need up to ~46
-    tokens with the shipped tokenizer (3 steps and a boxed 4-character answer, plus eos): use
-    ``max_completion_length=48``; the long-chain variant (``**LONG_CHAIN``) needs
-    :data:`LONG_CHAIN_MAX_COMPLETION_LENGTH`.
-    """
+def make_arithmetic_dataset(num_examples: int, seed: int = 0, split: str = "train", **variant: tuple[int, int]):
+    """The task as a conversational prompt-only ``datasets.Dataset`` (columns ``prompt``, ``solution``:
+    ``"\\boxed{-11}"``, ``answer``: ``-11``); ``variant``: ``operations``, ``operands`` (:func:`arithmetic_problems`).
+    Completions of the default variant need up to ~46 tokens (use ``max_completion_length=48``); the long-chain
+    variant needs :data:`LONG_CHAIN_MAX_COMPLETION_LENGTH`."""
     from datasets import Dataset
 
-    exprs = arithmetic_problems(num_examples, seed=seed, split=split, operations=operations, operands=operands)
+    exprs = arithmetic_problems(num_examples, seed=seed, split=split, **variant)
     answers = [evaluate_expression(e) for e in exprs]
-    return Dataset.from_dict(
-        {
-            "prompt": [[{"role": "user", "content": f"Compute {e}"}] for e in exprs],
-            "solution": [f"\\boxed{{{a}}}" for a in answers],
-            "answer": answers,
-        }
-    )
+    prompts = [[{"role": "user", "content": f"Compute {e}"}] for e in exprs]
+    return Dataset.from_dict({"prompt": prompts, "solution": [f"\\boxed{{{a}}}" for a in answers], "answer": answers})
 
 
 def expression_of_prompt(prompt: str | Sequence[dict[str, Any]]) -> str:

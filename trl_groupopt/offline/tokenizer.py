@@ -8,16 +8,13 @@ import re
 from pathlib import Path
 
 CONTROL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-# Role markers of the chat template: single tokens, registered as additional special tokens so
-# `decode(..., skip_special_tokens=True)` drops them like any chat model's markers.
+# Role markers: special tokens, so `decode(..., skip_special_tokens=True)` drops them like any chat model's.
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
 # Multi-character words that get one token each (the answer wrapper and the task's verb).
 WORD_TOKENS = ["\\boxed{", "Compute"]
 CHAR_TOKENS = list("0123456789") + list("+-*/=.,:?()[]{}^$\\") + [" ", "\n"] + list("abcdefghijklmnopqrstuvwxyz")
 
-# Jinja chat template: bos, one line per system/user turn, assistant turn closed by eos; with
-# add_generation_prompt the rendered prompt ends at the assistant marker, so it is an exact token
-# prefix of the full conversation (asserted in tests/test_offline_kit.py).
+# With add_generation_prompt the prompt ends at the assistant marker: a token prefix of the whole conversation.
 CHAT_TEMPLATE = (
     "{{- bos_token }}"
     "{%- for message in messages %}"
@@ -39,26 +36,16 @@ def _vocabulary() -> dict[str, int]:
 
 
 def build_tokenizer():
-    """Build the character-level tokenizer of the synthetic task, in code (no download).
-
-    A ``tokenizers`` ``WordLevel`` model over ~70 symbols (specials ``<pad> <bos> <eos> <unk>``,
-    role markers, ``\\boxed{`` and ``Compute`` as single tokens, digits, operators, punctuation,
-    space, newline and ``a``-``z``). A ``Split`` pre-tokenizer isolates the multi-character words
-    or any single character (``[\\s\\S]``: oniguruma has no ``(?s:.)``), so every character outside
-    the vocabulary (upper case, unicode) becomes one ``<unk>`` and GSM8K/MATH text still
-    tokenizes. ``decoders.Fuse()`` joins tokens back without spaces, so ``decode(encode(s)) == s``
-    for text inside the vocabulary. Left padding (generation), no post-processor: the chat
-    template writes ``<bos>`` itself, so ``add_special_tokens`` never doubles it.
-
-    Returns:
-        ``transformers.PreTrainedTokenizerFast`` with bos/eos/pad/unk set and :data:`CHAT_TEMPLATE`.
-    """
+    """The task's ``PreTrainedTokenizerFast``: a ``WordLevel`` model over ~70 symbols; ``decode(encode(s)) == s`` for
+    text inside the vocabulary, any other character is one ``<unk>``. No post-processor: the chat template writes
+    ``<bos>`` itself, so ``add_special_tokens`` never doubles it."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = _vocabulary()
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     words = CONTROL_TOKENS + ROLE_TOKENS + WORD_TOKENS
+    # `[\s\S]`: oniguruma has no `(?s:.)`
     pattern = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r"|[\s\S]"
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -81,15 +68,9 @@ def build_tokenizer():
 
 
 def save_tokenizer(tokenizer, path: str | os.PathLike) -> None:
-    """Save ``tokenizer`` so it loads on transformers 5.x and on 4.57.
-
-    transformers 5 writes ``tokenizer_class: TokenizersBackend``, a ``backend`` key and
-    ``extra_special_tokens`` as a list, none of which 4.57 reads; 4.57 would also return
-    ``token_type_ids``, which GRPOTrainer passes on to ``generate()``. So the saved
-    ``tokenizer_config.json`` is rewritten: ``tokenizer_class: PreTrainedTokenizerFast``, the role
-    markers as ``additional_special_tokens``, no ``backend`` key, ``model_input_names`` =
-    ``["input_ids", "attention_mask"]``.
-    """
+    """Save ``tokenizer`` so it loads on transformers 5.x and 4.57: 5.x writes ``tokenizer_class:
+    TokenizersBackend``, a ``backend`` key and ``extra_special_tokens`` as a list, none of which 4.57 reads; 4.57 would
+    also return ``token_type_ids``, which GRPOTrainer passes on to ``generate()``."""
     path = Path(path)
     tokenizer.save_pretrained(str(path))
     cfg_path = path / "tokenizer_config.json"
@@ -103,23 +84,12 @@ def save_tokenizer(tokenizer, path: str | os.PathLike) -> None:
     cfg["model_input_names"] = ["input_ids", "attention_mask"]
     cfg["padding_side"] = "left"
     cfg["clean_up_tokenization_spaces"] = False
-    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
-        cfg[name] = getattr(tokenizer, name)
+    specials = {name: getattr(tokenizer, name) for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    cfg.update(specials)
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
     # Both versions read chat_template.jinja; keep the template inline too for older readers.
     if not (path / "chat_template.jinja").exists():
         (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     # 4.x also reads special_tokens_map.json; keep it consistent with the config.
-    (path / "special_tokens_map.json").write_text(
-        json.dumps(
-            {
-                "bos_token": tokenizer.bos_token,
-                "eos_token": tokenizer.eos_token,
-                "pad_token": tokenizer.pad_token,
-                "unk_token": tokenizer.unk_token,
-                "additional_special_tokens": list(ROLE_TOKENS),
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    special_map = {**specials, "additional_special_tokens": list(ROLE_TOKENS)}
+    (path / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")

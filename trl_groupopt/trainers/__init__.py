@@ -6,13 +6,5 @@ from ..methods import SHIPPED
 
 _EXPORTS = {name: module for spec in SHIPPED for name, module in spec.exports.items()}
 
-
-def __getattr__(name: str):  # PEP 562: a name is imported on first access
-    return _lazy.load(__name__, _EXPORTS, name)
-
-
-def __dir__() -> list[str]:
-    return _lazy.names(__name__, _EXPORTS)
-
-
+__getattr__, __dir__ = _lazy.exports(__name__, _EXPORTS)  # PEP 562: a name is imported on first access
 __all__ = list(_EXPORTS)

@@ -1,16 +1,8 @@
 """`GroupOptTrainer`: TRL's `GRPOTrainer` with the policy objective as a pluggable pure function.
 
-Each TRL hook the library changes is overridden here, once, in the order a run meets it: construction, `train`, the
-batch, the loss, logging, saving. Each hook hands its work to one helper: `loss.py` (TRL 1.16's loss around the
-method's `objective` and `compute_advantages`), `batching.py` (whole groups, raw rewards, equal-reward groups),
-`metrics.py` (one collective per micro-batch), `energy.py` (the fused head's energy, for estimators that need it),
-`report.py` (the mechanism report, a callback saved in checkpoints), `guard.py` (NaN/inf stops before it is applied
-or saved), `checkpointing.py` (the run folder). A method trainer sets the class flags and overrides `objective`; which
-method it is, its card metadata (TRL's `_name`, `_tag_names`, `_paper`) and its mechanism come from the registry.
-
-With the default objective and estimator this trainer *is* TRL's GRPO/GSPO/DAPO (tests/trainers/test_base_parity.py);
-TRL's surrogate-replacing loss types (cispo, sapo, vespo) then go to `GRPOTrainer._compute_loss`, and are refused for
-any other objective or estimator. TRL upgrade checklist: docs/trl-upgrade.md.
+Each TRL hook the library changes is overridden here, once, in the order a run meets it, and hands its work to one
+helper module of this package. With the default objective and estimator it *is* TRL's GRPO/GSPO/DAPO
+(tests/trainers/test_base_parity.py). TRL upgrade checklist: docs/trl-upgrade.md.
 """
 
 from __future__ import annotations
@@ -48,8 +40,7 @@ __all__ = ["GroupOptTrainer"]
 
 
 class _FromSpec:
-    """TRL's card metadata (`_name`, `_tag_names`, `_paper`) from the class's registered spec (GRPOTrainer's for a
-    class that is no registered method); a class may set its own."""
+    """TRL's card metadata (`_name`, `_tag_names`, `_paper`) from the class's registered spec (else GRPOTrainer's)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -66,7 +57,6 @@ class _FromSpec:
 
 
 def _is_passthrough(function: Callable) -> bool:
-    """Whether `function` has the signature `(self, *args, **kwargs)`."""
     kinds = [param.kind for param in inspect.signature(function).parameters.values()]
     return kinds == [inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_POSITIONAL,
                      inspect.Parameter.VAR_KEYWORD]  # fmt: skip
@@ -77,18 +67,16 @@ class GroupOptTrainer(GRPOTrainer):
 
     _name, _tag_names, _paper = _FromSpec(), _FromSpec(), _FromSpec()
     config_class: ClassVar[type[GRPOConfig]] = GRPOConfig  # where the knobs are
-    #: The objective needs whole groups (and `group_ids`) in every micro-batch (or a function of the config that
-    #: says so, for a trainer with modes); estimators declare their own needs.
+    #: The objective needs whole groups (and `group_ids`) in every micro-batch (or a function of the config).
     requires_whole_groups: ClassVar[bool | Callable[[Any], bool]] = False
     supports_delta: ClassVar[bool] = True  # whether TRL's `delta` (two-sided surrogate clip) means anything here
-    #: What happens to the mechanism on-policy, e.g. "ECHO's batch clip never acts" (then it warns); None: it acts.
+    #: What happens to the mechanism on-policy (then it warns), e.g. "ECHO's batch clip never acts"; None: it acts.
     inert_on_policy: ClassVar[str | None] = None
     #: The objective applies TRL's per-token loss weights itself (keyword `loss_weights`, None when all are off).
     objective_applies_loss_weights: ClassVar[bool] = False
     #: Changes TRL's loss or advantages (derived per subclass): only a class without may run TRL's cispo/sapo/vespo.
     has_own_objective: ClassVar[bool] = False
-    #: (text of a TRL construction warning that would mislead this method's users, the line logged in its place by
-    #: the trainer's module logger, formatted with `args`); None: TRL's warnings pass.
+    #: (text of a misleading TRL construction warning, the line logged in its place, formatted with `args`).
     replaces_trl_warning: ClassVar[tuple[str, str] | None] = None
     heldout_accuracy: dict[str, Any] | None = None  # {"before", "after", "num_examples"} when measured (the card)
 
@@ -117,7 +105,7 @@ class GroupOptTrainer(GRPOTrainer):
             args = self.config_class(f"{model_name.split('/')[-1]}-{self._name.split()[0]}")
         self.validate_args(args)
         check_loss_routed_through_compute_loss(type(self), bool(args.use_liger_kernel))
-        # Data/reward checks at the door; reward functions come back wrapped so a non-number fails with their name.
+        # Reward functions come back wrapped so a non-number fails with their name.
         reward_funcs = checks.prepare_trainer_inputs(reward_funcs, train_dataset, environment_factory)
         self._metrics_queue = MetricsQueue()
         self._energy: EnergyCapture | None = None
@@ -132,7 +120,6 @@ class GroupOptTrainer(GRPOTrainer):
             )  # fmt: skip
         if dropped:
             logging.getLogger(type(self).__module__).warning(replaced[1].format(args=self.args))
-        #: The advantage estimator (`advantage_estimator`; TRL's own for a config without the field).
         self.estimator: AdvantageEstimator = estimator_of(self.args)
         self._estimator_knobs = estimator_knobs(self.args, self.estimator)
         if self.estimator.needs_energy:
@@ -144,33 +131,27 @@ class GroupOptTrainer(GRPOTrainer):
         if report is not None:
             self.add_callback(report)
 
-    # ------------------------------------------------------------------ what the class declares
     @classmethod
     def method_for(cls, args: Any) -> MethodSpec | None:
-        """The registered method this class runs with `args` (a mode's spec where `args` selects it; None for a class
-        with its own objective that no spec names)."""
         return spec_for(cls, args)
 
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:
-        """Whether micro-batches hold whole groups: the objective's `requires_whole_groups`, or the estimator's."""
         needs = cls.requires_whole_groups
         return bool(needs(args) if callable(needs) else needs) or estimator_of(args).needs_whole_groups
 
     @property
     def group_size(self) -> int:
-        """Rows per group: a whole-group micro-batch is consecutive runs of this many (TRL's sampler order)."""
         return self.num_generations if self.model.training else self.num_generations_eval
 
     @classmethod
     def validate_args(cls, args: GRPOConfig) -> None:
-        """Raise a `ValueError` that names the fix for every config this trainer cannot honour."""
         if not isinstance(args, cls.config_class):
             raise ValueError(
                 f"{cls.__name__} reads its settings from a {cls.config_class.__name__}, got a {type(args).__name__}: "
                 f"build the config with {cls.config_class.__name__}(...) (it accepts every GRPOConfig argument)."
             )
-        check_numeric_args(cls.__name__, args)  # num_iterations, beta, max_grad_norm, ... (args_check.py)
+        check_numeric_args(cls.__name__, args)
         estimator = estimator_of(args)
         trl_loss = args.loss_type in loss.TRL_SURROGATE_LOSS_TYPES
         if args.loss_type not in loss.SUPPORTED_LOSS_TYPES and not (
@@ -203,10 +184,9 @@ class GroupOptTrainer(GRPOTrainer):
                     f"in {[groups * k for k in range(1, 5)]}, or a num_generations that divides {batch_size}."
                 )
 
-    # ------------------------------------------------------------------ train
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        """transformers' `train` in the locked run folder, resuming only from complete checkpoints (`"last"`: the
-        newest; a finished run returns at once), then the mechanism report: printed, or a warning when a mechanism never acted."""
+        """transformers' `train` in the locked run folder (docs/reliability.md), then the mechanism report: printed, or
+        a warning when a mechanism never acted."""
         with self.run_folder.training(resume_from_checkpoint) as (checkpoint, finished):
             if finished is not None:  # a finished run: nothing trains, nothing changes (`resume.py`)
                 return finished
@@ -221,14 +201,12 @@ class GroupOptTrainer(GRPOTrainer):
                 print(report.text, flush=True)
         return output
 
-    # ------------------------------------------------------------------ the batch
     def _prepare_inputs(self, generation_batch):
         if not self.whole_groups or not self.model.training:
             return super()._prepare_inputs(generation_batch)
         return batching.prepare_whole_groups(self, generation_batch)
 
     def _generate_and_score_completions(self, inputs):
-        """TRL's, plus the batch fields the objective and estimator need (`group_ids`, raw `rewards`, energy)."""
         self._raw_rewards_per_func = None  # filled by `_calculate_rewards` during TRL's call
         if self._energy is not None:
             self._energy.records = []
@@ -245,11 +223,8 @@ class GroupOptTrainer(GRPOTrainer):
         self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
         return rewards_per_func
 
-    # ------------------------------------------------------------------ the loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        output = super().compute_loss(
-            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
-        )
+        output = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         guard.check_loss(self, model, output)
         return output
 
@@ -269,24 +244,21 @@ class GroupOptTrainer(GRPOTrainer):
         guard.check_grad_norm(self, grad_norm)
         return grad_norm
 
-    # ------------------------------------------------------------------ the method's hooks
     def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
                   inputs: dict[str, Any]) -> ObjectiveOutput:  # fmt: skip
-        """The policy loss before masking and aggregation. Default: TRL's clipped surrogate (GRPO/GSPO). A class with
-        `objective_applies_loss_weights` takes the keyword `loss_weights` too and returns the weighted loss."""
+        """The policy loss before masking and aggregation (default: TRL's clipped surrogate). With
+        `objective_applies_loss_weights` it takes the keyword `loss_weights` too and returns the weighted loss."""
         return clipped_surrogate_loss(per_token_logps, old_per_token_logps, advantages, mask,
                                       epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
                                       importance_sampling_level=self.importance_sampling_level,
                                       delta=self.args.delta)  # fmt: skip
 
     def compute_advantages(self, inputs: dict[str, Any], per_token_logps: Tensor, mask: Tensor) -> Tensor:
-        """(B,) or (B, T) advantages for this micro-batch from the config's estimator (TRL's for `"grpo"`), whose
-        metrics are queued for this micro-batch's log."""
+        """(B,) or (B, T) advantages for this micro-batch from the config's estimator."""
         out = self.estimator.estimate(loss.estimator_inputs(self, inputs, mask), **self._estimator_knobs)
         if out.metrics:
-            self._log_objective_metrics(
-                dict(out.metrics), out.metrics_mask, "train" if self.model.training else "eval"
-            )
+            mode = "train" if self.model.training else "eval"
+            self._log_objective_metrics(dict(out.metrics), out.metrics_mask, mode)
         return out.advantages
 
     # What a method's extra forward reuses (ECHO's step totals): the loss's forward, weights and metric queue.
@@ -301,13 +273,10 @@ class GroupOptTrainer(GRPOTrainer):
     def _metrics_discarded(self):
         return self._metrics_queue.discarded()
 
-    # ------------------------------------------------------------------ metrics and the mechanism report
     def _log_objective_metrics(self, metrics: dict[str, Tensor], mask: Tensor, mode: str) -> None:
-        """Queue an objective's metrics (reduced as TRL reduces its own, `metrics.py`) for this micro-batch's log."""
         self._metrics_queue.add(metrics, mask, mode)
 
     def _flush_metrics(self) -> None:
-        """Reduce the queued metrics (one collective, one sync), log them, and feed the mechanism report."""
         report = self._report_callback
         for mode, name, value in self._metrics_queue.flush(self.accelerator):
             self._metrics[mode][name].append(value)
@@ -315,7 +284,7 @@ class GroupOptTrainer(GRPOTrainer):
                 report.tracker.record(name, value)
 
     def log_step_metric(self, name: str, value: float) -> None:
-        """Log `value` under `name` with the trainer's next log (averaged, as TRL's metrics, over the values since)."""
+        """Log `value` under `name` with the trainer's next log (averaged over the values since)."""
         self._metrics["train"][name].append(value)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -329,30 +298,26 @@ class GroupOptTrainer(GRPOTrainer):
     @property
     def _report_callback(self) -> MechanismReportCallback | None:
         handler = self.__dict__.get("callback_handler")
-        found = [cb for cb in handler.callbacks if isinstance(cb, MechanismReportCallback)] if handler else []
-        return found[0] if found else None
+        callbacks = handler.callbacks if handler else []
+        return next((cb for cb in callbacks if isinstance(cb, MechanismReportCallback)), None)
 
     def mechanisms(self) -> tuple[Mechanism, ...]:
-        """The mechanisms this run reports: its method's, and OTB's token baseline when the advantages are OTB's."""
+        """The mechanisms this run reports: its method's, and its advantage estimator's."""
         report = self._report_callback
         return report.tracker.mechanisms if report is not None else ()
 
     @property
     def mechanism_report(self) -> MechanismReport | None:
-        """Whether the method's mechanism acted, over the optimizer steps of the whole run so far (a resumed run
-        included; None for a class without a definition). `str(report)` is what `train()` prints."""
+        """Whether the mechanisms acted, over the whole run so far (None for a class without a definition)."""
         report = self._report_callback
         return report.report() if report is not None else None
 
     @property
     def _energy_capture(self) -> bool:
-        """Whether the log-prob forwards record their energy (the estimator needs it)."""
         return self._energy is not None
 
-    # ------------------------------------------------------------------ saving
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """transformers' `_save` (weights checked finite, `training_args.bin` without the token), then our card (and an
-        adapter's portable base, `model_card.portable_adapter_config`)."""
+        """transformers' `_save` (weights checked finite, `training_args.bin` without the token), then our card."""
         guard.check_weights(self, state_dict, output_dir)
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         with tokens_withheld(), disk_full_explained(output_dir):
@@ -370,7 +335,7 @@ class GroupOptTrainer(GRPOTrainer):
             super()._save_checkpoint(model, trial)
 
     def _issue_warnings_after_load(self, load_result) -> None:
-        """transformers' warnings, less a tied weight reported missing (restored by the tie: `resume.py`)."""
+        """transformers' warnings, less a tied weight reported missing (restored by the tie)."""
         if hasattr(load_result, "_replace"):
             load_result = load_result._replace(
                 missing_keys=missing_keys_to_report(self.model, load_result.missing_keys)
@@ -378,12 +343,10 @@ class GroupOptTrainer(GRPOTrainer):
         super()._issue_warnings_after_load(load_result)
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        """transformers' checkpoint push; the `training_args.bin` it writes before uploading holds no token."""
         with tokens_withheld():
             super()._push_from_checkpoint(checkpoint_folder)
 
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None, **kwargs):
-        """TRL's card plus the method's sections (`trl_groupopt.model_card`)."""
         from ..model_card import create_model_card
 
         create_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags, **kwargs)

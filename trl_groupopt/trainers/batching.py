@@ -1,6 +1,5 @@
-"""What each micro-batch carries: whole groups with `group_ids` where the objective (DFPO) or the estimator (OTB)
-couples a group's sequences (TRL's row shuffle becomes a shuffle of whole groups), the raw `rewards` for estimators
-that read them, and advantage exactly 0 for a method's groups whose rewards are all equal (`equal_reward_rows`)."""
+"""What each micro-batch carries: whole groups with `group_ids` where the objective or estimator couples a group's
+sequences, the raw `rewards` for estimators that read them, and advantage 0 for a method's equal-reward groups."""
 
 from __future__ import annotations
 
@@ -17,12 +16,8 @@ __all__ = [
 
 
 def group_ids_for_local_batch(num_rows: int, num_generations: int, process_index: int, device=None) -> Tensor:
-    """(num_rows,) global group index of each local row.
-
-    TRL's `RepeatSampler` yields each prompt `num_generations` times in a row, and each process receives a
-    contiguous slice of `num_rows` rows of the global generation batch (`process_slice` in
-    `_generate_and_score_completions`), so the global row index divided by `num_generations` names the group.
-    """
+    """(num_rows,) global group index of each local row: TRL's `RepeatSampler` yields each prompt `num_generations`
+    times in a row, and each process holds a contiguous slice of the global generation batch."""
     # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): `process_slice` of the gathered batch
     if num_rows % num_generations != 0:
         raise ValueError(
@@ -34,11 +29,8 @@ def group_ids_for_local_batch(num_rows: int, num_generations: int, process_index
 
 
 def shuffle_whole_groups(batch: dict[str, Any], group_ids: Tensor, generator: torch.Generator | None = None):
-    """Permute whole groups of a generation batch, keeping each group's rows contiguous and in order.
-
-    Replaces TRL's `shuffle_sequence_dict` (a row permutation that scatters groups across micro-batches).
-    Tensors with a leading batch dimension and per-row lists are permuted; scalars and None pass through.
-    """
+    """Permute whole groups of a generation batch, keeping each group's rows contiguous and in order (TRL's
+    `shuffle_sequence_dict` would scatter groups across micro-batches)."""
     # mirrors trl.trainer.utils.shuffle_sequence_dict (trl 1.16.0): which values are permuted and how
     unique_groups, inverse = torch.unique_consecutive(group_ids, return_inverse=True)
     num_groups = unique_groups.numel()
@@ -63,12 +55,9 @@ def shuffle_whole_groups(batch: dict[str, Any], group_ids: Tensor, generator: to
 
 
 def equal_reward_rows(rewards: Tensor, num_generations: int) -> Tensor:
-    """(N,) True on the rows of every group whose scored `rewards` (N,) are all equal (NaN: unscored).
-
-    Groups are consecutive blocks of `num_generations` rows, as in TRL's global generation batch. TRL centres by the
-    group mean, which float rounding does not always return exactly (float32: 0.3 six times leaves ~3e-8), and then
-    divides by ``std + 1e-4``: such a group would train with advantages ~3e-4 of one sign instead of 0.
-    """
+    """(N,) True on the rows of every group whose scored `rewards` (N,) are all equal (NaN: unscored). TRL centres by
+    the group mean, which float rounding does not always return exactly (float32: 0.3 six times leaves ~3e-8), then
+    divides by ``std + 1e-4``: such a group would train with advantages ~3e-4 of one sign instead of 0."""
     grouped = rewards.view(-1, num_generations)  # (K, G)
     scored = ~torch.isnan(grouped)
     highest = torch.where(scored, grouped, -torch.inf).amax(dim=1)  # (K,)
@@ -77,7 +66,6 @@ def equal_reward_rows(rewards: Tensor, num_generations: int) -> Tensor:
 
 
 def _check_groups_share_prompts(prompt_ids: Tensor, num_generations: int) -> None:
-    """Every row of a group must hold the same prompt; anything else means groups were misaligned."""
     grouped = prompt_ids.view(-1, num_generations, prompt_ids.size(-1))  # (K, G, P)
     if not torch.equal(grouped, grouped[:, :1].expand_as(grouped)):
         raise RuntimeError(
@@ -87,8 +75,6 @@ def _check_groups_share_prompts(prompt_ids: Tensor, num_generations: int) -> Non
 
 
 def _check_groups_share_rows(prompts: list[Any], num_generations: int) -> None:
-    """As `_check_groups_share_prompts`, on the dataset rows' prompts, before an environment's `reset()` edits
-    them (rollouts of one row may then see different prompts, as in TRL)."""
     for start in range(0, len(prompts), num_generations):
         if any(p != prompts[start] for p in prompts[start : start + num_generations]):
             raise RuntimeError(
@@ -98,11 +84,10 @@ def _check_groups_share_rows(prompts: list[Any], num_generations: int) -> None:
 
 
 def add_batch_fields(trainer, output: dict[str, Any], inputs) -> dict[str, Any]:
-    """`output` of TRL's `_generate_and_score_completions` with `group_ids` (checked against the prompts) and the raw
-    `rewards` where the trainer needs them, and advantage exactly 0 for a method's equal-reward groups."""
+    """TRL's batch with `group_ids` and raw `rewards` where needed; advantage 0 for equal-reward groups."""
     t = trainer
     num_rows = output["completion_ids"].shape[0]
-    num_generations = t.num_generations if t.model.training else t.num_generations_eval
+    num_generations = t.group_size
     start = t.accelerator.process_index * num_rows  # mirrors TRL's `process_slice` (trl 1.16.0)
     if t.whole_groups:
         output["group_ids"] = group_ids_for_local_batch(
@@ -123,9 +108,7 @@ def add_batch_fields(trainer, output: dict[str, Any], inputs) -> dict[str, Any]:
 
 
 def global_raw_rewards(trainer) -> Tensor:
-    """(N_global,) weighted sum of the reward functions for the generation batch; NaN where unscorable: the
-    combination TRL logs as `reward`, before any group centring or scaling (environment rewards included: TRL appends
-    them as a column with weight 1)."""
+    """(N_global,) weighted sum of the reward functions (TRL's `reward`, before centring); NaN: unscorable."""
     # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): the `rewards` sum
     rewards_per_func = trainer._raw_rewards_per_func  # (N_global, F), kept by `_calculate_rewards`
     weights = trainer.reward_weights.to(rewards_per_func.device).unsqueeze(0)
@@ -135,7 +118,6 @@ def global_raw_rewards(trainer) -> Tensor:
 
 
 def prepare_whole_groups(trainer, generation_batch):
-    """TRL's `_prepare_inputs` (training), with a shuffle of whole groups in place of the row shuffle."""
     # mirrors GRPOTrainer._prepare_inputs (trl 1.16.0), train branch; only the shuffle differs
     t = trainer
     generate_every = t.args.steps_per_generation * t.num_iterations

@@ -1,7 +1,5 @@
-"""The run-folder hooks `GroupOptTrainer` calls (`trl_groupopt.run_folder` and `trl_groupopt.resume` hold the rules):
-`training` around `train()` (the output folder's lock; the resume rules; the complete checkpoint to resume from, or
-the finished run's output), `saving_checkpoint` around each checkpoint save (its completion record removed before,
-written with its digests once every process has saved; a full disk named as such)."""
+"""The run-folder hooks `GroupOptTrainer` calls around `train()` and each checkpoint save (the rules:
+`trl_groupopt.run_folder`, `trl_groupopt.resume`; docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -17,8 +15,6 @@ __all__ = ["RunFolder"]
 
 
 class RunFolder:
-    """The run-folder rules of one trainer (see the module docstring)."""
-
     def __init__(self, trainer) -> None:
         self.trainer = trainer
 

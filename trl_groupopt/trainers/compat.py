@@ -11,14 +11,9 @@ __all__ = ["check_loss_routed_through_compute_loss", "dropping_trl_warning"]
 
 
 def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: bool) -> None:
-    """Raise if the installed stack would compute a loss other than our `_compute_loss`.
-
-    - Unsloth rebinds `trl.GRPOTrainer` and replaces `compute_loss`: any class in the MRO from an Unsloth module, or a
-      `compute_loss` that is not TRL's, means our objective would be silently dropped.
-    - Liger: TRL <= 1.13 routed `use_liger_kernel=True` to a fused Liger GRPO loss that bypasses `_compute_loss`.
-      TRL 1.16 only patches model kernels (RMSNorm, RoPE, SwiGLU) and keeps the loss in `_compute_loss`, so Liger is
-      allowed there. We detect the old routing by the `compute_liger_loss` method it needed.
-    """
+    """Raise if the installed stack would compute a loss other than our `_compute_loss`: Unsloth rebinds
+    `trl.GRPOTrainer` and replaces `compute_loss`; TRL <= 1.13 routed Liger to a fused loss (detected by its
+    `compute_liger_loss`), while TRL 1.16 only patches model kernels."""
     for klass in trainer_cls.__mro__:
         if "unsloth" in (klass.__module__ or "").lower() or "unsloth" in klass.__name__.lower():
             raise ValueError(
@@ -42,8 +37,6 @@ def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: 
 
 
 class _DropRecords(logging.Filter):
-    """Drops (and keeps) the log records whose message contains `text`; every other record passes."""
-
     def __init__(self, text: str | None) -> None:
         super().__init__()
         self.text, self.dropped = text, []
@@ -57,8 +50,7 @@ class _DropRecords(logging.Filter):
 
 @contextlib.contextmanager
 def dropping_trl_warning(text: str | None) -> Iterator[list[logging.LogRecord]]:
-    """Inside the block, the warnings of `trl.trainer.grpo_trainer` whose message contains `text` are dropped (every
-    other record passes); yields the list of the dropped records, for the caller to put its own word instead."""
+    """Drop TRL's GRPO warnings containing `text` inside the block; yields the dropped records."""
     trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
     drop = _DropRecords(text)
     trl_logger.addFilter(drop)

@@ -1,6 +1,5 @@
 """What every method config shares: `TokenSafeConfigMixin` (token safety, bf16 by device, the no-reward cap, the
-non-finite guard) and `AdvantageEstimatorConfigMixin` (which advantages the objective receives, and the estimators'
-knobs). A method config binds its fields to its objective's arguments with `objectives.common.config_arguments`."""
+non-finite guard) and `AdvantageEstimatorConfigMixin` (the advantage estimator and its knobs)."""
 
 from __future__ import annotations
 
@@ -22,40 +21,29 @@ __all__ = ["AdvantageEstimatorConfigMixin", "TokenSafeConfigMixin", "estimator_k
 _WITHHOLD_TOKENS: ContextVar[bool] = ContextVar("trl_groupopt_withhold_tokens", default=False)
 
 
-def _without_tokens(state: Any) -> Any:
-    if not (_WITHHOLD_TOKENS.get() and isinstance(state, dict)):
-        return state
-    return {key: (None if key.endswith("_token") else value) for key, value in state.items()}
-
-
 def _reduce_training_arguments(args: TrainingArguments) -> tuple:
-    """`copyreg` reducer of every `TrainingArguments` class: the default reduction, with the state's `*_token` fields
-    set to None under `tokens_withheld()` (unchanged elsewhere, so copies and in-memory pickles keep the token)."""
+    """`copyreg` reducer of every `TrainingArguments` class: the default reduction, less the tokens when withheld."""
     reduced = list(object.__reduce_ex__(args, 2))  # (copyreg.__newobj__, (cls,), state, ...), as pickle would
-    reduced[2] = _without_tokens(reduced[2])
+    state = reduced[2]
+    if _WITHHOLD_TOKENS.get() and isinstance(state, dict):
+        reduced[2] = {key: (None if key.endswith("_token") else value) for key, value in state.items()}
     return tuple(reduced)
 
 
 def _withhold_for_every_config_class() -> None:
-    """Register the reducer for `TrainingArguments` and every subclass defined so far (TRL's plain `GRPOConfig`, a
-    user's own config): `copyreg`'s table is looked up by exact class, and a plain `GRPOConfig` has no
-    `TokenSafeConfigMixin.__getstate__`, so without it the baseline method wrote its token to disk."""
-    classes, pending = set(), [TrainingArguments]
+    """Register the reducer for `TrainingArguments` and every subclass so far: `copyreg`'s table is looked up by exact
+    class, so without it a plain `GRPOConfig` (the baseline method) wrote its token to disk."""
+    pending = [TrainingArguments]
     while pending:
         cls = pending.pop()
-        if cls not in classes:
-            classes.add(cls)
-            pending.extend(cls.__subclasses__())
-    for cls in classes:
         copyreg.dispatch_table.setdefault(cls, _reduce_training_arguments)
+        pending.extend(cls.__subclasses__())
 
 
 @contextmanager
 def tokens_withheld() -> Iterator[None]:
-    """Within it, every training config (any `TrainingArguments`, e.g. TRL's plain `GRPOConfig`, not only the method
-    configs) pickles without its `*_token` fields: what `GroupOptTrainer` writes to disk (`training_args.bin` in
-    checkpoints and the output folder) and uploads. Elsewhere (`copy.deepcopy`, pickling in memory, e.g. to another
-    process) the token is kept."""
+    """Within it, every `TrainingArguments` pickles without its `*_token` fields (what the trainer writes to disk and
+    uploads); elsewhere (`copy.deepcopy`, pickling to another process) the token is kept."""
     _withhold_for_every_config_class()
     reset = _WITHHOLD_TOKENS.set(True)
     try:
@@ -66,10 +54,7 @@ def tokens_withheld() -> Iterator[None]:
 
 @dataclass(repr=False)
 class TokenSafeConfigMixin:
-    """Mixed into every method config, first (`@dataclass(repr=False)`): pickled under `tokens_withheld()` (the
-    trainer's `training_args.bin`, saved and uploaded) it drops every `*_token` field, and `repr()` redacts; the live
-    object keeps the token for pushing. It also picks `bf16` by device and adds `max_all_none_reward_batches` and
-    `nonfinite_guard`."""
+    """Mixed into every method config, first: `repr()` redacts the tokens, `bf16` is picked by device."""
 
     max_all_none_reward_batches: int = field(
         default=DEFAULT_MAX_ALL_NONE_REWARD_BATCHES,
@@ -106,7 +91,7 @@ class TokenSafeConfigMixin:
 
 
 def estimator_knobs(config: Any, estimator: AdvantageEstimator) -> dict[str, Any]:
-    """`{knob: value}` of `estimator`'s knobs in `config`, the keywords its `estimate` and `validate` take."""
+    """`{knob: value}` of `estimator`'s knobs in `config`."""
     missing = [knob for knob in estimator.knobs if not hasattr(config, knob)]
     if missing:
         raise ValueError(
@@ -117,8 +102,6 @@ def estimator_knobs(config: Any, estimator: AdvantageEstimator) -> dict[str, Any
 
 
 class _EstimatorChecks:
-    """The checks of `AdvantageEstimatorConfigMixin` (its fields are the estimators')."""
-
     def __post_init__(self):
         # Checked before TRL's own post-init: a bad value fails at once, naming the field and the fix.
         try:
@@ -131,7 +114,7 @@ class _EstimatorChecks:
         super().__post_init__()
 
     def _check_no_unused_estimator_knobs(self, selected: AdvantageEstimator) -> None:
-        """Raise when a knob of an estimator other than the selected one is set: it would silently do nothing."""
+        # A knob of an estimator other than the selected one would silently do nothing.
         defaults = {f.name: f.default for f in fields(self) if f.default is not MISSING}
         for estimator in ESTIMATORS.values():
             if estimator is selected:
@@ -145,7 +128,6 @@ class _EstimatorChecks:
 
 
 def _estimator_fields() -> list[tuple[str, Any, Any]]:
-    """`advantage_estimator` (its choices and help from the registry) and every registered estimator's knobs."""
     choices = "; ".join(f"{name!r}: {estimator.summary}" for name, estimator in ESTIMATORS.items())
     selector = field(
         default=DEFAULT_ESTIMATOR,
@@ -154,11 +136,8 @@ def _estimator_fields() -> list[tuple[str, Any, Any]]:
     return [("advantage_estimator", str, selector), *(f for e in ESTIMATORS.values() for f in e.config_fields)]
 
 
-#: Mixed into every method config (before the `GRPOConfig` base): `advantage_estimator`, which advantages the policy
-#: objective receives (`trl_groupopt/objectives/estimators.py`; what each combination with a method's objective means
-#: is on the method's page), and the knobs of every estimator registered when this module is imported, each declared
-#: by its estimator entry (`AdvantageEstimator.config_fields`). A knob of an estimator that is not selected may not
-#: be set.
+#: Mixed into every method config (before `GRPOConfig`): `advantage_estimator` and the knobs of every estimator
+#: registered when this module is imported (`AdvantageEstimator.config_fields`).
 AdvantageEstimatorConfigMixin = make_dataclass(
     "AdvantageEstimatorConfigMixin", _estimator_fields(), bases=(_EstimatorChecks,), repr=False
 )

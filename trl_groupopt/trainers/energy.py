@@ -1,18 +1,15 @@
-"""Logit-gradient energy from the forwards TRL already runs, for advantage estimators that need it (OTB's).
+"""Logit-gradient energy from the forwards TRL already runs, for estimators that declare `needs_energy`.
 
-TRL's fused, tiled LM head can also return `log_sum_sq_probs = log sum_v p_v^2` (no gradient) from the same tiles.
-`EnergyCapture` (built only when the estimator declares `needs_energy`) asks the head for it and records, for each
-`_get_per_token_logps_and_entropies` call, the energy beside the log-probs it returned: no second forward, no
-(B, T, V) tensor, no module hook. Off-policy, the behaviour forward's energy (the policy that sampled, as verl) goes
-into the batch as `old_per_token_energy` and the training forward runs TRL's own head; on-policy the training
-forward's energy is used. `rollout_energy(inputs)` is what an estimator reads.
+TRL's fused, tiled LM head can also return `log_sum_sq_probs = log sum_v p_v^2` (no gradient) from the same tiles:
+no second forward, no (B, T, V) tensor, no module hook. Off-policy, the behaviour forward's energy (the policy that
+sampled, as verl) goes into the batch as `old_per_token_energy` and the training forward runs TRL's own head.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from accelerate.utils import is_peft_model
@@ -24,17 +21,8 @@ from ..objectives.common import energy_from_log_probs
 __all__ = ["EnergyCapture"]
 
 
-class _EnergyRecord(NamedTuple):
-    """One `_get_per_token_logps_and_entropies` call: the log-probs it returned and their energy (None when the model
-    called has no `log_sum_sq_probs` field, e.g. a separate reference model)."""
-
-    per_token_logps: Tensor  # (B, T)
-    energy: Tensor | None  # (B, T), detached
-
-
 class _FusedOutputRecorder:
-    """Stands in for the model during one `_get_per_token_logps_and_entropies` call and keeps each forward's
-    `log_sum_sq_probs`. Calls and attribute reads go to the model (whatever wrapper it is: DDP, FSDP, PEFT) unchanged."""
+    """Stands in for the model (any wrapper) in one TRL log-prob call; keeps each forward's `log_sum_sq_probs`."""
 
     def __init__(self, model):
         self.model = model
@@ -50,9 +38,8 @@ class _FusedOutputRecorder:
 
 
 class EnergyCapture:
-    """The energy of every log-prob forward of `trainer` (see the module docstring), built after TRL's `__init__`,
-    which patched the head: re-patches the fused LM head (TRL's public helper, on the module TRL patched) so that it
-    also returns `log_sum_sq_probs` from the same tiles, and keeps TRL's head for forwards whose energy is unused."""
+    """Built after TRL's `__init__` patched the head: re-patches the fused LM head (TRL's public helper) to return
+    `log_sum_sq_probs` too, and keeps TRL's head for forwards whose energy is unused."""
 
     def __init__(self, trainer) -> None:
         self.head = trainer.model.get_base_model() if is_peft_model(trainer.model) else trainer.model
@@ -64,18 +51,17 @@ class EnergyCapture:
             outputs=("log_probs", "entropy", "log_sum_sq_probs"),
         )
         self.fused_forward = self.head.forward
-        self.records: list[_EnergyRecord] = []
+        #: (log-probs, energy) of each TRL log-prob call; energy None for a model without `log_sum_sq_probs`
+        self.records: list[tuple[Tensor, Tensor | None]] = []
         self.training_energy: Tensor | None = None
 
     def rollout_energy(self, inputs: dict[str, Any]) -> Tensor:
-        """(B, T) energy of the policy that sampled `inputs`: the behaviour forward's off-policy, else the training
-        forward's (then the same policy)."""
+        """(B, T) energy of the policy that sampled `inputs` (on-policy: the training forward's)."""
         energy = inputs.get("old_per_token_energy")
         return self.training_energy if energy is None else energy
 
     def recorded(self, trl_method, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        """TRL's `_get_per_token_logps_and_entropies` (`trl_method`) run with a recorder in place of `model`; records
-        `(log-probs, energy)` of the call."""
+        """TRL's `_get_per_token_logps_and_entropies` (`trl_method`), recording `(log-probs, energy)` of the call."""
         recorder = _FusedOutputRecorder(model)
         per_token_logps, entropies, aux_loss = trl_method(
             recorder, input_ids, attention_mask, logits_to_keep, *args, **kwargs
@@ -86,15 +72,15 @@ class EnergyCapture:
             # mirrors TRL's `_get_per_token_logps_and_entropies`: `log_probs[:, -logits_to_keep:]` per chunk, concatenated
             log_sum_sq = torch.cat([f[:, -logits_to_keep:] for f in fields])  # (B, T)
             energy = energy_from_log_probs(per_token_logps, log_sum_sq)  # (B, T), detached
-        self.records.append(_EnergyRecord(per_token_logps, energy))
+        self.records.append((per_token_logps, energy))
         return per_token_logps, entropies, aux_loss
 
     def take(self, per_token_logps: Tensor, forward: str) -> Tensor:
-        """The energy recorded beside `per_token_logps` (the very tensor a recorded call returned); clears the records."""
+        """The energy recorded beside `per_token_logps` (the very tensor); clears the records."""
         records, self.records = self.records, []
-        for record in records:
-            if record.per_token_logps is per_token_logps and record.energy is not None:
-                return record.energy
+        for logps, energy in records:
+            if logps is per_token_logps and energy is not None:
+                return energy
         raise RuntimeError(
             f"OTB found no energy for the {forward} forward: TRL's `_get_per_token_logps_and_entropies` did not return "
             "the log-probs of a fused-head call with `log_sum_sq_probs`. This TRL version computes log-probs "
@@ -102,8 +88,7 @@ class EnergyCapture:
         )
 
     def add_behaviour_energy(self, output: dict[str, Any]) -> None:
-        """Off-policy, put the behaviour policy's energy in the batch TRL's `_generate_and_score_completions` made
-        (as `old_per_token_energy`); clears the records (e.g. the reference forward's)."""
+        """Off-policy, put the behaviour policy's energy in TRL's batch; clears the records (e.g. the reference's)."""
         old = output.get("old_per_token_logps")
         if old is not None:
             output["old_per_token_energy"] = self.take(old, "behaviour-policy")
@@ -118,8 +103,6 @@ class EnergyCapture:
             self.head.forward = self.fused_forward
 
     def training_forward(self, forward, model, inputs):
-        """The loss's log-prob forward (`forward(model, inputs)`): off-policy with TRL's head (the advantages use the
-        behaviour policy's energy), on-policy with the fused head, keeping its energy."""
         self.records = []
         if "old_per_token_energy" in inputs:
             with self._trl_head():

@@ -1,12 +1,5 @@
-"""The non-finite guard: a diverging run stops with an error before any non-finite weight is applied, saved or pushed.
-
-transformers trains on through a NaN (and saves all-NaN checkpoints). The guard checks the numbers every step computes,
-before they act: each micro-batch's loss before its backward pass (`check_loss`), each optimizer step's gradient norm
-after clipping, before `optimizer.step()` (`check_grad_norm`; reduced over processes, so every rank stops together),
-and the weights before any save or push (`check_weights`). The error names the step, the metric, the likely causes and
-the last good checkpoint. `nonfinite_guard=False` turns it off; a plain `GRPOConfig` reads as on. Under DeepSpeed the
-optimizer step runs inside the backward pass, so there the gradient check comes after it.
-"""
+"""The non-finite guard: a diverging run stops before any non-finite weight is applied, saved or pushed (transformers
+trains on through a NaN); see docs/reliability.md. The gradient norm is reduced over processes: every rank stops."""
 
 from __future__ import annotations
 
@@ -30,16 +23,15 @@ DEFAULT_NONFINITE_GUARD = True
 
 
 class NonFiniteError(RuntimeError):
-    """Training produced a NaN or inf loss or gradient norm, or weights holding one were about to be saved."""
+    """A NaN or inf loss or gradient norm, or weights holding one about to be saved."""
 
 
 def guard_enabled(args: Any) -> bool:
-    """The config's `nonfinite_guard`, or `DEFAULT_NONFINITE_GUARD` for configs without the field."""
     return bool(getattr(args, "nonfinite_guard", DEFAULT_NONFINITE_GUARD))
 
 
 def _local(tensor: Tensor) -> Tensor:
-    """The process's own shard of a distributed tensor (FSDP2's DTensor), the tensor itself otherwise."""
+    # FSDP2's DTensor: the process's own shard
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
@@ -81,7 +73,6 @@ def _stop(trainer, metric: str, value: Any) -> None:
 
 
 def check_loss(trainer, model, loss) -> None:
-    """Stop before the backward pass of a training micro-batch whose loss is NaN or inf."""
     if model.training and guard_enabled(trainer.args):
         value = (loss[0] if isinstance(loss, tuple) else loss).detach()
         if not bool(torch.isfinite(value).all()):
@@ -89,13 +80,11 @@ def check_loss(trainer, model, loss) -> None:
 
 
 def check_grad_norm(trainer, grad_norm) -> None:
-    """Stop before `optimizer.step()` when the (clipped, process-reduced) gradient norm is NaN or inf."""
     if grad_norm is not None and guard_enabled(trainer.args) and not math.isfinite(float(grad_norm)):
         _stop(trainer, "gradient norm", float(grad_norm))
 
 
 def check_weights(trainer, state_dict, output_dir: str | None) -> None:
-    """Refuse to save weights that hold NaN or inf (before a file is written)."""
     if not guard_enabled(trainer.args):
         return
     bad = nonfinite_weights((state_dict if state_dict is not None else trainer.model.state_dict()).items())

@@ -1,10 +1,5 @@
-"""The loss of `GroupOptTrainer` as plain functions: TRL 1.16's `_compute_loss` around a pluggable objective.
-
-TRL's forward (fused, tiled LM head), the advantages (`compute_advantages`: the config's estimator) and the per-token
-loss (`objective`), then TRL's extras with TRL's semantics: the per-token loss weights (`LossWeights`: off-policy
-mask, entropy mask, vLLM IS correction), beta-KL, the entropy bonus, the MoE aux loss, and the `loss_type`
-aggregation with TRL's gradient-accumulation scaling; the metrics under TRL's names plus the objective's own.
-"""
+"""The loss of `GroupOptTrainer` as plain functions: TRL 1.16's `_compute_loss` (its loss weights, beta-KL, entropy
+bonus, MoE aux loss, `loss_type` aggregation and metrics) around the trainer's `objective` and `compute_advantages`."""
 
 from __future__ import annotations
 
@@ -21,11 +16,9 @@ __all__ = [
     "forward_logps_and_entropies", "loss_mask", "loss_weights", "policy_loss"
 ]  # fmt: skip
 
-# The loss types whose aggregation `_compute_loss` reproduces. TRL's cispo/sapo/vespo replace the surrogate itself,
-# so they cannot be combined with another objective: the base trainer hands them to TRL's own `_compute_loss`.
+# TRL's cispo/sapo/vespo replace the surrogate itself, so they cannot be combined with another objective.
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 TRL_SURROGATE_LOSS_TYPES = ("cispo", "sapo", "vespo")
-#: The batch fields TRL's forward takes for multimodal models.
 _MULTIMODAL_KEYS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
@@ -40,15 +33,13 @@ def loss_mask(inputs: dict[str, Any]) -> Tensor:
 
 
 class LossWeights(NamedTuple):
-    """TRL 1.16's per-token multipliers of the policy loss, in the order `GRPOTrainer._compute_loss` applies them;
-    each None where switched off. Constants of the loss: they carry no gradient."""
+    """TRL 1.16's per-token multipliers of the policy loss, in TRL's order; each None where off. No gradient."""
 
     off_policy_mask: Tensor | None  # (B, 1) 0/1, TRL's off-policy sequence mask
     entropy_mask: Tensor | None  # (B, T) bool, TRL's high-entropy token mask
     importance_weights: Tensor | None  # (B, T) or (B, 1), TRL's vLLM importance-sampling weights
 
     def apply(self, per_token_loss: Tensor) -> Tensor:
-        """`per_token_loss` times each multiplier that is on, as TRL multiplies them."""
         for weight in self:
             if weight is not None:
                 per_token_loss = per_token_loss * weight
@@ -64,7 +55,6 @@ class LossWeights(NamedTuple):
 
 
 def estimator_inputs(trainer, inputs: dict[str, Any], mask: Tensor) -> EstimatorInputs:
-    """What the trainer's estimator reads from the batch: only the fields it declares a need for."""
     estimator = trainer.estimator
     energy = trainer._energy.rollout_energy(inputs) if estimator.needs_energy else None  # (B, T)
     weights = inputs.get("importance_sampling_ratio")  # vLLM IS ratio: (B, T) or (B, 1)
@@ -77,7 +67,6 @@ def estimator_inputs(trainer, inputs: dict[str, Any], mask: Tensor) -> Estimator
 
 
 def policy_loss(trainer, model, inputs: dict[str, Any]) -> Tensor:
-    """`GroupOptTrainer._compute_loss`: TRL's loss with the trainer's `objective` and `compute_advantages`."""
     # mirrors GRPOTrainer._compute_loss (trl 1.16.0): mask, old log-probs, OPSM, entropy mask, vLLM IS, KL,
     # entropy bonus, aux loss and metric names, in TRL's order; only the surrogate and advantages are pluggable
     t = trainer
@@ -117,9 +106,6 @@ def policy_loss(trainer, model, inputs: dict[str, Any]) -> Tensor:
 
 
 def loss_weights(trainer, per_token_logps, old_per_token_logps, advantages, entropies, mask, inputs) -> LossWeights:
-    """TRL's per-token multipliers of the policy loss at the current parameters: the off-policy sequence mask,
-    the high-entropy token mask and the vLLM IS weights, each None where switched off. All are constants of the
-    loss (no gradient): the masks are 0/1 functions of detached log-probs and entropies."""
     # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the off-policy mask, entropy mask and vLLM IS blocks
     off_policy_mask = entropy_mask = importance_weights = None
     if trainer.off_policy_mask_threshold is not None:
@@ -136,7 +122,6 @@ def loss_weights(trainer, per_token_logps, old_per_token_logps, advantages, entr
 
 
 def forward_logps_and_entropies(trainer, model, inputs: dict[str, Any]):
-    """Per-token log-probs, entropies and MoE aux loss of the completion, via TRL's own forward."""
     # mirrors GRPOTrainer._compute_loss (trl 1.16.0): its `_get_per_token_logps_and_entropies` call
     prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
     completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -202,8 +187,6 @@ def _entropy_bonus(trainer, entropies: Tensor, effective_mask: Tensor, mode: str
 
 
 def _update_entropy_coef(trainer, entropies: Tensor, effective_mask: Tensor) -> None:
-    """TRL's adaptive controller: accumulate the window's entropy; at the optimizer step, move the coefficient
-    towards `entropy_target` by `entropy_coef_delta` from the window-global entropy over all ranks."""
     # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `use_adaptive_entropy` block
     stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
     previous = trainer._entropy_window_stats

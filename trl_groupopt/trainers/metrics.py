@@ -1,10 +1,6 @@
-"""The metric reduction of `GroupOptTrainer`: an objective's metrics reduced over processes as TRL reduces its own,
-queued per micro-batch and flushed with one collective and one host sync (TRL: one of each per metric, which stalls a
-GPU a dozen times per micro-batch).
-
-Per-token (B, T) / per-sequence (B, 1) tensors are reduced as TRL reduces its clip indicators (global masked mean, and
-per-sequence min/max for `clip_ratio/low` / `high`); scalars are averaged over processes ignoring NaN; `clip_ratio/*`
-keys get TRL's names."""
+"""An objective's metrics reduced over processes as TRL reduces its own (masked means; per-sequence min/max of the clip
+indicators; scalars nan-averaged), queued per micro-batch and flushed with one collective and one host sync (TRL: one
+of each per metric, which stalls a GPU a dozen times per micro-batch)."""
 
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ _REDUCTIONS = ("mean", "nanmean", "min", "max")
 
 
 def _masked_stats(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Local (sum, count) of a token-weighted mean ((B, 1) values: one per sequence, mask unused), as TRL."""
     if values.shape[1] == 1:
         return values.sum(), values.new_tensor(float(values.shape[0]))
     mask = mask.to(values.dtype)
@@ -30,8 +25,7 @@ def _masked_stats(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _sequence_extreme(name: str, value: Tensor, mask: Tensor) -> Tensor:
-    """TRL's `clip_ratio/low_min` / `clip_ratio/high_max` on this process: the nanmin / nanmax over sequences of
-    each sequence's mean indicator (+-inf when there is none)."""
+    """TRL's `clip_ratio/low_min` / `high_max` on this process (+-inf when there is none)."""
     per_sequence = value.squeeze(1) if value.shape[1] == 1 else (value * mask).sum(-1) / mask.sum(-1)
     low = name.endswith("low")
     fill = torch.full_like(per_sequence, float("inf") if low else float("-inf"))
@@ -40,8 +34,7 @@ def _sequence_extreme(name: str, value: Tensor, mask: Tensor) -> Tensor:
 
 
 def _local_columns(metrics: dict[str, Tensor], mask: Tensor, mode: str) -> tuple[list[tuple[str, str, str]], list]:
-    """The columns (mode, logged name, reduction) of one micro-batch's metrics and their local (value, weight) pairs,
-    in the same order on every rank."""
+    """(mode, logged name, reduction) columns and local (value, weight) pairs, in the same order on every rank."""
     columns, local = [], []
     for name in sorted(metrics):
         value = metrics[name].detach().float()
@@ -63,8 +56,6 @@ def _local_columns(metrics: dict[str, Tensor], mask: Tensor, mode: str) -> tuple
 
 
 class MetricsQueue:
-    """The metrics of the current micro-batch: `add` queues, `flush` reduces them over processes in one collective."""
-
     def __init__(self) -> None:
         self.pending: list[tuple[dict[str, Tensor], Tensor, str]] = []
 
@@ -73,7 +64,7 @@ class MetricsQueue:
 
     @contextmanager
     def discarded(self) -> Iterator[None]:
-        """Drop the metrics queued inside (computations that only prepare the loss, e.g. ECHO's step totals)."""
+        """Drop the metrics queued inside (computations that only prepare the loss)."""
         queued = len(self.pending)
         try:
             yield
@@ -81,7 +72,6 @@ class MetricsQueue:
             del self.pending[queued:]
 
     def flush(self, accelerator) -> list[tuple[str, str, float]]:
-        """Every queued metric reduced over processes with ONE gather and ONE `.tolist()`: (mode, name, value)."""
         # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `clip_ratio/*` metrics (names, nanmin/nanmax over
         # sequences) and `global_masked_mean`, batched into one collective
         pending, self.pending = self.pending, []

@@ -1,10 +1,5 @@
-"""The mechanism report: whether the method's mechanism acted, per optimizer step and over the whole run.
-
-`MechanismReportCallback` closes each optimizer step (`acted/<method>`: 1 or 0, logged with the step) and, as a
-transformers `ExportableState`, is saved in every checkpoint's `trainer_state.json` and restored on resume, so the
-report, `results.json` and the card count the whole run. The trainer feeds it each training micro-batch's logged
-values and prints the report at the end of `train()`.
-"""
+"""The mechanism report's callback: closes each optimizer step (`acted/<method>`) and, as an `ExportableState`, is
+saved in every checkpoint and restored on resume, so the report counts the whole run."""
 
 from __future__ import annotations
 
@@ -29,8 +24,7 @@ def mechanisms_of(method: str | None, advantage_estimator: str) -> tuple[Mechani
 
 
 class MechanismReportCallback(TrainerCallback, ExportableState):
-    """Counts whether the run's mechanisms acted (see the module docstring); built from plain names, so that
-    transformers can rebuild it from a checkpoint (`restore_callback_states_from_checkpoint`)."""
+    """Built from plain names, so transformers can rebuild it from a checkpoint."""
 
     def __init__(self, method: str | None, advantage_estimator: str) -> None:
         self.method, self.advantage_estimator = method, advantage_estimator

@@ -1,10 +1,5 @@
-"""The off-policy rollout schedule, in one place (TRL-free: the CLI reads it before TRL is imported).
-
-TRL's default schedule is on-policy: every importance ratio is exactly 1, and methods whose mechanism acts on the
-ratios train as plain GRPO. `off_policy_schedule` is the one formula for k optimizer steps per rollout;
-`OffPolicyScheduleMixin` makes a config default to its paper's k; `warn_if_inert_on_policy` warns, naming the fix;
-`check_dataset_holds_a_generation_batch` refuses a dataset too small for one (large) generation batch.
-"""
+"""The off-policy rollout schedule (TRL-free: the CLI reads it before TRL is imported). TRL's default is on-policy:
+every importance ratio is exactly 1, and methods whose mechanism acts on the ratios train as plain GRPO."""
 
 from __future__ import annotations
 
@@ -19,9 +14,7 @@ __all__ = [
 
 
 def off_policy_schedule(updates_per_rollout: int, gradient_accumulation_steps: int) -> dict[str, int]:
-    """The schedule fields that split each rollout into `updates_per_rollout` optimizer steps of
-    `gradient_accumulation_steps` micro-batches: the generation batch is `updates_per_rollout` effective training
-    batches, and every optimizer step after a rollout's first trains on samples of an older policy."""
+    """The schedule fields that split each rollout into `updates_per_rollout` optimizer steps."""
     return {
         "gradient_accumulation_steps": gradient_accumulation_steps,
         "steps_per_generation": updates_per_rollout * gradient_accumulation_steps,
@@ -30,9 +23,7 @@ def off_policy_schedule(updates_per_rollout: int, gradient_accumulation_steps: i
 
 @dataclass(repr=False)
 class OffPolicyScheduleMixin:
-    """Config mixin (before `GRPOConfig`): with none of `steps_per_generation`, `generation_batch_size` and
-    `num_iterations` set, each rollout is split into `updates_per_rollout` optimizer steps; an unset `num_iterations`
-    is TRL's 1."""
+    """Config mixin (before `GRPOConfig`): no schedule field set, `updates_per_rollout` optimizer steps a rollout."""
 
     #: Optimizer steps per rollout when the user sets no schedule (each config states its paper's).
     updates_per_rollout: ClassVar[int]
@@ -52,16 +43,13 @@ class OffPolicyScheduleMixin:
 
 
 def is_on_policy(args: Any) -> bool:
-    """TRL's condition for skipping the behaviour forward (`old_per_token_logps` is None, every importance ratio is
-    exactly 1): `gradient_accumulation_steps` is a multiple of `steps_per_generation * num_iterations`, and no vLLM
-    importance-sampling correction."""
+    """TRL's condition for skipping the behaviour forward (every importance ratio is exactly 1)."""
     generate_every = args.steps_per_generation * args.num_iterations
     on_policy = args.gradient_accumulation_steps % generate_every == 0
     return on_policy and not (args.use_vllm and args.vllm_importance_sampling_correction)
 
 
 def _off_policy_fix(args: Any) -> str:
-    """How to make `args`' schedule off-policy."""
     change = "steps_per_generation to a multiple k > 1 of gradient_accumulation_steps (or num_iterations > 1)."
     if isinstance(args, OffPolicyScheduleMixin):
         return (
@@ -72,8 +60,7 @@ def _off_policy_fix(args: Any) -> str:
 
 
 def warn_if_inert_on_policy(trainer_name: str, args: Any, inert: str | None) -> None:
-    """Warn when `args` train on-policy and the trainer's mechanism is then inert (`inert` says what happens then,
-    e.g. "ECHO's batch clip never acts"; None: the mechanism acts on-policy too)."""
+    """Warn when `args` train on-policy and the trainer's mechanism is then `inert` (None: it acts on-policy too)."""
     if inert is None or not is_on_policy(args):
         return
     warnings.warn(
@@ -86,11 +73,8 @@ def warn_if_inert_on_policy(trainer_name: str, args: Any, inert: str | None) -> 
 
 
 def check_dataset_holds_a_generation_batch(args: Any, train_dataset) -> None:
-    """Raise when the training set has fewer prompts than one generation batch needs.
-
-    TRL's `RepeatSampler` drops incomplete generation batches, so such a run would train zero steps without an error.
-    The default off-policy schedules make generation batches 8-16 times the training batch: name the fix.
-    """
+    """Raise when the training set has fewer prompts than one generation batch needs (TRL's `RepeatSampler` drops
+    incomplete generation batches: the run would train zero steps without an error)."""
     if train_dataset is None or not hasattr(train_dataset, "__len__"):
         return
     prompts_needed = args.generation_batch_size // args.num_generations
