@@ -132,7 +132,7 @@ def test_environment_owned_reward_trains_two_steps(tmp_path, name):
         for row, has_call in enumerate(called):
             masked_out = ((tool_mask[row] == 0) & (completion_mask[row] == 1)).sum().item()
             assert (masked_out > 0) == has_call, (row, masked_out)
-        if trainer_cls.requires_whole_groups or trainer.whole_groups:
+        if trainer.whole_groups:  # the config decides (DFPO's GRPO-fix mode needs no whole groups)
             group_ids = inputs["group_ids"]  # whole groups: each group's rows adjacent, all of them present
             assert torch.equal(torch.bincount(group_ids)[group_ids.unique()], torch.full_like(group_ids.unique(), 4))
         if trainer.estimator.needs_raw_rewards:  # OTB: the environment's own rewards, raw (not centred, not scaled)
