@@ -487,6 +487,7 @@ def summarise(records: dict[str, list[dict]], targets: dict, labels: dict, cycle
             "label": labels[name], "time_ms": 1e3 * sum(steps) / len(steps), "timed_steps": len(steps),
             "time_ratio": est["ratio"], "time_ratio_ci95": [est["low"], est["high"]], "paired_cycles": est["n_cycles"],
             "time_ratio_per_run": [ratio_estimate(cycle_log_ratios([r], cycle))["ratio"] for r in runs],
+            "step_s_per_run": [r["step_s"] for r in runs],  # the raw timings, for a look at the noise
             "activation_peak_bytes": max(peaks) if peaks else None, "num_parameters": runs[0]["num_parameters"],
             "off_policy": runs[0]["off_policy"],
             "otb_energy_from_behaviour_forward": runs[0]["otb_energy_from_behaviour_forward"],

@@ -117,6 +117,11 @@ def train_unit(method: str, mode: str, smoke: bool, workdir: str) -> dict[str, A
         from peft import LoraConfig
 
         peft_config = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    if mode.startswith("zero"):  # a fresh accelerator state (DeepSpeed plugin) per trainer; the process group stays
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=False)
+        GradientState._reset_state()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -148,6 +153,7 @@ def train_unit(method: str, mode: str, smoke: bool, workdir: str) -> dict[str, A
             "model": args.model,
         },  # fmt: skip
     }
+    trainer.accelerator.free_memory()  # drops the prepared model, optimizer and DeepSpeed engine
     del trainer
     gc.collect()
     if device == "cuda":
