@@ -74,7 +74,7 @@ fi
 
 # ---- 1: the timed benchmarks, alone on the device
 if [ "$smoke" -eq 0 ]; then
-  stage overhead_cuda 300 "$PY" -m benchmarks.overhead --device cuda --max-minutes 4.5 --output-dir "$OUT"
+  stage overhead_cuda 300 "$PY" -m benchmarks.overhead --device cuda --max-minutes 4.6 --output-dir "$OUT"
   stage loss_overhead_cuda 50 "$PY" -m benchmarks.loss_overhead --device cuda --max-seconds 30 --output-dir "$OUT"
 else
   stage overhead_smoke 300 "$PY" -m benchmarks.overhead --smoke --output-dir "$OUT"
