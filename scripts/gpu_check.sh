@@ -83,7 +83,8 @@ fi
 
 # ---- 2-4: training runs; concurrent on the GPU (about 10 GiB each), one after another on a CPU
 if [ "$smoke" -eq 0 ]; then
-  launch="accelerate launch --num_processes 1 --num_machines 1 --mixed_precision bf16"
+  launch_plain="$PY -m accelerate.commands.launch --num_processes 1 --num_machines 1"
+  launch="$launch_plain --mixed_precision bf16"
   stage train 140 "$PY" scripts/gpu_check_stages.py train "$OUT/train.json" --max-seconds 110 &
   stage deepspeed_zero2 140 $launch --main_process_port 29512 \
     --config_file examples/accelerate_configs/deepspeed_zero2.yaml \
@@ -91,14 +92,14 @@ if [ "$smoke" -eq 0 ]; then
   stage deepspeed_zero3 140 $launch --main_process_port 29513 \
     --config_file examples/accelerate_configs/deepspeed_zero3.yaml \
     scripts/gpu_check_stages.py train "$OUT/deepspeed_zero3.json" --modes zero3 --max-seconds 100 &
-  stage main_job 140 accelerate launch --num_processes 1 --num_machines 1 --main_process_port 29514 \
+  stage main_job 140 $launch_plain --main_process_port 29514 \
     examples/train_echo.py --output_dir "$OUT/main_job_run" &
   wait
 else
   stage train 240 "$PY" scripts/gpu_check_stages.py train "$OUT/train.json" --smoke --max-seconds 180
   stage deepspeed_zero2 60 "$PY" scripts/gpu_check_stages.py train "$OUT/deepspeed_zero2.json" --modes zero2 --smoke
   stage deepspeed_zero3 60 "$PY" scripts/gpu_check_stages.py train "$OUT/deepspeed_zero3.json" --modes zero3 --smoke
-  stage main_job 240 accelerate launch --cpu --num_processes 1 --num_machines 1 --mixed_precision no \
+  stage main_job 240 "$PY" -m accelerate.commands.launch --cpu --num_processes 1 --num_machines 1 --mixed_precision no \
     examples/train_echo.py --output_dir "$OUT/main_job_run" --max_steps 2 --num_eval_examples 8 \
     --heldout_eval_steps 0 --save_strategy no
 fi
