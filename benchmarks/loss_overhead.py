@@ -191,6 +191,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     common.setup_environment()
     device = common.resolve_device(args.device)
+    __import__("torch").set_num_threads(1)  # as on CPU: the launching thread alone
     load = {"loadavg_before": os.getloadavg(), "niceness": os.nice(0)}
     calls, labels, not_available = build_calls(args, device)
     print(f"loss overhead, {common.describe_device(device)['description']}: {len(calls)} losses, batch "
@@ -216,7 +217,7 @@ def main(argv=None) -> dict:
     stem = args.output_dir / ("loss_overhead_smoke" if args.smoke else f"loss_overhead_{device}")
     common.write_json(stem.with_suffix(".json"), payload)
     stem.with_suffix(".md").write_text(
-        f"Loss-level overhead ({payload['device']['description']}, torch {payload['device']['torch']}): batch "
+        f"Loss-level overhead ({payload['device']['description']}): batch "
         f"{args.batch_size} x {args.length} tokens, groups of {args.num_generations}, {args.reps} calls per sample; "
         f"A/A noise floor +-{floor:.2%}; {stop_reason}. Load average {load['loadavg_before']} before, "
         f"{load['loadavg_after']} after, niceness {load['niceness']}: {load['note']}.\n\n```\n{table}\n```\n\n"

@@ -18,7 +18,7 @@ On CUDA the caching allocator uses expandable segments, and each trainer's activ
 
 Defaults (`*_DEFAULTS`). CPU: a tiny Qwen2 with the vocabularies of Llama-2 (32,000; completions up to 128) and
 Qwen2.5 (151,936; up to 64), 2 + 32 steps per run, fp32, one thread. CUDA: Qwen2.5-0.5B's shapes with random
-weights, bf16, completions up to 512, 2 + 26 steps per run: one repeat, about 4.5 min. `--smoke`: task-sized.
+weights, bf16, completions up to 512, 2 + 22 steps per run: one repeat, about 4 min. `--smoke`: task-sized.
 Writes `overhead_<device>.json` / `.png`; `python -m benchmarks.report` writes the markdown table.
 
     python -m benchmarks.overhead --smoke --output-dir outputs/bench     # CPU, about 1 min
@@ -109,7 +109,7 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
 _TINY_RUN = dict(batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2, model="tiny")
 CPU_DEFAULTS = dict(_TINY_RUN, steps=32, warmup=2, min_repeats=2, max_repeats=40, max_minutes=60.0, group_size=3,
                     shapes="32000x128,151936x64", prompt_length=32)  # fmt: skip
-GPU_DEFAULTS = dict(steps=26, warmup=2, min_repeats=1, max_repeats=4, max_minutes=4.6, group_size=3,
+GPU_DEFAULTS = dict(steps=22, warmup=2, min_repeats=1, max_repeats=4, max_minutes=4.1, group_size=3,
                     shapes="151936x512", prompt_length=128, batch_size=8, num_generations=4, grad_accum=2,
                     steps_per_generation=4, model="qwen2.5-0.5b")  # fmt: skip
 SMOKE_DEFAULTS = dict(_TINY_RUN, steps=4, warmup=2, min_repeats=1, max_repeats=1, max_minutes=5.0, group_size=4,
@@ -614,6 +614,8 @@ def main(argv=None) -> dict:
     device = common.resolve_device(args.device)
     import torch
     import transformers
+
+    torch.set_num_threads(1)  # on CUDA too: no OpenMP pool spinning beside the launching thread (CPU-bound steps)
 
     from trl_groupopt.offline import build_tokenizer
 

@@ -2,7 +2,8 @@
 # The prepared GPU check (docs/gpu.md): one command, at most 9 minutes on one GPU, JSON per stage into OUTDIR.
 #
 #   bash scripts/gpu_wheels.sh                 # once, where the package index is reachable: fills .whl/
-#   bash scripts/gpu_check.sh OUTDIR           # on the GPU machine (repo root, .whl/ carried, no network needed)
+#   bash scripts/gpu_check.sh OUTDIR           # on the GPU machine (repo root, .whl/ carried, no network needed);
+#                                              # also writes OUTDIR.tgz, every result in one file
 #   bash scripts/gpu_check.sh --cpu-smoke OUTDIR   # every stage at tiny size on CPU (CI), DeepSpeed skipped
 #
 # Stages (each with its own time cap, its log OUTDIR/<stage>.log, its JSON OUTDIR/<stage>.json; a failure is
@@ -11,7 +12,8 @@
 #   1 overhead_cuda     python -m benchmarks.overhead (step time vs TRL's GRPOTrainer, A/A floor)
 #     loss_overhead_cuda  python -m benchmarks.loss_overhead (each objective's loss + backward vs TRL's)
 #   then, concurrently (nothing timed; each process records its own peak memory):
-#   2 train             every method 10 steps in bf16 with gradient checkpointing, and with LoRA
+#   2 train_bf16_gc     every method 10 steps in bf16 with gradient checkpointing
+#     train_lora        the same with LoRA
 #   3 deepspeed_zero2/3 every method 5 steps under accelerate launch with examples/accelerate_configs/
 #   4 main_job          accelerate launch examples/train_echo.py: held-out accuracy before/after
 set -uo pipefail
@@ -64,7 +66,7 @@ else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # smoke: this environment's packages, as CI installs them
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
-stage versions 45 "$PY" scripts/gpu_check_stages.py versions "$OUT/versions.json"
+stage versions 35 "$PY" scripts/gpu_check_stages.py versions "$OUT/versions.json"
 cat "$OUT/versions.log"
 if ! tail -n 1 "$OUT/stages.tsv" | awk -F'\t' '$2 != 0 { exit 1 }'; then
   "$PY" scripts/gpu_check_stages.py summary "$OUT" || true
@@ -74,29 +76,32 @@ fi
 
 # ---- 1: the timed benchmarks, alone on the device
 if [ "$smoke" -eq 0 ]; then
-  stage overhead_cuda 300 "$PY" -m benchmarks.overhead --device cuda --max-minutes 4.6 --output-dir "$OUT"
-  stage loss_overhead_cuda 50 "$PY" -m benchmarks.loss_overhead --device cuda --max-seconds 30 --output-dir "$OUT"
+  stage overhead_cuda 270 "$PY" -m benchmarks.overhead --device cuda --max-minutes 4.1 --output-dir "$OUT"
+  stage loss_overhead_cuda 55 "$PY" -m benchmarks.loss_overhead --device cuda --max-seconds 20 --output-dir "$OUT"
 else
   stage overhead_smoke 300 "$PY" -m benchmarks.overhead --smoke --output-dir "$OUT"
   stage loss_overhead_smoke 120 "$PY" -m benchmarks.loss_overhead --smoke --output-dir "$OUT"
 fi
 
-# ---- 2-4: training runs; concurrent on the GPU (about 10 GiB each), one after another on a CPU
+# ---- 2-4: training runs; concurrent on the GPU (each CPU-bound, about 10-30 GiB), one after another on a CPU
 if [ "$smoke" -eq 0 ]; then
   launch_plain="$PY -m accelerate.commands.launch --num_processes 1 --num_machines 1"
   launch="$launch_plain --mixed_precision bf16"
-  stage train 140 "$PY" scripts/gpu_check_stages.py train "$OUT/train.json" --max-seconds 110 &
-  stage deepspeed_zero2 140 $launch --main_process_port 29512 \
+  stage train_bf16_gc 165 "$PY" scripts/gpu_check_stages.py train "$OUT/train_bf16_gc.json" --modes bf16_gc \
+    --max-seconds 150 &
+  stage train_lora 165 "$PY" scripts/gpu_check_stages.py train "$OUT/train_lora.json" --modes lora --max-seconds 150 &
+  stage deepspeed_zero2 165 $launch --main_process_port 29512 \
     --config_file examples/accelerate_configs/deepspeed_zero2.yaml \
-    scripts/gpu_check_stages.py train "$OUT/deepspeed_zero2.json" --modes zero2 --max-seconds 100 &
-  stage deepspeed_zero3 140 $launch --main_process_port 29513 \
+    scripts/gpu_check_stages.py train "$OUT/deepspeed_zero2.json" --modes zero2 --max-seconds 150 &
+  stage deepspeed_zero3 165 $launch --main_process_port 29513 \
     --config_file examples/accelerate_configs/deepspeed_zero3.yaml \
-    scripts/gpu_check_stages.py train "$OUT/deepspeed_zero3.json" --modes zero3 --max-seconds 100 &
-  stage main_job 140 $launch_plain --main_process_port 29514 \
+    scripts/gpu_check_stages.py train "$OUT/deepspeed_zero3.json" --modes zero3 --max-seconds 150 &
+  stage main_job 165 $launch_plain --main_process_port 29514 \
     examples/train_echo.py --output_dir "$OUT/main_job_run" &
   wait
 else
-  stage train 240 "$PY" scripts/gpu_check_stages.py train "$OUT/train.json" --smoke --max-seconds 180
+  stage train_bf16_gc 150 "$PY" scripts/gpu_check_stages.py train "$OUT/train_bf16_gc.json" --modes bf16_gc --smoke
+  stage train_lora 150 "$PY" scripts/gpu_check_stages.py train "$OUT/train_lora.json" --modes lora --smoke
   stage deepspeed_zero2 60 "$PY" scripts/gpu_check_stages.py train "$OUT/deepspeed_zero2.json" --modes zero2 --smoke
   stage deepspeed_zero3 60 "$PY" scripts/gpu_check_stages.py train "$OUT/deepspeed_zero3.json" --modes zero3 --smoke
   stage main_job 240 "$PY" -m accelerate.commands.launch --cpu --num_processes 1 --num_machines 1 --mixed_precision no \
@@ -105,5 +110,7 @@ else
 fi
 "$PY" scripts/gpu_check_stages.py main-job "$OUT/main_job.json" "$OUT/main_job_run" || true
 "$PY" scripts/gpu_check_stages.py summary "$OUT"
-echo "gpu_check: $(($(date +%s) - start)) s in all; results in $OUT (summary.json)"
+# One archive beside OUTDIR of everything but the main job's weights, for machines that return few files.
+tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" --exclude '*.safetensors' --exclude 'checkpoint-*' "$(basename "$OUT")"
+echo "gpu_check: $(($(date +%s) - start)) s in all; results in $OUT (summary.json) and $OUT.tgz"
 awk -F'\t' '$2 != 0 { bad = 1 } END { exit bad }' "$OUT/stages.tsv"

@@ -87,7 +87,7 @@ def unit_args(smoke: bool, device: str, steps: int, gradient_checkpointing: bool
     """The overhead benchmark's flags for one training unit (its `config_kwargs_for` and `build_model` read them)."""
     from benchmarks import overhead
 
-    args = overhead.parse_args(["--smoke"] if smoke else ["--device", device, "--shapes", "151936x256"])
+    args = overhead.parse_args(["--smoke"] if smoke else ["--device", device, "--shapes", "151936x128"])
     args.warmup, args.steps = 0, steps  # no timing here: exactly `steps` optimizer steps
     args.vocab_size, args.completion_length = args.shape_list[0][0] or None, args.shape_list[0][1]
     args.gradient_checkpointing = gradient_checkpointing
@@ -153,6 +153,8 @@ def train_unit(method: str, mode: str, smoke: bool, workdir: str) -> dict[str, A
             "model": args.model,
         },  # fmt: skip
     }
+    if hasattr(trainer.model_wrapped, "destroy"):  # a DeepSpeed engine: its ZeRO-3 hooks hold the partitions
+        trainer.model_wrapped.destroy()
     trainer.accelerator.free_memory()  # drops the prepared model, optimizer and DeepSpeed engine
     del trainer
     gc.collect()
