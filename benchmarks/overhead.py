@@ -107,7 +107,7 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
             max_position_embeddings=1024, tie_word_embeddings=True)  # fmt: skip
 # shapes: "VOCABxCOMPLETION" (vocab 0 = the task tokenizer's own ~70 tokens); groups of 4, off-policy schedules
 _TINY_RUN = dict(batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2, model="tiny")
-CPU_DEFAULTS = dict(_TINY_RUN, steps=32, warmup=2, min_repeats=2, max_repeats=40, max_minutes=60.0, group_size=3,
+CPU_DEFAULTS = dict(_TINY_RUN, steps=32, warmup=2, min_repeats=1, max_repeats=40, max_minutes=60.0, group_size=3,
                     shapes="32000x128,151936x64", prompt_length=32)  # fmt: skip
 GPU_DEFAULTS = dict(steps=22, warmup=2, min_repeats=1, max_repeats=4, max_minutes=4.1, group_size=3,
                     shapes="151936x512", prompt_length=128, batch_size=8, num_generations=4, grad_accum=2,
@@ -362,6 +362,7 @@ def step_timer(turns: Lockstep, name: str, record: dict):
     from transformers import TrainerCallback
 
     cuda = turns.device == "cuda"
+    clock = step_clock(turns.device)
 
     class StepTimer(TrainerCallback):
         def on_train_begin(self, _args, state, control, **kwargs):
@@ -373,11 +374,11 @@ def step_timer(turns: Lockstep, name: str, record: dict):
             if cuda:
                 self.start_bytes = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
-            self.t0 = time.perf_counter()
+            self.t0 = clock()
 
         def on_step_end(self, _args, state, control, **kwargs):
             common.synchronize(turns.device)
-            elapsed = time.perf_counter() - self.t0
+            elapsed = clock() - self.t0
             if state.global_step > turns.warmup:
                 record["step_s"].append(elapsed)
                 if cuda:
@@ -393,6 +394,12 @@ def step_timer(turns: Lockstep, name: str, record: dict):
             turns.leave(name)
 
     return StepTimer()
+
+
+def step_clock(device: str):
+    """Wall time on CUDA (a host sync's stall is the cost), this thread's CPU time on a CPU: with one torch thread
+    the step runs in the trainer's thread, and CPU time leaves out what other processes of a shared machine take."""
+    return time.perf_counter if device == "cuda" else time.thread_time
 
 
 def train_in_lockstep(trainers: dict[str, Any], turns: Lockstep) -> None:
@@ -517,6 +524,7 @@ def build_payload(args, device: str, dtype, state: dict) -> dict:
         "timed": "Trainer.train() optimizer steps, generation replaced by fixed completions, a run's trainers in "
         "lockstep; time_ratio = exp(mean over paired generation cycles of log(cycle time / TRL GRPOTrainer's same "
         "cycle in the same run)), 95% Student-t interval; time_ms = mean step time, scoring included",
+        "clock": "wall time, synchronized" if device == "cuda" else "the trainer thread's CPU time (time.thread_time)",
         "noise_floor": f"max distance from 1 of the 95% interval of {CONTROL} / {BASELINE}"}  # fmt: skip
     env = ("GLIBC_TUNABLES", "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF")
     return {"benchmark": "overhead", "device": common.describe_device(device), "smoke": args.smoke,

@@ -621,7 +621,9 @@ HEAVY_MODULES = ("torch", "trl", "transformers", "accelerate", "datasets", "trl_
 
 
 @pytest.mark.slow  # launches a Python process per module
-@pytest.mark.parametrize("module", ["overhead", "loss_overhead", "stress", "sample_efficiency", "report", "profile_step"])
+@pytest.mark.parametrize(
+    "module", ["overhead", "loss_overhead", "stress", "sample_efficiency", "report", "profile_step"]
+)
 def test_help_runs_as_module(module):
     # PYTHONPROFILEIMPORTTIME lists every module imported (in overhead's re-run under its allocator settings too)
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"], cwd=REPO, capture_output=True,
