@@ -41,8 +41,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--smoke", action="store_true", help="A few seconds of rounds on CPU, short completions.")
     ints = (("--batch-size", 8, "sequences"), ("--num-generations", 4, "group size"), ("--seed", 0, "seed"),
-            ("--length", 512, "completion tokens"), ("--reps", 10, "calls per try"),
-            ("--blocks", 5, "tries per sample (the least counts)"), ("--min-rounds", 60, "before the floor may stop"))  # fmt: skip
+            ("--length", 512, "completion tokens"), ("--reps", None, "calls per try (10; CUDA 3)"),
+            ("--blocks", None, "tries per sample, the least counts (5; CUDA 3)"),
+            ("--min-rounds", 60, "before the floor may stop"))  # fmt: skip
     for flag, default, text in ints:
         p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument("--max-seconds", type=float, default=50.0, help="Timing budget.")
@@ -204,6 +205,11 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     common.setup_environment()
     device = common.resolve_device(args.device)
+    # CUDA: a DFPO call is ~10 ms there (host syncs), so shorter samples keep a round under half a second
+    args.reps, args.blocks = (
+        args.reps or (3 if device == "cuda" else 10),
+        args.blocks or (3 if device == "cuda" else 5),
+    )
     __import__("torch").set_num_threads(1)  # as on CPU: the launching thread alone
     load = {"loadavg_before": os.getloadavg(), "niceness": os.nice(0)}
     calls, labels, not_available = build_calls(args, device)
@@ -215,15 +221,16 @@ def main(argv=None) -> dict:
     results = {n: {"label": labels[n], "us_per_call": 1e6 * common.median(t) / args.reps, **estimate(times, n),
                    "target_time_ratio": None, "sample_s": t} for n, t in times.items()}  # fmt: skip
     floor = overhead.noise_floor(results[CONTROL])
-    settings = {k: getattr(args, k) for k in ("batch_size", "num_generations", "length", "reps", "blocks", "min_rounds",
-                                              "max_seconds", "noise_target", "seed")}  # fmt: skip
+    names = ("batch_size", "num_generations", "length", "reps", "blocks", "min_rounds", "max_seconds", "noise_target")
+    settings = {k: getattr(args, k) for k in names + ("seed",)}
     payload = {"benchmark": "loss_overhead", "device": common.describe_device(device), "smoke": args.smoke,
                "command": common.command_line("benchmarks.loss_overhead", args.argv), "machine_load": load,
                "settings": settings, "stop_reason": stop_reason, "not_available": not_available,
                "timed": "per call: compute_advantages + objective hook + TRL's dapo aggregation + backward to the "
                "log-probs (model in eval mode); ratio = exp(mean over rounds of log(sample / trl_grpo's))",
                "clock": "CUDA events" if device == "cuda" else "this thread's CPU time (time.thread_time)",
-               "shapes": {f"b{args.batch_size}_t{args.length}": {"noise_floor": floor, "results": results}}}  # fmt: skip
+               "shapes": {f"b{args.batch_size}_t{args.length}": {"noise_floor": floor, "results": results}},
+               }  # fmt: skip
     table = common.print_table(["loss", "us/call", "x TRL loss", "95% CI", "what"], [
         [n, f"{e['us_per_call']:.0f}", f"{e['time_ratio']:.3f}x", "[{:.3f}, {:.3f}]".format(*e["time_ratio_ci95"]),
          e["label"][:70]] for n, e in results.items()])  # fmt: skip

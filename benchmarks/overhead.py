@@ -18,7 +18,8 @@ On CUDA the caching allocator uses expandable segments, and each trainer's activ
 
 Defaults (`*_DEFAULTS`). CPU: a tiny Qwen2 with the vocabularies of Llama-2 (32,000; completions up to 128) and
 Qwen2.5 (151,936; up to 64), 2 + 32 steps per run, fp32, one thread. CUDA: Qwen2.5-0.5B's shapes with random
-weights, bf16, completions up to 512, 2 + 22 steps per run: one repeat, about 4 min. `--smoke`: task-sized.
+weights, bf16, completions up to 512, 2 + 24 steps per run (fewer if the budget needs): one repeat, about 4 min.
+`--smoke`: task-sized.
 Writes `overhead_<device>.json` / `.png`; `python -m benchmarks.report` writes the markdown table.
 
     python -m benchmarks.overhead --smoke --output-dir outputs/bench     # CPU, about 1 min
@@ -109,7 +110,7 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
 _TINY_RUN = dict(batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2, model="tiny")
 CPU_DEFAULTS = dict(_TINY_RUN, steps=32, warmup=2, min_repeats=1, max_repeats=40, max_minutes=60.0, group_size=3,
                     shapes="32000x128,151936x64", prompt_length=32)  # fmt: skip
-GPU_DEFAULTS = dict(steps=22, warmup=2, min_repeats=1, max_repeats=4, max_minutes=4.1, group_size=3,
+GPU_DEFAULTS = dict(steps=24, warmup=2, min_repeats=1, max_repeats=4, max_minutes=4.1, group_size=3,
                     shapes="151936x512", prompt_length=128, batch_size=8, num_generations=4, grad_accum=2,
                     steps_per_generation=4, model="qwen2.5-0.5b")  # fmt: skip
 SMOKE_DEFAULTS = dict(_TINY_RUN, steps=4, warmup=2, min_repeats=1, max_repeats=1, max_minutes=5.0, group_size=4,
@@ -217,15 +218,15 @@ def build_model(args, tokenizer, device: str, dtype):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    key = (args.model, args.vocab_size, str(dtype), args.seed)
+    key = (args.model, args.vocab_size, str(dtype), args.seed, str(device))
     if key not in _TEMPLATES:
         shapes = dict(QWEN25_05B if args.model == "qwen2.5-0.5b" else TINY)
         shapes["vocab_size"] = max(args.vocab_size or shapes.get("vocab_size", 0), len(tokenizer))
         ids = {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
         torch.manual_seed(args.seed)
-        _TEMPLATES[key] = template = Qwen2ForCausalLM(Qwen2Config(**shapes, **ids)).to(dtype)
+        _TEMPLATES[key] = template = Qwen2ForCausalLM(Qwen2Config(**shapes, **ids)).to(dtype).to(device)
         template.generation_config.update(pad_token_id=ids["pad_token_id"], eos_token_id=ids["eos_token_id"])
-    return copy.deepcopy(_TEMPLATES[key]).to(device)
+    return copy.deepcopy(_TEMPLATES[key])  # on the device: a copy there takes milliseconds, not a host transfer
 
 
 def classes(variant: Variant):
@@ -334,7 +335,7 @@ def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, d
         raise ValueError("profile one variant at a time")
     built = {v.name: build_trainer(v, args, device, dtype, tokenizer, dataset, workdir) for v in variants}
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
-    turns = Lockstep(list(built), gc.collect, device, args.warmup, profiler)
+    turns = Lockstep(list(built), lambda: gc.collect(1), device, args.warmup, profiler)  # young objects: fast
     for name, (trainer, record) in built.items():
         trainer.add_callback(step_timer(turns, name, record))
     train_in_lockstep({name: trainer for name, (trainer, _) in built.items()}, turns)
@@ -514,9 +515,11 @@ def build_payload(args, device: str, dtype, state: dict) -> dict:
             results = summarise({n: r for n, r in by_trainer.items() if r}, targets, labels, args.cycle_steps)
             shapes[key] = {"vocab_size": vocab or None, "completion_length": length, "repeats": state["repeats"][key],
                            "noise_floor": noise_floor(results[CONTROL]) if CONTROL in results else None,
-                           "run_seconds": state["run_seconds"][key], "results": results}  # fmt: skip
+                           "run_seconds": state["run_seconds"][key], "run_steps": state["run_steps"][key],
+                           "results": results}  # fmt: skip
     names = ("model", "shapes", "prompt_length", "num_generations", "steps_per_generation", "gradient_checkpointing",
-             "cycle_steps", "group_size", "min_repeats", "max_repeats", "noise_target", "max_minutes", "seed")  # fmt: skip
+             "cycle_steps", "group_size", "min_repeats", "max_repeats", "noise_target", "max_minutes",
+             "seed")  # fmt: skip
     settings = {k: getattr(args, k) for k in names} | {
         "dtype": str(dtype).replace("torch.", ""), "per_device_train_batch_size": args.batch_size,
         "gradient_accumulation_steps": args.grad_accum, "warmup_steps": args.warmup, "timed_steps": args.steps,
@@ -535,32 +538,53 @@ def build_payload(args, device: str, dtype, state: dict) -> dict:
                          for v in state["runnable"]},
             "repeats_done": max(state["repeats"].values()), "stop_reason": state["stop_reason"],
             "wall_s": time.perf_counter() - state["started"], "shapes": shapes,
-            "memory_kind": "cuda activation peak per timed step" if device == "cuda" else "not measured on CPU"}  # fmt: skip
+            "memory_kind": "cuda activation peak per timed step" if device == "cuda" else "not measured on CPU",
+            }  # fmt: skip
+
+
+def fit_steps(args, state: dict, key: str, runs_left: list[list[Variant]]) -> int | None:
+    """Timed steps for the next run of shape `key`: --steps, or fewer when this repeat's runs left would end past
+    --max-minutes at the last run's time per step and per trainer set-up; None when one cycle each does not fit."""
+    if key not in state["cost"]:
+        return args.steps
+    per_trainer, per_step = state["cost"][key]
+    left = 60 * args.max_minutes - (time.perf_counter() - state["started"])
+    steps = int((left / sum(map(len, runs_left)) - per_trainer) / per_step) - args.warmup
+    steps = min(args.steps, steps // args.cycle_steps * args.cycle_steps)
+    return steps if steps >= args.cycle_steps else None
 
 
 def run_all(args, device: str, dtype, tokenizer, dataset, state: dict, workdir: str) -> None:
     """Repeats of every unresolved shape's runs until its floor is below the target (after --min-repeats),
-    --max-repeats, or a run would end past --max-minutes; the JSON is rewritten after every run."""
+    --max-repeats, or the budget is spent (`fit_steps`); the JSON is rewritten after every run."""
     keys, resolved = list(state["records"]), set()
     for repeat in range(args.max_repeats):
         order = state["runnable"] if repeat % 2 == 0 else state["runnable"][::-1]
         for (vocab, length), key in zip(args.shape_list, keys):
-            sargs = argparse.Namespace(**{**vars(args), "vocab_size": vocab or None, "completion_length": length})
-            for group in lockstep_groups(order, args.group_size) if key not in resolved else ():
-                elapsed = time.perf_counter() - state["started"]
-                if elapsed + max(state["run_seconds"][key], default=0) > 60 * args.max_minutes:
-                    state["stop_reason"] = f"time budget: a run would end past --max-minutes {args.max_minutes}"
+            groups = lockstep_groups(order, args.group_size) if key not in resolved else []
+            for i, group in enumerate(groups):
+                if (steps := fit_steps(args, state, key, groups[i:])) is None:
+                    state["stop_reason"] = f"time budget: the next run would end past --max-minutes {args.max_minutes}"
                     return
+                t0 = time.perf_counter()
+                sargs = argparse.Namespace(**{**vars(args), "vocab_size": vocab or None, "completion_length": length,
+                                              "steps": steps})  # fmt: skip
                 by_name = run_trainers(group, sargs, device, dtype, tokenizer, dataset, workdir)
                 for name, record in by_name.items():
                     state["records"][key][name].append(dict(record, baseline_step_s=by_name[BASELINE]["step_s"]))
-                state["run_seconds"][key].append(time.perf_counter() - state["started"] - elapsed)
+                seconds, per_step = (
+                    time.perf_counter() - t0,
+                    common.median([s for r in by_name.values() for s in r["step_s"]]),
+                )
+                state["cost"][key] = (max(0.0, seconds / len(group) - (args.warmup + steps) * per_step), per_step)
+                state["run_seconds"][key].append(seconds)
+                state["run_steps"][key].append(steps)
                 state["repeats"][key] = repeat + 1
                 path = args.output_dir / f"{args.output_stem}.json"
                 common.write_json(path, build_payload(args, device, dtype, state))  # a cut-short run keeps numbers
-                runs = {n: state["records"][key][n][-1] for n in by_name}
-                ratios = {n: ratio_estimate(cycle_log_ratios([r], args.cycle_steps))["ratio"] for n, r in runs.items()}
-                print(f"  [{repeat + 1}] {key} {state['run_seconds'][key][-1]:.0f} s; ratio this run: "
+                last = {n: state["records"][key][n][-1] for n in by_name}
+                ratios = {n: ratio_estimate(cycle_log_ratios([r], args.cycle_steps))["ratio"] for n, r in last.items()}
+                print(f"  [{repeat + 1}] {key} {seconds:.0f} s, {steps} timed steps; ratio this run: "
                       + ", ".join(f"{n} {r:.3f}" for n, r in ratios.items()), flush=True)  # fmt: skip
         floors = {k: s["noise_floor"] for k, s in build_payload(args, device, dtype, state)["shapes"].items()}
         print(f"  repeat {repeat + 1}: noise floors {floors}", flush=True)
@@ -570,21 +594,6 @@ def run_all(args, device: str, dtype, tokenizer, dataset, state: dict, workdir: 
             state["stop_reason"] = f"noise floor below {args.noise_target:.0%} for every shape"
             return
     state["stop_reason"] = f"--max-repeats {args.max_repeats} reached"
-
-
-def print_results(payload: dict) -> str:
-    rows = []
-    for key, shape in payload["shapes"].items():
-        for name, e in shape["results"].items():
-            (low, high), tt = e["time_ratio_ci95"], e.get("target_time_ratio")
-            verdict = "" if tt is None else f"<={tt:.2f}x " + ("ok" if e["time_ratio"] <= tt else "OVER")
-            rows.append([key, name, f"{e['time_ms']:.1f}", f"{e['time_ratio']:.3f}x", "-" if low is None else
-                         f"[{low:.3f}, {high:.3f}]", verdict, " ".join(f"{r:.3f}" for r in e["time_ratio_per_run"]),
-                         common.format_bytes(e["activation_peak_bytes"])])  # fmt: skip
-        rows += [[key, name, "-", "n/a", "-", "-", "-", why[:60]] for name, why in payload["not_available"].items()]
-        print(f"noise floor {key}: TRL's GRPOTrainer against itself within +-{shape['noise_floor'] or math.nan:.1%}")
-    return common.print_table(["shape", "trainer", "step ms", "x TRL GRPO", "95% CI", "target", "per run",
-                               "activation peak"], rows)  # fmt: skip
 
 
 def plot(payload: dict, path: Path) -> Path | None:
@@ -641,7 +650,8 @@ def main(argv=None) -> dict:
     keys = [shape_key(v, t) for v, t in args.shape_list]
     state = {"runnable": runnable, "not_available": not_available, "started": time.perf_counter(),
              "records": {k: {v.name: [] for v in runnable} for k in keys}, "run_seconds": {k: [] for k in keys},
-             "repeats": {k: 0 for k in keys}, "stop_reason": None}  # fmt: skip
+             "repeats": {k: 0 for k in keys}, "run_steps": {k: [] for k in keys}, "cost": {},
+             "stop_reason": None}  # fmt: skip
     runs = [[v.name for v in g] for g in lockstep_groups(runnable, args.group_size)]
     print(f"{common.describe_device(device)['description']}; shapes {keys}; runs {runs}; {args.warmup} + "
           f"{args.steps} steps per run; not available: {not_available}", flush=True)  # fmt: skip
@@ -651,7 +661,9 @@ def main(argv=None) -> dict:
         dataset = make_prompts(num_prompts, args.prompt_length, args.seed)
         run_all(args, device, dtype, build_tokenizer(), dataset, state, workdir)
     payload = build_payload(args, device, dtype, state)
-    payload["table"] = print_results(payload)
+    from .report import overhead_markdown
+
+    print(payload.setdefault("table", overhead_markdown(payload)))  # per-run ratios: in the JSON and printed above
     print(f"stopped: {state['stop_reason']}")
     json_path = common.write_json(args.output_dir / f"{args.output_stem}.json", payload)
     print(f"wrote {json_path} and {plot(payload, args.output_dir / f'{args.output_stem}.png')}")
