@@ -9,21 +9,21 @@ behaviour forward (OTB's energy capture), then `Trainer.train()`'s optimizer ste
 A *run* trains a few trainers on copies of one random model, each in its own thread, in lockstep (`Lockstep`: one
 optimizer step per turn, the order rotated every round), so step k of each sees the same batch within one round of
 the others and a drift of the machine cancels in the paired ratio. Every run holds the baseline and the control; the
-others are packed by method (`lockstep_groups`). After `--warmup` untimed steps, `--steps` are timed. A trainer's
-ratio is exp(mean log(generation-cycle time / the baseline's same cycle in the same run)) with its 95% Student-t
-interval, pooled over runs and per run; the *noise floor* is how far from 1 the control's interval reaches. Repeats
-(the order reversed every other one) go on after `--min-repeats` until every shape's floor is below
-`--noise-target`, `--max-repeats`, or a run would end past `--max-minutes`; the JSON is rewritten after every run.
-On CUDA the caching allocator uses expandable segments, and each trainer's activation peak is recorded.
+others are packed by method (`lockstep_groups`). After `--warmup` untimed steps, `--steps` are timed (fewer in a
+later run that would not fit the budget, `fit_steps`): wall time on CUDA, the trainer thread's CPU time on a CPU
+(`step_clock`). A trainer's ratio is exp(mean log(generation-cycle time / the baseline's same cycle in the same run))
+with its 95% Student-t interval, pooled over runs and per run; the *noise floor* is how far from 1 the control's
+interval reaches. Repeats (order reversed every other one) go on after `--min-repeats` until every shape's floor is
+below `--noise-target`, `--max-repeats`, or `--max-minutes`; the JSON is rewritten after every run. On CUDA the
+caching allocator uses expandable segments, and each trainer's activation peak is recorded.
 
 Defaults (`*_DEFAULTS`). CPU: a tiny Qwen2 with the vocabularies of Llama-2 (32,000; completions up to 128) and
 Qwen2.5 (151,936; up to 64), 2 + 32 steps per run, fp32, one thread. CUDA: Qwen2.5-0.5B's shapes with random
-weights, bf16, completions up to 512, 2 + 24 steps per run (fewer if the budget needs): one repeat, about 4 min.
-`--smoke`: task-sized.
-Writes `overhead_<device>.json` / `.png`; `python -m benchmarks.report` writes the markdown table.
+weights, bf16, completions up to 512, 2 + 24 steps per run, one repeat in 4.1 min. `--smoke`: task-sized. Writes
+`overhead_<device>.json` / `.png`; `python -m benchmarks.report` writes the markdown table.
 
     python -m benchmarks.overhead --smoke --output-dir outputs/bench     # CPU, about 1 min
-    python -m benchmarks.overhead --device cpu --max-minutes 60           # the committed CPU table (idle machine)
+    python -m benchmarks.overhead --device cpu                            # the committed CPU table
     python -m benchmarks.overhead --device cuda                           # GPU
 """
 
@@ -534,8 +534,7 @@ def build_payload(args, device: str, dtype, state: dict) -> dict:
             "command": common.command_line("benchmarks.overhead", args.argv),
             "environment": {k: os.environ[k] for k in env if k in os.environ}, "settings": settings,
             "baseline": BASELINE, "control": CONTROL, "not_available": state["not_available"],
-            "variants": {v.name: {"method": v.method, "overrides": v.overrides, "label": v.label}
-                         for v in state["runnable"]},
+            "variants": {v.name: {"method": v.method, "overrides": v.overrides} for v in state["runnable"]},
             "repeats_done": max(state["repeats"].values()), "stop_reason": state["stop_reason"],
             "wall_s": time.perf_counter() - state["started"], "shapes": shapes,
             "memory_kind": "cuda activation peak per timed step" if device == "cuda" else "not measured on CPU",
@@ -660,10 +659,11 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="overhead-") as workdir:
         dataset = make_prompts(num_prompts, args.prompt_length, args.seed)
         run_all(args, device, dtype, build_tokenizer(), dataset, state, workdir)
-    payload = build_payload(args, device, dtype, state)
     from .report import overhead_markdown
 
-    print(payload.setdefault("table", overhead_markdown(payload)))  # per-run ratios: in the JSON and printed above
+    payload = build_payload(args, device, dtype, state)
+    payload["table"] = overhead_markdown(payload)  # the ratio of each run: printed above, and in the JSON
+    print(payload["table"])
     print(f"stopped: {state['stop_reason']}")
     json_path = common.write_json(args.output_dir / f"{args.output_stem}.json", payload)
     print(f"wrote {json_path} and {plot(payload, args.output_dir / f'{args.output_stem}.png')}")

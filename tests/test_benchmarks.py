@@ -125,6 +125,21 @@ def test_lockstep_groups_pack_whole_methods_with_the_baseline_and_the_control():
     assert len(groups) < len(others)  # packed: fewer runs than trainers
 
 
+def test_fit_steps_shrinks_later_runs_to_the_budget():
+    import time
+
+    args = overhead.parse_args(["--smoke"])  # cycles of 2 steps, 2 warm-up steps
+    args.steps, args.max_minutes = 30, 1.0
+    state = {"cost": {}, "started": time.perf_counter()}
+    assert overhead.fit_steps(args, state, "k", [[0] * 3]) == 30  # no run measured yet: --steps
+    state["cost"]["k"] = (1.0, 0.1)  # the last run: 1 s of set-up per trainer, 0.1 s a step
+    assert overhead.fit_steps(args, state, "k", [[0] * 3, [0] * 3]) == 30  # 60 s for 6 trainers: room to spare
+    # 60 s for 30 trainers: 2 s each, 1 s of it steps -> 9 steps (under 10 with the clock running) - 2 warm-up -> 6
+    assert overhead.fit_steps(args, state, "k", [[0] * 15, [0] * 15]) == 6
+    state["started"] -= 59.5  # half a second left: not one cycle fits
+    assert overhead.fit_steps(args, state, "k", [[0] * 3]) is None
+
+
 def test_lockstep_runs_one_thread_at_a_time_in_rotated_rounds():
     import threading
 
