@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu_wheels.sh                 # once, where the package index is reachable: fills .whl/
 #   bash scripts/gpu_check.sh OUTDIR           # on the GPU machine (repo root, .whl/ carried, no network needed);
-#                                              # also writes OUTDIR.tgz, every result in one file
+#                                              # OUTDIR/00_results.tgz holds every result in one file
 #   bash scripts/gpu_check.sh --cpu-smoke OUTDIR   # every stage at tiny size on CPU (CI), DeepSpeed skipped
 #
 # Stages (each with its own time cap, its log OUTDIR/<stage>.log, its JSON OUTDIR/<stage>.json; a failure is
@@ -110,7 +110,9 @@ else
 fi
 "$PY" scripts/gpu_check_stages.py main-job "$OUT/main_job.json" "$OUT/main_job_run" || true
 "$PY" scripts/gpu_check_stages.py summary "$OUT"
-# One archive beside OUTDIR of everything but the main job's weights, for machines that return few files.
-tar -czf "$OUT.tgz" -C "$(dirname "$OUT")" --exclude '*.safetensors' --exclude 'checkpoint-*' "$(basename "$OUT")"
-echo "gpu_check: $(($(date +%s) - start)) s in all; results in $OUT (summary.json) and $OUT.tgz"
+# Everything but the main job's weights in one archive, first in OUTDIR's listing: for a machine that returns few files.
+archive="$(mktemp -u)"
+tar -czf "$archive" -C "$OUT" --exclude '*.safetensors' --exclude 'checkpoint-*' --exclude 00_results.tgz . &&
+  mv "$archive" "$OUT/00_results.tgz"
+echo "gpu_check: $(($(date +%s) - start)) s in all; results in $OUT (summary.json, and all in 00_results.tgz)"
 awk -F'\t' '$2 != 0 { bad = 1 } END { exit bad }' "$OUT/stages.tsv"
