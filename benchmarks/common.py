@@ -1,7 +1,7 @@
 """Helpers shared by the benchmarks: environment and device, statistics, JSON and plot output.
 
-Only the standard library, torch and (for the plots) matplotlib: the GPU machine has neither scipy guaranteed nor
-network access, so the Student-t quantiles are tabulated here. Everything heavy (TRL, transformers) is imported by
+Only the standard library, torch and (for the plots) matplotlib; the Student-t interval is `trl_groupopt.stats`'s
+(tabulated quantiles, no scipy). Everything heavy (TRL, transformers) is imported by
 the scripts after argument parsing, so `--help` stays fast.
 """
 
@@ -18,6 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# The paired statistics are the engine's (`trl-groupopt compare`): one implementation, re-exported for the scripts.
+from trl_groupopt.runs import jsonable
+from trl_groupopt.stats import mean, mean_ci, paired_differences, t_quantile_975
+
+__all__ = ["jsonable", "mean", "mean_ci", "paired_differences", "t_quantile_975"]
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT_DIR = REPO / "benchmarks" / "results"
 
@@ -26,14 +32,6 @@ JITTER2_CITATION = (
     "Ding et al., 'Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient "
     "Cancellation', arXiv:2604.13088, Eq. 20: Jitter2(m) = 1/(T-2) * sum_{t=1}^{T-2} |m_{t+2} - 2 m_{t+1} + m_t|"
 )
-
-# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (standard tables; scipy.stats.t.ppf agrees to 3
-# decimals, checked in tests/test_benchmarks.py). Above 30 degrees of freedom the normal quantile is used.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
 
 
 def setup_environment() -> None:
@@ -137,49 +135,6 @@ def command_line(module: str | None = None, argv: Sequence[str] | None = None) -
 
 
 # ------------------------------------------------------------------------------------------------ statistics
-def t_quantile_975(df: int) -> float:
-    """Two-sided 95% Student-t quantile for `df` degrees of freedom."""
-    if df < 1:
-        return float("nan")
-    return _T975[df - 1] if df <= len(_T975) else 1.96
-
-
-def _present(values: Sequence[float | None]) -> list[float]:
-    """The values that were measured: None (no such seed or step) and NaN (nothing to measure) left out."""
-    return [float(v) for v in values if v is not None and not math.isnan(float(v))]
-
-
-def mean(values: Sequence[float | None]) -> float | None:
-    """Mean of the measured values (`_present`); None when there is none."""
-    xs = _present(values)
-    return sum(xs) / len(xs) if xs else None
-
-
-def mean_ci(values: Sequence[float | None]) -> dict[str, Any]:
-    """Mean and 95% Student-t confidence interval over seeds, ignoring None/NaN.
-
-    Returns {"mean", "ci95" (half-width; NaN for fewer than 2 values), "low", "high", "n", "std"}.
-    """
-    xs = _present(values)
-    n = len(xs)
-    if n == 0:
-        return {"mean": None, "ci95": None, "low": None, "high": None, "n": 0, "std": None}
-    mean = sum(xs) / n
-    if n < 2:
-        return {"mean": mean, "ci95": None, "low": None, "high": None, "n": 1, "std": None}
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))  # sample standard deviation
-    half = t_quantile_975(n - 1) * std / math.sqrt(n)
-    return {"mean": mean, "ci95": half, "low": mean - half, "high": mean + half, "n": n, "std": std}
-
-
-def paired_differences(ours: dict[Any, float | None], theirs: dict[Any, float | None]) -> list[float | None]:
-    """`ours[k] - theirs[k]` for every key both hold (seeds: the same seed saw the same prompts and initial samples),
-    in key order; None where either value is missing. `mean_ci` of the result is the paired comparison."""
-    return [
-        None if ours[k] is None or theirs[k] is None else ours[k] - theirs[k] for k in sorted(set(ours) & set(theirs))
-    ]
-
-
 def mean_curve(curves: Sequence[dict[str, list] | None]) -> dict[str, list]:
     """Per step, the mean and 95% interval over the seeds' curves (`{"steps", "values"}`), on the steps every curve
     logged; a missing or empty curve is left out. Where the interval is undefined (one seed) it is the mean."""
@@ -231,19 +186,6 @@ def median(values: Sequence[float]) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ output
-def jsonable(value: Any) -> Any:
-    """NaN/inf -> None (strict JSON), tuples -> lists, numbers and tensors -> Python numbers."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):  # 0-dim tensor / numpy scalar
-        value = value.item()
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    return value
-
-
 def write_json(path: Path, payload: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")

@@ -312,7 +312,8 @@ class Lockstep:
 
 
 def build_trainer(variant: Variant, args, device: str, dtype, tokenizer, dataset, workdir: str):
-    """A trainer on a fresh model copy with the fake sampler, and its (empty) timing record."""
+    """(trainer, its empty timing record, None): a trainer on a fresh model copy with the fake sampler. The third
+    element keeps the shape of the earlier (trainer, record, scoring clock) return for its callers."""
     from transformers import PrinterCallback
 
     make_config, trainer_cls = classes(variant)
@@ -321,7 +322,7 @@ def build_trainer(variant: Variant, args, device: str, dtype, tokenizer, dataset
                           train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
     trainer._generate_single_turn = make_fake_sampler(tokenizer, args.completion_length, args.seed)
     trainer.remove_callback(PrinterCallback)
-    return trainer, {"step_s": [], "activation_peak_bytes": None}
+    return trainer, {"step_s": [], "activation_peak_bytes": None}, None
 
 
 def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, dataset, workdir: str,
@@ -336,15 +337,15 @@ def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, d
     built = {v.name: build_trainer(v, args, device, dtype, tokenizer, dataset, workdir) for v in variants}
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
     turns = Lockstep(list(built), lambda: gc.collect(1), device, args.warmup, profiler)  # young objects: fast
-    for name, (trainer, record) in built.items():
+    for name, (trainer, record, _) in built.items():
         trainer.add_callback(step_timer(turns, name, record))
-    train_in_lockstep({name: trainer for name, (trainer, _) in built.items()}, turns)
+    train_in_lockstep({name: trainer for name, (trainer, _, _) in built.items()}, turns)
     if profiler is not None:
         profiler.__exit__(None, None, None)
         ops = {e.key: {"count": e.count, "self_cpu_us": e.self_cpu_time_total, "cpu_us": e.cpu_time_total}
                for e in profiler.key_averages()}  # fmt: skip
     records = {}
-    for name, (trainer, record) in built.items():
+    for name, (trainer, record, _) in built.items():
         buffered = trainer._buffered_inputs[0] if trainer._buffered_inputs else {}
         records[name] = dict(record, off_policy=buffered.get("old_per_token_logps") is not None,
                              otb_energy_from_behaviour_forward="old_per_token_energy" in buffered,

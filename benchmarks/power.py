@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from pathlib import Path
 from typing import Any
+
+from trl_groupopt import stats
 
 from . import common, runner, stress
 
@@ -46,17 +47,8 @@ MAX_SEEDS_STAGE2 = 100
 PLANNED_WITHOUT_PILOT = ("otb_small_group", "otb_long", "otb_variance", "ctpo_otb_vs_ctpo", "ctpo_otb_vs_otb")
 
 
-def half_width(sd: float, n: int) -> float:
-    """The 95% Student-t half-width of a mean over n seeds of standard deviation sd."""
-    return common.t_quantile_975(n - 1) * sd / math.sqrt(n)
-
-
-def seeds_needed(sd: float, target: float, minimum: int = 2) -> int:
-    """The smallest n >= minimum with `half_width(sd, n) <= target`."""
-    n = max(minimum, 2)
-    while half_width(sd, n) > target:
-        n += 1
-    return n
+# The engine's (`trl-groupopt compare`'s power note): one implementation of the half-width and the seeds for it.
+half_width, seeds_needed = stats.half_width, stats.seeds_needed
 
 
 def paired(records: list[dict[str, Any]], claim: dict[str, Any], seeds: int | None = None) -> list[float]:

@@ -1,20 +1,12 @@
-"""The grid runner of `benchmarks.stress` and `benchmarks.sample_efficiency`: a pool of worker processes, a keyed,
-appendable JSONL file of per-run records, and where the runs came from (commands, workers, wall time).
+"""The benchmarks' side of the runner (`trl_groupopt.runs`, the runner of `trl-groupopt compare` too): the grid
+options, the config every run starts from, worker set-up, and where a summary's runs came from.
 
-A runs file holds two kinds of lines, appended as they happen:
-
-- a run record per finished run (`Grid.run_one`'s result), identified by its key, the values of `Grid.key_fields`
-  (stress: regime, value, config, seed; sample_efficiency: method, seed), and carrying the run settings it was made
-  with (`settings`) and its own wall time (`wall_s`); a failed run's record has `error` instead of results;
-- an invocation record, `{"invocation": {command, workers, runs, started, wall_s}}`, when an invocation that trained
-  runs ends (also when it is interrupted by Ctrl-C or SIGTERM: the runs in flight are lost, no further one starts).
-
-Running a grid again with the same runs file runs only the keys it lacks (a failed run is run again, and its new
-record supersedes the failed one), so one grid can be split over several invocations; runs made with other settings
-are refused, never mixed. The summary covers every run of the file, and its wall time is the sum over the
-invocations. A runs file written before this format (no settings, no invocation records) is read as it is by
-`--from-runs`; its provenance comes from the summary JSON written beside it at the time (`summary_beside`).
-Everything heavy (torch, TRL) is imported by the workers, not here: `--help` stays fast.
+`benchmarks.stress` and `benchmarks.sample_efficiency` key their runs (stress: regime, value, config, seed;
+sample_efficiency: method, seed) in an appendable JSONL file: running a grid again runs only the keys the file lacks,
+runs made with other settings are refused, and SIGTERM stops after the runs in flight (see `trl_groupopt.runs`). A
+runs file written before runs were keyed (no settings, no invocation records) is read as it is by `--from-runs`; its
+provenance comes from the summary JSON written beside it at the time (`summary_beside`). Everything heavy (torch,
+TRL) is imported by the workers, not here: `--help` stays fast.
 """
 
 from __future__ import annotations
@@ -22,46 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import threading
-import time
-import traceback
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trl_groupopt.runs import INVOCATION, Grid, Runs, append_line, pending, read_runs, settings_conflict
+from trl_groupopt.runs import run_grid as _run_grid
+
 from . import common
 
-INVOCATION = "invocation"
-
-
-@dataclass(frozen=True)
-class Grid:
-    """What the runner needs from a benchmark. `run_one(*key, settings)` trains one run and returns its record; it
-    is sent to the worker processes, so it must be a module-level function. `describe(record)` is one line on a
-    finished run for the progress log (in this process only)."""
-
-    key_fields: tuple[str, ...]
-    run_one: Callable[..., dict[str, Any]]
-    describe: Callable[[dict[str, Any]], str]
-
-    def key(self, record: dict[str, Any]) -> tuple:
-        return tuple(record[name] for name in self.key_fields)
-
-    def tag(self, record: dict[str, Any]) -> str:
-        """`regime=long value=4 config=otb seed=1`: how the log and the errors name a run."""
-        return " ".join(f"{name}={record[name]}" for name in self.key_fields)
-
-
-@dataclass
-class Runs:
-    """A runs file as read: one record per key (the last written; in file order) and the invocation records."""
-
-    path: Path
-    records: list[dict[str, Any]] = field(default_factory=list)
-    invocations: list[dict[str, Any]] = field(default_factory=list)
+__all__ = ["INVOCATION", "Grid", "Runs", "append_line", "read_runs"]
 
 
 def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,33 +37,6 @@ def add_grid_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-runs", type=Path, help="Skip training: summarise and plot a runs JSONL file.")
 
 
-# ------------------------------------------------------------------------------------------------ the runs file
-def read_runs(path: Path, grid: Grid) -> Runs:
-    """The records of a runs file (none if it does not exist): for each key the last record written, so a retried
-    failure is superseded by its retry."""
-    runs = Runs(path)
-    latest: dict[tuple, dict[str, Any]] = {}
-    lines = path.read_text().splitlines() if path.exists() else []
-    for line in lines:
-        if not line.strip():
-            continue
-        entry = json.loads(line)
-        if INVOCATION in entry:
-            runs.invocations.append(entry[INVOCATION])
-            continue
-        latest.pop(grid.key(entry), None)  # a retry goes where it was written, after the runs before it
-        latest[grid.key(entry)] = entry
-    runs.records = list(latest.values())
-    return runs
-
-
-def append_line(path: Path, entry: dict[str, Any]) -> None:
-    """One JSON line at the end of `path`, written at once (an interrupted grid keeps every finished run)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        handle.write(json.dumps(common.jsonable(entry)) + "\n")
-
-
 def check_settings(grid: Grid, runs: Runs, settings: dict[str, Any], resuming: bool) -> None:
     """Refuse to mix runs made with other settings (budget, task size, device) with these: a summary would pool
     them. When `resuming`, also refuse records without settings (written before runs files were keyed)."""
@@ -112,17 +47,10 @@ def check_settings(grid: Grid, runs: Runs, settings: dict[str, Any], resuming: b
             "they cannot be checked against these flags: pass --fresh to run the grid again from the start, or "
             "--output-dir for a new runs file (--from-runs still rebuilds the summary from this one)."
         )
-    wanted = common.jsonable(settings)
-    for record in runs.records:
-        made = record.get("settings")
-        if made is not None and made != wanted:
-            differ = ", ".join(f"{k} {made.get(k)!r} there, {wanted.get(k)!r} here"
-                               for k in sorted(set(made) | set(wanted)) if made.get(k) != wanted.get(k))  # fmt: skip
-            fix = ", or --output-dir for a new runs file, or --fresh to discard its runs" if resuming else ""
-            raise SystemExit(
-                f"{runs.path}: the run {grid.tag(record)} was made with other settings ({differ}). Pass the flags "
-                f"it was made with{fix}."
-            )
+    conflict = settings_conflict(grid, runs, settings)
+    if conflict:
+        fix = ", or --output-dir for a new runs file, or --fresh to discard its runs" if resuming else ""
+        raise SystemExit(f"{conflict}. Pass the flags it was made with{fix}.")
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -162,74 +90,10 @@ def init_worker() -> None:
     torch.set_num_threads(1)
 
 
-def run_safely(run_one: Callable[..., dict[str, Any]], key_fields: Sequence[str], job: tuple,
-               settings: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """`run_one(*job, settings)` with the settings recorded; a failure becomes a record with the traceback, so one
-    failed run does not lose the others."""
-    started = time.perf_counter()
-    try:
-        record = run_one(*job, settings)
-    except Exception:  # noqa: BLE001 - reported in the record and the log
-        record = {
-            **dict(zip(key_fields, job)),
-            "error": traceback.format_exc(),
-            "wall_s": time.perf_counter() - started,
-        }
-    record["settings"] = settings
-    return record
-
-
-def _finished(grid: Grid, jobs: list[tuple], settings: dict[str, Any], workers: int) -> Iterator[dict[str, Any]]:
-    """Each job's record as it finishes: in this process one after the other, or from a pool of spawned workers."""
-    if workers <= 1:
-        for job in jobs:
-            yield run_safely(grid.run_one, grid.key_fields, job, settings)
-        return
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=init_worker) as pool:
-        futures = [pool.submit(run_safely, grid.run_one, grid.key_fields, job, settings) for job in jobs]
-        try:
-            for future in as_completed(futures):
-                yield future.result()
-        except BaseException:  # interrupted (see `_stop_on_sigterm`): start no further job
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-
-
-def _stop_on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM stops a grid as Ctrl-C does, so that its invocation record is written (a grid started in the
-    background of a non-interactive shell ignores SIGINT, so SIGTERM is how it is stopped)."""
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], workers: int, path: Path, command: str) -> int:
-    """Run `jobs` (keys), appending each record to `path` as it finishes and, at the end, this invocation's record;
-    returns how many ran."""
-    if not jobs:
-        return 0
-    started, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
-    done = 0
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if main_thread else None
-    try:
-        for record in _finished(grid, jobs, settings, workers):
-            done += 1
-            append_line(path, record)
-            head = f"  [{done}/{len(jobs)} {time.perf_counter() - started:5.0f} s] {grid.tag(record)}"
-            if "error" in record:
-                print(f"{head}: FAILED\n{record['error']}", flush=True)
-            else:
-                print(f"{head}: {grid.describe(record)}", flush=True)
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
-        if done:
-            invocation = dict(command=command, workers=workers, runs=done, started=started_at,
-                              wall_s=time.perf_counter() - started)  # fmt: skip
-            append_line(path, {INVOCATION: invocation})
-    return done
+    """Run `jobs` (keys) `workers` at a time in spawned processes (`init_worker`), each record appended to `path` as
+    it finishes; returns how many ran (`trl_groupopt.runs.run_grid`)."""
+    return _run_grid(grid, jobs, settings, path, command, workers=workers, initializer=init_worker)
 
 
 def collect(grid: Grid, args: argparse.Namespace, jobs: list[tuple], settings: dict[str, Any], runs_path: Path,
@@ -244,11 +108,10 @@ def collect(grid: Grid, args: argparse.Namespace, jobs: list[tuple], settings: d
         runs_path.unlink()
     runs = read_runs(runs_path, grid)
     check_settings(grid, runs, settings, resuming=True)
-    done = {grid.key(r) for r in runs.records if "error" not in r}
-    pending = [job for job in jobs if tuple(job) not in done]
-    if len(pending) < len(jobs):
-        print(f"  {len(jobs) - len(pending)} of the {len(jobs)} runs are in {runs_path} already: skipped", flush=True)
-    run_grid(grid, pending, settings, args.workers, runs_path, command)
+    todo = pending(grid, runs, jobs)
+    if len(todo) < len(jobs):
+        print(f"  {len(jobs) - len(todo)} of the {len(jobs)} runs are in {runs_path} already: skipped", flush=True)
+    run_grid(grid, todo, settings, args.workers, runs_path, command)
     return read_runs(runs_path, grid)
 
 

@@ -10,9 +10,8 @@ paper's defaults for its own knobs (clip ranges, transforms) and nothing else ch
   grpo              TRL GRPOTrainer, GRPOConfig defaults (loss_type "dapo", epsilon 0.2)
   gspo              TRL GRPOTrainer with importance_sampling_level="sequence", epsilon 3e-4, epsilon_high 4e-4,
                     loss_type "grpo" (GSPO paper v2, Sec. 5.1; TRL's paper index)
-  echo              ECHOTrainer            dfpo_min_replace / dfpo_orth_proj   DFPOTrainer
-  grpo_fix          DFPOTrainer(dfpo_transform="symmetric_clip")
-  ctpo              CTPOTrainer            otb   OTBTrainer (N = 4)
+  every other registered method (`trl_groupopt.METHODS`: ctpo, grpo_fix, echo, otb, ...) with its registered
+                    trainer and defaults; DFPO as dfpo_min_replace (its default) and dfpo_orth_proj
   grpo_n16          TRL GRPO with N = 16 completions per prompt and the same 4 prompts per micro-batch (4x the
                     samples): with grpo (N = 4) and otb (N = 4), the OTB paper's claim that its baseline at small N
                     matches a group-mean baseline at large N.
@@ -27,10 +26,8 @@ steps), and held-out greedy accuracy (`trl_groupopt.offline.greedy_accuracy` on 
 - Jitter2 of the training-reward curve, exactly as printed in Ding et al. (DFPO), arXiv:2604.13088, Eq. 20:
   Jitter2(m) = 1/(T-2) sum_{t=1}^{T-2} |m_{t+2} - 2 m_{t+1} + m_t|, with m_t the t-th logged training reward.
 
-Runs go through the shared grid runner (`benchmarks.runner`): a process pool (`--workers`, one torch thread each on
-CPU); each finished run is appended to `sample_efficiency_runs.jsonl` at once, keyed by method and seed, so an
-interrupted benchmark still leaves its runs and the same command run again trains only the runs missing (`--fresh`
-starts over); `--from-runs that.jsonl` rebuilds the JSON and plots from them without training.
+Runs go through the library's runner (`trl_groupopt.runs`, via `benchmarks.runner`), keyed by method and seed in
+`sample_efficiency_runs.jsonl`: the same command resumes; `--from-runs` rebuilds the JSON and plots without training.
 
 Usage:
     python -m benchmarks.sample_efficiency --smoke --output-dir outputs/bench        # 2 methods x 1 seed x 3 steps
@@ -46,22 +43,33 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trl_groupopt import METHODS as REGISTERED
+
 from . import common, runner
 
 GSPO_EPSILONS = dict(epsilon=3e-4, epsilon_high=4e-4)  # GSPO paper v2, Sec. 5.1
-# name -> (label, config class, trainer class, overrides); "trl." = trl.GRPOConfig / trl.GRPOTrainer.
-METHODS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+# name -> (label, config class, trainer class, overrides); "trl." = trl.GRPOConfig / trl.GRPOTrainer, "@name" the
+# registered method's config (with its `config_defaults`) and trainer.
+VARIANTS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
     "grpo": ("TRL GRPO", "trl.GRPOConfig", "trl.GRPOTrainer", {}),
     "gspo": ("TRL GSPO", "trl.GRPOConfig", "trl.GRPOTrainer",
              {"importance_sampling_level": "sequence", "loss_type": "grpo", **GSPO_EPSILONS}),
-    "echo": ("ECHO", "ECHOConfig", "ECHOTrainer", {}),
-    "dfpo_min_replace": ("DFPO min_replace", "DFPOConfig", "DFPOTrainer", {"dfpo_transform": "min_replace"}),
-    "dfpo_orth_proj": ("DFPO orth_proj", "DFPOConfig", "DFPOTrainer", {"dfpo_transform": "orth_proj"}),
-    "grpo_fix": ("GRPO-fix", "DFPOConfig", "DFPOTrainer", {"dfpo_transform": "symmetric_clip"}),
-    "ctpo": ("CTPO", "CTPOConfig", "CTPOTrainer", {}),
-    "otb": ("OTB (N=4)", "OTBConfig", "OTBTrainer", {}),
+    "dfpo_min_replace": ("DFPO min_replace", "@dfpo", "@dfpo", {"dfpo_transform": "min_replace"}),
+    "dfpo_orth_proj": ("DFPO orth_proj", "@dfpo", "@dfpo", {"dfpo_transform": "orth_proj"}),
     "grpo_n16": ("TRL GRPO (N=16)", "trl.GRPOConfig", "trl.GRPOTrainer", {"num_generations": 16}),
 }  # fmt: skip
+#: The registered methods a variant runs (TRL's GRPOTrainer stands for the base trainer with TRL's objective).
+RUN_AS = {"grpo": "grpo", "dfpo": "dfpo_min_replace"}
+#: Every registered method (`trl_groupopt.METHODS`) at its defaults, besides the variants.
+METHODS = {
+    **{k: VARIANTS[k] for k in ("grpo", "gspo")},
+    **{
+        name: (spec.display_name, f"@{name}", f"@{name}", {})
+        for name, spec in REGISTERED.items()
+        if name not in RUN_AS
+    },
+    **{k: VARIANTS[k] for k in ("dfpo_min_replace", "dfpo_orth_proj", "grpo_n16")},
+}
 BASELINE = "grpo"
 OTB_CLAIM = ("otb", "grpo", "grpo_n16")
 SMOKE_METHODS = ("grpo", "otb")
@@ -141,10 +149,11 @@ def run_one(method: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
     transformers.logging.set_verbosity_error()
     label, config_name, trainer_name, _ = METHODS[method]
 
-    def resolve(name):
-        return getattr(trl, name.split(".", 1)[1]) if name.startswith("trl.") else getattr(trl_groupopt, name)
-
-    config_cls, trainer_cls = resolve(config_name), resolve(trainer_name)
+    if config_name.startswith("@"):  # a registered method: its config defaults, then the run's settings
+        spec = trl_groupopt.get_method(config_name[1:])
+        config_cls, trainer_cls = spec.make_config, spec.trainer_class
+    else:
+        config_cls, trainer_cls = getattr(trl, config_name[4:]), getattr(trl, trainer_name[4:])
     train_set = offline.make_arithmetic_dataset(settings["num_train"], seed=0, split="train")
     eval_set = offline.make_arithmetic_dataset(settings["num_eval"], seed=0, split="test")
     accuracy: list[dict[str, Any]] = []
@@ -300,33 +309,6 @@ def otb_claim(summary: dict[str, Any]) -> dict[str, Any] | None:
     }  # fmt: skip
 
 
-def print_summary(summary: dict[str, Any]) -> str:
-    def ci(stats, fmt="{:.1%}"):
-        if stats.get("mean") is None:
-            return "n/a"
-        text = fmt.format(stats["mean"])
-        return text + (" ± " + fmt.format(stats["ci95"]) if stats.get("ci95") is not None else "")
-
-    rows = []
-    for method, e in summary["methods"].items():
-        stt = e.get("steps_to_threshold", {})
-        rows.append([
-            method, e["num_generations"], len(e["seeds"]), ci(e["initial_accuracy"]), ci(e["final_accuracy"]),
-            f"{ci(stt, '{:.0f}')} ({stt.get('reached', 0)}/{stt.get('of', 0)})" if stt else "n/a",
-            stt.get("on_mean_curve") if stt else "n/a",
-            ci(e["jitter2_reward"], "{:.3f}"), ci(e["final_train_reward"], "{:.2f}"), ci(e["mean_entropy"], "{:.3f}"),
-        ])  # fmt: skip
-    print()
-    threshold = summary["threshold_accuracy"]
-    print("threshold = GRPO's final held-out accuracy (mean over seeds): "
-          + (f"{threshold:.1%}" if threshold is not None else "n/a (no GRPO run)"))  # fmt: skip
-    return common.print_table(
-        ["method", "N", "seeds", "acc@0", "final acc (95% CI)", "steps to thr. (reached)", "steps (mean curve)",
-         "Jitter2(reward)", "final reward", "entropy"],
-        rows,
-    )  # fmt: skip
-
-
 def plot(payload: dict[str, Any], output_dir: Path) -> list[Path]:
     plt = common.pyplot()
     if plt is None:
@@ -432,7 +414,6 @@ def main(argv=None) -> dict[str, Any]:
     runs_path = args.output_dir / "sample_efficiency_runs.jsonl"
     runs = runner.collect(GRID, args, jobs_of(args.methods, args.seeds), settings, runs_path, command)
     payload = build_payload(args, runs, settings, command)
-    payload["table"] = print_summary(payload["summary"])
     if payload["otb_claim"]:
         c = payload["otb_claim"]
         print(f"OTB claim: final accuracy OTB(N=4) - GRPO(N=16) = {c['otb_minus_grpo_n16_final_accuracy']:+.1%}, "

@@ -1,66 +1,31 @@
 """Stress benchmark: each paper's claim tested in the regime where it should show, on the embedded task.
 
-Every run trains the embedded tiny policy (`trl_groupopt.offline.EMBEDDED_POLICY_PATH`) on the synthetic arithmetic
-task with the demo's settings (`trl_groupopt.cli.DEMO_DEFAULTS`: lr 1e-4 constant, 16 sequences per micro-batch, no
-KL; rewards accuracy + format), `--grad-accum` (1) micro-batch per optimizer step, and the same budget for every
-configuration (`--max-steps`, 16, optimizer steps = the same number of generated samples, since each sample is trained
-on once). This budget is small (256 samples per run): it is sized so the whole grid runs in ~20 min on 2 cores,
-so accuracy differences are expected to be small and the mechanism metrics carry most of the evidence.
-GRPO (the base trainer, TRL's objective) and GSPO (the base trainer with `importance_sampling_level="sequence"`,
-GSPO's epsilons 3e-4 / 4e-4, `loss_type="grpo"`) are the baselines. Regimes (`REGIMES`):
+The full grid (`REGIMES`: staleness, group size, long completions; 16 optimizer steps, 5 seeds) trains every
+configuration (`CONFIGS`: each registered method at its defaults and the `VARIANTS`) from the demo's settings
+(`trl_groupopt.cli.DEMO_DEFAULTS`) with the regime's knob (`run_settings`), records held-out greedy accuracy before and
+after and every mechanism metric logged per optimizer step (`run_one`), and summarises each cell over seeds. The
+claims grid (`--claims`) runs each claim of `claims.jsonl` in its regime with its planned seeds, and ECHO's batch-clip
+probe, and judges each claim by the rule of `trl-groupopt compare` (`claims_table`). Runs go through the library's
+runner (`trl_groupopt.runs`): keyed, appendable runs files, resumed by the same command. What each regime tests and
+why, the settings and the costs: benchmarks/README.md and docs/results.md.
 
-- staleness: 1, 4 and 16 optimizer steps per generation (`steps_per_generation = k x gradient_accumulation_steps`):
-  the later micro-batches of a generation batch are trained k - 1 optimizer steps after the policy sampled them.
-  ECHO (micro_batch and step scopes), CTPO (cumprod, geomean), DFPO (min_replace, orth_proj over all / unclipped
-  tokens), GRPO-fix, against GRPO and GSPO. Each optimizer step's 16 sequences come as 2 micro-batches of 8
-  (`micro_batches` in `REGIMES`): with one micro-batch per step ECHO's two batch-ratio scopes would be the same
-  computation.
-- group size: N = 2, 4, 8, 16 completions per prompt at a fixed 16 sequences per micro-batch (so 8, 4, 2, 1 prompts):
-  OTB vs GRPO, DFPO vs GSPO.
-- long completions: the long-chain variant of the task (`trl_groupopt.offline.LONG_CHAIN`: 8-12 operations on operands
-  1..20, correct completions of 71-143 tokens, `max_completion_length=160`) trained from the long-chain policy
-  (`EMBEDDED_LONG_POLICY_PATH`, which writes the whole chain and is right some of the time), 4 optimizer steps per
-  generation: GRPO, GSPO, OTB, CTPO, ECHO, DFPO. Learning rate `--long-learning-rate` (1e-5) for every configuration:
-  a policy that must get ~10 steps right in a row is more fragile than the default one, and at the demo's 1e-4 GRPO
-  took it from 28.1% to 1.6-7.8% held-out accuracy in 16 steps on every one of 5 seeds; at 3e-5 OTB fell on 2 of 3
-  seeds (to 18.8% and 20.3%); at 1e-5 GRPO and OTB held or gained on 3 of 3 (probe:
-  `--regimes long --configs grpo,otb --seeds 3 --long-learning-rate LR`). Chosen on the baselines before the grid,
-  not per method.
-
-Recorded per run (JSONL, one line per run, with its settings and wall time): held-out greedy accuracy before and after training (`--num-eval`
-prompts of the regime's test split), the training reward per generation batch, and every mechanism metric the
-trainer logs (`MECHANISM_PREFIXES`: ECHO's batch-ratio clip rate `echo/batch_clipped`, DFPO's
-`dfpo/cancellation_residual`, CTPO's clip and dual-clip rates, OTB's gradient second moment and the group-mean
-baseline's, TRL's `clip_ratio/*`) per optimizer step from `trainer.state.log_history`. A configuration whose config
-knob does not exist in this checkout (or whose value its config rejects) is skipped with a note, never a crash.
-
-`stress.json` summarises, per regime x value x configuration, mean and 95% Student-t interval over seeds of the
-final accuracy, the accuracy gain, the mean training reward and each mechanism metric's mean over training, and
-evaluates the claims table (`CLAIMS`, `claims_table`): paired by seed (same seed = same prompts and the same initial
-samples), the difference method - baseline with its 95% interval, and a verdict by the rule in `VERDICT_RULE`.
-`python -m benchmarks.report` writes `claims.md` from `stress.json`.
-
-The runs go through the shared grid runner (`benchmarks.runner`): `--workers` processes, every finished run appended
-at once to `stress_runs.jsonl`, keyed by regime, value, configuration and seed. Running the grid again with the
-same `--output-dir` runs only the keys the file lacks (so a grid can be split over several invocations, e.g. by
-`--regimes`, `--configs` or a larger `--seeds`), and the summary covers every run of the file; `--fresh` starts
-over. `stress.json`'s `wall_s` is the total wall time of the invocations that trained the runs.
-
-Usage (from the repo root):
-    python -m benchmarks.stress --smoke --output-dir outputs/bench                # seconds
-    python -m benchmarks.stress --workers 2 --fresh                            # the committed run (~20 min)
-    python -m benchmarks.stress --from-runs benchmarks/results/stress_runs.jsonl   # re-summarise, no training
+    python -m benchmarks.stress --smoke --output-dir outputs/bench                     # seconds
+    python -m benchmarks.stress --workers 2 --fresh                                    # the full grid (~20 min)
+    python -m benchmarks.stress --claims --from-runs benchmarks/results/claims_runs.jsonl  # rebuild, no training
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trl_groupopt import METHODS, stats
 
 from . import common, runner
 
@@ -76,28 +41,24 @@ class Config:
     label: str = ""
 
 
-CONFIGS: dict[str, Config] = {
-    "grpo": Config("grpo", {}, "GRPO (base trainer, TRL's objective)"),
+#: The variants the regimes run besides each registered method at its defaults (`CONFIGS` holds one per entry of
+#: `trl_groupopt.METHODS`, so a new method has a configuration without an entry here). The paper's single epsilon (0.2) left ECHO's R
+#: unclipped at staleness 16 (R within [0.954, 1.008]): `echo_step_tight`'s clip shows the mechanism acting; not a
+#: paper setting, no claim is tested on it. `ctpo_otb`: CTPO's objective on OTB's per-token baseline.
+VARIANTS: dict[str, Config] = {
     "gspo": Config("grpo", GSPO, "GSPO (base trainer, sequence-level IS)"),
     "echo": Config("echo", {"batch_ratio_scope": "micro_batch"}, "ECHO, micro-batch scope"),
     "echo_step": Config("echo", {"batch_ratio_scope": "step"}, "ECHO, step scope"),
-    # The paper's single epsilon (0.2) left R unclipped here (R within [0.954, 1.008] at staleness 16): a tight batch
-    # clip shows what the mechanism does when it acts. Not a paper setting, so no claim is tested on it.
-    "echo_step_tight": Config(
-        "echo", {"batch_ratio_scope": "step", "batch_epsilon": 0.01}, "ECHO, step scope, batch clip 1 +- 0.01"
-    ),  # fmt: skip
-    "ctpo": Config("ctpo", {}, "CTPO (cumprod)"),
+    "echo_step_tight": Config("echo", {"batch_ratio_scope": "step", "batch_epsilon": 0.01},
+                              "ECHO, step scope, batch clip 1 +- 0.01"),
     "ctpo_geomean": Config("ctpo", {"ctpo_ratio_mode": "geomean"}, "CTPO, geometric-mean prefix ratio"),
     "dfpo": Config("dfpo", {"dfpo_transform": "min_replace"}, "DFPO min_replace"),
     "dfpo_orth_proj": Config("dfpo", {"dfpo_transform": "orth_proj"}, "DFPO orth_proj (all tokens)"),
-    "dfpo_orth_proj_unclipped": Config(
-        "dfpo", {"dfpo_transform": "orth_proj", "dfpo_orthogonal_over": "unclipped"}, "DFPO orth_proj, unclipped"
-    ),
-    "grpo_fix": Config("grpo_fix", {}, "GRPO-fix (symmetric clip)"),
-    "otb": Config("otb", {}, "OTB"),
-    # CTPO's objective on OTB's per-token baseline: skipped with a note until CTPOConfig takes the knob.
+    "dfpo_orth_proj_unclipped": Config("dfpo", {"dfpo_transform": "orth_proj", "dfpo_orthogonal_over": "unclipped"},
+                                       "DFPO orth_proj, unclipped"),
     "ctpo_otb": Config("ctpo", {"advantage_estimator": "otb"}, "CTPO with OTB's token baseline"),
-}
+}  # fmt: skip
+CONFIGS: dict[str, Config] = {name: Config(name, {}, spec.display_name) for name, spec in METHODS.items()} | VARIANTS
 
 # regime -> the knob it varies, its values, and the configurations run at every value.
 REGIMES: dict[str, dict[str, Any]] = {
@@ -182,14 +143,17 @@ MECHANISM_PREFIXES = ("echo/", "dfpo/", "ctpo/", "otb/", "clip_ratio/")
 #: Scalar per-micro-batch metrics whose min and max over each optimizer step's micro-batches a run also records
 #: (`<key>_min`, `<key>_max`): the log entry holds their mean, which hides a clipped micro-batch's R.
 EXTREMES = ("echo/batch_ratio",)
-#: The metric that shows each method's mechanism acting (summarised and plotted per configuration).
+#: Diagnostics summarised beside each method's mechanism keys (`MECHANISM_METRICS`); a method without an entry has
+#: its mechanism's keys alone.
+EXTRA_METRICS: dict[str, tuple[str, ...]] = {
+    "echo": ("clip_ratio/region_mean",),
+    "ctpo": ("ctpo/dual_clip",),
+    "dfpo": ("dfpo/cancellation_residual", "dfpo/asym_after", "dfpo/asym_before"),
+}
+#: The metrics that show each method's mechanism acting (summarised and plotted per configuration): its
+#: `Mechanism`'s logged keys (the same ones `MECHANISM_ACTS` reads), then `EXTRA_METRICS`.
 MECHANISM_METRICS: dict[str, tuple[str, ...]] = {
-    "grpo": ("clip_ratio/region_mean",),
-    "echo": ("echo/batch_clipped", "clip_ratio/region_mean"),
-    "ctpo": ("clip_ratio/region_mean", "ctpo/dual_clip"),
-    "dfpo": ("dfpo/cancellation_residual", "dfpo/shrink", "dfpo/asym_after", "dfpo/asym_before"),
-    "grpo_fix": ("dfpo/sym_clip_ratio",),
-    "otb": ("otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"),
+    name: tuple(dict.fromkeys((*spec.mechanism.keys, *EXTRA_METRICS.get(name, ())))) for name, spec in METHODS.items()
 }
 
 
@@ -206,49 +170,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-#: Each paper's claim and where it is tested: (claim id, paper, claim, regime, value, config, baseline, outcome,
-#: better). `outcome` is a per-run number (see `outcome_of`); `better` is +1 when larger is the claimed direction.
-CLAIMS: tuple[dict[str, Any], ...] = (
-    # ECHO: at the paper's 8-16 updates per rollout (staleness 16) the batch clip never acted; tested where it acts,
-    # the probe setting `acting_setting` picks (a test checks it against the committed runs).
-    dict(id="echo_off_policy", paper="ECHO", claim="batch-level clipping trains better than token-level clipping "
-         "far off-policy (8-16 updates per rollout)", regime="echo_probe_lr3", value=32, config="echo",
-         baseline="grpo", outcome="final_accuracy", better=+1, probe="echo"),
-    dict(id="echo_step_off_policy", paper="ECHO", claim="the same with the batch ratio over the whole optimizer "
-         "step", regime="echo_probe_lr3", value=32, config="echo_step", baseline="grpo", outcome="final_accuracy",
-         better=+1, probe="echo"),
-    dict(id="ctpo_off_policy", paper="CTPO (arXiv:2605.07331)", claim="the cumulative prefix ratio with sqrt(t) "
-         "clipping trains better than token-level IS far off-policy", regime="staleness", value=16, config="ctpo",
-         baseline="grpo", outcome="final_accuracy", better=+1),
-    dict(id="ctpo_long", paper="CTPO (arXiv:2605.07331)", claim="the cumulative ratio helps most on long "
-         "completions", regime="long", value=4, config="ctpo", baseline="grpo", outcome="final_accuracy", better=+1),
-    dict(id="dfpo_off_policy", paper="DFPO (arXiv:2604.13088)", claim="cancellation-free transforms beat GSPO "
-         "off-policy", regime="staleness", value=16, config="dfpo", baseline="gspo", outcome="final_accuracy",
-         better=+1),
-    dict(id="dfpo_large_group", paper="DFPO (arXiv:2604.13088)", claim="gains over GSPO grow with the group size "
-         "(its Table 4): ahead at N = 16", regime="group_size", value=16, config="dfpo", baseline="gspo",
-         outcome="final_accuracy", better=+1),
-    dict(id="dfpo_asymmetry", paper="DFPO (arXiv:2604.13088)", claim="the transform shrinks the within-group "
-         "asymmetry of the ratio-weighted advantages that drives cancellation (mechanism, same run)",
-         regime="staleness", value=16, config="dfpo", baseline=None,
-         outcome="log_ratio:dfpo/asym_after:dfpo/asym_before", better=-1),
-    dict(id="grpo_fix_off_policy", paper="GRPO-fix (arXiv:2604.13088)", claim="the symmetric clip trains better "
-         "than GRPO's asymmetric one off-policy", regime="staleness", value=16, config="grpo_fix", baseline="grpo",
-         outcome="final_accuracy", better=+1),
-    dict(id="otb_small_group", paper="OTB", claim="the optimal token baseline beats the group-mean baseline with "
-         "small groups", regime="group_size", value=2, config="otb", baseline="grpo", outcome="final_accuracy",
-         better=+1),
-    dict(id="otb_long", paper="OTB", claim="the per-token baseline helps on long completions", regime="long",
-         value=4, config="otb", baseline="grpo", outcome="final_accuracy", better=+1),
-    dict(id="otb_variance", paper="OTB", claim="its baseline lowers the gradient second moment below the "
-         "group-mean baseline's (mechanism, same run)", regime="group_size", value=2, config="otb", baseline=None,
-         outcome="log_ratio:otb/grad_second_moment:otb/grad_second_moment_group_mean_baseline", better=-1),
-    dict(id="ctpo_otb_vs_ctpo", paper="CTPO + OTB (composition)", claim="OTB's per-token baseline under CTPO's "
-         "cumulative ratio trains better on long completions than CTPO alone", regime="long", value=4,
-         config="ctpo_otb", baseline="ctpo", outcome="final_accuracy", better=+1),
-    dict(id="ctpo_otb_vs_otb", paper="CTPO + OTB (composition)", claim="the same, than OTB alone", regime="long",
-         value=4, config="ctpo_otb", baseline="otb", outcome="final_accuracy", better=+1),
-)  # fmt: skip
+#: Each paper's claim and where it is tested, one row of data per claim (`benchmarks/claims.jsonl`): id, paper, claim,
+#: regime, value, config, baseline (None: a within-run mechanism claim), outcome (a per-run number, `outcome_of`),
+#: better (+1 when larger is the claimed direction), probe (ECHO's: see `PROBES`) and seeds, its stage-1 and stage-2
+#: seeds (`STAGE_RULE`). ECHO's claims sit where its batch clip acts (`acting_setting`; a test checks it).
+CLAIMS: tuple[dict[str, Any], ...] = tuple(
+    {key: value for key, value in json.loads(line).items() if key != "seeds"}
+    for line in (Path(__file__).with_name("claims.jsonl")).read_text().splitlines()
+    if line.strip()
+)
 #: The claims grid's budget (`--claims`): the demo's policy gains 11-16 points in 80 steps, and 200 held-out prompts
 #: put a single accuracy's binomial standard error near 3 points (64 prompts: 5.6).
 CLAIMS_BUDGET = dict(max_steps=64, num_eval=200)
@@ -256,28 +186,22 @@ CLAIMS_BUDGET = dict(max_steps=64, num_eval=200)
 #: analysis (`python -m benchmarks.power`, from the full grid's runs and the pilot; a test checks they agree), fixed
 #: before any seed beyond the pilot ran.
 CLAIM_SEEDS: dict[str, tuple[int, int | None]] = {
-    "echo_off_policy": (30, 60),
-    "echo_step_off_policy": (52, 100),
-    "ctpo_off_policy": (22, 44),
-    "ctpo_long": (20, 40),
-    "dfpo_off_policy": (20, 40),
-    "dfpo_large_group": (43, 86),
-    "dfpo_asymmetry": (20, None),
-    "grpo_fix_off_policy": (60, 100),
-    "otb_small_group": (32, 64),
-    "otb_long": (20, 40),
-    "otb_variance": (32, None),
-    "ctpo_otb_vs_ctpo": (20, 40),
-    "ctpo_otb_vs_otb": (20, 40),
+    row["id"]: tuple(row["seeds"])
+    for row in map(json.loads, Path(__file__).with_name("claims.jsonl").read_text().splitlines())
 }
-FLOOR = 0.02  # accuracy outcomes where config and baseline both end at or below this: inconclusive (floor effect)
-EQUIVALENCE_MARGIN = 0.02  # accuracy: differences inside +-2 points are "no effect of practical size"
+FLOOR = stats.FLOOR  # accuracy outcomes where config and baseline both end at or below this: inconclusive
+EQUIVALENCE_MARGIN = stats.EQUIVALENCE_MARGIN  # accuracy: differences inside +-2 points are "no difference"
+#: A claim's verdict from the engine's (`trl-groupopt compare`, `trl_groupopt.stats.compare_pair`) on the claim's
+#: outcome, with the claimed direction as "better".
+CLAIM_VERDICTS = {stats.BETTER: "reproduced", stats.WORSE: "not reproduced", stats.NO_DIFFERENCE: "not reproduced",
+                  stats.INCONCLUSIVE: "inconclusive", stats.NOT_RUN: "not run"}  # fmt: skip
 VERDICT_RULE = (
-    "paired by seed, d = config - baseline (for a mechanism claim without baseline, the within-run log ratio); "
-    "reproduced: the 95% interval of mean d excludes 0 on the claimed side; not reproduced: it excludes 0 on the "
-    f"other side, or (accuracy outcomes) lies inside +-{EQUIVALENCE_MARGIN:.0%}; inconclusive otherwise, and "
-    f"whenever both config and baseline end at <= {FLOOR:.0%} accuracy (floor effect) or the method's mechanism "
-    "acted on none of the claim's optimizer steps (the regime does not test it)"
+    "the rule of `trl-groupopt compare` (trl_groupopt.stats), with d = config - baseline paired by seed (for a "
+    "mechanism claim without baseline, the within-run log ratio) and the claimed direction as better: reproduced: "
+    "the 95% interval of mean d excludes 0 on the claimed side; not reproduced: it excludes 0 on the other side, or "
+    f"(accuracy outcomes) lies inside +-{EQUIVALENCE_MARGIN:.0%}; inconclusive otherwise, and whenever both config "
+    f"and baseline end at <= {FLOOR:.0%} accuracy (floor effect) or the method's mechanism acted on none of the "
+    "claim's optimizer steps (the regime does not test it)"
 )
 INERT = "mechanism inert at the paper's epsilon in every regime tried"
 INERT_RULE = (
@@ -617,26 +541,20 @@ def _claim_row(claim: dict[str, Any], ok: list[dict[str, Any]], seeds: int | Non
 
     ours = pick(claim["config"])
     base = pick(claim["baseline"]) if claim["baseline"] else None
-    if base is None:
-        diffs = [outcome_of(r, claim["outcome"]) for r in ours.values()]
-    else:
-        diffs = common.paired_differences({s: outcome_of(r, claim["outcome"]) for s, r in ours.items()},
-                                          {s: outcome_of(r, claim["outcome"]) for s, r in base.items()})  # fmt: skip
-    stats = common.mean_ci(diffs)
-    row = {**claim, "n": stats["n"], "difference": stats,
-           "config_outcome": common.mean_ci([outcome_of(r, claim["outcome"]) for r in ours.values()]),
-           "baseline_outcome": common.mean_ci([outcome_of(r, claim["outcome"]) for r in base.values()])
-           if base is not None else None}  # fmt: skip
-    row["verdict"] = verdict(stats, claim["better"], claim["outcome"])
-    row["mechanism_acted"] = mechanism_acted(list(ours.values()))
+    accuracy = claim["outcome"].endswith("accuracy")
+    acted = mechanism_acted(list(ours.values()))
+    outcome = {s: outcome_of(r, claim["outcome"]) for s, r in ours.items()}
+    compared = stats.compare_pair(outcome, None if base is None else {s: outcome_of(r, claim["outcome"])
+                                  for s, r in base.items()}, better=claim["better"], accuracy=accuracy, acted=acted)  # fmt: skip
+    row = {**claim, "n": compared["n"], "difference": compared["difference"], "config_outcome": common.mean_ci(
+        list(outcome.values())), "baseline_outcome": common.mean_ci([outcome_of(r, claim["outcome"])
+        for r in base.values()]) if base is not None else None}  # fmt: skip
+    row["verdict"] = CLAIM_VERDICTS[compared["verdict"]]
+    row["mechanism_acted"] = acted
     row["max_steps"] = max((r["settings"]["max_steps"] for r in ours.values() if "settings" in r), default=None)
-    levels = [row["config_outcome"]["mean"], (row["baseline_outcome"] or {}).get("mean")]
-    if claim["outcome"].endswith("accuracy") and all(v is not None and v <= FLOOR for v in levels):
-        row["verdict"] = "inconclusive"  # both at the floor: the regime cannot show a difference
-        row["note"] = f"both at <= {FLOOR:.0%} accuracy: floor effect"
-    elif (row["mechanism_acted"] or {}).get("steps") and not row["mechanism_acted"]["acted"]:
-        row["verdict"] = "inconclusive"  # the method ran as its baseline's objective: nothing of the claim acted
-        row["note"] = f"{row['mechanism_acted']['what']} on no optimizer step: the regime does not test the claim"
+    if compared["note"]:
+        row["note"] = compared["note"].replace("the setting does not test the method", "the regime does not test "
+                                               "the claim")  # fmt: skip
     return row
 
 
@@ -678,19 +596,10 @@ def stage2_cells(rows: list[dict[str, Any]]) -> dict[tuple, int]:
     return cells
 
 
-def verdict(stats: dict[str, Any], better: int, outcome: str) -> str:
-    """`VERDICT_RULE` applied to the mean/CI of the paired differences."""
-    if stats["n"] < 2 or stats["low"] is None:
-        return "inconclusive" if stats["n"] else "not run"
-    low, high = stats["low"] * better, stats["high"] * better
-    low, high = min(low, high), max(low, high)
-    if low > 0:
-        return "reproduced"
-    if high < 0:
-        return "not reproduced"
-    if outcome.endswith("accuracy") and -EQUIVALENCE_MARGIN < stats["low"] and stats["high"] < EQUIVALENCE_MARGIN:
-        return "not reproduced"
-    return "inconclusive"
+def verdict(differences: dict[str, Any], better: int, outcome: str) -> str:
+    """`VERDICT_RULE`'s interval part on the mean/CI of the paired differences (`trl_groupopt.stats.verdict`)."""
+    margin = EQUIVALENCE_MARGIN if outcome.endswith("accuracy") else None
+    return CLAIM_VERDICTS[stats.verdict(differences, better, margin)]
 
 
 def _probe_markdown(probe: list[dict[str, Any]]) -> list[str]:
@@ -781,22 +690,6 @@ def claims_markdown(payload: dict[str, Any]) -> str:
         f"{s['workers']} workers).",
     ]
     return "\n".join(lines) + "\n"
-
-
-def print_summary(summary: dict[str, Any]) -> str:
-    rows = []
-    for regime, by_value in summary.items():
-        for value, by_config in by_value.items():
-            for config_name, e in by_config.items():
-                fa = e["final_accuracy"]
-                mech = "; ".join(
-                    f"{k} {m['mean']:.3g}" for k, m in e["mechanism"].items() if m.get("mean") is not None
-                )
-                rows.append([regime, value, config_name, len(e["seeds"]),
-                             f"{fa['mean']:.1%}" + (f" ± {fa['ci95']:.1%}" if fa.get("ci95") is not None else ""),
-                             f"{e['accuracy_gain']['mean']:+.1%}", mech])  # fmt: skip
-    print()
-    return common.print_table(["regime", "value", "config", "seeds", "final acc (95% CI)", "gain", "mechanism"], rows)
 
 
 def plot(payload: dict[str, Any], path: Path) -> Path | None:
@@ -1081,9 +974,7 @@ def main(argv=None) -> dict[str, Any]:
                   f"{args.max_steps} steps each) on {device}, {args.workers} worker(s)", flush=True)  # fmt: skip
         runs = runner.collect(GRID, args, jobs, settings, runs_path, command)
     payload = build_payload(args, runs, grid_plan, device, command)
-    payload["table"] = print_summary(payload["summary"])
     if args.claims:
-        print()
         print(claims_markdown(payload))
     json_path = common.write_json(args.output_dir / f"{stem}.json", payload)
     png = plot(payload, args.output_dir / f"{stem}.png")

@@ -23,7 +23,6 @@ import multiprocessing.process
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,10 +30,6 @@ import pytest
 from tests.environment import set_offline_environment
 
 set_offline_environment()
-# The command line's options cache (trl_groupopt/options.py) lives in a folder of this session's, never the user's:
-# launched processes inherit it.
-_OPTIONS_CACHE = tempfile.TemporaryDirectory(prefix="trl_groupopt_options_")
-os.environ["TRL_GROUPOPT_CACHE"] = _OPTIONS_CACHE.name
 
 import torch  # noqa: E402  (after the environment: torch reads OMP_NUM_THREADS at import)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import common, loss_overhead, overhead, power, report, runner, sample_efficiency, stress
+from trl_groupopt import stats
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -490,16 +491,15 @@ def _terminated_run(name: str, seed: int, settings: dict) -> dict:
     return _fake_run(name, seed, settings)
 
 
-def test_sigterm_stops_a_grid_with_its_invocation_recorded(tmp_path):
+def test_sigterm_stops_a_grid_after_the_run_in_flight(tmp_path):
     path = tmp_path / "fake_runs.jsonl"
     FAKE_CALLS.clear()
     before = signal.getsignal(signal.SIGTERM)
     grid = runner.Grid(("name", "seed"), _terminated_run, FAKE_GRID.describe)
-    with pytest.raises(KeyboardInterrupt):
-        runner.run_grid(grid, [("a", 0), ("a", 1), ("a", 2)], {"steps": 4}, 1, path, "stopped grid")
-    assert FAKE_CALLS == [("a", 0)] and signal.getsignal(signal.SIGTERM) == before  # no run after it; restored
+    assert runner.run_grid(grid, [("a", 0), ("a", 1), ("a", 2)], {"steps": 4}, 1, path, "stopped grid") == 2
+    assert FAKE_CALLS == [("a", 0), ("a", 1)] and signal.getsignal(signal.SIGTERM) == before  # none after; restored
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [line.get("seed") for line in lines[:1]] == [0] and lines[1]["invocation"]["runs"] == 1 and len(lines) == 2
+    assert [line.get("seed") for line in lines[:2]] == [0, 1] and lines[2]["invocation"]["runs"] == 2  # kept
 
 
 def _collect(path: Path, jobs, settings=None, from_runs=None, fresh=False) -> runner.Runs:
@@ -578,6 +578,23 @@ def test_from_runs_reproduces_the_committed_summary(tmp_path, module, stem, flag
         assert render(rebuilt) == (REPO / "benchmarks" / "results" / name).read_text(), name
 
 
+def test_committed_claims_are_rebuilt_through_the_engine_with_the_same_verdicts(tmp_path, capsys):
+    # No run trains: the committed runs file, paired and judged by trl_groupopt.stats (the rule of
+    # `trl-groupopt compare`), gives the committed 13 verdicts: 3 reproduced, 10 not.
+    results = REPO / "benchmarks" / "results"
+    payload = stress.main(["--claims", "--from-runs", str(results / "claims_runs.jsonl"), "--output-dir",
+                           str(tmp_path)])  # fmt: skip
+    verdicts = [row["verdict"] for row in payload["claims"]]
+    assert (len(verdicts), verdicts.count("reproduced"), verdicts.count("not reproduced")) == (13, 3, 10)
+    assert verdicts == [row["verdict"] for row in json.loads((results / "claims.json").read_text())["claims"]]
+    assert not (tmp_path / "claims_runs.jsonl").exists()  # nothing ran
+    for row in payload["claims"]:  # each verdict is the engine's on the row's paired interval
+        margin = stats.EQUIVALENCE_MARGIN if row["outcome"].endswith("accuracy") else None
+        assert stress.CLAIM_VERDICTS[stats.verdict(row["difference"], row["better"], margin)] == row["verdict"]
+    assert stress.CLAIM_SEEDS == {row["id"]: tuple(row["seeds"]) for row in map(
+        json.loads, (REPO / "benchmarks" / "claims.jsonl").read_text().splitlines())}  # fmt: skip
+
+
 def test_power_analysis_reproduces_and_sized_the_claims_grid(tmp_path, capsys):
     results = REPO / "benchmarks" / "results"
     committed = json.loads((results / "power.json").read_text())
@@ -632,7 +649,7 @@ def test_report_splices_the_results_page_only_for_the_committed_tables(tmp_path,
 
 
 # ------------------------------------------------------------------------------------------------ the scripts
-HEAVY_MODULES = ("torch", "trl", "transformers", "accelerate", "datasets", "trl_groupopt")
+HEAVY_MODULES = ("torch", "trl", "transformers", "accelerate", "datasets")  # trl_groupopt.stats/runs are light
 
 
 @pytest.mark.slow  # launches a Python process per module
@@ -831,22 +848,3 @@ def test_sample_efficiency_smoke(tmp_path):
     assert _is_png(tmp_path / "sample_efficiency.png")
     markdown = report.sample_efficiency_markdown(payload)  # the results page's table, from the JSON alone
     assert markdown.count("\n| ") == 1 + len(methods) and "| TRL GRPO | 4 |" in markdown
-
-
-def test_group_reductions_with_a_precomputed_index_match():
-    """The overhead fix in `objectives.common`: a precomputed dense index (one sort for many reductions) and no host
-    read of the group count give the same reductions, for sparse, unordered group ids too."""
-    import torch
-
-    from trl_groupopt.objectives import common as oc
-
-    group_ids = torch.tensor([7, 7, 3, 3, 3, 100, 7])
-    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 9.0])
-    index = oc.dense_group_index(group_ids)
-    expected = {"sum": [12.0, 12.0, 12.0, 12.0, 12.0, 6.0, 12.0], "amax": [9.0, 9.0, 5.0, 5.0, 5.0, 6.0, 9.0]}
-    for reduce, want in expected.items():
-        assert oc.group_reduce(values, group_ids, reduce).tolist() == want
-        assert oc.group_reduce(values, group_ids, reduce, index=index).tolist() == want
-    assert oc.group_mean(values, group_ids, index=index).tolist() == pytest.approx([4.0, 4.0, 4.0, 4.0, 4.0, 6.0, 4.0])
-    assert oc.group_size(group_ids, index=index).tolist() == [3.0, 3.0, 3.0, 3.0, 3.0, 1.0, 3.0]
-    assert oc.group_index(group_ids)[1] == 3

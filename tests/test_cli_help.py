@@ -1,14 +1,14 @@
-"""Help that leads (issue 30): a method's `--help` lists its own knobs first under its one-line summary, then the
-script's options (with `--config`), then TRL's groups under their headings; each entry point names itself; argument
-errors are one line naming the fix; an error before training is one line, its traceback behind `--debug` or
-`TRL_GROUPOPT_DEBUG=1`. The options behind the help are cached (trl_groupopt/options.py): the cached description
-equals the live one. (That the cached path imports no TRL and costs under 2 s of CPU, in fresh processes:
-tests/e2e/test_lazy_imports.py.)"""
+"""The command line on TRL's own parser (issue 36): a method's `--help` leads with its own knobs (within the first 30
+lines), then the script's options, then TRL's and transformers'; the defaults it shows are the ones parsing applies;
+argument and `--config` errors are one line naming the fix; an error before training is one line, its traceback
+behind `--debug` or `TRL_GROUPOPT_DEBUG=1`; Ctrl-C names the resume command and exits 130; `compare` dispatches to
+`trl_groupopt.compare.main`. (The lazy imports of `--help` without a method: tests/e2e/test_lazy_imports.py.)"""
 
 from __future__ import annotations
 
 import re
 import sys
+import types
 
 import pytest
 
@@ -29,69 +29,59 @@ def _headings(text: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ the help
-def test_dfpo_help_leads_with_the_method_then_the_script_then_trl(capsys):
-    status, text, _ = _run(["train", "--method", "dfpo", "--help"], capsys)
+@pytest.mark.parametrize("method", ["dfpo", "echo", "ctpo", "otb"])
+def test_the_help_shows_the_methods_own_knobs_in_its_first_30_lines(method, capsys):
+    """The acceptance check of issue 36 (`dfpo_transform` for dfpo), for every method with knobs of its own."""
+    knob = {"dfpo": "--dfpo_transform", "echo": "--batch_epsilon", "ctpo": "--ctpo_", "otb": "--otb_"}[method]
+    status, text, _ = _run(["train", "--method", method, "--help"], capsys)
     assert status == 0
-    assert text.index("--dfpo_transform") < text.index("--learning_rate")  # the acceptance check
-    assert re.search(r"^  --config YAML ", text, flags=re.M)
+    assert knob in "\n".join(text.splitlines()[:30]), text[:3000]
+
+
+def test_dfpo_help_leads_with_the_method_then_its_trl_defaults_then_the_script_then_trl(capsys):
+    _, text, _ = _run(["train", "--method", "dfpo", "--help"], capsys)
     headings = _headings(text)
-    assert headings[0] == f"dfpo options: {get_method('dfpo').summary}"
-    assert headings[1].startswith("script options")
-    trl = [h for h in headings if h.startswith("TRL GRPOConfig: ")]
-    assert "TRL GRPOConfig: generation" in trl and "TRL GRPOConfig: the training" in trl and len(trl) >= 6
-    assert headings[-2][:15] == "TRL ModelConfig" and headings[-1][:37] == "transformers TrainingArguments (every"
-    section = text[text.index(headings[0]) : text.index(headings[1])]
-    for knob in ("--dfpo_transform", "--dfpo_orth_floor", "--dfpo_orthogonal_over", "--loss_type"):
-        assert knob in section, knob
-    assert "--learning_rate" not in section and "--max_all_none_reward_batches" not in section
-    assert section.index("--dfpo_transform") < section.index("--epsilon")  # the method's own fields, then overrides
-    generation = text[text.index("TRL GRPOConfig: generation:") :]
-    assert generation.index("--temperature") < generation.index("TRL GRPOConfig: generation acceleration")
+    assert headings[:3] == ["options", f"dfpo options: {get_method('dfpo').summary}",
+                            "TRL options dfpo sets its own default for"]  # fmt: skip
+    assert headings[3] == "options every trl-groupopt method adds" and headings[4].startswith("script options")
+    assert headings[-3:] == [
+        "TRL GRPOConfig",
+        "TRL ModelConfig: model loading, LoRA (PEFT), quantization",
+        "transformers TrainingArguments",
+    ]
+    assert re.search(r"^  --config YAML ", text, flags=re.M)
+    own = text[text.index(headings[1]) : text.index(headings[2])]
+    for knob in ("--dfpo_transform", "--dfpo_orth_floor", "--dfpo_orthogonal_over"):
+        assert knob in own, knob
+    assert "--learning_rate" not in own and "--epsilon" not in own and "--max_all_none_reward_batches" not in own
+    shared = text[text.index(headings[3]) : text.index(headings[4])]
+    assert "--max_all_none_reward_batches" in shared and "--advantage_estimator" in shared
+    redeclared = text[text.index(headings[2]) : text.index(headings[3])]
+    assert "--epsilon" in redeclared and "--loss_type" in redeclared and "--learning_rate" not in redeclared
 
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_help_lists_every_option_of_the_training_parser_with_its_default(method, capsys):
-    """Nothing the real parser accepts is missing from the help, and the defaults shown are the ones it applies."""
+    """Nothing the parser accepts is missing from the help, and the defaults shown are the ones it applies."""
+    import dataclasses
+
     _, text, _ = _run(["train", "--method", method, "--help"], capsys)
-    parser = script.build_parser(method, [])
-    for action in parser._actions:
-        for flag in action.option_strings:
-            assert re.search(rf"^  (.*, )?{re.escape(flag)}\b", text, flags=re.M), (method, flag)
-    for dest in ("max_steps", "learning_rate", "output_dir", "report_to", "num_generations", "dataset_format"):
+    fields = [*dataclasses.fields(script.DemoScriptArguments), *dataclasses.fields(get_method(method).config_class)]
+    for f in fields:
+        assert re.search(rf"^  (.*, )?--{re.escape(f.name)}\b", text, flags=re.M), (method, f.name)
+    parser = script.MethodParser(method, "prog")
+    _, args, _, _ = cli.parse(method, [])
+    for dest in ("max_steps", "num_generations", "dataset_format", "report_to"):
         entry = re.search(rf"^  --{dest} (.*?)(?=^  -)", text, flags=re.M | re.S).group(1)
         shown = f"(default: {parser.get_default(dest)})"
         assert "".join(shown.split()) in "".join(entry.split()), (method, dest, entry)  # wrapped at any character
-
-
-def test_the_run_folder_options_are_listed_with_the_script_as_the_command_reads_them(capsys):
-    """--resume_from_checkpoint ('last') and --save_steps (implies --save_strategy steps) mean more here than in
-    transformers: they sit with the script's options, with that meaning; --overwrite_output_dir is the script's."""
-    _, text, _ = _run(["train", "--method", "echo", "--help"], capsys)
-    headings = _headings(text)
-    section = text[text.index(headings[1]) : text.index(headings[2])]
-    for flag, says in (("--resume_from_checkpoint", "'last'"), ("--save_steps", "implies --save_strategy steps"),
-                       ("--overwrite_output_dir", "deleted first")):  # fmt: skip
-        entry = re.search(rf"^  {flag} (.*?)(?=^  -)", section, flags=re.M | re.S)
-        assert entry and says in " ".join(entry.group(1).split()), flag
-    assert "--save_strategy" not in re.findall(r"^  (--\S+)", section, flags=re.M)
-
-
-def test_the_check_names_the_options_argv_sets_abbreviated_or_in_the_config(tmp_path):
-    """What build_parser's defaults follow (--save_steps without --save_strategy)."""
-    config = tmp_path / "run.yaml"
-    config.write_text("save_strategy: epoch\n")
-    assert cli.check_argv("echo", ["--save_ste", "4"], "prog") == {"save_steps"}
-    assert cli.check_argv("echo", ["--save-steps=4", "--config", str(config)], "prog") == {
-        "save_steps",
-        "save_strategy",
-    }
+    entry = re.search(r"^  --learning_rate (.*?)(?=^  -)", text, flags=re.M | re.S).group(1)
+    assert f"{args.learning_rate} (embedded policy)" in " ".join(entry.split())  # a model-dependent default
 
 
 def test_grpo_has_no_knobs_of_its_own_and_says_so(capsys):
     _, text, _ = _run(["train", "--method", "grpo", "--help"], capsys)
-    headings = _headings(text)
-    assert headings[0].startswith("grpo options: ") and headings[1].startswith("script options")
-    assert "no options of its own" in text
+    assert _headings(text)[1].startswith("grpo options: ") and "no options of its own" in text
 
 
 def test_each_entry_point_names_itself(capsys, monkeypatch):
@@ -100,10 +90,47 @@ def test_each_entry_point_names_itself(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["examples/train_otb.py", "--help"])
     status, text, _ = _run(None, capsys, main=lambda argv: cli.command("otb"))
     assert status == 0 and text.startswith("usage: train_otb.py ") and "--otb_handle_zero_tail" in text
-    assert "trl-groupopt train" not in text.splitlines()[0]
     monkeypatch.setattr(sys, "argv", ["examples/train_otb.py", "--learnig_rate", "1"])
     status, _, err = _run(None, capsys, main=lambda argv: cli.command("otb"))
     assert status == 2 and err.startswith("train_otb.py: error: ")
+
+
+def test_the_parser_is_trls_and_reads_argv_once(monkeypatch):
+    """`TrlParser((ScriptArguments, <Method>Config, ModelConfig))`, one `parse_args_and_config` call per parse."""
+    from trl import ModelConfig, ScriptArguments, TrlParser
+
+    calls = []
+    original = TrlParser.parse_args_and_config
+    monkeypatch.setattr(
+        TrlParser, "parse_args_and_config", lambda self, *a, **k: calls.append(a) or original(self, *a, **k)
+    )
+    cli.parse("dfpo", ["--max_steps", "2"])
+    assert len(calls) == 1
+    parser = script.MethodParser("dfpo", "prog")
+    assert isinstance(parser, TrlParser) and issubclass(parser.dataclass_types[0], ScriptArguments)
+    assert parser.dataclass_types[1:] == [get_method("dfpo").config_class, ModelConfig]
+
+
+# ------------------------------------------------------------------------------------------------ defaults
+def test_the_embedded_policy_trains_in_fp32_even_where_the_device_runs_bf16(monkeypatch):
+    """The README's 18.0% -> 31.5% is an fp32 result: the CLI keeps the embedded policy in fp32 on a bf16 GPU too;
+    a named model gets bf16 there."""
+    monkeypatch.setattr(script, "device_supports_bf16", lambda use_cpu=False: True)
+    for method in METHODS:
+        _, args, _, demo = cli.parse(method, [])
+        assert demo and args.bf16 is False, method
+    parser = script.MethodParser("echo", "prog")  # (this CPU cannot build a bf16 config: the parsed values)
+    assert parser.parse_known_args(["--model_name_or_path", "some-org/some-model", "--use_cpu", "false"])[0].bf16
+    assert parser.parse_known_args(["--bf16", "true"])[0].bf16 is True  # the user's choice wins
+
+
+def test_save_steps_alone_saves_and_explicit_strategies_win(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("save_strategy: epoch\n")
+    for argv, strategy in ((["--save_ste", "4"], "steps"), (["--save-steps=4", f"--config={config}"], "epoch"),
+                           (["--save_steps", "4", "--save_strategy", "no"], "no")):  # fmt: skip
+        _, args, _, _ = cli.parse("echo", argv)
+        assert (args.save_strategy, args.save_steps) == (strategy, 4), argv
 
 
 # ------------------------------------------------------------------------------------------------ argument errors
@@ -115,13 +142,14 @@ def test_each_entry_point_names_itself(capsys, monkeypatch):
         (["--learning_rate", "fast"], "argument --learning_rate/--learning-rate: invalid float value: 'fast'"),
         (["--use_peft", "maybe"], "argument --use_peft/--use-peft: Truthy value expected: got maybe"),
         (["--max_steps"], "argument --max_steps/--max-steps: expected one argument"),
-        (["--reward_funcs", "accuracy"], "--reward_funcs: unknown ['accuracy']; choose from ['accuracy_reward', "),
+        (["--reward_funcs", "accuracy"], "invalid choice: 'accuracy' (choose from 'accuracy_reward', "),
+        (["--config", "missing.yaml"], "--config missing.yaml: no such file"),
     ],
 )
 def test_argument_errors_are_one_line_naming_the_fix(argv, says, capsys):
     status, out, err = _run(["train", "--method", "dfpo", *argv], capsys)
     assert status == 2 and out == ""
-    assert err == f"trl-groupopt train --method dfpo: error: {err.split(': error: ', 1)[1]}" and err.count("\n") == 1
+    assert err.startswith("trl-groupopt train --method dfpo: error: ") and err.count("\n") == 1
     assert says in err, err
 
 
@@ -131,11 +159,12 @@ def test_config_file_keys_are_checked_like_options(tmp_path, capsys):
     status, _, err = _run(["train", "--method", "echo", "--config", str(config)], capsys)
     assert status == 2 and err.count("\n") == 1
     assert f"--config {config}: unknown key max_stpes (did you mean max_steps?)" in err
+    config.write_text("max_steps: [3\n")
+    status, _, err = _run(["train", "--method", "echo", "--config", str(config)], capsys)
+    assert status == 2 and err.count("\n") == 1 and "is not valid YAML" in err
 
 
-def test_what_the_fast_check_accepts_trl_parses_the_same_way(tmp_path):
-    """The check before TRL rejects nothing TRL's parser accepts: bare and explicit booleans, `none`, lists,
-    hyphenated aliases, `--no_` flags and a config file all reach the same values."""
+def test_trls_parser_reads_every_form_of_an_option(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("max_steps: 3\n")
     argv = ["--config", str(config), "--use-peft", "--lora_target_modules", "q_proj", "v_proj", "--gradient_checkpointing",
@@ -148,7 +177,7 @@ def test_what_the_fast_check_accepts_trl_parses_the_same_way(tmp_path):
     assert script_args.dataset_format == "gsm8k" and training_args.max_grad_norm == 0.5
 
 
-# ------------------------------------------------------------------------------------------------ errors at the door
+# ------------------------------------------------------------------------------------------------ errors, Ctrl-C
 def test_an_error_before_training_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -169,63 +198,43 @@ def test_an_error_after_trl_parses_is_one_line_too(capsys):
     assert status == 1 and err.count("\n") == 1 and "dfpo_transform must be one of" in err
 
 
+def test_an_existing_file_as_output_dir_is_one_line(tmp_path, capsys):
+    taken = tmp_path / "results.txt"
+    taken.write_text("x")
+    status, _, err = _run(["train", "--method", "echo", "--output_dir", str(taken)], capsys)
+    assert status == 1 and err.count("\n") == 1 and f"--output_dir {taken} is a file: give a folder" in err
+
+
+def test_ctrl_c_names_the_resume_command_and_exits_130(tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(script, "run", interrupted)
+    out = str(tmp_path / "out")
+    argv = ["--max_steps", "5", "--output_dir", out, "--overwrite_output_dir"]
+    status, _, err = _run(["train", "--method", "echo", *argv], capsys)
+    assert status == 130 and "Traceback" not in err and err.strip().count("\n") == 0
+    resume = f"trl-groupopt train --method echo --max_steps 5 --output_dir {out} --resume_from_checkpoint last"
+    assert err.strip().endswith(resume), err
+    monkeypatch.setattr(cli, "prepare_output_dir", interrupted)  # while resolving an earlier resume's checkpoint
+    monkeypatch.setattr(sys, "argv", ["examples/train_echo.py", "--output_dir", out, "--resume_from_checkpoint", "x"])
+    status, _, err = _run(None, capsys, main=lambda argv: cli.command("echo"))
+    assert status == 130 and err.strip().endswith(f"python examples/train_echo.py --output_dir {out} "
+                                                   "--resume_from_checkpoint last")  # fmt: skip
+
+
 def test_bare_debug_is_ours_and_debug_with_a_value_is_transformers():
     assert cli.take_debug_flag(["--debug"]) == ([], True)
     assert cli.take_debug_flag(["--debug", "--max_steps", "3"]) == (["--max_steps", "3"], True)
     assert cli.take_debug_flag(["--debug", "underflow_overflow"]) == (["--debug", "underflow_overflow"], False)
 
 
-# ------------------------------------------------------------------------------------------------ the cache
-@pytest.fixture
-def options():
-    from trl_groupopt import options  # here: the help's tests above also run where the module does not exist
-
-    return options
-
-
-@pytest.fixture
-def empty_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRL_GROUPOPT_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-def test_the_cache_holds_what_trls_parser_builds(options, empty_cache):
-    described = options.method_options("echo")  # computes every shipped method and caches them
-    files = sorted(p.name for p in empty_cache.glob("options/*/*.json"))
-    assert files == sorted(f"{name}.json" for name in METHODS)
-    for name in METHODS:
-        assert options.method_options(name) == script.live_options(name), name  # read back, JSON round trip
-    assert described == script.live_options("echo")
-
-
-def test_the_cache_key_follows_versions_and_source(options, empty_cache, monkeypatch):
-    options.method_options("otb")
-    first = options._key()
-    monkeypatch.setattr(options, "_version", lambda distribution: "0.0.0")  # another TRL / transformers
-    assert options._key() != first and options._read("otb", options._key()) is None
-    options.method_options("otb")  # recomputed under the new key, the old key's folder kept beside it
-    assert sorted(p.name for p in (empty_cache / "options").iterdir()) == sorted([first, options._key()])
-    for version in range(options.KEPT_KEYS + 2):
-        monkeypatch.setattr(options, "_version", lambda distribution, v=version: f"9.{v}")
-        options.store_options({"otb": []})
-    kept = {p.name for p in (empty_cache / "options").iterdir()}
-    assert len(kept) == options.KEPT_KEYS and options._key() in kept  # the newest stay
-
-
-def test_a_method_registered_at_run_time_is_never_cached(options, empty_cache, monkeypatch):
-    import dataclasses
-
-    from trl_groupopt import registry
-
-    spec = dataclasses.replace(get_method("otb"), summary="a test's own otb")
-    monkeypatch.setitem(registry._METHODS, "otb", spec)
-    assert options._shipped() == [name for name in METHODS if name != "otb"]
-    assert options.method_options("otb") == script.live_options("otb")
-    assert not list(empty_cache.glob("options/*/otb.json"))
-
-
-def test_an_unwritable_cache_costs_only_time(options, tmp_path, monkeypatch):
-    blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
-    monkeypatch.setenv("TRL_GROUPOPT_CACHE", str(blocker))
-    assert options.method_options("dfpo") == script.live_options("dfpo")
+# ------------------------------------------------------------------------------------------------ compare
+def test_compare_dispatches_its_arguments_and_exit_code(monkeypatch):
+    received = []
+    module = types.ModuleType("trl_groupopt.compare")
+    module.main = lambda argv: received.append(argv) or 3
+    monkeypatch.setitem(sys.modules, "trl_groupopt.compare", module)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["compare", "--methods", "echo", "dfpo", "--help"])
+    assert exit_info.value.code == 3 and received == [["--methods", "echo", "dfpo", "--help"]]

@@ -1,9 +1,11 @@
-"""Data at the door (issue 30): before any model loads, the training command fails (or warns) naming the file or
-column and the fix, for an empty data file, a missing local model folder, unusable gold answers (empty or null, or
-for gsm8k / math without their final-answer marker: counted against ``--max_unusable_answer_fraction``) and
-plain-string prompts for a model whose tokenizer has a chat template. The README's example rows pass the same door.
-(The one-line console errors and `--help`: tests/test_cli_help.py; training on wrapped prompts:
-tests/e2e/test_cli_door.py.)"""
+"""Data at the door (issues 30 and 38): before any model loads, the training command fails (or warns) naming the
+file, row or line, the option and the fix: an empty or unreadable data file (not UTF-8, not JSON Lines), a folder of
+two kinds of data file, a missing local model folder or column, prompts checked row by row before any conversion
+(mixed forms, null or non-string rows, messages without text, all empty), unusable gold answers (counted against
+``--max_unusable_answer_fraction``), prompts longer than the model's context (counted against
+``--max_overlong_prompt_fraction``) and plain-string prompts for a model whose tokenizer has a chat template. The
+README's example rows pass the same door. (The one-line console errors and `--help`: tests/test_cli_help.py; training
+on wrapped prompts: tests/e2e/test_cli_door.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import warnings
 import pytest
 
 from tests.environment import REPO_ROOT
-from trl_groupopt import cli, script
+from trl_groupopt import adapters, cli, script
 from trl_groupopt.offline import EMBEDDED_POLICY_PATH
 
 
@@ -25,18 +27,20 @@ def _jsonl(path, rows) -> str:
 
 @pytest.fixture
 def no_model_loads(monkeypatch):
-    """`cli.train` stops where the model would load: the door must have decided before."""
+    """`cli.train` fails if any model loads or the trainer is reached: the door must have decided before."""
+    import transformers
 
     def model_would_load(*args, **kwargs):
         raise AssertionError("the run reached the trainer (the model would load) without failing at the door")
 
     monkeypatch.setattr(script, "run", model_would_load)
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(model_would_load))
 
 
 def _datasets(method: str, argv: list[str]):
     """What `cli.train` would hand the trainer: (train, held-out) after the door's checks."""
     script_args, training_args, model_args, _ = cli.parse(method, argv)
-    return cli.load_datasets(script_args, model_args, trust_remote_code=training_args.trust_remote_code)
+    return adapters.load_datasets(script_args, model_args, training_args)
 
 
 # ------------------------------------------------------------------------------------------------ empty file
@@ -46,7 +50,7 @@ def test_an_empty_data_file_is_named(tmp_path, content, no_model_loads):
     empty.write_text(content)
     says = rf"--dataset_name {re.escape(str(empty))} is empty.*e\.g\. \{{\"prompt\""
     with pytest.raises(ValueError, match=says):
-        cli.load_raw_dataset(str(empty))  # was datasets' bare StopIteration
+        adapters.load_raw_dataset(str(empty))  # was datasets' bare StopIteration
     with pytest.raises(ValueError, match=says):
         cli.train("echo", ["--dataset_name", str(empty), "--output_dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
@@ -56,7 +60,7 @@ def test_a_data_file_without_rows_is_named(tmp_path):
     header_only = tmp_path / "header.csv"
     header_only.write_text("prompt,solution\n")
     with pytest.raises(ValueError, match=rf"--dataset_name {re.escape(str(header_only))}: no rows could be read"):
-        cli.load_raw_dataset(str(header_only))
+        adapters.load_raw_dataset(str(header_only))
 
 
 # ------------------------------------------------------------------------------------------------ model path
@@ -173,7 +177,7 @@ def test_string_prompts_stay_strings_without_a_chat_template_or_when_already_tem
     model_args.model_name_or_path = str(base)  # only the tokenizer is read: no model is needed there
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        train, _ = cli.load_datasets(script_args, model_args)
+        train, _ = adapters.load_datasets(script_args, model_args)
     assert train[0]["prompt"] == "Compute 13+14-2"
 
     chat = AutoTokenizer.from_pretrained(EMBEDDED_POLICY_PATH)
@@ -186,16 +190,16 @@ def test_string_prompts_stay_strings_without_a_chat_template_or_when_already_tem
     assert train[0]["prompt"] == text  # already in the chat format: never wrapped twice
 
 
-def test_conversational_and_synthetic_prompts_need_no_tokenizer(tmp_path, monkeypatch):
+def test_conversational_prompts_are_kept_and_the_synthetic_task_needs_no_tokenizer(tmp_path, monkeypatch):
+    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "solution": r["solution"]} for r in STRING_ROWS]
+    train, _ = _datasets("echo", ["--dataset_name", _jsonl(tmp_path / "chat.jsonl", rows)])
+    assert train[0]["prompt"] == rows[0]["prompt"]
     import transformers
 
     def no_tokenizer(*args, **kwargs):
-        raise AssertionError("the tokenizer is only read for plain-string prompts")
+        raise AssertionError("the synthetic task needs no tokenizer at the door")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_tokenizer)
-    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}], "solution": r["solution"]} for r in STRING_ROWS]
-    train, _ = _datasets("echo", ["--dataset_name", _jsonl(tmp_path / "chat.jsonl", rows)])
-    assert train[0]["prompt"][0]["content"] == "Compute 13+14-2"
     train, held_out = _datasets("echo", ["--num_train_examples", "4", "--num_eval_examples", "4"])
     assert len(train) == 4 and len(held_out) == 4
 
@@ -210,7 +214,7 @@ def _readme_rows() -> dict[str, dict]:
 
 def test_readme_shows_one_row_per_format_and_each_passes_the_door(tmp_path):
     rows = _readme_rows()
-    assert list(rows) == list(cli.DATASET_FORMATS) and rows == cli.EXAMPLE_ROWS
+    assert list(rows) == list(adapters.DATASET_FORMATS) and rows == adapters.EXAMPLE_ROWS
     for dataset_format, row in rows.items():
         data = _jsonl(tmp_path / f"{dataset_format}.jsonl", [row])
         with warnings.catch_warnings():
@@ -218,3 +222,107 @@ def test_readme_shows_one_row_per_format_and_each_passes_the_door(tmp_path):
             train, _ = _datasets("echo", ["--dataset_name", data, "--dataset_format", dataset_format])
         assert train[0]["prompt"][-1] == {"role": "user", "content": next(iter(row.values()))}, dataset_format
         assert train[0]["solution"] in ("25", "\\boxed{25}"), dataset_format
+
+
+# ------------------------------------------------------------------------------------------------ issue 38: row by row
+def _train_refuses(tmp_path, rows_or_text, says: str, *extra: str, name: str = "data.jsonl") -> str:
+    """`cli.train` on the file refuses at the door (no model loads) with a message matching `says`."""
+    path = tmp_path / name
+    if isinstance(rows_or_text, bytes):
+        path.write_bytes(rows_or_text)
+    else:
+        _jsonl(path, rows_or_text)
+    with pytest.raises(ValueError) as refused:
+        cli.train("echo", ["--dataset_name", str(path), *extra, "--output_dir", str(tmp_path / "out")])
+    assert re.search(says, str(refused.value)), str(refused.value)
+    assert not (tmp_path / "out").exists()
+    return str(refused.value)
+
+
+def _rows(n: int, **override) -> list[dict]:
+    rows = [{"prompt": f"Compute {i}+1", "solution": str(i + 1)} for i in range(n)]
+    for row, value in override.items():
+        rows[int(row[1:])]["prompt"] = value
+    return rows
+
+
+def test_mixed_string_and_message_prompts_are_refused_naming_a_row_of_each(tmp_path, no_model_loads):
+    """Was: row 1 trained as the message "[{'role': 'user', 'content': ...}]" (issue 38, broken 2)."""
+    rows = _rows(4, r1=[{"role": "user", "content": "Compute 1+2"}])
+    message = _train_refuses(tmp_path, rows, r"'prompt' mixes forms \(row 0 holds a string and row 1 holds a list")
+    assert "as a string or as [{'role': 'user'" in message
+
+
+@pytest.mark.parametrize("row,value", [(10, None), (150, None), (150, 7), (3, ["Compute"])])
+def test_a_null_or_non_string_prompt_anywhere_is_refused_with_its_row(tmp_path, no_model_loads, row, value):
+    """Was: a TypeError at row 10, or the literal prompt "None" / "7" after row 100 (issue 38)."""
+    _train_refuses(tmp_path, _rows(160, **{f"r{row}": value}), rf"row {row}: 'prompt' (is {re.escape(repr(value))}"
+                   r", not a string|message 0 is not)")  # fmt: skip
+
+
+def test_message_content_null_is_refused_at_the_door(tmp_path, no_model_loads):
+    """Was: a jinja2 UndefinedError at the first generation."""
+    rows = [{"prompt": [{"role": "user", "content": "Compute 1+1"}], "solution": "2"},
+            {"prompt": [{"role": "user", "content": None}], "solution": "3"}]  # fmt: skip
+    _train_refuses(tmp_path, rows, r"row 1: 'prompt' message 0 has content None, not text")
+
+
+def test_all_empty_prompts_are_refused(tmp_path, no_model_loads):
+    """Was: 64 empty prompts trained, saved and exited 0."""
+    _train_refuses(tmp_path, [{"prompt": "", "solution": "3"}] * 64, r"every 'prompt' is empty")
+
+
+def test_gsm8k_questions_are_checked_before_the_adapter_stringifies_them(tmp_path, no_model_loads):
+    rows = [EXAMPLE_GSM8K, {**EXAMPLE_GSM8K, "question": None}]
+    _train_refuses(tmp_path, rows, r"row 1: 'question' is None, not a string", "--dataset_format", "gsm8k")
+
+
+EXAMPLE_GSM8K = {"question": "What is 1+1?", "answer": "1+1=2\n#### 2"}
+
+
+@pytest.mark.parametrize("bad", [["2"], "two", {"x": 1}], ids=["list", "word", "mapping"])
+def test_prompt_answer_answers_that_are_no_number_count_as_unusable(tmp_path, no_model_loads, bad):
+    """Was: they passed the door, then stopped the run after two generation batches with a traceback."""
+    rows = [{"prompt": f"Compute {i}+1", "solution": bad if i < 5 else str(i + 1)} for i in range(10)]
+    _train_refuses(tmp_path, rows, r"5 of 10 rows \(50.0%\) have no usable answer in 'solution' \(5 without a "
+                   r"number or formula")  # fmt: skip
+    assert adapters.readable_gold("\\frac{1}{2}") and adapters.readable_gold(25) and adapters.readable_gold("1,000")
+
+
+def test_a_file_that_is_not_utf8_names_the_line(tmp_path, no_model_loads):
+    text = (json.dumps({"prompt": "Compute 1+1", "solution": "2"}) + "\n").encode() * 3
+    _train_refuses(tmp_path, text + b'{"prompt": "\xff", "solution": "2"}\n', r"data.jsonl: line 4 is not UTF-8 "
+                   r"\(byte 0xff\): save the file as UTF-8")  # fmt: skip
+
+
+def test_a_trailing_comma_on_every_jsonl_line_names_the_line_and_the_fix(tmp_path, no_model_loads):
+    text = "".join(json.dumps(r) + ",\n" for r in _rows(4)).encode()
+    _train_refuses(
+        tmp_path, text, r"line 1 is not one JSON object: Extra data at column \d+ \(remove the trailing comma"
+    )
+
+
+def test_a_folder_of_two_kinds_of_data_file_is_refused_naming_both(tmp_path, no_model_loads):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    _jsonl(folder / "a.jsonl", _rows(4))
+    (folder / "b.csv").write_text("prompt,solution\nCompute 1+1,2\n")
+    with pytest.raises(ValueError, match=r"holds data files of 2 kinds \(b.csv, a.jsonl\|a.jsonl, b.csv\)|2 kinds"):
+        cli.train("echo", ["--dataset_name", str(folder), "--output_dir", str(tmp_path / "out")])
+
+
+def test_a_missing_column_is_reported_before_the_model_loads(tmp_path, no_model_loads):
+    _train_refuses(tmp_path, [{"text": "Compute 1+1"}], r"--dataset_format prompt-answer needs the columns")
+
+
+def test_overlong_prompts_are_counted_against_the_context_before_the_model_loads(tmp_path, no_model_loads):
+    """Was: prompts 23 times the context trained at 131 s a step. The embedded policy has 256 positions; with 48 for
+    the completion, 208 are left for the prompt."""
+    rows = _rows(10)
+    for i in range(3):
+        rows[i]["prompt"] = "Compute " + "1+" * 400 + "1"
+    message = _train_refuses(tmp_path, rows, r"3 of 10 rows \(30.0%\) have prompts longer than the 208 tokens")
+    assert "more than --max_overlong_prompt_fraction 0.1" in message and "e.g. row 0: " in message
+    path = _jsonl(tmp_path / "long.jsonl", rows)
+    with pytest.warns(UserWarning, match="have prompts longer than the 208 tokens.*Training goes on"):
+        _datasets("echo", ["--dataset_name", path, "--max_overlong_prompt_fraction", "0.5"])

@@ -1,12 +1,13 @@
 """The output folder of a run (`trl_groupopt.run_folder`, the CLI's use of it): complete checkpoints, which one a
 resume takes, the run lock, and the CLI's refusal to start a fresh run over an earlier run's checkpoints.
 
-The checkpoints here are folders of fake files: completeness is decided by the record and the files' sizes, whatever
-they hold (real checkpoints: tests/e2e/test_survival.py).
+The checkpoints here are folders of fake files: completeness is decided by the record and the files' sizes and
+SHA-256 digests, whatever they hold (real checkpoints: tests/e2e/test_survival.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import warnings
@@ -40,8 +41,10 @@ def _checkpoint(root, step, record=True, files=None):
 def test_record_lists_every_file_and_detects_truncation_and_loss(tmp_path):
     folder = _checkpoint(tmp_path, 4)
     recorded = json.loads((folder / CHECKPOINT_RECORD).read_text())["files"]
-    assert recorded == {"model.safetensors": 64, "optimizer.pt": 128, os.path.join("sub", "rng_state_1.pth"): 8,
-                        "trainer_state.json": 2}  # fmt: skip
+    sizes = {name: entry["size"] for name, entry in recorded.items()}
+    assert sizes == {"model.safetensors": 64, "optimizer.pt": 128, os.path.join("sub", "rng_state_1.pth"): 8,
+                     "trainer_state.json": 2}  # fmt: skip
+    assert recorded["optimizer.pt"]["sha256"] == hashlib.sha256(b"o" * 128).hexdigest()
     assert checkpoint_problem(folder) is None
     with open(folder / "optimizer.pt", "r+b") as handle:
         handle.truncate(40)
@@ -50,6 +53,87 @@ def test_record_lists_every_file_and_detects_truncation_and_loss(tmp_path):
     assert checkpoint_problem(folder) == "missing optimizer.pt"
     (folder / CHECKPOINT_RECORD).write_text('{"files": {"model.saf')
     assert "unreadable" in checkpoint_problem(folder)
+
+
+def _zero_tail(path, nbytes):
+    """Overwrite the last `nbytes` of `path` with zeros in place: the size stays (a power loss, a preallocating copy)."""
+    with open(path, "r+b") as handle:
+        handle.seek(-nbytes, os.SEEK_END)
+        handle.write(b"\0" * nbytes)
+
+
+def test_a_file_of_the_right_size_with_zeroed_bytes_is_refused(tmp_path):
+    """Issue 38: the record held sizes only, so a checkpoint whose weights' tail was zeroed passed as complete."""
+    folder = _checkpoint(tmp_path, 4)
+    _zero_tail(folder / "model.safetensors", 16)
+    problem = checkpoint_problem(folder)
+    assert problem is not None and problem.startswith("model.safetensors has the recorded size but not the recorded")
+    with pytest.raises(ValueError, match=r"Cannot resume from .*checkpoint-4: model.safetensors has the recorded"):
+        resolve_resume(tmp_path, str(folder))
+
+
+def test_last_skips_a_damaged_newest_checkpoint_naming_the_file(tmp_path):
+    good = _checkpoint(tmp_path, 2)
+    damaged = _checkpoint(tmp_path, 4)
+    _zero_tail(damaged / "optimizer.pt", 8)
+    with pytest.warns(UserWarning, match=r"checkpoint-4: optimizer.pt has the recorded size but not"):
+        assert resolve_resume(tmp_path, "last") == str(good)
+
+
+def test_verification_is_cached_until_a_file_changes(tmp_path, monkeypatch):
+    """The CLI and `train()` both verify the checkpoint they resume from: the files are digested once."""
+    folder = _checkpoint(tmp_path, 4)
+    run_folder._VERIFIED.clear()
+    calls = []
+    real = run_folder.file_digest
+    monkeypatch.setattr(run_folder, "file_digest", lambda path, **kw: calls.append(path) or real(path, **kw))
+    assert checkpoint_problem(folder) is None and checkpoint_problem(folder) is None
+    assert len(calls) == 4
+    _zero_tail(folder / "model.safetensors", 4)
+    os.utime(folder / "model.safetensors", ns=(1, 1))  # a new modification time: verified again
+    assert "model.safetensors" in checkpoint_problem(folder)
+
+
+def test_each_file_is_fsynced_before_the_record_which_is_fsynced_too(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}") if os.path.exists("/proc/self/fd") else fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    folder = _checkpoint(tmp_path, 4)
+    names = [os.path.relpath(p, folder) if isinstance(p, str) else p for p in synced]
+    record_at = names.index(f".{CHECKPOINT_RECORD}.tmp")
+    for name in ("model.safetensors", "optimizer.pt", os.path.join("sub", "rng_state_1.pth"), "trainer_state.json"):
+        assert names.index(name) < record_at, names
+    assert names[-1] == "." and "sub" in names[:record_at]  # the folders themselves (their entries) too
+
+
+def test_a_record_of_sizes_only_is_still_checked_by_size(tmp_path):
+    """Records written before digests existed."""
+    folder = _checkpoint(tmp_path, 4, record=False)
+    (folder / CHECKPOINT_RECORD).write_text(json.dumps({"files": {"model.safetensors": 64, "optimizer.pt": 128}}))
+    assert checkpoint_problem(folder) is None
+    (folder / "optimizer.pt").write_bytes(b"o")
+    assert checkpoint_problem(folder) == "optimizer.pt is 1 bytes, 128 recorded (truncated)"
+
+
+def test_a_final_output_folder_is_not_a_checkpoint(tmp_path):
+    """Issue 38: a run's final output (trainer_state.json parses, no optimizer or RNG state) was resumed from."""
+    final = tmp_path / "run"
+    final.mkdir()
+    for name in ("model.safetensors", "config.json", "trainer_state.json", "results.json"):
+        (final / name).write_text("{}")
+    with pytest.raises(ValueError) as caught:
+        resolve_resume(final, str(final))
+    message = str(caught.value)
+    assert "it is not a checkpoint" in message and f"--model_name_or_path {final}" in message
+    assert f"--resume_from_checkpoint last --output_dir {final}" in message
+    # a checkpoint written by another Trainer (no record) is still one, named checkpoint-N or holding its state
+    renamed = _checkpoint(tmp_path, 2, record=False)
+    assert checkpoint_problem(renamed.rename(tmp_path / "kept")) is None
 
 
 def test_checkpoints_without_a_record(tmp_path):

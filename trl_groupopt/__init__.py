@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     **dict.fromkeys(("METHODS", "MethodSpec", "Paper", "get_method", "register_method"), ".registry"),
     **{name: ".trainers" + module for name, module in _TRAINER_EXPORTS.items()},
+    "compare": ".compare",  # `trl-groupopt compare`'s Python twin
 }
 
 

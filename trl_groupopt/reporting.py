@@ -13,15 +13,14 @@ from typing import Any
 from transformers.trainer_callback import ProgressCallback, TrainerCallback
 
 __all__ = ["HeldOutAccuracyCallback", "ReadableProgressCallback", "distinct_series", "format_log_line",
-           "plot_reward_accuracy", "write_results"]  # fmt: skip
+           "logged_points", "plot_reward_accuracy", "write_results"]  # fmt: skip
 
 #: Training-log keys shown on each line, in this order (label, key); the method's headline metric is added.
-_LINE_KEYS = (
-    ("reward", "reward"),
-    ("acc", "rewards/accuracy_reward/mean"),
-    ("loss", "loss"),
-    ("len", "completions/mean_length"),
-)
+_LINE_KEYS = (("reward", "reward"), ("acc", "rewards/accuracy_reward/mean"), ("loss", "loss"),
+              ("len", "completions/mean_length"))  # fmt: skip
+#: The training series of the reward panel, in drawing order: (logged key, label, marker).
+TRAINING_SERIES = (("reward", "reward (train)", "o"),
+                   ("rewards/accuracy_reward/mean", "accuracy (train, sampled)", "x"))  # fmt: skip
 
 
 def _fmt(value: Any) -> str:
@@ -31,32 +30,24 @@ def _fmt(value: Any) -> str:
 
 
 def format_log_line(logs: dict[str, Any], step: int, max_steps: int, headline_metric: str | None = None) -> str:
-    """One line per log event, always the same fields in the same order, e.g.
-    ``step  10/60 | reward 0.412 | acc 0.312 | loss -0.0104 | len 30.1 | echo/batch_clipped 0 | 3.9 s/step``.
-    The final summary log (``train_runtime``...) gives ``done in 52.1 s (60 steps)``."""
+    """One line per log event, the same fields in the same order (``step  10/60 | reward 0.412 | acc 0.312 | loss
+    -0.0104 | len 30.1 | echo/batch_clipped 0 | 3.9 s/step``); the final summary: ``done in 52.1 s (60 steps)``."""
     if "train_runtime" in logs:
         return f"done in {logs['train_runtime']:.1f} s ({step} steps)"
-    width = len(str(max_steps))
-    parts = [f"step {step:>{width}}/{max_steps}"]
-    keys = list(_LINE_KEYS) + ([(headline_metric, headline_metric)] if headline_metric else [])
-    for label, key in keys:
-        if key in logs:
-            parts.append(f"{label} {_fmt(logs[key])}")
-    if "step_time" in logs:
-        parts.append(f"{float(logs['step_time']):.2g} s/step")
+    keys = _LINE_KEYS + (((headline_metric, headline_metric),) if headline_metric else ())
+    parts = [f"step {step:>{len(str(max_steps))}}/{max_steps}"]
+    parts += [f"{label} {_fmt(logs[key])}" for label, key in keys if key in logs]
+    parts += [f"{float(logs['step_time']):.2g} s/step"] if "step_time" in logs else []
     return " | ".join(parts)
 
 
 class ReadableProgressCallback(ProgressCallback):
     """transformers' progress bar, with each log event written as one :func:`format_log_line` line instead of a dict.
-
-    Replaces both ``ProgressCallback`` and ``PrinterCallback`` (``disable_tqdm=True``: the lines without the bar).
-    """
+    Replaces both ``ProgressCallback`` and ``PrinterCallback`` (``show_bar=False``: the lines without the bar)."""
 
     def __init__(self, headline_metric: str | None = None, show_bar: bool = True):
         super().__init__()
-        self.headline_metric = headline_metric
-        self.show_bar = show_bar
+        self.headline_metric, self.show_bar = headline_metric, show_bar
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.show_bar:
@@ -68,13 +59,12 @@ class ReadableProgressCallback(ProgressCallback):
             super().on_step_end(args, state, control, **kwargs)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
-        line = format_log_line(logs, state.global_step, state.max_steps, self.headline_metric)
-        if self.training_bar is not None:
-            self.training_bar.write(line)
-        else:
-            print(line, flush=True)
+        if state.is_world_process_zero and logs:
+            line = format_log_line(logs, state.global_step, state.max_steps, self.headline_metric)
+            if self.training_bar is not None:
+                self.training_bar.write(line)
+            else:
+                print(line, flush=True)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.training_bar is not None:
@@ -83,23 +73,17 @@ class ReadableProgressCallback(ProgressCallback):
 
 def write_results(output_dir: str, **results: Any) -> str:
     """Write ``results`` to ``output_dir/results.json`` (NaN as null); returns the path."""
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in results.items()}
     os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, "results.json")
-    with open(path, "w") as f:
-        json.dump(clean, f, indent=2)
-        f.write("\n")
-    return path
+    clean = {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in results.items()}
+    with open(os.path.join(output_dir, "results.json"), "w") as handle:
+        handle.write(json.dumps(clean, indent=2) + "\n")
+    return handle.name
 
 
 class HeldOutAccuracyCallback(TrainerCallback):
-    """Greedy accuracy on a small held-out set every ``every`` optimizer steps, while training runs.
-
-    Each measurement is kept in :attr:`points` (``[(step, accuracy), ...]``) and logged as ``heldout/accuracy`` with
-    the trainer's next log (through ``trainer.log_step_metric``, so W&B / trackio show it; a trainer without that
-    method only keeps the points). Measured on the main process (greedy decoding draws no random numbers, so the
-    training samples do not change); ``every <= 0`` measures nothing.
-    """
+    """Greedy accuracy on a small held-out set every ``every`` optimizer steps (``<= 0``: never), on the main process
+    (greedy decoding draws no random numbers: the training samples do not change). Kept in :attr:`points`
+    (``[(step, accuracy)]``) and logged as ``heldout/accuracy`` through ``trainer.log_step_metric`` when it has one."""
 
     def __init__(self, trainer, dataset, every: int, *, max_new_tokens: int | None = None) -> None:
         self.trainer, self.dataset, self.every = trainer, dataset, every
@@ -111,9 +95,8 @@ class HeldOutAccuracyCallback(TrainerCallback):
             return None
         from .offline import greedy_accuracy
 
-        trainer = self.trainer
-        accuracy = greedy_accuracy(trainer.model, trainer.processing_class, self.dataset,
-                                   max_new_tokens=self.max_new_tokens)["accuracy"]  # fmt: skip
+        model, tokenizer = self.trainer.model, self.trainer.processing_class
+        accuracy = greedy_accuracy(model, tokenizer, self.dataset, max_new_tokens=self.max_new_tokens)["accuracy"]
         self.points.append((state.global_step, accuracy))
         return accuracy
 
@@ -126,14 +109,8 @@ class HeldOutAccuracyCallback(TrainerCallback):
             self.trainer.log_step_metric("heldout/accuracy", accuracy)
 
 
-#: The training series of the reward panel, in drawing order: (logged key, label, marker).
-TRAINING_SERIES = (
-    ("reward", "reward (train)", "o"),
-    ("rewards/accuracy_reward/mean", "accuracy (train, sampled)", "x"),
-)
-
-
-def _logged(log_history: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+def logged_points(log_history: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    """``[(step, value)]`` of ``key``'s finite numeric values in a trainer's ``log_history``."""
     return [(e["step"], e[key]) for e in log_history
             if isinstance(e.get(key), (int, float)) and "step" in e and not math.isnan(e[key])]  # fmt: skip
 
@@ -148,56 +125,40 @@ def distinct_series(log_history: Sequence[dict[str, Any]], series=TRAINING_SERIE
     reward and accuracy when accuracy is the only reward) is merged into it, the labels joined with " = "."""
     drawn: list[tuple[str, list, str]] = []
     for key, label, marker in series:
-        points = _logged(log_history, key)
-        if not points:
-            continue
+        points = logged_points(log_history, key)
         same = next((i for i, (_, other, _) in enumerate(drawn) if _same_points(other, points)), None)
-        if same is None:
+        if points and same is None:
             drawn.append((label, points, marker))
-        else:
+        elif points:
             drawn[same] = (f"{drawn[same][0]} = {label}", drawn[same][1], drawn[same][2])
     return drawn
 
 
 def _draw_mechanism(ax, log_history: Sequence[dict[str, Any]], report) -> None:
     """The mechanisms' logged metrics per logged step, and the share of each log's steps on which they acted."""
-    titles = []
     for outcome in report.outcomes:
-        mechanism = outcome.mechanism
-        for key in mechanism.watched_keys:
-            points = _logged(log_history, key)
-            if points:
+        for key in (mechanism := outcome.mechanism).watched_keys:
+            if points := logged_points(log_history, key):
                 ax.plot(*zip(*points), marker=".", markersize=3, linewidth=1, label=key)
-        acted = _logged(log_history, mechanism.metric)
-        if acted:
+        if acted := logged_points(log_history, mechanism.metric):
             ax.plot(*zip(*acted), linestyle="none", marker="x", markersize=5, color="black",
                     label=f"{mechanism.metric} (share of the logged steps)")  # fmt: skip
-        titles.append(f"{mechanism.name}: acted on {outcome.acted} of {outcome.steps} optimizer steps")
-    ax.set_title("\n".join(titles), fontsize=9)
+    ax.set_title("\n".join(f"{o.mechanism.name}: acted on {o.acted} of {o.steps} optimizer steps"
+                           for o in report.outcomes), fontsize=9)  # fmt: skip
     ax.set_xlabel("optimizer step")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
 
 
-def plot_reward_accuracy(
-    log_history: Sequence[dict[str, Any]],
-    path: str,
-    *,
-    heldout: Sequence[tuple[int, float]] = (),
-    heldout_curve: Sequence[tuple[int, float]] = (),
-    heldout_label: str = "accuracy (held-out, greedy)",
-    curve_label: str = "accuracy (held-out slice, greedy)",
-    mechanism_report=None,
-    title: str = "",
-) -> str | None:
-    """Plot a run to ``path`` (PNG); returns the path, or None when matplotlib is not installed.
-
-    Top panel: the training reward and sampled accuracy per logged step, each distinct series once
-    (:func:`distinct_series`), the held-out accuracy measured while training ``heldout_curve`` = [(step, accuracy)]
-    (a line) and the full evaluations ``heldout`` (before and after: points, not joined, since nothing was measured in
-    between). Bottom panel, with a ``mechanism_report`` (`trl_groupopt.mechanism.MechanismReport`): the metrics its
-    mechanisms are decided by, per logged step, and the ``acted/<method>`` metric."""
+def plot_reward_accuracy(log_history: Sequence[dict[str, Any]], path: str, *,
+                         heldout: Sequence[tuple[int, float]] = (), heldout_curve: Sequence[tuple[int, float]] = (),
+                         heldout_label: str = "accuracy (held-out, greedy)",
+                         curve_label: str = "accuracy (held-out slice, greedy)", mechanism_report=None,
+                         title: str = "") -> str | None:  # fmt: skip
+    """Plot a run to ``path`` (PNG); returns the path, or None without matplotlib. Top: each distinct training series
+    (:func:`distinct_series`), ``heldout_curve`` (a line) and the full evaluations ``heldout`` (points: nothing was
+    measured in between). Bottom, with a ``mechanism_report``: its mechanisms' metrics and ``acted/<method>``."""
     try:
         import matplotlib
 
@@ -214,8 +175,7 @@ def plot_reward_accuracy(
         ax.plot(*zip(*heldout_curve), marker="s", markersize=4, color="black", label=curve_label)
     if heldout:
         ax.plot(*zip(*heldout), linestyle="none", marker="D", markersize=7, color="tab:red", label=heldout_label)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylim(bottom=0)
+    ax.set(xlabel="optimizer step", ylim=(0, None))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)

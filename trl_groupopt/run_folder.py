@@ -6,13 +6,19 @@ Neither TRL nor torch is imported here (the CLI reads it before choosing a train
 `trainer_state.json` last) with no completion mark, and `train(resume_from_checkpoint=True)` takes the
 highest-numbered `checkpoint-*` folder, so a run killed while saving leaves a partial folder that every later resume
 picks and crashes on. After a checkpoint is saved (on every process: a barrier), `GroupOptTrainer` writes
-`CHECKPOINT_RECORD` into it: the size of every file in the folder. A checkpoint is complete when its record is there
-and every file it lists has that size, which catches a save cut short at any point and a file truncated later (a
-full disk, a copy between machines), in any layout (sharded or PEFT weights, FSDP or DeepSpeed shards, one RNG file
-per process), because the record lists whatever the save wrote, not a list of expected names. We chose a record over
-validating the files' formats for that reason: knowing every layout transformers, PEFT, FSDP and DeepSpeed write is
-what the record avoids. Checkpoints without a record (written by `GRPOTrainer` or another `Trainer`) count as complete
-when their `trainer_state.json`, which transformers writes last, is there and parses.
+`CHECKPOINT_RECORD` into it: the size and SHA-256 digest of every file in the folder, plus what the resume rules
+read (`trl_groupopt/resume.py`: the method and the settings). Each file is fsynced before it is digested, the record
+is written to a temporary file, fsynced, renamed into place and the folder fsynced: a record on disk vouches for bytes
+on disk. A checkpoint is complete when its record is there and every file it lists has that size and digest, which
+catches a save cut short at any point, a file truncated later (a full disk, a copy between machines) and a file of
+the right size with wrong bytes (a power loss before the data reached the disk, a preallocating copy tool), in any
+layout (sharded or PEFT weights, FSDP or DeepSpeed shards, one RNG file per process), because the record lists
+whatever the save wrote, not a list of expected names. SHA-256 rather than a faster non-cryptographic digest: it is
+in the standard library, and with the SHA extensions of current x86 and ARM CPUs it is the fastest digest hashlib
+offers (about 1.9 GB/s on one core here, faster than BLAKE2b and MD5: `python -m benchmarks.checkpoint_digest`), so
+the digest costs about what reading the files costs (docs/reliability.md). Records written before digests (sizes
+only) are checked by size. Checkpoints without a record (written by `GRPOTrainer` or another `Trainer`) count as
+complete when their `trainer_state.json`, which transformers writes last, is there and parses.
 
 **The lock.** `RunLock` holds `LOCK_NAME` (the pid and host) in the folder while a run writes to it: a second run into
 the same folder refuses with an error instead of silently replacing the first's checkpoints and model. It is released
@@ -22,6 +28,7 @@ on exit; a lock left by a process that no longer exists (killed) is taken over w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -36,18 +43,25 @@ __all__ = [
     "RunLock",
     "checkpoint_problem",
     "checkpoints",
+    "file_digest",
     "newest_complete_checkpoint",
+    "read_checkpoint_record",
     "resolve_resume",
     "write_checkpoint_record",
 ]
 
-#: Written into a checkpoint folder after everything else: {"files": {relative path: size in bytes}}.
+#: Written into a checkpoint folder after everything else: {"files": {relative path: {"size": bytes, "sha256": hex}},
+#: "run": {...}} ("run": what `trl_groupopt.resume` checks on resume; older records: {"files": {path: size}}).
 CHECKPOINT_RECORD = "trl_groupopt_checkpoint.json"
 #: The run lock in the output folder.
 LOCK_NAME = "_trl_groupopt.lock"
 #: transformers' checkpoint folder names (`PREFIX_CHECKPOINT_DIR`-<step>).
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _TRAINER_STATE = "trainer_state.json"
+#: What a checkpoint holds and a run's final output folder does not (transformers' optimizer, scheduler, RNG state).
+_TRAINING_STATE_FILES = ("optimizer*", "scheduler*", "rng_state*", "global_step*")
+#: `checkpoint_problem` of a folder that is no checkpoint at all (e.g. a run's final output folder).
+NOT_A_CHECKPOINT = "it is not a checkpoint (no optimizer, scheduler or RNG state: a run's final output folder?)"
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoints
@@ -60,20 +74,52 @@ def checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found, key=lambda item: item[0], reverse=True)]
 
 
-def _files(folder: Path) -> dict[str, int]:
-    return {
-        str(path.relative_to(folder)): path.stat().st_size
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and path.name != CHECKPOINT_RECORD
-    }
+_READ_CHUNK = 8 << 20
 
 
-def write_checkpoint_record(folder: str | os.PathLike) -> None:
-    """Record every file of the (fully written) checkpoint `folder` with its size; atomic (temporary file, rename)."""
+def file_digest(path: str | os.PathLike, *, sync: bool = False) -> str:
+    """The SHA-256 hex digest of the file at `path`; `sync`: fsync it first (its bytes are on the disk)."""
+    digest = hashlib.sha256()
+    if sync:
+        with open(path, "r+b") as writable:  # a read-only handle cannot be flushed on every platform (Windows)
+            os.fsync(writable.fileno())
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_READ_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a platform without folder handles (Windows): the rename is what it offers
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _files(folder: Path) -> list[Path]:
+    return [p for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(f".{CHECKPOINT_RECORD}")
+            and p.name != CHECKPOINT_RECORD]  # fmt: skip
+
+
+def write_checkpoint_record(folder: str | os.PathLike, run: dict | None = None) -> None:
+    """Record every file of the (fully written) checkpoint `folder` with its size and SHA-256 digest, and `run` (what
+    the resume rules read); each file is fsynced first, the record atomically replaced and fsynced (module docstring)."""
     folder = Path(folder)
+    files = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": file_digest(p, sync=True)}
+             for p in _files(folder)}  # fmt: skip
+    for sub in {p.parent for p in _files(folder)} - {folder}:
+        _fsync_folder(sub)
     temporary = folder / f".{CHECKPOINT_RECORD}.tmp"
-    temporary.write_text(json.dumps({"files": _files(folder)}, indent=1), encoding="utf-8")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump({"files": files, "run": run or {}}, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(temporary, folder / CHECKPOINT_RECORD)
+    _fsync_folder(folder)
 
 
 def remove_checkpoint_record(folder: str | os.PathLike) -> None:
@@ -81,14 +127,52 @@ def remove_checkpoint_record(folder: str | os.PathLike) -> None:
     Path(folder, CHECKPOINT_RECORD).unlink(missing_ok=True)
 
 
+def read_checkpoint_record(folder: str | os.PathLike) -> dict | None:
+    """The parsed record of `folder`, or None if it has none or it does not parse."""
+    try:
+        record = json.loads(Path(folder, CHECKPOINT_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("files"), dict) else None
+
+
+#: (folder, record's mtime, each file's (size, mtime)) of checkpoints verified in this process: a resume checks the
+#: same folder from the CLI and again in `train()`, and digesting a large checkpoint twice would double its cost.
+_VERIFIED: set[tuple] = set()
+
+
+def _verify_files(folder: Path, recorded: dict) -> str | None:
+    missing = [name for name in recorded if not (folder / name).is_file()]
+    if missing:
+        return f"missing {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    entries = {name: entry if isinstance(entry, dict) else {"size": entry} for name, entry in recorded.items()}
+    for name, entry in entries.items():
+        actual = (folder / name).stat().st_size
+        if actual != entry.get("size"):
+            return f"{name} is {actual:,} bytes, {entry.get('size'):,} recorded (truncated)"
+    stamp = (str(folder.resolve()), (folder / CHECKPOINT_RECORD).stat().st_mtime_ns,
+             tuple((name, (folder / name).stat().st_mtime_ns) for name in sorted(entries)))  # fmt: skip
+    if stamp in _VERIFIED:
+        return None
+    for name, entry in entries.items():
+        if "sha256" in entry and file_digest(folder / name) != entry["sha256"]:
+            return (
+                f"{name} has the recorded size but not the recorded content (SHA-256 differs: its bytes changed "
+                "after the save, e.g. a power loss or a copy cut short)"
+            )
+    _VERIFIED.add(stamp)
+    return None
+
+
 def checkpoint_problem(folder: str | os.PathLike) -> str | None:
-    """What makes `folder` an incomplete checkpoint (e.g. "model.safetensors is 3,145,728 bytes, 8,519,224
-    recorded"), or None if it is complete (see the module docstring)."""
+    """What makes `folder` an incomplete or damaged checkpoint (e.g. "model.safetensors is 3,145,728 bytes,
+    8,519,224 recorded"), or None if it is complete (see the module docstring)."""
     folder = Path(folder)
     if not folder.is_dir():
         return "it is not a folder"
-    record = folder / CHECKPOINT_RECORD
-    if not record.is_file():
+    if not (folder / CHECKPOINT_RECORD).is_file():
+        if not _CHECKPOINT.match(folder.name) and not any(any(folder.glob(g)) for g in _TRAINING_STATE_FILES):
+            return NOT_A_CHECKPOINT
         state = folder / _TRAINER_STATE
         if not state.is_file():
             return f"no {CHECKPOINT_RECORD} and no {_TRAINER_STATE} (the save was cut short)"
@@ -97,18 +181,10 @@ def checkpoint_problem(folder: str | os.PathLike) -> str | None:
         except (OSError, ValueError):
             return f"no {CHECKPOINT_RECORD}, and {_TRAINER_STATE} is cut short"
         return None
-    try:
-        recorded = json.loads(record.read_text(encoding="utf-8"))["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+    record = read_checkpoint_record(folder)
+    if record is None:
         return f"{CHECKPOINT_RECORD} is unreadable"
-    missing = [name for name in recorded if not (folder / name).is_file()]
-    if missing:
-        return f"missing {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-    for name, size in recorded.items():
-        actual = (folder / name).stat().st_size
-        if actual != size:
-            return f"{name} is {actual:,} bytes, {size:,} recorded (truncated)"
-    return None
+    return _verify_files(folder, record["files"])
 
 
 def newest_complete_checkpoint(output_dir: str | os.PathLike, *, warn: bool = True) -> str | None:
@@ -120,8 +196,8 @@ def newest_complete_checkpoint(output_dir: str | os.PathLike, *, warn: bool = Tr
             return str(folder)
         if warn:
             warnings.warn(
-                f"Skipping the incomplete checkpoint {folder}: {problem}. Resuming from an earlier one; this folder "
-                "is overwritten when training reaches its step again.",
+                f"Skipping the incomplete or damaged checkpoint {folder}: {problem}. Resuming from an earlier one; "
+                "this folder is overwritten when training reaches its step again.",
                 UserWarning,
                 stacklevel=2,
             )
@@ -146,6 +222,13 @@ def resolve_resume(output_dir: str | os.PathLike, resume_from_checkpoint: str | 
             )
         return found
     problem = checkpoint_problem(resume_from_checkpoint)
+    if problem == NOT_A_CHECKPOINT:
+        raise ValueError(
+            f"Cannot resume from {resume_from_checkpoint}: {problem}. Resume from one of its checkpoints "
+            f"(--resume_from_checkpoint last --output_dir {resume_from_checkpoint}), or start a new run from its "
+            f"weights: --model_name_or_path {resume_from_checkpoint} (model_name_or_path in Python) with another "
+            "--output_dir."
+        )
     if problem is not None:
         parent = Path(resume_from_checkpoint).parent
         raise ValueError(

@@ -1,253 +1,266 @@
-"""The TRL half of the training command (`trl_groupopt.cli`): the parser, the trainer and the run's outputs.
+"""The TRL half of the training command (`trl_groupopt.cli`): TRL's own parser for a method, and the run.
 
-`trl_groupopt.cli` imports this module only once a method is chosen and its options are parsed, so `--help`, `methods`
-and argument errors never import TRL. The default layers the parser applies are described in `trl_groupopt.cli`.
+:class:`MethodParser` is `TrlParser((DemoScriptArguments, <Method>Config, ModelConfig))`, as TRL's example scripts
+build it, parsed once (`--config` YAML read by TRL). Three public hooks of argparse shape it:
+
+- `add_argument` puts each option in a group of the help: the method's own fields first, then the TRL options the
+  method sets its own default for, the script's, TRL's `GRPOConfig`, `ModelConfig` and transformers' options;
+- defaults that depend on the model (`trl_groupopt.cli`'s layers) are :class:`Deferred` objects, shown in the help
+  as text and resolved in `parse_known_args` once `--model_name_or_path` is known;
+- `error` prints one line, naming the closest option for a misspelled one.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
+import difflib
 import inspect
 import os
-import re
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
-import torch
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers import TrainingArguments
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
-from . import offline, options
-from .cli import DATASET_FORMATS, REWARD_FUNCS, STRING_PROMPTS, layered_defaults, uses_embedded_policy
+from . import adapters, offline, rewards
+from .defaults import EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS, default_output_dir, uses_embedded_policy
 from .device import device_supports_bf16, has_accelerator
-from .model_card import SYNTHETIC_DATASET_NAME
 from .registry import get_method
-from .reporting import HeldOutAccuracyCallback, ReadableProgressCallback, plot_reward_accuracy, write_results
-from .trainers.base import GroupOptTrainer
-from .trainers.config import TokenSafeConfigMixin
 
-__all__ = ["DemoScriptArguments", "build_parser", "live_options", "run"]
+__all__ = ["Deferred", "DemoScriptArguments", "MethodParser", "parse", "run"]
+
+#: The reward functions the command can use, by name (``--reward_funcs``).
+REWARD_FUNCS = {"accuracy_reward": rewards.accuracy_reward, "format_reward": rewards.format_reward}
+
+
+def _option(default: Any, help: str, **metadata: Any) -> Any:
+    factory = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**factory, metadata={"help": help, **metadata})
 
 
 @dataclass
 class DemoScriptArguments(ScriptArguments):
-    """TRL's `ScriptArguments` plus the data format, the reward functions and the demo's before/after evaluation."""
+    """TRL's `ScriptArguments` plus the data format and checks, the reward functions and the demo's evaluation."""
 
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Hub dataset (e.g. openai/gsm8k with --dataset_config main), a local file (.jsonl .json .parquet "
-            ".csv) or a folder of them. Unset: the offline synthetic arithmetic task."
-        },
+    dataset_format: str = _option("prompt-answer", "How to read --dataset_name.", choices=adapters.DATASET_FORMATS)
+    reward_funcs: list[str] = _option(["accuracy_reward"], "From trl_groupopt.rewards.", choices=list(REWARD_FUNCS))
+    max_unusable_answer_fraction: float = _option(
+        0.1,
+        "Rows whose gold answer the accuracy reward cannot read, counted before the model loads: above this "
+        "fraction the run stops, below it warns.",
     )
-    dataset_format: str = field(
-        default="prompt-answer",
-        metadata={
-            "help": "How to read --dataset_name: 'prompt-answer' (columns 'prompt', a string or a list of messages, and "
-            "'solution', the gold answer), 'gsm8k' (question/answer with '#### 42') or 'math' (problem/solution with "
-            "a final \\boxed{}). Never guessed from the name.",
-            "choices": list(DATASET_FORMATS),
-        },
+    max_overlong_prompt_fraction: float = _option(
+        0.1,
+        "Prompts longer than the model's context leaves room for (max_position_embeddings minus "
+        "--max_completion_length), counted before the model loads: above this fraction the run stops, below it warns.",
     )
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["accuracy_reward"],
-        metadata={
-            "help": f"Reward functions from trl_groupopt.rewards, any of {sorted(REWARD_FUNCS)}. format_reward "
-            "alone can be maximised by boxing any number, so the demo trains on accuracy only."
-        },
+    string_prompts: str = _option(
+        "user_message",
+        "Plain-string prompts for a chat template: 'user_message' sends each as one user message, "
+        "'raw' keeps the text (and warns).",
+        choices=adapters.STRING_PROMPTS,
     )
-    max_unusable_answer_fraction: float = field(
-        default=0.1,
-        metadata={
-            "help": "Rows whose gold answer is unusable (empty or null; for gsm8k no '#### <answer>', for math no "
-            "\\boxed{}) get no reward. They are counted when the data loads: above this fraction of the rows the run "
-            "stops before the model loads, at or below it (but not zero) it warns. 0: any such row stops the run."
-        },
-    )
-    string_prompts: str = field(
-        default="user_message",
-        metadata={
-            "help": "Prompts given as plain strings, for a model whose tokenizer has a chat template: 'user_message' "
-            "sends each as one user message (the chat template applies, as for conversational prompts), 'raw' "
-            "keeps the text as is (the model continues it) and warns. Prompts that already hold the tokenizer's "
-            "special tokens are kept as they are.",
-            "choices": list(STRING_PROMPTS),
-        },
-    )
-    num_train_examples: int = field(default=2000, metadata={"help": "Synthetic task: training prompts."})
-    num_eval_examples: int = field(default=200, metadata={"help": "Synthetic task: held-out prompts for accuracy."})
-    evaluate_accuracy: bool = field(
-        default=True,
-        metadata={
-            "help": "Synthetic task: measure held-out greedy accuracy before and after training (results.json)."
-        },
-    )
-    heldout_eval_steps: int = field(
-        default=10,
-        metadata={
-            "help": "Synthetic task: also measure held-out greedy accuracy every this many optimizer steps, on the "
-            "first --heldout_eval_examples held-out prompts (the plot's held-out curve); 0: only before and after."
-        },
-    )
-    heldout_eval_examples: int = field(
-        default=64, metadata={"help": "Synthetic task: held-out prompts of the accuracy measured while training."}
-    )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Start a fresh run in an --output_dir that holds an earlier run's checkpoints: they are deleted "
-            "first. Without it such a run refuses; --resume_from_checkpoint last resumes the earlier run instead."
-        },
-    )
+    num_train_examples: int = _option(2000, "Synthetic task (no --dataset_name): training prompts.")
+    num_eval_examples: int = _option(200, "Synthetic task: held-out prompts for accuracy.")
+    evaluate_accuracy: bool = _option(True, "Synthetic task: held-out greedy accuracy before and after.")
+    heldout_eval_steps: int = _option(10, "Synthetic task: held-out accuracy every this many steps too; 0: never.")
+    heldout_eval_examples: int = _option(64, "Synthetic task: prompts of that curve.")
+    overwrite_output_dir: bool = _option(False, "A fresh run deletes the checkpoints of an earlier run first.")
 
     def __post_init__(self):
-        if not 0.0 <= self.max_unusable_answer_fraction <= 1.0:
-            raise ValueError(
-                f"--max_unusable_answer_fraction must be within [0, 1], got {self.max_unusable_answer_fraction}."
-            )
+        for name in ("max_unusable_answer_fraction", "max_overlong_prompt_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"--{name} must be within [0, 1], got {getattr(self, name)}.")
 
 
-def _preparse(argv: Sequence[str]) -> tuple[DemoScriptArguments, ModelConfig]:
-    """The script and model arguments alone (from argv and its --config YAML), to choose the default layers before
-    the training config is built (building it validates device settings those layers may change). `--help` is left
-    for the full parser."""
-    parser = TrlParser((DemoScriptArguments, ModelConfig), add_help=False)
-    script_args, model_args, _ = parser.parse_args_and_config(list(argv), return_remaining_strings=True)
-    return script_args, model_args
+@dataclass(frozen=True)
+class Deferred:
+    """A default that depends on other options (the model, the device): `resolve(namespace, embedded)` gives the value
+    after parsing; the help shows `shown`."""
+
+    shown: str
+    resolve: Callable[[argparse.Namespace, bool], Any]
+
+    def __str__(self) -> str:
+        return self.shown
 
 
-# ---------------------------------------------------------------------------------------------------- options
-def _trl_sections() -> dict[str, str]:
-    """field -> TRL's heading for it, from the ``> Parameters that control ...`` headings of GRPOConfig's docstring,
-    in TRL's order (a field TRL lists under none falls to transformers' TrainingArguments group)."""
-    sections, title = {}, None
-    for line in inspect.cleandoc(GRPOConfig.__doc__ or "").splitlines():
-        heading = re.match(r"\s*> (?:Parameters that control (.+)|(Deprecated parameters))$", line)
-        if heading:
-            title = heading.group(1) or heading.group(2).lower()
-            continue
-        entry = re.match(r"    (\w+)(?: \(|:$)", line)
-        if entry and title:
-            sections[entry.group(1)] = options.TRL_GROUP_PREFIX + title
-    return sections
+def by_model(embedded: Any, named: Any) -> Deferred:
+    """`embedded` for the embedded tiny policy, `named` for a named model."""
+    return Deferred(
+        f"{embedded} (embedded policy), {named} (named model)", lambda _, tiny: embedded if tiny else named
+    )
 
 
-#: transformers' TrainingArguments fields the training command reads its own way: listed with the script's options,
-#: this help instead of transformers' (`trl_groupopt.cli.prepare_output_dir` and `build_parser`).
-SCRIPT_READ_TRAINING_OPTIONS = {
-    "resume_from_checkpoint": "Resume the run of --output_dir: 'last' (its newest complete checkpoint) or a "
-    "checkpoint folder's path. Unset: a fresh run, which refuses an --output_dir that holds checkpoints (see "
-    "--overwrite_output_dir).",
-    "save_steps": "Save a checkpoint every this many optimizer steps (below 1: that fraction of the run); given "
-    "without --save_strategy, it implies --save_strategy steps.",
-}
+def deferred_defaults(method: str) -> dict[str, Any]:
+    """The layers of `trl_groupopt.cli` as parser defaults: RUN_DEFAULTS and the method's mode, then per-model values."""
+    spec = get_method(method)
+    embedded = {**EMBEDDED_POLICY_DEFAULTS, **spec.demo_defaults}
+    defaults = {f.name: f.default for f in dataclasses.fields(spec.config_class) if f.name in embedded}
+    defaults.update({**spec.config_defaults, **RUN_DEFAULTS})  # what a named model gets
+    defaults.update({name: by_model(value, defaults[name]) for name, value in embedded.items()})
 
+    def output_dir(namespace: argparse.Namespace, tiny: bool) -> str:
+        return default_output_dir(method, None if tiny else namespace.model_name_or_path)
 
-def _option_groups(config_class: type) -> dict[str, str]:
-    """dest -> the help's group key (`trl_groupopt.options`), in the order the help lists them: the method's own
-    fields (declared by its config class and its mixins, overrides of GRPOConfig fields included, in declaration
-    order), the script's (DemoScriptArguments, the config fields every method shares and
-    :data:`SCRIPT_READ_TRAINING_OPTIONS`), TRL's GRPOConfig
-    headings, ModelConfig's, then transformers' TrainingArguments."""
-    own, shared = {}, {}  # the config class's own body first, then its mixins'
-    for cls in config_class.__mro__:
-        if cls.__module__.startswith(f"{__package__}."):
-            for name in inspect.get_annotations(cls):
-                (shared if cls is TokenSafeConfigMixin else own).setdefault(name, None)
-    trl_sections = _trl_sections()
-    groups = dict.fromkeys(own, options.METHOD_GROUP)
-    groups.update(dict.fromkeys((f.name for f in dataclasses.fields(DemoScriptArguments)), options.SCRIPT_GROUP))
-    groups.update(dict.fromkeys(shared, options.SCRIPT_GROUP))
-    groups.update(dict.fromkeys(SCRIPT_READ_TRAINING_OPTIONS, options.SCRIPT_GROUP))
-    groups.update({name: trl_sections[name] for name in trl_sections if name not in groups})
-    groups.update({f.name: options.MODEL_GROUP for f in dataclasses.fields(ModelConfig) if f.name not in groups})
-    for f in dataclasses.fields(config_class):
-        groups.setdefault(f.name, options.TRANSFORMERS_GROUP)
-    return groups
+    def bf16(namespace: argparse.Namespace, tiny: bool) -> bool:  # the tiny policy trains in fp32 everywhere
+        return not tiny and not namespace.fp16 and device_supports_bf16(namespace.use_cpu)
 
-
-def _describe(action: argparse.Action, group: str) -> dict:
-    """One option of TRL's parser as JSON-able data (what `trl_groupopt.options` rebuilds a parser from)."""
-    value_type, accepts_none = action.type, False
-    if getattr(value_type, "__qualname__", "").startswith("_accept_none."):  # trl.scripts._hf_argparser (1.16.0)
-        value_type, accepts_none = value_type.__closure__[0].cell_contents, True
-    choices = action.choices
-    if isinstance(value_type, type) and issubclass(value_type, enum.Enum):  # e.g. transformers' DebugOption
-        choices = [member.value for member in value_type]
-    name = getattr(value_type, "__name__", "")
-    if value_type is None:
-        type_name = None
-    else:
-        type_name = "bool" if name == "string_to_bool" else name if name in options.VALUE_TYPES else "any"
-    store_false = isinstance(action, argparse._StoreFalseAction)
     return {
-        "flags": list(action.option_strings),
-        "dest": action.dest,
-        "store_false": store_false,
-        "type": type_name,
-        "accepts_none": accepts_none,
-        "nargs": None if store_false else action.nargs,
-        "const": None if store_false else action.const,
-        "choices": None if choices is None else [str(c) for c in choices],
-        "default": getattr(action.default, "__name__", None) or str(action.default),  # argparse's %(default)s
-        "help": SCRIPT_READ_TRAINING_OPTIONS.get(action.dest, action.help),
-        "group": group,
+        **defaults,
+        "model_name_or_path": Deferred("the embedded tiny policy", lambda _, tiny: offline.EMBEDDED_POLICY_PATH),
+        "output_dir": Deferred(f"outputs/{method}-demo, or outputs/{method}-<model name>", output_dir),
+        "use_cpu": Deferred("True unless an accelerator is visible", lambda *_: not has_accelerator()),
+        "bf16": Deferred("False for the embedded policy, else True where the device runs bf16 natively", bf16),
     }
 
 
-def live_options(method: str) -> list[dict]:
-    """`method`'s command-line options as TRL's parser builds them, grouped for the help (`trl_groupopt.options`
-    caches this; the defaults are the dataclasses', the CLI's layers are applied when the help is shown)."""
-    spec = get_method(method)
-    parser = TrlParser((DemoScriptArguments, spec.config_class, ModelConfig), add_help=False)
-    groups = _option_groups(spec.config_class)
-    rank = {group: i for i, group in enumerate(dict.fromkeys(groups.values()))}
-    declared = {dest: i for i, dest in enumerate(groups)}
-
-    def position(action: argparse.Action) -> tuple[int, int]:
-        # by group; the method's options in declaration order, the others in the parser's (stable sort)
-        group = groups[action.dest]
-        return rank[group], declared[action.dest] if group == options.METHOD_GROUP else 0
-
-    actions = sorted(parser._actions, key=position)
-    return [_describe(action, groups[action.dest]) for action in actions]
+def _option_groups(config_class: type) -> dict[str, str]:
+    """dest -> the help group's key: "own" (fields the method's module adds), "set" (TRL fields it redeclares),
+    "shared" (fields every trl-groupopt config adds), "script", "trl", "model", "transformers"."""
+    trl_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    groups = dict.fromkeys((f.name for f in dataclasses.fields(TrainingArguments)), "transformers")
+    groups.update(dict.fromkeys(trl_fields - set(groups), "trl"))
+    groups.update(dict.fromkeys((f.name for f in dataclasses.fields(ModelConfig)), "model"))
+    for cls in reversed(config_class.__mro__):  # the most derived class wins
+        if cls.__module__.split(".")[0] == __package__:
+            key = "own" if cls.__module__ == config_class.__module__ else "shared"
+            groups.update({name: "set" if name in trl_fields else key for name in inspect.get_annotations(cls)})
+    groups.update(dict.fromkeys((f.name for f in dataclasses.fields(DemoScriptArguments)), "script"))
+    groups["resume_from_checkpoint"] = "script"
+    return groups
 
 
-def build_parser(
-    method: str, argv: Sequence[str] = (), prog: str | None = None, *, given: Collection[str] = ()
-) -> TrlParser:
-    """The method's full parser (script, method config and model arguments), its defaults layered as described in
-    `trl_groupopt.cli` for what argv names. (Its `--help` is `trl_groupopt.options`'s, shown before this is built.)"""
-    spec = get_method(method)
-    _, model_args = _preparse(argv)
-    parser = TrlParser((DemoScriptArguments, spec.config_class, ModelConfig), prog=prog)
-    use_cpu = not has_accelerator()
-    # the method configs pick bf16 by device themselves; TRL's GRPOConfig (the base trainer) would train in bf16
-    # autocast on a CPU, several times slower than fp32
-    parser.set_defaults(
-        **layered_defaults(method, model_args.model_name_or_path, use_cpu=use_cpu, bf16=device_supports_bf16(use_cpu))
-    )
-    if "save_steps" in given and "save_strategy" not in given:
-        parser.set_defaults(save_strategy="steps")  # --save_steps alone saves every that many steps
-    return parser
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults after each option, as TRL's parser shows them; group descriptions as written."""
 
 
+class MethodParser(TrlParser):
+    """`TrlParser((DemoScriptArguments, <Method>Config, ModelConfig))` with grouped help, model-dependent defaults and
+    one-line errors."""
+
+    def __init__(self, method: str, prog: str):
+        spec = get_method(method)
+        self._route, self._groups, self._flags = _option_groups(spec.config_class), {}, []
+        self._titles = {
+            "own": (
+                f"{method} options: {spec.summary or spec.trainer_name}",
+                f"  {spec.trainer_name}, {spec.paper}"
+                + ("" if "own" in self._route.values() else ": no options of its own (TRL's options below)"),
+            ),
+            "set": (f"TRL options {method} sets its own default for", None),
+            "shared": ("options every trl-groupopt method adds", None),
+            "script": ("script options (data, rewards, the run)", adapters.format_help()),
+            "trl": ("TRL GRPOConfig", None),
+            "model": ("TRL ModelConfig: model loading, LoRA (PEFT), quantization", None),
+            "transformers": ("transformers TrainingArguments", None),
+        }
+        super().__init__(
+            (DemoScriptArguments, spec.config_class, ModelConfig),
+            prog=prog,
+            usage="%(prog)s [--config YAML] [--OPTION VALUE ...]",
+            formatter_class=_HelpFormatter,
+            description=f"Train with {spec.trainer_name} ({spec.paper}). Errors print one line; a bare --debug "
+            "prints the traceback.",
+        )
+        self.add_argument(
+            "--config",
+            metavar="YAML",
+            default=argparse.SUPPRESS,
+            help="a YAML file of option: value pairs (and env: variables); the command line overrides it",
+        )
+        self.set_defaults(**deferred_defaults(method))
+
+    def _group(self, key: str) -> Any:
+        if not self._groups:  # the order of the help, whatever order the fields come in
+            self._groups = {name: self.add_argument_group(*self._titles[name]) for name in self._titles}
+        return self._groups[key]
+
+    def add_argument(self, *flags: str, **kwargs: Any) -> argparse.Action:
+        self._flags.extend(flags)
+        dest = kwargs.get("dest") or next((f for f in flags if f.startswith("--")), flags[0]).lstrip("-")
+        key = self._route.get(dest.replace("-", "_"))
+        if dest == "resume_from_checkpoint":
+            kwargs["help"] = "Resume the run of --output_dir: 'last' (its newest complete checkpoint) or a path."
+        target = super() if key is None else self._group(key)
+        return target.add_argument(*flags, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")  # one line, as `trl_groupopt.cli.die`
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, rest = super().parse_known_args(args, namespace)
+        if rest:
+            self.error(unknown_option(rest, self._flags))
+        tiny = isinstance(namespace.model_name_or_path, Deferred) or uses_embedded_policy(namespace.model_name_or_path)
+        for dest in sorted(vars(namespace), key=lambda d: d == "bf16"):  # bf16 reads use_cpu
+            if isinstance(value := getattr(namespace, dest), Deferred):
+                setattr(namespace, dest, value.resolve(namespace, tiny))
+        return namespace, rest
+
+    def parse_args_and_config(self, args: Sequence[str], *rest: Any, **kwargs: Any):
+        self._config = args[args.index("--config") + 1] if "--config" in args[:-1] else None
+        if "--config" in args and (self._config is None or not os.path.isfile(self._config)):
+            self.error(f"--config {self._config or ''}: no such file.")
+        import yaml
+
+        try:
+            return super().parse_args_and_config(args, *rest, **kwargs)
+        except yaml.YAMLError as err:
+            self.error(f"--config {self._config} is not valid YAML: {err}")
+
+    def set_defaults_with_config(self, **kwargs: Any) -> list[str]:
+        unknown = super().set_defaults_with_config(**kwargs)[::2]
+        if unknown:
+            keys = [flag[2:] for flag in self._flags if flag.startswith("--")]
+            self.error(f"--config {self._config}: " + unknown_option([u[2:] for u in unknown], keys, "key"))
+        return []
+
+
+def unknown_option(unknown: Sequence[str], known: Sequence[str], what: str = "option") -> str:
+    """``unknown option --lerning_rate (did you mean --learning_rate?); --help lists them``."""
+    names = [u for u in unknown if u.startswith("-")] or list(unknown)
+    close = difflib.get_close_matches(names[0], known, n=1)
+    return f"unknown {what} {' '.join(names)}{f' (did you mean {close[0]}?)' if close else ''}; --help lists them"
+
+
+def parse(method: str, argv: Sequence[str], prog: str):
+    """(script_args, training_args, model_args, demo) for `method` from argv, parsed once."""
+    argv = list(argv)
+    if any(a.startswith("--config=") for a in argv):  # TRL reads `--config PATH` only
+        i = next(i for i, a in enumerate(argv) if a.startswith("--config="))
+        argv[i : i + 1] = ["--config", argv[i].partition("=")[2]]
+    script_args, training_args, model_args = MethodParser(method, prog).parse_args_and_config(argv)
+    if not hasattr(training_args, "max_all_none_reward_batches"):  # plain GRPOConfig (grpo): stop on no reward too
+        from .checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
+
+        training_args.max_all_none_reward_batches = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
+    adapters.check_model_path(model_args.model_name_or_path)
+    demo = uses_embedded_policy(model_args.model_name_or_path) and script_args.dataset_name is None
+    return script_args, training_args, model_args, demo
+
+
+# ---------------------------------------------------------------------------------------------------- the run
 def set_cpu_threads(training_args, embedded: bool) -> None:
-    """One torch thread per process for the tiny policy (its matrices are too small to split: more threads only
-    add synchronisation, ~30x slower on 2 cores); for larger models the cores divided among local processes."""
+    """One torch thread per process for the tiny policy (its matrices are too small to split: more threads only add
+    synchronisation, ~30x slower on 2 cores); for larger models the cores divided among local processes."""
+    import torch
+
     if not training_args.use_cpu and torch.cuda.is_available():
         return
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    threads = 1 if embedded else max(1, (os.cpu_count() or 1) // local_processes)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1 if embedded else max(1, (os.cpu_count() or 1) // local_processes))
 
 
-def _build_trainer(method, script_args, training_args, model_args, train_dataset) -> GroupOptTrainer:
-    """The method's trainer as TRL's grpo.py builds it (model kwargs from ModelConfig, `trust_remote_code` from the
-    training config, default False), with the readable progress callback."""
+def _build_trainer(method, script_args, training_args, model_args, train_dataset):
+    """The method's trainer as TRL's grpo.py builds it, with the readable progress callback."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from .reporting import ReadableProgressCallback
+
     spec = get_method(method)
     model_init_kwargs = dict(
         revision=model_args.model_revision,
@@ -255,8 +268,7 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
         attn_implementation=model_args.attn_implementation,
         dtype=model_args.dtype,
     )
-    model_init_kwargs.update(training_args.model_init_kwargs or {})
-    training_args.model_init_kwargs = model_init_kwargs
+    training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
     trainer = spec.trainer_class(
         model=model_args.model_name_or_path,
         reward_funcs=[REWARD_FUNCS[name] for name in script_args.reward_funcs],
@@ -271,9 +283,9 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
 
 
 def _save_outputs(trainer, method, training_args, model_args, dataset_name, curve, wall_start, say) -> None:
-    """The card, trainer state, plot and results.json beside the saved model (main process). The held-out accuracy
-    is `trainer.heldout_accuracy` (None when not measured); `curve`: the callback measuring it while training, or
-    None."""
+    """The card, trainer state, plot and results.json beside the saved model (main process)."""
+    from .reporting import plot_reward_accuracy, write_results
+
     trainer.create_model_card(dataset_name=dataset_name)  # after save_model: replaces PEFT's template card
     trainer.save_state()
     heldout = trainer.heldout_accuracy or {}
@@ -307,9 +319,11 @@ def _save_outputs(trainer, method, training_args, model_args, dataset_name, curv
     say(f"saved the model, README.md (card), trainer_state.json, results.json and plots in {training_args.output_dir}")
 
 
-def run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset=None) -> GroupOptTrainer:
-    """Train `method` with parsed arguments on the datasets `trl_groupopt.cli.load_datasets` checked; save the model,
-    card, state and results; returns the trainer."""
+def run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset=None):
+    """Train `method` on the datasets the door checked; save the model, card, state and results; return the trainer."""
+    from .model_card import SYNTHETIC_DATASET_NAME
+    from .reporting import HeldOutAccuracyCallback
+
     set_cpu_threads(training_args, uses_embedded_policy(model_args.model_name_or_path))
     start = time.perf_counter()
     trainer = _build_trainer(method, script_args, training_args, model_args, train_dataset)
@@ -330,9 +344,8 @@ def run(method, script_args, training_args, model_args, demo, train_dataset, eva
             subset = eval_dataset.select(range(min(script_args.heldout_eval_examples, len(eval_dataset))))
             curve = HeldOutAccuracyCallback(trainer, subset, script_args.heldout_eval_steps)
             trainer.add_callback(curve)
-    say(
-        f"training {training_args.max_steps if training_args.max_steps > 0 else ''} steps -> {training_args.output_dir}"
-    )
+    steps = training_args.max_steps if training_args.max_steps > 0 else ""
+    say(f"training {steps} steps -> {training_args.output_dir}")
     if training_args.resume_from_checkpoint is not None:
         say(f"resuming from {training_args.resume_from_checkpoint}")
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
@@ -340,8 +353,7 @@ def run(method, script_args, training_args, model_args, demo, train_dataset, eva
         after = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
         say(f"held-out greedy accuracy ({len(eval_dataset)} prompts): {before:.1%} -> {after:.1%}")
         trainer.heldout_accuracy = {"before": before, "after": after, "num_examples": len(eval_dataset)}
-    # The card describes the synthetic task when no dataset was named (model_card.SYNTHETIC_DATASET_NAME).
-    dataset_name = script_args.dataset_name or SYNTHETIC_DATASET_NAME
+    dataset_name = script_args.dataset_name or SYNTHETIC_DATASET_NAME  # the card describes the synthetic task
     trainer.save_model(training_args.output_dir)
     if main:
         _save_outputs(trainer, method, training_args, model_args, dataset_name, curve, start, say)

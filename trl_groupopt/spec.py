@@ -88,6 +88,7 @@ class MethodSpec:
     summary: str = ""  # one line: what changes versus GRPO
     config_class: type[GRPOConfig] = _ClassField(None, lambda spec: spec.trainer_class.config_class)  # type: ignore
     config_defaults: Mapping[str, Any] = field(default_factory=dict)  # a mode's fixed settings, e.g. GRPO-fix's
+    demo_defaults: Mapping[str, Any] = field(default_factory=dict)  # the CLI's settings on the embedded tiny policy
     display_name: str = ""  # the name model cards give the method (TRL's `_name`); default: name upper-cased
     #: When the method's mechanism acted on an optimizer step (`trl_groupopt.mechanism`); None: no report.
     mechanism: Mechanism | None = None

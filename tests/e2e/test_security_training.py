@@ -82,12 +82,48 @@ def test_no_token_in_logs_checkpoint_or_model_card(method, tmp_path, log_file, c
     assert trainer.args.hub_token == CONFIG_TOKEN  # the token is still there for push_to_hub
 
 
-def test_training_args_bin_holds_no_token(tmp_path):
+def _pickled_args(folder) -> list:
+    return sorted(folder.rglob("training_args.bin"))
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_training_args_bin_holds_no_token(method, tmp_path):
+    """Every method (`grpo` with TRL's plain GRPOConfig included, issue 38): the `training_args.bin` of each
+    checkpoint and of the output folder hold no token, and unpickle with `hub_token=None`."""
     tokenizer = tiny_tokenizer()
-    trainer = method_trainer("echo", tmp_path, tiny_model(tokenizer, seed=2), tokenizer, num_generations=2,
-                             max_steps=1, save_strategy="steps", save_steps=1, hub_token=CONFIG_TOKEN)  # fmt: skip
+    trainer = method_trainer(method, tmp_path, tiny_model(tokenizer, seed=2), tokenizer, num_generations=2,
+                             max_steps=2, save_strategy="steps", save_steps=1, hub_token=CONFIG_TOKEN)  # fmt: skip
     trainer.train()
-    path = tmp_path / "checkpoint-1" / "training_args.bin"
-    assert path.is_file()
-    assert not _leaks(path.read_bytes())
-    assert torch.load(path, weights_only=False).hub_token is None
+    trainer.save_model()
+    paths = _pickled_args(tmp_path)
+    assert len(paths) == 3, paths  # checkpoint-1, checkpoint-2, the output folder
+    for path in paths:
+        assert not _leaks(path.read_bytes()), path
+        assert torch.load(path, weights_only=False).hub_token is None
+    assert trainer.args.hub_token == CONFIG_TOKEN  # still there for push_to_hub
+
+
+#: How the command line receives a token: as an option, from `--config` YAML, and shaped without the `hf_` prefix.
+CLI_TOKENS = {"option": ["--hub_token", CONFIG_TOKEN], "yaml": None, "no_prefix": ["--hub_token", CONFIG_TOKEN[3:]]}
+
+
+@pytest.mark.parametrize("given", list(CLI_TOKENS))
+def test_cli_grpo_run_writes_no_token(given, tmp_path):
+    """`trl-groupopt train --method grpo --hub_token ... --save_steps 1 --max_steps 2` (issue 38): no file of the
+    output folder holds the token, however it was given."""
+    from trl_groupopt.cli import train
+
+    output_dir = tmp_path / "run"
+    argv = ["--output_dir", str(output_dir), "--max_steps", "2", "--save_steps", "1", "--per_device_train_batch_size",
+            "4", "--num_generations", "2", "--gradient_accumulation_steps", "1", "--steps_per_generation", "1",
+            "--max_completion_length", "8", "--num_train_examples", "16", "--evaluate_accuracy", "false"]  # fmt: skip
+    if CLI_TOKENS[given] is None:
+        config = tmp_path / "config.yaml"
+        config.write_text(f"hub_token: {CONFIG_TOKEN}\n", encoding="utf-8")
+        argv += ["--config", str(config)]
+    else:
+        argv += CLI_TOKENS[given]
+    train("grpo", argv)
+    assert len(_pickled_args(output_dir)) == 3  # checkpoint-1, checkpoint-2, the output folder
+    leaking = {str(p): _leaks(p.read_bytes()) for p in output_dir.rglob("*") if p.is_file() and _leaks(p.read_bytes())}
+    assert not leaking, leaking

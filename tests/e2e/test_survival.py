@@ -2,7 +2,7 @@
 
 - `learning_rate=100` under every method's default schedule ends with the non-finite guard's error naming the step,
   and no file in `output_dir` holds a NaN or inf; `nonfinite_guard=False` trains on as transformers does.
-- A truncated newest checkpoint: `train(resume_from_checkpoint=True)` warns, resumes from the previous one and ends
+- A truncated newest checkpoint, or one zeroed at its size: `train(resume_from_checkpoint=True)` warns, resumes from the previous one and ends
   where the uninterrupted run ends.
 - The CLI: a run interrupted with SIGINT after a checkpoint, resumed with `--resume_from_checkpoint last`, ends with
   the uninterrupted run's weights, bit for bit; the checkpoint it resumed from is untouched.
@@ -130,21 +130,35 @@ def _resume_trainer(tiny, output_dir, max_steps=6):
                           disable_tqdm=True)  # fmt: skip
 
 
-def test_a_truncated_newest_checkpoint_is_skipped_and_resume_falls_back(tmp_path, tiny):
-    """checkpoint-6 (the newest) loses the end of its weights file: resume warns naming it and what is wrong, loads
-    checkpoint-4, and ends with the uninterrupted run's weights."""
+def _truncate(path: Path) -> str:
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)
+    return "model.safetensors is "
+
+
+def _zero_tail(path: Path) -> str:
+    """The last quarter of the file zeroed in place, its size kept (issue 38: a power loss, a preallocating copy)."""
+    size = path.stat().st_size
+    with open(path, "r+b") as handle:
+        handle.seek(size - size // 4)
+        handle.write(b"\0" * (size // 4))
+    return "model.safetensors has the recorded size but not the recorded content"
+
+
+@pytest.mark.parametrize("damage", [_truncate, _zero_tail], ids=["truncated", "zeroed"])
+def test_a_damaged_newest_checkpoint_is_skipped_and_resume_falls_back(tmp_path, tiny, damage):
+    """checkpoint-6 (the newest) loses the end of its weights file, or has it zeroed at the same size: resume warns
+    naming it and what is wrong, loads checkpoint-4, and ends with the uninterrupted run's weights."""
     full = _resume_trainer(tiny, tmp_path)
     full.train()
     final = {n: p.detach().clone() for n, p in full.model.named_parameters()}
-    weights = tmp_path / "checkpoint-6" / "model.safetensors"
-    with open(weights, "r+b") as handle:
-        handle.truncate(weights.stat().st_size // 2)
+    expected = damage(tmp_path / "checkpoint-6" / "model.safetensors")
     resumed = _resume_trainer(tiny, tmp_path)
     loaded, load = [], resumed._load_from_checkpoint
     resumed._load_from_checkpoint = lambda folder, *args, **kwargs: (
         loaded.append(folder) or load(folder, *args, **kwargs)
     )
-    with pytest.warns(UserWarning, match=r"Skipping the incomplete checkpoint .*checkpoint-6: model.safetensors is "):
+    with pytest.warns(UserWarning, match=rf"Skipping the incomplete or damaged checkpoint .*checkpoint-6: {expected}"):
         resumed.train(resume_from_checkpoint=True)
     assert loaded == [str(tmp_path / "checkpoint-4")] and resumed.state.global_step == 6
     for name, value in final.items():
@@ -185,8 +199,9 @@ def test_cli_interrupted_after_a_checkpoint_resumes_bit_identically(tmp_path, ca
     interrupted_at = time.perf_counter() - started
     run.send_signal(signal.SIGINT)
     log = run.communicate(timeout=120)[0].decode(errors="replace")
-    assert run.returncode != 0, log  # interrupted, not finished
-    assert "KeyboardInterrupt" in log and not (out / "model.safetensors").exists() and not (out / LOCK_NAME).exists()
+    assert run.returncode == 130, log  # interrupted, not finished: one line naming the resume command
+    assert "Traceback" not in log and log.strip().splitlines()[-1].endswith("--resume_from_checkpoint last")
+    assert not (out / "model.safetensors").exists() and not (out / LOCK_NAME).exists()
     kept = _digest(out / "checkpoint-2")
 
     capsys.readouterr()

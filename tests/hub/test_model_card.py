@@ -8,6 +8,7 @@ package template, with honest metadata and no secret. The card of a trained run,
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -30,8 +31,7 @@ from trl_groupopt.model_card import (
     REDACTED,
     SYNTHETIC_DATASET_NAME,
     TEMPLATE_PATH,
-    TRL_SECTIONS,
-    _sections,
+    TRL_KEPT_FROM,
     heldout_summary,
     method_knobs,
     render_model_card,
@@ -78,18 +78,20 @@ def test_template_is_package_data_and_has_no_copy():
         assert f"`{_bibtex_key(trainer_cls._paper['citation'])}`" in readme, trainer_cls.__name__
 
 
-def test_trl_sections_are_found_in_trls_card():
-    """The parts reused from TRL's card exist in the installed TRL's template (else the card would lose them)."""
-    from trl.trainer.utils import generate_model_card
+def test_card_keeps_trls_own_card_from_training_procedure_on(untrained):
+    """The card is TRL's (`GRPOTrainer.create_model_card`, the installed TRL's template) from "Training procedure"
+    on, byte for byte, with our sections after it; TRL's introduction and quick start are replaced, not repeated."""
+    from trl import GRPOTrainer
 
-    card = generate_model_card(base_model=None, model_name="m", hub_model_id="u/m", dataset_name=None, tags=["t"],
-                               wandb_url=None, trackio_url=None, trainer_name="X", trainer_citation="@misc{x, t={y}}",
-                               paper_title="P", paper_id="2402.03300")  # fmt: skip
-    sections = _sections(card.text)
-    assert all(sections.get(name) for name in TRL_SECTIONS), sections.keys()
-    assert "This model was trained with X, a method introduced in [P]" in sections["Training procedure"]
-    assert "- TRL: " in sections["Framework versions"]
-    assert "@misc{x, t={y}}" in sections["Citations"] and "@software{vonwerra2020trl," in sections["Citations"]
+    GRPOTrainer.create_model_card(untrained, model_name="m")  # TRL's own card, written to args.output_dir
+    trl = (Path(untrained.args.output_dir) / "README.md").read_text(encoding="utf-8")
+    kept = re.sub(r"[ \t]+\n", "\n", TRL_KEPT_FROM + trl.partition(TRL_KEPT_FROM)[2]).strip()
+    kept = re.sub(r"\n{3,}", "\n\n", kept)
+    assert f"This model was trained with {untrained._name}" in kept and "- TRL: " in kept
+    assert untrained._paper["citation"].strip() in kept and "@software{vonwerra2020trl," in kept
+    card = render_model_card(untrained, model_name="m")
+    assert kept in card and card.index("## Quick start") < card.index(kept) < card.index("### Method configuration")
+    assert card.count("## Quick start") == 1 and card.count("# Model Card for m") == 1
 
 
 # ------------------------------------------------------------------------------------------------ rendering
@@ -243,3 +245,81 @@ def test_card_states_heldout_accuracy_and_the_mechanism_report(untrained, monkey
     card = render_model_card(untrained)
     assert "Held-out greedy-decoding accuracy (200 prompts): **18.0% before training, 31.5% after**." in card
     assert heldout_summary(None) is None and heldout_summary({"before": 0.1, "after": None}) is None
+
+
+# ------------------------------------------------------------------------------------------------ issue 38
+EVIL_NAME = "evil`<img src=x onerror=alert(1)>`---.jsonl"
+
+
+def _html_tags(card: str) -> list[str]:
+    """The HTML tags a CommonMark renderer (raw HTML allowed, as on the Hub) makes of the card body: markdown's own
+    tags and any raw HTML that sits outside a code span."""
+    from markdown_it import MarkdownIt
+
+    body = card.split("\n---\n", 1)[1]
+    return re.findall(r"<([a-zA-Z][a-zA-Z0-9]*)", MarkdownIt("commonmark").enable("table").render(body))
+
+
+def test_names_the_user_chose_put_no_raw_html_in_the_body(untrained, monkeypatch):
+    """A data file named like an HTML injection, a config string and a run name holding backticks and tags are shown
+    verbatim (inside a code span, or escaped), never as HTML: only markdown's own tags appear."""
+    monkeypatch.setattr(untrained.args, "batch_ratio_scope", "`<script>alert(2)</script>`")
+    card = render_model_card(
+        untrained, model_name="run<img src=y onerror=alert(3)>", dataset_name=f"/data/{EVIL_NAME}"
+    )
+    assert set(_html_tags(card)) <= {"h1", "h2", "h3", "p", "a", "code", "pre", "strong", "ul", "li", "table",
+                                     "thead", "tbody", "tr", "th", "td"}, sorted(set(_html_tags(card)))  # fmt: skip
+    assert "``evil`<img src=x onerror=alert(1)>`---.jsonl``" in card  # verbatim, in a longer code span
+    assert "| `batch_ratio_scope` | `` `<script>alert(2)</script>` `` |" in card
+
+
+def _quick_start_code(card: str) -> str:
+    (code,) = re.findall(r"## Quick start\n\n```python\n(.*?)```", card, re.DOTALL)
+    return code
+
+
+@pytest.mark.parametrize("folder", ['run "quoted"', "run\nnewline", "back\\slash 'single'"])
+def test_quick_start_is_valid_python_for_any_output_path(untrained, tmp_path, folder):
+    """A quote, a newline or a backslash in the output path stays inside a Python string literal of that path."""
+    import ast
+
+    output_dir = tmp_path / folder
+    code = _quick_start_code(render_model_card(untrained, output_dir=output_dir, question='say "hi"\n'))
+    calls = [node for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Call)]
+    (model,) = [ast.literal_eval(k.value) for call in calls for k in call.keywords if k.arg == "model"]
+    assert model == str(output_dir)
+    assert 'question = "say \\"hi\\"\\n"' in code
+
+
+def test_adapter_on_the_embedded_policy_records_a_portable_base(tmp_path, monkeypatch):
+    """PEFT records the embedded policy by its absolute path in this installation; `portable_adapter_config`
+    records `EMBEDDED_POLICY_REFERENCE`, and the adapter loads after it moved, as its card says (and, from the folder
+    that holds `trl_groupopt/`, through PEFT's `AutoPeftModelForCausalLM` too)."""
+    import shutil
+
+    import torch
+    from peft import AutoPeftModelForCausalLM, LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    import trl_groupopt
+    from trl_groupopt.model_card import EMBEDDED_POLICY_REFERENCE, portable_adapter_config
+    from trl_groupopt.offline import EMBEDDED_POLICY_PATH, load_embedded_policy
+
+    model = get_peft_model(
+        load_embedded_policy()[0], LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
+    )
+    model.save_pretrained(tmp_path / "saved")
+    config_path = tmp_path / "saved" / "adapter_config.json"
+    assert os.path.isabs(json.loads(config_path.read_text())["base_model_name_or_path"])  # what PEFT writes
+    assert portable_adapter_config(tmp_path / "saved") and not portable_adapter_config(tmp_path / "saved")
+    config = json.loads(config_path.read_text())
+    assert config["base_model_name_or_path"] == EMBEDDED_POLICY_REFERENCE and str(ROOT) not in config_path.read_text()
+    moved = shutil.move(tmp_path / "saved", tmp_path / "elsewhere" / "adapter")
+    monkeypatch.chdir(tmp_path)
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(EMBEDDED_POLICY_PATH), moved)
+    trained = dict(model.named_parameters())
+    assert all(torch.equal(p, trained[n]) for n, p in loaded.named_parameters() if "lora_" in n)
+    monkeypatch.chdir(Path(trl_groupopt.__file__).parents[1])
+    auto = AutoPeftModelForCausalLM.from_pretrained(moved)
+    assert all(torch.equal(p, trained[n]) for n, p in auto.named_parameters() if "lora_" in n)
+    assert not portable_adapter_config(tmp_path)  # no adapter there: nothing to do

@@ -25,7 +25,6 @@ import pytest
 import torch
 import yaml
 from transformers import TrainerCallback
-from trl import GRPOConfig
 
 from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset
 from tests.hub.conftest import FAKE_TOKEN
@@ -65,12 +64,9 @@ def policy():
 
 
 def _config(config_cls, output_dir: Path, repo_id: str, **overrides):
+    # Every config, TRL's plain GRPOConfig included, keeps `hub_token` out of the pickled `training_args.bin`.
     kwargs = cpu_config_kwargs(output_dir, num_generations=2, max_steps=2, push_to_hub=True, hub_model_id=repo_id,
-                               disable_tqdm=True, **overrides)  # fmt: skip
-    if config_cls is not GRPOConfig:
-        # The method configs keep `hub_token` out of the pickled `training_args.bin`; a plain GRPOConfig does not
-        # (upstream behaviour), so the base run authenticates through HF_TOKEN only.
-        kwargs["hub_token"] = FAKE_TOKEN
+                               disable_tqdm=True, hub_token=FAKE_TOKEN, **overrides)  # fmt: skip
     return config_cls(**kwargs)
 
 

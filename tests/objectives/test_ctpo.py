@@ -12,18 +12,18 @@ import math
 import pytest
 import torch
 
-from trl_groupopt.objectives.common import reduce_metrics
-from trl_groupopt.objectives.ctpo import ctpo_loss
+from tests.objectives.metrics import reduce_metrics
+from trl_groupopt.objectives.ctpo import ctpo_loss, validate_ctpo
 
 F64 = torch.float64
-DEFAULTS = dict(epsilon_low=0.025, epsilon_high=0.05, epsilon_c=0.05, position_power=0.5)  # authors' script
-WIDE = dict(epsilon_low=1e6, epsilon_high=1e6, epsilon_c=1e6)  # "unclipped"
+DEFAULTS = dict(epsilon_low=0.025, epsilon_high=0.05, dual_clip=0.05, position_power=0.5)  # authors' script
+WIDE = dict(epsilon_low=1e6, epsilon_high=1e6, dual_clip=1e6)  # "unclipped"
 
 
 # ----------------------------------------------------------------------------------------------
 # Independent float64 loop reference
 # ----------------------------------------------------------------------------------------------
-def ref_ctpo(logp, old, adv, mask, *, epsilon_low, epsilon_high, epsilon_c, position_power):
+def ref_ctpo(logp, old, adv, mask, *, epsilon_low, epsilon_high, dual_clip, position_power):
     """Per-token loss and d loss_t / d logp_t (nested lists) plus counts of the branches taken."""
     logp, old, mask, adv = logp.tolist(), old.tolist(), mask.tolist(), adv.tolist()
     B, T = len(logp), len(logp[0])
@@ -50,8 +50,8 @@ def ref_ctpo(logp, old, adv, mask, *, epsilon_low, epsilon_high, epsilon_c, posi
             else:
                 value, g = v2, (-A * math.exp(cl) if inside else 0.0)
                 branches["clip_high" if lr > hi else "clip_low"] += 1
-            if A < 0 and value > -A * math.exp(epsilon_c * s):
-                value, g = -A * math.exp(epsilon_c * s), 0.0
+            if A < 0 and value > -A * math.exp(dual_clip * s):
+                value, g = -A * math.exp(dual_clip * s), 0.0
                 branches["dual"] += 1
             branches["cap"] += dlr == 0.0
             loss[i][k], grad[i][k] = value, g * dlr
@@ -218,7 +218,7 @@ def test_power_zero_is_plain_cumulative_clip():
     """p = 0: constant log-space window; equals the authors' ratio-space `cum-token-cumprod` loss
     (clip [1 - 0.2, 1 + 0.28], dual-clip c = 3) under eps_low = -log 0.8, eps_high = log 1.28, eps_c = log 3."""
     logp, old, adv, mask = make_inputs(4, adv_2d=True)
-    kw = dict(epsilon_low=-math.log(0.8), epsilon_high=math.log(1.28), epsilon_c=math.log(3.0), position_power=0.0)
+    kw = dict(epsilon_low=-math.log(0.8), epsilon_high=math.log(1.28), dual_clip=math.log(3.0), position_power=0.0)
     out, loss, grad = run_ctpo(logp, old, adv, mask, **kw)
 
     x = logp.clone().requires_grad_(True)
@@ -267,7 +267,7 @@ def test_long_sequences_are_finite(dtype):
     mask[0, 100:200] = 0
     mask[1, T // 2 :] = 0
     adv = torch.tensor([1.0, -1.0, -0.5, 0.0], dtype=dtype)  # A = 0 row: no 0 * inf in the dual clip
-    for kw in (DEFAULTS, dict(epsilon_low=1.0, epsilon_high=1.0, epsilon_c=1.0, position_power=0.5)):
+    for kw in (DEFAULTS, dict(epsilon_low=1.0, epsilon_high=1.0, dual_clip=1.0, position_power=0.5)):
         out = ctpo_loss(logp, old.to(dtype), adv, mask, **kw)
         loss = (out.per_token_loss * mask).sum() / mask.sum()
         (grad,) = torch.autograd.grad(loss, logp)
@@ -333,16 +333,18 @@ def test_empty_mask_and_rows():
 
 
 def test_input_validation():
+    """The hyper-parameter rules live in `validate_ctpo` (the config runs it once); the loss checks its tensors."""
     logp, old, adv, mask = make_inputs(8)
-    for bad in (dict(epsilon_low=0.0), dict(epsilon_high=-1.0), dict(epsilon_c=float("nan"))):
+    validate_ctpo(**DEFAULTS, ratio_mode="cumprod")
+    for bad in (dict(epsilon_low=0.0), dict(epsilon_high=-1.0), dict(dual_clip=float("nan"))):
         with pytest.raises(ValueError, match=next(iter(bad))):
-            ctpo_loss(logp, old, adv, mask, **dict(DEFAULTS, **bad))
+            validate_ctpo(**dict(DEFAULTS, ratio_mode="cumprod", **bad))
     with pytest.raises(ValueError, match="position_power"):
-        ctpo_loss(logp, old, adv, mask, **dict(DEFAULTS, position_power=-0.5))
+        validate_ctpo(**dict(DEFAULTS, position_power=-0.5, ratio_mode="cumprod"))
     with pytest.raises(ValueError, match="position_power"):
-        ctpo_loss(logp, old, adv, mask, **dict(DEFAULTS, position_power=float("nan"), ratio_mode="geomean"))
+        validate_ctpo(**dict(DEFAULTS, position_power=float("nan"), ratio_mode="geomean"))
     with pytest.raises(ValueError, match="ratio_mode"):
-        ctpo_loss(logp, old, adv, mask, **dict(DEFAULTS, ratio_mode="mean"))
+        validate_ctpo(**dict(DEFAULTS, ratio_mode="mean"))
     with pytest.raises(ValueError, match="mask"):
         ctpo_loss(logp, old, adv, mask[:, 1:], **DEFAULTS)
     with pytest.raises(ValueError, match="advantages"):

@@ -19,13 +19,10 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from trl_groupopt.objectives.common import reduce_metrics
-from trl_groupopt.objectives.dfpo import (
-    TRANSFORMS,
-    dfpo_loss,
-    group_transform,
-    symmetric_clip_loss,
-)
+from tests.objectives.dfpo_logged import dfpo_logged as dfpo_loss
+from tests.objectives.metrics import reduce_metrics
+from trl_groupopt.objectives.dfpo import TRANSFORMS, group_transform, validate_dfpo
+from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss, validate_grpo_fix
 
 FLOOR = 1e-6
 
@@ -371,7 +368,7 @@ def test_group_transform_min_replace_none_and_detached():
     with pytest.raises(ValueError):
         group_transform(s, a[:3], g, "none")
     with pytest.raises(ValueError):
-        group_transform(s, a, g.double(), "none")
+        group_transform(s, a, g.double(), "min_replace")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,12 +517,19 @@ def test_degenerate_inputs_are_finite(method, group_size, dtype):
 def test_dfpo_input_validation():
     logp, old, adv, mask, gids = make_batch(0, [2, 2])
     kw = dict(transform="min_replace", epsilon_low=0.2, epsilon_high=0.2)
+    # the settings' rules are `validate_dfpo` (the config runs it once), not re-checked per loss call
+    settings = dict(transform="none", epsilon_low=0.2, epsilon_high=0.2, orth_floor=1e-6, orthogonal_over="all")
+    validate_dfpo(**settings)
     with pytest.raises(ValueError, match="orth_proj_qp"):
-        dfpo_loss(logp, old, adv, mask, gids, transform="orth", epsilon_low=0.2, epsilon_high=0.2)
+        validate_dfpo(**dict(settings, transform="orth"))
     with pytest.raises(ValueError, match="epsilon_low"):
-        dfpo_loss(logp, old, adv, mask, gids, transform="none", epsilon_low=0.0, epsilon_high=0.2)
+        validate_dfpo(**dict(settings, epsilon_low=0.0))
     with pytest.raises(ValueError, match="epsilon_high"):
-        dfpo_loss(logp, old, adv, mask, gids, transform="none", epsilon_low=0.2, epsilon_high=-1.0)
+        validate_dfpo(**dict(settings, epsilon_high=-1.0))
+    with pytest.raises(ValueError, match="orth_floor"):
+        validate_dfpo(**dict(settings, orth_floor=float("inf")))
+    with pytest.raises(ValueError, match="min_replace only cancels"):
+        validate_dfpo(**dict(settings, transform="min_replace", orthogonal_over="unclipped"))
     with pytest.raises(ValueError):
         dfpo_loss(logp, old[:, :3], adv, mask, gids, **kw)
     with pytest.raises(ValueError):
@@ -629,7 +633,7 @@ def test_symmetric_clip_edge_cases():
     empty = symmetric_clip_loss(logp, old, adv, torch.zeros(4, 6), epsilon_high=0.2)
     assert torch.isnan(reduce_metrics(empty.metrics, torch.zeros(4, 6))["clip_ratio/high"])
     with pytest.raises(ValueError, match="epsilon_high"):
-        symmetric_clip_loss(logp, old, adv, mask, epsilon_high=0.0)
+        validate_grpo_fix(epsilon_high=0.0)
     with pytest.raises(ValueError):
         symmetric_clip_loss(logp, old, adv[:3], mask, epsilon_high=0.2)
     with pytest.raises(ValueError):

@@ -36,10 +36,13 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from trl_groupopt.objectives.common import clipped_surrogate_loss, reduce_metrics
+from tests.objectives.dfpo_logged import dfpo_logged as dfpo_loss
+from tests.objectives.metrics import reduce_metrics
+from trl_groupopt.objectives.common import clipped_surrogate_loss
 from trl_groupopt.objectives.ctpo import ctpo_loss
-from trl_groupopt.objectives.dfpo import dfpo_loss, group_transform, symmetric_clip_loss
+from trl_groupopt.objectives.dfpo import group_transform
 from trl_groupopt.objectives.echo import echo_batch_ratio_coupling, echo_loss
+from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
 from trl_groupopt.objectives.otb import energy_from_log_probs, logit_gradient_energy, otb_advantages
 
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
@@ -471,7 +474,7 @@ ctpo_options = st.fixed_dictionaries(
     {
         "epsilon_low": st.sampled_from([0.025, 0.2]),
         "epsilon_high": st.sampled_from([0.05, 0.28]),
-        "epsilon_c": st.sampled_from([0.05, 3.0]),  # 3.0 with p = 1 reaches the dual-clip cap
+        "dual_clip": st.sampled_from([0.05, 3.0]),  # 3.0 with p = 1 reaches the dual-clip cap
         "position_power": st.sampled_from([0.0, 0.5, 1.0]),
     }
 )

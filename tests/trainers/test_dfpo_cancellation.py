@@ -12,8 +12,10 @@ import pytest
 import torch
 from trl.trainer.utils import nanstd
 
+from tests.objectives.dfpo_logged import dfpo_logged as dfpo_loss
 from trl_groupopt import DFPOConfig
-from trl_groupopt.objectives.dfpo import check_orthogonal_over, dfpo_loss, symmetric_clip_loss
+from trl_groupopt.objectives.dfpo import validate_dfpo
+from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
 
 F64 = torch.float64
 EPS_LOW, EPS_HIGH = 3e-4, 4e-4  # GSPO's, DFPOConfig's defaults
@@ -226,17 +228,15 @@ def test_grpo_fix_default_loss_type_cancels_a_shared_token():
 
 
 def test_unclipped_rejected_where_it_cannot_hold():
+    """`validate_dfpo` (DFPOConfig runs it once, naming its fields: tests/trainers/test_validation.py)."""
+    settings = dict(epsilon_low=0.2, epsilon_high=0.2, orth_floor=1e-6)
     for transform in ("none", "min_replace"):
         with pytest.raises(ValueError, match="Use transform='orth_proj' or 'orth_proj_qp', or orthogonal_over='all'"):
-            check_orthogonal_over(transform, "unclipped")
+            validate_dfpo(transform=transform, orthogonal_over="unclipped", **settings)
     with pytest.raises(ValueError, match="orthogonal_over must be one of"):
-        check_orthogonal_over("orth_proj", "clipped")
-    logp, old, adv, mask, gids = clipped_toy(4, seed=0, clip=False)
-    with pytest.raises(ValueError, match="orthogonal_over='unclipped' needs"):
-        dfpo_loss(logp, old, adv, mask, gids, transform="min_replace", epsilon_low=0.2, epsilon_high=0.2,
-                  orthogonal_over="unclipped")  # fmt: skip
+        validate_dfpo(transform="orth_proj", orthogonal_over="clipped", **settings)
     with pytest.raises(ValueError, match="epsilon_high must be a finite number > 0"):
-        dfpo_loss(logp, old, adv, mask, gids, transform="none", epsilon_low=0.2, epsilon_high=float("inf"))
+        validate_dfpo(transform="none", orthogonal_over="all", **dict(settings, epsilon_high=float("inf")))
 
 
 @pytest.mark.parametrize("clip", [False, True])

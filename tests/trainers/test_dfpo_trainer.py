@@ -22,7 +22,8 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from trl_groupopt import DFPOConfig, DFPOTrainer
-from trl_groupopt.objectives.dfpo import dfpo_loss, symmetric_clip_loss
+from trl_groupopt.objectives.dfpo import dfpo_loss
+from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
 from trl_groupopt.offline import load_embedded_policy
 
 WIDE = dict(epsilon=0.05, epsilon_high=0.08)  # some sequences clipped, some not, at off_policy_scale 0.3
@@ -67,7 +68,7 @@ def _predicted(trainer, inputs, *, is_weights=None) -> tuple[float, dict[str, to
         out = dfpo_loss(logps, inputs["old_per_token_logps"], inputs["advantages"], mask, inputs["group_ids"],
                         transform=args.dfpo_transform, epsilon_low=args.epsilon, epsilon_high=args.epsilon_high,
                         orth_floor=args.dfpo_orth_floor, orthogonal_over=args.dfpo_orthogonal_over,
-                        importance_weights=is_weights, loss_type=args.loss_type)  # fmt: skip
+                        importance_weights=is_weights)  # fmt: skip
     assert args.loss_type == "dapo"
     loss = (out.per_token_loss * mask).sum() / inputs["num_items_in_batch"]
     loss.backward()
@@ -180,7 +181,8 @@ def test_all_equal_rewards_contribute_nothing_on_the_embedded_policy(tmp_path):
          r"dfpo_orthogonal_over='unclipped' needs .* not dfpo_transform='min_replace' .* Use "
          r"dfpo_transform='orth_proj' or 'orth_proj_qp', or dfpo_orthogonal_over='all'"),
         ({"dfpo_transform": "none", "dfpo_orthogonal_over": "unclipped"}, r"not dfpo_transform='none'"),
-        ({"dfpo_transform": "symmetric_clip", "dfpo_orthogonal_over": "unclipped"}, r"not dfpo_transform='symmetric_clip'"),
+        ({"dfpo_transform": "symmetric_clip", "dfpo_orthogonal_over": "unclipped"},
+         r"dfpo_orthogonal_over='unclipped' needs one of DFPO's in-group transforms, not GRPO-fix .*leave it 'all'"),
         ({"dfpo_orthogonal_over": "clipped"}, r"dfpo_orthogonal_over must be one of \('all', 'unclipped'\)"),
     ],
 )  # fmt: skip

@@ -53,7 +53,7 @@ def ctpo_prediction_kwargs(cfg: dict) -> dict:
     return dict(
         epsilon_low=cfg["epsilon"],
         epsilon_high=cfg["epsilon_high"],
-        epsilon_c=cfg["ctpo_dual_clip"],
+        dual_clip=cfg["ctpo_dual_clip"],
         position_power=power,
         ratio_mode=cfg["ctpo_ratio_mode"],
     )

@@ -39,7 +39,7 @@ from tests.helpers import (
 from trl_groupopt import METHODS, DFPOConfig, ECHOConfig, OTBConfig, get_method
 from trl_groupopt.objectives.common import clipped_surrogate_loss
 from trl_groupopt.objectives.ctpo import ctpo_loss
-from trl_groupopt.objectives.dfpo import TRANSFORMS, symmetric_clip_loss
+from trl_groupopt.objectives.dfpo import TRANSFORMS
 from trl_groupopt.objectives.echo import echo_loss
 from trl_groupopt.objectives.estimators import (
     ESTIMATORS,
@@ -48,6 +48,7 @@ from trl_groupopt.objectives.estimators import (
     register_estimator,
     unregister_estimator,
 )
+from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
 from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages
 
 ATOL = 1e-10
@@ -62,7 +63,7 @@ def _reference_objective(method: str, args):
                                     token_clip=args.token_clip)  # fmt: skip
     if method == "ctpo":
         return lambda *a: ctpo_loss(*a, epsilon_low=args.epsilon, epsilon_high=args.epsilon_high,
-                                    epsilon_c=args.ctpo_dual_clip, position_power=args.ctpo_position_power,
+                                    dual_clip=args.ctpo_dual_clip, position_power=args.ctpo_position_power,
                                     ratio_mode=args.ctpo_ratio_mode)  # fmt: skip
     if method == "grpo_fix":
         return lambda *a: symmetric_clip_loss(*a, epsilon_high=args.epsilon_high)

@@ -27,7 +27,7 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from trl_groupopt import OTBConfig, OTBTrainer
-from trl_groupopt.objectives.estimators import otb_zero_tail
+from trl_groupopt.objectives.estimators import EstimatorInputs, otb_zero_tail
 from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages
 
 TEMPERATURE = 0.7
@@ -339,12 +339,15 @@ def test_otb_drops_unscorable_rows_from_the_baseline(tmp_path, tool_tokenizer, b
                             float("nan"), float("nan"), float("nan"), float("nan")])  # fmt: skip
     scored = ~torch.isnan(rewards)
 
-    def advantages(rows):
-        inputs = {"rewards": rewards[rows], "old_per_token_energy": energy[rows], "group_ids": group_ids[rows]}
-        return trainer.compute_advantages(inputs, torch.zeros(int(rows.sum()), 7), mask[rows])
-
-    full = advantages(torch.ones(12, dtype=torch.bool))  # (12, 7)
-    kept = advantages(scored)  # (5, 7)
+    inputs = {"rewards": rewards, "old_per_token_energy": energy, "group_ids": group_ids}
+    full = trainer.compute_advantages(inputs, torch.zeros(12, 7), mask)  # (12, 7) groups of num_generations = 4
+    # the trainer's estimator on the scored rows alone: unequal groups, named by their ids
+    kept = trainer.estimator.estimate(
+        EstimatorInputs(
+            mask=mask[scored], rewards=rewards[scored], group_ids=group_ids[scored], energy=energy[scored]
+        ),
+        **trainer._estimator_knobs,
+    ).advantages  # (5, 7)
     torch.testing.assert_close(full[scored], kept, atol=0.0, rtol=0.0)
     assert torch.equal(full[~scored], torch.zeros(int((~scored).sum()), 7))
     assert (full[scored] != 0).any()

@@ -6,8 +6,8 @@ Findings fixed here (in `TokenSafeConfigMixin`, trainers/base.py):
 * `training_args.bin` (transformers pickles the whole config into every checkpoint and into `output_dir` on
   `save_model`/`push_to_hub`, and uploads it with `push_to_hub`) held `hub_token` verbatim: the method configs now
   drop `*_token` fields from what the trainer pickles to disk or uploads (`tokens_withheld`), while `copy.deepcopy`
-  and in-memory pickles keep it (issue 29: dropping it there broke copies). The base trainer with TRL's plain
-  `GRPOConfig` still pickles it (upstream behaviour): use `HF_TOKEN` / `hf auth login` rather than `hub_token` there.
+  and in-memory pickles keep it (issue 29: dropping it there broke copies). Issue 38: the base trainer with TRL's plain
+  `GRPOConfig` (the `grpo` method) still pickled it; `tokens_withheld` now covers every `TrainingArguments` class.
 * `repr()` of the method configs showed `hub_token` (`@dataclass` regenerates `__repr__`): it is now the redacting
   `str()` of `TrainingArguments`.
 """
@@ -31,8 +31,10 @@ ENV_TOKEN = "hf_" + "EnvSecret0123456" * 2 + "ab"
 CONFIG_TOKEN = "hf_" + "CfgSecret6543210" * 2 + "cd"
 SECRETS = (ENV_TOKEN, CONFIG_TOKEN, "EnvSecret0123456", "CfgSecret6543210")
 
-# The registered methods' own configs (TRL's plain GRPOConfig keeps its upstream behaviour, see above).
+# The registered methods' own configs (TRL's plain GRPOConfig keeps its upstream `repr`, see above).
 METHOD_CONFIGS = sorted({spec.config_class for spec in METHODS.values()} - {GRPOConfig}, key=lambda c: c.__name__)
+#: Every config our trainers take, TRL's plain GRPOConfig (the `grpo` method's) included: none pickles its token to disk.
+ALL_CONFIGS = [*METHOD_CONFIGS, GRPOConfig]
 
 
 def _leaks(text: str | bytes) -> list[str]:
@@ -94,7 +96,7 @@ def test_config_repr_redacts_the_token(config_cls, tmp_path):
     assert not _leaks(repr(args))
 
 
-@pytest.mark.parametrize("config_cls", METHOD_CONFIGS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("config_cls", ALL_CONFIGS, ids=lambda c: c.__name__)
 def test_copies_and_in_memory_pickles_keep_the_token(config_cls, tmp_path):
     """`copy.deepcopy`, `copy.copy` and a pickle round trip in memory keep `hub_token` (as TRL's GRPOConfig does);
     only what the trainer writes to disk or uploads (pickled under `tokens_withheld`) drops it."""
@@ -108,3 +110,28 @@ def test_copies_and_in_memory_pickles_keep_the_token(config_cls, tmp_path):
         on_disk = pickle.dumps(args)
     assert not _leaks(on_disk) and pickle.loads(on_disk).hub_token is None
     assert args.hub_token == CONFIG_TOKEN and pickle.loads(pickle.dumps(args)).hub_token == CONFIG_TOKEN  # reset
+
+
+def _user_config_class() -> type:
+    """A `GRPOConfig` subclass made on call (after the first `tokens_withheld`), picklable by its module name."""
+
+    @dataclasses.dataclass
+    class MyConfig(GRPOConfig):
+        my_knob: int = 3
+
+    MyConfig.__qualname__ = "MyConfig"
+    globals()["MyConfig"] = MyConfig
+    return MyConfig
+
+
+def test_a_user_subclass_of_grpo_config_is_withheld_too(tmp_path):
+    """A config class defined after the first save (a user's own `GRPOConfig` subclass) is covered as well."""
+    from trl_groupopt.trainers.config import tokens_withheld
+
+    with tokens_withheld():
+        pickle.dumps(GRPOConfig(**cpu_config_kwargs(tmp_path)))  # registers the classes known so far
+
+    args = _user_config_class()(**cpu_config_kwargs(tmp_path, hub_token="no_prefix_" + CONFIG_TOKEN[3:]))
+    with tokens_withheld():
+        on_disk = pickle.dumps(args)
+    assert not _leaks(on_disk) and pickle.loads(on_disk).my_knob == 3

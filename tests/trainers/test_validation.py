@@ -342,15 +342,15 @@ def test_liger_on_trl_116_still_computes_our_objective(tmp_path):
 # ================================================================================================ raised at the first loss
 @pytest.mark.parametrize("method", ["grpo"])
 def test_trl_surrogate_settings_checked_at_first_loss(tmp_path, method):
-    """The base trainer uses TRL's surrogate, whose settings TRL does not validate: a negative epsilon or an unknown
-    importance_sampling_level passes config and trainer construction and raises at the first loss. (OTBConfig
-    rejects both at construction: tests/trainers/test_otb_trainer.py.)"""
+    """The base trainer uses TRL's surrogate, whose settings TRL does not validate: an unknown importance_sampling_level
+    passes config and trainer construction and raises at the first loss. (OTBConfig rejects it at construction:
+    tests/trainers/test_otb_trainer.py; a negative epsilon is refused at construction for every trainer since issue 38:
+    tests/trainers/test_args_check.py.)"""
     tokenizer = tiny_tokenizer()
     batch = {k: v for k, v in random_batch(tokenizer, group_size=2).items() if not k.endswith("_noise")}
     batch["rewards"] = torch.tensor([1.0, 0.0, 0.5, 0.25])
-    for bad, match in (({"epsilon": -0.1}, r"epsilons must be >= 0, got epsilon_low=-0\.1"),
-                       ({"importance_sampling_level": "tokens"},
-                        r"importance_sampling_level must be 'token' or 'sequence', got 'tokens'")):  # fmt: skip
+    for bad, match in (({"importance_sampling_level": "tokens"},
+                        r"importance_sampling_level must be 'token' or 'sequence', got 'tokens'"),):  # fmt: skip
         trainer_cls = get_method(method).trainer_class
         args = _config(method, tmp_path, **bad)
         trainer_cls.validate_args(args)  # not caught before training

@@ -1,7 +1,5 @@
-"""Shared pieces of the pure objectives: the output type, the objective protocol, masked / group reductions.
-
-Everything here is plain torch: no TRL, no accelerate, no trainer state. Reductions never
-divide by zero: an empty mask (a row, a batch, a group with no valid token) reduces to 0.
+"""Shared pieces of the pure objectives (plain torch: no TRL, no trainer state): the output type and protocol, checks,
+masked and group reductions (an empty mask reduces to 0, never a division by zero), TRL's clipped surrogate.
 """
 
 from __future__ import annotations
@@ -17,28 +15,17 @@ from torch import Tensor
 
 @dataclass
 class ObjectiveOutput:
-    """What every objective returns.
-
-    Attributes:
-        per_token_loss: (B, T) per-token loss, or (B, 1) per-sequence loss, *before* the
-            completion mask and the `loss_type` aggregation are applied by the trainer.
-        metrics: name -> detached tensor: a 0-dim mean over masked tokens or sequences, or, for the clip
-            fractions `clip_ratio/low|high|region`, a per-token (B, T) / per-sequence (B, 1) 0/1 indicator that the
-            trainer reduces over all processes token-weighted, as TRL does (`reduce_metrics` does it for one
-            micro-batch).
-    """
+    """What every objective returns: ``per_token_loss`` (B, T), or (B, 1) per sequence, before the trainer's mask and
+    `loss_type` aggregation; ``metrics``: detached 0-dim means, or for `clip_ratio/low|high|region` (B, T) / (B, 1) 0/1
+    indicators that the trainer reduces over all processes token-weighted, as TRL does."""
 
     per_token_loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
 
 
 class ObjectiveFn(Protocol):
-    """The signature every policy objective in `trl_groupopt.objectives` has (hyper-parameters are keywords).
-
-    Shapes: `per_token_logps`, `old_per_token_logps`, `mask` (B, T); `advantages` (B,) or (B, T). The trainer binds
-    the method's hyper-parameters from its config (e.g. `functools.partial(ctpo_loss, epsilon_low=...)`) and calls
-    the result from `GroupOptTrainer.objective`; group-coupled objectives also take `group_ids` (B,).
-    """
+    """Every policy objective's signature: (B, T) log-probs, old log-probs and mask, (B,) or (B, T) advantages,
+    keyword hyper-parameters bound from the config by the trainer (group-coupled ones also take a `Groups`)."""
 
     def __call__(
         self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor, /, **kwargs
@@ -58,30 +45,10 @@ def nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
     return torch.where(count > 0, value, torch.full_like(value, float("nan")))
 
 
-def clip_fraction(indicator: Tensor, mask: Tensor) -> Tensor:
-    """Fraction of valid tokens flagged by a per-token (B, T) clip indicator, or of sequences for a (B, 1) one.
-
-    Objectives return their `clip_ratio/*` metrics as detached 0/1 indicators so the trainer can reduce them over
-    processes token-weighted, exactly as TRL does; this is the same reduction on one micro-batch. NaN when empty.
-    """
-    if indicator.shape == mask.shape:
-        mask = mask.to(torch.float32)
-        count = mask.sum()
-        return nan_if_empty(masked_sum(indicator.float(), mask) / count.clamp(min=1.0), count)
-    count = torch.tensor(float(indicator.numel()))
-    return nan_if_empty(indicator.float().sum() / count.clamp(min=1.0), count)
-
-
-def reduce_metrics(metrics: dict[str, Tensor], mask: Tensor) -> dict[str, Tensor]:
-    """An objective's metrics as 0-dim values for one micro-batch: clip indicators become fractions (`clip_fraction`),
-    scalars pass through. The trainer does the same reduction over all processes."""
-    return {name: clip_fraction(value, mask) if value.dim() == 2 else value for name, value in metrics.items()}
-
-
 def named(names: Mapping[str, str] | None, **values: Any) -> dict[str, Any]:
     """`values` keyed by the caller's names for them: `names` maps an objective's argument to what the caller calls
-    it (a config field, e.g. ``{"epsilon_low": "epsilon"}``), so that a `validate_<method>` error names the setting
-    the user wrote. Arguments not in `names` keep their own name."""
+    it (a config field, e.g. ``{"epsilon_low": "epsilon"}``: `trainers/binding.py`), so that a `validate_<method>`
+    error names the setting the user wrote. Arguments not in `names` keep their own name."""
     names = names or {}
     return {names.get(key, key): value for key, value in values.items()}
 
@@ -108,27 +75,20 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}.")
 
 
-def check_token_shapes(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> None:
-    """Shape checks shared by every objective: logps, old logps and mask all (B, T)."""
-    if per_token_logps.dim() != 2:
-        raise ValueError(f"per_token_logps must be (B, T), got shape {tuple(per_token_logps.shape)}")
+def check_token_inputs(
+    per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor, advantages: Tensor | None = None
+) -> None:
+    """Shape checks shared by the objectives: log-probs, old log-probs and mask (B, T); advantages (B,) or (B, T)."""
     shape = per_token_logps.shape
-    if old_per_token_logps.shape != shape:
+    if per_token_logps.dim() != 2 or old_per_token_logps.shape != shape or mask.shape != shape:
         raise ValueError(
-            f"old_per_token_logps {tuple(old_per_token_logps.shape)} must match per_token_logps {tuple(shape)}"
+            f"per_token_logps, old_per_token_logps and mask must be one (B, T) shape, got {tuple(shape)}, "
+            f"{tuple(old_per_token_logps.shape)}, {tuple(mask.shape)}"
         )
-    if mask.shape != shape:
-        raise ValueError(f"mask {tuple(mask.shape)} must match per_token_logps {tuple(shape)}")
-
-
-def check_token_inputs(per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor) -> None:
-    """`check_token_shapes` plus the token-level objectives' advantages: (B,) or (B, T)."""
-    check_token_shapes(per_token_logps, old_per_token_logps, mask)
-    shape = per_token_logps.shape
-    if advantages.dim() not in (1, 2) or advantages.shape[0] != shape[0]:
-        raise ValueError(f"advantages must be (B,) or (B, T) with B={shape[0]}, got {tuple(advantages.shape)}")
-    if advantages.dim() == 2 and advantages.shape != shape:
-        raise ValueError(f"(B, T) advantages {tuple(advantages.shape)} must match per_token_logps {tuple(shape)}")
+    if advantages is not None and (advantages.dim() not in (1, 2) or advantages.shape != shape[: advantages.dim()]):
+        raise ValueError(
+            f"advantages must be (B,) or (B, T) with (B, T) = {tuple(shape)}, got {tuple(advantages.shape)}"
+        )
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
@@ -146,11 +106,6 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(values, mask, dim) / mask.sum(dim).clamp(min=1.0)
 
 
-def sequence_lengths(mask: Tensor) -> Tensor:
-    """(B,) number of valid tokens per row, clamped to >= 1 so it can divide safely."""
-    return mask.sum(-1).clamp(min=1.0)
-
-
 def as_token_advantages(advantages: Tensor) -> Tensor:
     """(B,) -> (B, 1); (B, T) unchanged. Token-level objectives broadcast either shape."""
     if advantages.dim() == 1:
@@ -160,59 +115,93 @@ def as_token_advantages(advantages: Tensor) -> Tensor:
     raise ValueError(f"advantages must be (B,) or (B, T), got shape {tuple(advantages.shape)}")
 
 
-def dense_group_index(group_ids: Tensor) -> Tensor:
-    """(B,) dense index 0..K-1 of each element's group, without reading K on the host (no `.item()` sync)."""
-    if group_ids.dim() != 1:
-        raise ValueError(f"group_ids must be (B,), got shape {tuple(group_ids.shape)}")
-    return torch.unique(group_ids, return_inverse=True)[1]
-
-
-def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
-    """Map arbitrary integer group ids to dense indices 0..K-1. Returns (index (B,), K); reading K syncs a GPU."""
-    index = dense_group_index(group_ids)
-    num_groups = int(index.max().item()) + 1 if index.numel() else 0
-    return index, num_groups
-
-
-def group_reduce(values: Tensor, group_ids: Tensor, reduce: str, *, index: Tensor | None = None) -> Tensor:
-    """Reduce (B,) `values` within each group and broadcast the result back to (B,).
-
-    `reduce` is one of "sum", "mean", "amin", "amax" (as `Tensor.scatter_reduce`). `index`: the precomputed
-    `dense_group_index(group_ids)`; pass it when reducing many values over the same groups (one sort, not one each).
+@dataclass(frozen=True)
+class Groups:
+    """The group layout of a (micro-)batch, built once from what the caller knows, so that no reduction reads the
+    device (``K``, and the largest group for the padded view, are host ints). `Groups.contiguous(B, G)`: the
+    trainer's layout, consecutive runs of ``G`` rows (TRL's sampler order; micro-batches hold whole groups), reduced as
+    ``view(K, G)``. `Groups.from_ids(group_ids)`: arbitrary integer ids in any order (tests, interleaved callers); it
+    sorts them and reads ``K``: one host sync on a GPU, here and never again.
     """
-    if values.shape != group_ids.shape:
-        raise ValueError(f"values {tuple(values.shape)} and group_ids {tuple(group_ids.shape)} differ")
-    if index is None:
-        index = dense_group_index(group_ids)
-    # B >= K slots: the unused ones stay 0 and are never read, and K need not be read on the host.
-    out = values.new_zeros(values.shape[0])
-    out = out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)
-    return out[index]
+
+    index: Tensor  # (B,) int64 dense group of each row, 0..K-1 (groups in sorted-id order)
+    num_groups: int  # K
+    max_size: int  # the largest group (G when contiguous)
+    size: int | None = None  # G when the groups are consecutive runs of G rows (then index = arange(B) // G)
+    slot: Tensor | None = None  # (B,) each row's position in its group (batch order); None when contiguous
+
+    @classmethod
+    def contiguous(cls, batch: int, size: int, device: torch.device | str | None = None) -> Groups:
+        """``batch`` rows in consecutive groups of ``size``."""
+        if size < 1 or batch % size:
+            raise ValueError(f"a batch of {batch} rows does not hold whole groups of {size}")
+        index = torch.arange(batch, device=device) // size  # (B,)
+        return cls(index, batch // size, size if batch else 0, size)
+
+    @classmethod
+    def from_ids(cls, group_ids: Tensor) -> Groups:
+        """Groups named by arbitrary integer ids (B,). Reads the group count on the host (a sync on a GPU)."""
+        if (
+            group_ids.dim() != 1
+            or group_ids.is_floating_point()
+            or group_ids.is_complex()
+            or group_ids.dtype == torch.bool
+        ):
+            raise ValueError(
+                f"group_ids must be a (B,) integer tensor, got {group_ids.dtype} {tuple(group_ids.shape)}"
+            )
+        _, index, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)  # (B,), (K,)
+        order = torch.argsort(index, stable=True)  # (B,) rows grouped by group, in batch order
+        starts = torch.cumsum(counts, 0) - counts  # (K,) first sorted position of each group
+        slot = torch.empty_like(index)
+        slot[order] = torch.arange(index.shape[0], device=index.device) - starts[index[order]]
+        max_size = int(counts.max()) if counts.numel() else 0
+        return cls(index, counts.numel(), max_size, None, slot)
+
+    @property
+    def batch(self) -> int:
+        return self.index.shape[0]
+
+    def reduce(self, values: Tensor, reduce: str) -> Tensor:
+        """(K, ...) ``reduce`` ("sum", "mean", "amin", "amax") of (B, ...) ``values`` over each group's rows."""
+        if values.shape[0] != self.batch:
+            raise ValueError(f"values {tuple(values.shape)} do not have the {self.batch} rows of the groups")
+        rest = values.shape[1:]
+        if self.size is not None:
+            grouped = values.reshape(self.num_groups, self.size, *rest)  # (K, G, ...)
+            return grouped.sum(1) if reduce == "sum" else getattr(grouped, reduce)(1)
+        index = self.index.view(-1, *([1] * len(rest))).expand_as(values)  # (B, ...)
+        out = values.new_zeros(self.num_groups, *rest)
+        return out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)  # (K, ...)
+
+    def broadcast(self, per_group: Tensor) -> Tensor:
+        """(K, ...) -> (B, ...): each row gets its group's value."""
+        if self.size is not None:
+            rest = per_group.shape[1:]
+            return per_group.unsqueeze(1).expand(self.num_groups, self.size, *rest).reshape(self.batch, *rest)
+        return per_group[self.index]
+
+    def rows(self, values: Tensor, reduce: str) -> Tensor:
+        """(B, ...) `reduce` over each row's group, broadcast back to the rows."""
+        return self.broadcast(self.reduce(values, reduce))
+
+    def dense(self, values: Tensor, fill: float = 0.0) -> Tensor:
+        """(B,) -> (K, G_max): row b at ``[index[b], slot[b]]``, unused slots ``fill``."""
+        if self.size is not None:
+            return values.view(self.num_groups, self.size)
+        out = values.new_full((self.num_groups, self.max_size), fill)
+        return out.index_put((self.index, self.slot), values)
 
 
-def group_sum(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
-    """(B,) sum of each element's group."""
-    return group_reduce(values, group_ids, "sum", index=index)
-
-
-def group_mean(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
-    """(B,) mean of each element's group."""
-    return group_reduce(values, group_ids, "mean", index=index)
-
-
-def group_min(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
-    """(B,) minimum of each element's group."""
-    return group_reduce(values, group_ids, "amin", index=index)
-
-
-def group_max(values: Tensor, group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
-    """(B,) maximum of each element's group."""
-    return group_reduce(values, group_ids, "amax", index=index)
-
-
-def group_size(group_ids: Tensor, *, index: Tensor | None = None) -> Tensor:
-    """(B,) number of members in each element's group."""
-    return group_sum(torch.ones_like(group_ids, dtype=torch.float32), group_ids, index=index)
+def as_groups(groups: Groups | Tensor, batch: int) -> Groups:
+    """``groups`` as a `Groups` of ``batch`` rows; a (B,) tensor of group ids goes through `Groups.from_ids`."""
+    if isinstance(groups, Tensor):
+        if groups.dim() != 1 or groups.shape[0] != batch:
+            raise ValueError(f"group_ids must be ({batch},), got shape {tuple(groups.shape)}")
+        groups = Groups.from_ids(groups)
+    if groups.batch != batch:
+        raise ValueError(f"the groups cover {groups.batch} rows, the batch has {batch}")
+    return groups
 
 
 def log_importance_weights(log_ratio: Tensor, mask: Tensor, importance_sampling_level: str) -> Tensor:
@@ -220,7 +209,7 @@ def log_importance_weights(log_ratio: Tensor, mask: Tensor, importance_sampling_
     if importance_sampling_level == "token":
         return log_ratio  # (B, T)
     if importance_sampling_level == "sequence":
-        return (masked_sum(log_ratio, mask, -1) / sequence_lengths(mask)).unsqueeze(-1)  # (B, 1)
+        return (masked_sum(log_ratio, mask, -1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (B, 1)
     raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
 
 

@@ -1,9 +1,9 @@
 r"""CTPO: cumulative token importance ratio with position-scaled log-space clipping.
 
-Zhang, Ye, Jin, Yu, Xiong, Sahu, Jiang, "Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative
-Token Perspective", arXiv:2605.07331. The formula is the authors' length-adaptive policy loss
-(``_compute_policy_loss_cum_token_la_impl`` in github.com/horizon-llm/CTPO, ``verl/trainer/ppo/core_algos.py``);
-defaults from their ``ctpo.sh``. With ``mask`` the loss mask (0 on padding and tool tokens):
+Zhang et al., "Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token Perspective",
+arXiv:2605.07331: the authors' length-adaptive policy loss (``_compute_policy_loss_cum_token_la_impl`` in
+github.com/horizon-llm/CTPO, ``verl/trainer/ppo/core_algos.py``), defaults from their ``ctpo.sh``. ``mask`` is the loss
+mask (0 on padding and tool tokens)::
 
     l_t      = clamp(logp_t - old_logp_t, -20, 20) * mask_t
     t        = cumsum(mask)                      1-based count of valid tokens
@@ -13,7 +13,7 @@ defaults from their ``ctpo.sh``. With ``mask`` the loss mask (0 on padding and t
     s_t      = max(t, 1) ** p       p = position_power (0.5 for cumprod, -0.5 for geomean)
     clipped  = clamp(log_rho, -eps_low * s_t, eps_high * s_t)
     loss_t   = max(-A exp(log_rho), -A exp(clipped))
-    loss_t   = min(loss_t, -A exp(eps_c * s_t))   where A < 0                 dual clip
+    loss_t   = min(loss_t, -A exp(dual_clip * s_t))   where A < 0             dual clip
 
 Token t's loss sends gradient only to ``logp_t``, weighted by its prefix ratio. On-policy every ratio is 1 and CTPO
 is TRL's token-level GRPO surrogate. The bias analysis, the ratio-space ablation, the numerics and the deviations from
@@ -57,15 +57,15 @@ def validate_ctpo(
     *,
     epsilon_low: float,
     epsilon_high: float,
-    epsilon_c: float,
+    dual_clip: float,
     position_power: float,
     ratio_mode: str,
     names: Mapping[str, str] | None = None,
 ) -> None:
     """Raise, naming the fix, unless `ctpo_loss` can take these hyper-parameters (`CTPOConfig` checks its fields
-    with it; `names`: what the caller calls each argument, see `common.named`)."""
+    with it, once; `names`: what the caller calls each argument, see `common.named`)."""
     check_positive(
-        **named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high, epsilon_c=epsilon_c),
+        **named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high, dual_clip=dual_clip),
         reason=" for CTPO (a log-space bound)",
     )
     mode_name, power_name = names_of(names, "ratio_mode", "position_power")
@@ -134,34 +134,29 @@ def ctpo_loss(
     *,
     epsilon_low: float,
     epsilon_high: float,
-    epsilon_c: float,
+    dual_clip: float,
     position_power: float,
     ratio_mode: str = "cumprod",
 ) -> ObjectiveOutput:
-    """CTPO per-token loss; equations in the module docstring, derivations in docs/ctpo.md.
+    """CTPO per-token loss (the module docstring; derivations in docs/ctpo.md). `validate_ctpo` states the rules of
+    the hyper-parameters (`CTPOConfig` runs it once).
 
     Args:
-        per_token_logps: (B, T) log pi_theta of the sampled tokens (with gradient).
-        old_per_token_logps: (B, T) log pi_old (behaviour policy), treated as constant.
-        advantages: (B,) or (B, T) advantages A.
-        mask: (B, T) 0/1 mask of the tokens the policy generated (tool tokens 0).
-        epsilon_low, epsilon_high: log-space clip bases, window ``[-eps_low s_t, eps_high s_t]``.
-        epsilon_c: log-space dual-clip base, threshold ``exp(eps_c s_t)`` for A < 0.
-        position_power: p in ``s_t = max(t, 1) ** p`` (0.5: sqrt(t); 0: constant window). Must be >= 0
-            for "cumprod"; any finite value for "geomean" (the authors recommend -0.5, `DEFAULT_POSITION_POWER`).
-        ratio_mode: "cumprod" (prefix ratio, ``L_t`` the cumulative log-ratio) or "geomean" (its
-            geometric mean, ``L_t / t``).
+        per_token_logps, old_per_token_logps, mask: (B, T) current and behaviour log-probs (the latter constant),
+            0/1 mask of the generated tokens (tool tokens 0).
+        advantages: (B,) or (B, T).
+        epsilon_low, epsilon_high, dual_clip: log-space clip bases: window ``[-eps_low s_t, eps_high s_t]``, dual-clip
+            threshold ``exp(dual_clip s_t)`` for A < 0.
+        position_power, ratio_mode: p in ``s_t = max(t, 1) ** p``; "cumprod" (``L_t`` the prefix log-ratio) or
+            "geomean" (``L_t / t``), with the authors' p of 0.5 and -0.5 (`DEFAULT_POSITION_POWER`).
 
     Returns:
-        ObjectiveOutput with per_token_loss (B, T) (0 where mask is 0) and metrics
-        "clip_ratio/low|high|region" (log_rho beyond its bound with A < 0 / A > 0),
-        "ctpo/dual_clip" (fraction of valid tokens where the dual clip binds), and
-        "ctpo/abs_cum_log_ratio/t<=16|t<=256|t>256": mean |L_t| over valid tokens with
-        t in (0, 16], (16, 256], (256, inf) (disjoint buckets; NaN when a bucket is empty).
+        ObjectiveOutput: per_token_loss (B, T) (0 where mask is 0); metrics "clip_ratio/low|high|region" (log_rho
+        beyond its bound with A < 0 / A > 0), "ctpo/dual_clip" (fraction of valid tokens where it binds), and
+        "ctpo/abs_cum_log_ratio/t<=16|t<=256|t>256" (mean |L_t| over valid tokens in disjoint position buckets;
+        NaN when empty).
     """
-    validate_ctpo(epsilon_low=epsilon_low, epsilon_high=epsilon_high, epsilon_c=epsilon_c,
-                  position_power=position_power, ratio_mode=ratio_mode)  # fmt: skip
-    check_token_inputs(per_token_logps, old_per_token_logps, advantages, mask)
+    check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
 
     dtype = compute_dtype(per_token_logps)
     valid = mask.bool()  # (B, T)
@@ -177,7 +172,7 @@ def ctpo_loss(
     log_rho = (cum_log_ratio + (logp - logp.detach())).clamp(max=MAX_LOG_RHO)  # (B, T)
     clipped = torch.clamp(log_rho, min=-epsilon_low * scale, max=epsilon_high * scale)  # (B, T)
     loss = torch.maximum(-adv * torch.exp(log_rho), -adv * torch.exp(clipped))  # (B, T) PPO clip
-    dual = -adv * torch.exp((epsilon_c * scale).clamp(max=_MAX_DUAL_LOG))  # (B, T) dual-clip bound
+    dual = -adv * torch.exp((dual_clip * scale).clamp(max=_MAX_DUAL_LOG))  # (B, T) dual-clip bound
     final = torch.where(adv < 0, torch.minimum(loss, dual), loss)  # (B, T)
     final = torch.where(valid, final, zeros)  # (B, T)
     metrics = _ctpo_metrics(log_rho, loss, dual, adv, valid, prefix, epsilon_low, epsilon_high)

@@ -1,8 +1,7 @@
-"""DFPO: in-group re-weighting of GSPO's sequence weights, and GRPO-fix (symmetric clipping).
+"""DFPO: in-group re-weighting of GSPO's sequence weights that restores token-gradient cancellation.
 
-Paper: Ding et al., arXiv:2604.13088 (App. B-D, H, K; equation numbers are the paper's). The derivation, the
-reading of each equation and every deviation from the paper are in ``docs/dfpo.md``. In short, per sequence ``i``
-of a group::
+Paper: Ding et al., arXiv:2604.13088 (App. B-D, K; equation numbers are the paper's). The derivation, the reading of
+each equation and every deviation from the paper are in ``docs/dfpo.md``. In short, per sequence ``i`` of a group::
 
     s_i     = exp( (1/|y_i|) sum_t log r_it )                      (44)  GSPO ratio, with gradient
     s_bar_i = min(s_i, clip(s_i)) if A_i >= 0 else max(...)        (46)-(47)  sign-aware post-clip
@@ -12,46 +11,42 @@ of a group::
 
 so sequence ``i`` gets the gradient ``-A_i s_til_i grad log s_i`` when unclipped and none when clipped, and every
 transform but ``"none"`` makes ``sum_{i in M} A_i s_til_i = 0``: the gradient of a token shared by the whole group
-cancels, under a loss_type that weighs every token alike (``"dapo"``, the default; not ``"grpo"``). ``M`` is the whole group (``orthogonal_over="all"``, the paper's constraint) or its members that carry
-gradient (``"unclipped"``), which keeps the cancellation exact under clipping. ``"none"`` is TRL's GSPO, loss and
-gradient. GRPO-fix (App. H, Eq. 79-80) is token-level ``-A clip(r, 0, 1 + eps_high)`` for both advantage signs.
+cancels, under a loss_type that weighs every token alike (``"dapo"``, the default; not ``"grpo"``). ``M`` is the whole
+group (``orthogonal_over="all"``, the paper's constraint) or its members that carry gradient (``"unclipped"``), which
+keeps the cancellation exact under clipping. ``"none"`` is TRL's GSPO, loss and gradient. GRPO-fix (App. H) is in
+`grpo_fix.py`, the logged diagnostics (Eq. 23, 87, the cancellation residual) in `dfpo_diagnostics.py`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from .common import (
+    Groups,
     ObjectiveOutput,
-    as_token_advantages,
+    as_groups,
     check_choice,
     check_positive,
-    check_token_shapes,
+    check_token_inputs,
     compute_dtype,
-    group_index,
-    group_mean,
-    group_min,
-    group_sum,
     log_importance_weights,
     masked_mean,
-    masked_sum,
     named,
     names_of,
-    nan_if_empty,
 )
 
 __all__ = [
     "ORTHOGONAL_OVER",
     "TRANSFORMS",
-    "check_orthogonal_over",
+    "DFPOOutput",
+    "SequenceWeights",
     "dfpo_loss",
-    "group_dense_view",
     "group_transform",
-    "symmetric_clip_loss",
     "validate_dfpo",
 ]
 
@@ -61,33 +56,25 @@ TRANSFORMS: tuple[str, ...] = ("none", "min_replace", "orth_proj", "orth_proj_qp
 ORTHOGONAL_OVER: tuple[str, ...] = ("all", "unclipped")
 #: The transforms that can enforce ``sum_i A_i s_til_i = 0`` over an arbitrary subset of a group.
 _SUBSET_TRANSFORMS: tuple[str, ...] = ("orth_proj", "orth_proj_qp")
-#: Aggregations whose per-token weight is one batch constant (``"grpo"`` weights sequence i by 1 / |y_i|).
-_TOKEN_SUM_LOSS_TYPES: tuple[str, ...] = ("bnpo", "dr_grpo", "dapo", "luspo")
-#: The group metrics of `dfpo_loss` (NaN for an empty batch).
-_GROUP_METRICS = ("dfpo/asym_before", "dfpo/asym_after", "dfpo/shrink", "dfpo/cancellation_residual",
-                  "dfpo/cancellation_residual_gspo")  # fmt: skip
 
 
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
-
-
-def validate_dfpo(*, epsilon_low: float, epsilon_high: float, names: Mapping[str, str] | None = None) -> None:
-    """Raise unless GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` has finite widths > 0 (`DFPOConfig` checks its
-    fields with it; `names`: what the caller calls each argument, see `common.named`)."""
-    check_positive(**named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high), finite=True)
-
-
-def check_orthogonal_over(transform: str, orthogonal_over: str, *, names: Mapping[str, str] | None = None) -> None:
-    """Raise, naming the fix, unless ``orthogonal_over`` is valid for ``transform`` (``names``: what the caller
-    calls the two settings, see `common.named`).
-
-    ``"unclipped"`` needs a transform that can make ``sum_i A_i s_til_i = 0`` over any subset of a group: the
-    projections. ``min_replace`` gives ``min_j s_j * sum_{i in M} A_i``, zero only when the advantages of the
-    unclipped members sum to zero, which a clipped member breaks; ``"none"`` has no constraint to restrict.
-    """
+def validate_dfpo(
+    *,
+    transform: str,
+    epsilon_low: float,
+    epsilon_high: float,
+    orth_floor: float,
+    orthogonal_over: str,
+    names: Mapping[str, str] | None = None,
+) -> None:
+    """Raise, naming the fix, unless `dfpo_loss` can take these settings (`DFPOConfig` runs it once; `names`: see
+    `common.named`). ``orthogonal_over="unclipped"`` needs a transform that makes ``sum_i A_i s_til_i = 0`` over any
+    subset of a group (the projections): ``min_replace`` gives ``min_j s_j * sum_{i in M} A_i``, which a clipped
+    member makes non-zero; ``"none"`` has no constraint to restrict."""
     transform_name, over_name = names_of(names, "transform", "orthogonal_over")
+    check_choice(transform_name, transform, TRANSFORMS)
+    check_positive(**named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high, orth_floor=orth_floor),
+                   finite=True)  # fmt: skip
     check_choice(over_name, orthogonal_over, ORTHOGONAL_OVER)
     if orthogonal_over == "unclipped" and transform not in _SUBSET_TRANSFORMS:
         raise ValueError(
@@ -98,63 +85,11 @@ def check_orthogonal_over(transform: str, orthogonal_over: str, *, names: Mappin
         )
 
 
-def _check_group_ids(group_ids: Tensor, batch: int) -> None:
-    if group_ids.dim() != 1 or group_ids.shape[0] != batch:
-        raise ValueError(f"group_ids must be ({batch},), got shape {tuple(group_ids.shape)}")
-    if group_ids.is_floating_point() or group_ids.is_complex() or group_ids.dtype == torch.bool:
-        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
-
-
-def group_dense_view(group_ids: Tensor) -> tuple[Tensor, Tensor, int, int]:
-    """Padded (K, G_max) view of arbitrary, possibly unequal groups.
-
-    Returns ``(index, slot, K, G_max)``: element ``b`` of a (B,) tensor sits at
-    ``dense[index[b], slot[b]]`` of a (K, G_max) tensor (groups in order of their sorted ids,
-    members in batch order). Used by ``orth_proj_qp`` to sort within groups without a loop.
-    """
-    index, num_groups = group_index(group_ids)  # (B,), K
-    batch = index.shape[0]
-    counts = torch.bincount(index, minlength=num_groups)  # (K,)
-    starts = torch.cumsum(counts, 0) - counts  # (K,) first sorted position of each group
-    order = torch.argsort(index, stable=True)  # (B,) batch positions grouped by group
-    slot = torch.empty_like(index)  # (B,)
-    slot[order] = torch.arange(batch, device=index.device) - starts[index[order]]
-    max_size = int(counts.max().item()) if batch else 0
-    return index, slot, num_groups, max_size
-
-
-def _both_signs(adv: Tensor, group_ids: Tensor) -> Tensor:
+def both_signs(adv: Tensor, groups: Groups) -> Tensor:
     """(B,) bool: the element's group holds a positive and a negative advantage."""
-    has_pos = group_sum((adv > 0).to(adv.dtype), group_ids) > 0
-    has_neg = group_sum((adv < 0).to(adv.dtype), group_ids) > 0
-    return has_pos & has_neg
-
-
-def _mean_over_groups(values: Tensor, keep: Tensor, group_ids: Tensor) -> Tensor:
-    """0-dim mean over the groups with ``keep`` of a per-group value broadcast to (B,); NaN if no group is kept."""
-    size = group_sum(torch.ones_like(values), group_ids)  # (B,)
-    weight = torch.where(keep, 1.0 / size, torch.zeros_like(values))  # each kept group sums to 1
-    count = weight.sum()
-    return nan_if_empty(
-        torch.where(keep, values * weight, torch.zeros_like(values)).sum() / count.clamp(min=1e-30), count
-    )
-
-
-def _mean_group_variance(values: Tensor, group_ids: Tensor) -> Tensor:
-    """Mean over groups of the population variance of ``values`` within each group (Eq. 23).
-
-    In float64, saturated at float32's largest value: an unclipped ratio of e^50 (A < 0 keeps large ratios, Eq. 47)
-    squares to ~1e43, which would make the float32 metric inf and poison the logged mean.
-    """
-    _, num_groups = group_index(group_ids)
-    if num_groups == 0:
-        return torch.tensor(float("nan"))
-    values = values.double()
-    centred = values - group_mean(values, group_ids)  # (B,)
-    variance = group_mean(centred * centred, group_ids)  # (B,) broadcast per group
-    size = group_sum(torch.ones_like(values), group_ids)  # (B,)
-    # each group's variance appears `size` times: weight 1/size to count each group once
-    return ((variance / size).sum() / num_groups).clamp(max=torch.finfo(torch.float32).max)
+    has_pos = groups.reduce((adv > 0).to(adv.dtype), "amax") > 0  # (K,)
+    has_neg = groups.reduce((adv < 0).to(adv.dtype), "amax") > 0  # (K,)
+    return groups.broadcast(has_pos & has_neg)
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,7 +97,7 @@ def _mean_group_variance(values: Tensor, group_ids: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def _orth_proj(s_bar: Tensor, adv: Tensor, group_ids: Tensor, floor: float) -> Tensor:
+def _orth_proj(s_bar: Tensor, adv: Tensor, groups: Groups, floor: float) -> Tensor:
     """Truncate-and-rebalance (Eq. 52-55, beta with the corrected sign) and the floor guard, see docs/dfpo.md."""
     zero = torch.zeros_like(s_bar)
     inf = torch.full_like(s_bar, float("inf"))
@@ -170,10 +105,10 @@ def _orth_proj(s_bar: Tensor, adv: Tensor, group_ids: Tensor, floor: float) -> T
 
     s_plus = s_bar.clamp_min(floor)  # (B,) Eq. 52
     is_pos, is_neg = adv > 0, adv < 0  # (B,) P and N
-    has_pos = group_sum(is_pos.to(s_bar.dtype), group_ids) > 0  # (B,) group has a member in P
-    has_neg = group_sum(is_neg.to(s_bar.dtype), group_ids) > 0  # (B,)
-    mass_pos = group_sum(torch.where(is_pos, adv * s_plus, zero), group_ids)  # (B,) sum_P A s+
-    mass_neg = group_sum(torch.where(is_neg, -adv * s_plus, zero), group_ids)  # (B,) sum_N -A s+
+    has_pos = groups.rows(is_pos.to(s_bar.dtype), "sum") > 0  # (B,) group has a member in P
+    has_neg = groups.rows(is_neg.to(s_bar.dtype), "sum") > 0  # (B,)
+    mass_pos = groups.rows(torch.where(is_pos, adv * s_plus, zero), "sum")  # (B,) sum_P A s+
+    mass_neg = groups.rows(torch.where(is_neg, -adv * s_plus, zero), "sum")  # (B,) sum_N -A s+
     delta = mass_pos - mass_neg  # (B,) Eq. 53
 
     # Eq. 55 (beta's sign corrected). delta > 0 implies mass_pos > 0, delta < 0 mass_neg > 0;
@@ -186,8 +121,8 @@ def _orth_proj(s_bar: Tensor, adv: Tensor, group_ids: Tensor, floor: float) -> T
 
     # Floor guard (mixed-sign groups only): if the shrunk side would dip below the floor, shrink it
     # only until its smallest member reaches the floor and scale the other side up to rebalance.
-    min_pos = group_min(torch.where(is_pos, s_plus, inf), group_ids)  # (B,) inf if P empty
-    min_neg = group_min(torch.where(is_neg, s_plus, inf), group_ids)  # (B,)
+    min_pos = groups.rows(torch.where(is_pos, s_plus, inf), "amin")  # (B,) inf if P empty
+    min_neg = groups.rows(torch.where(is_neg, s_plus, inf), "amin")  # (B,)
     mixed = has_pos & has_neg  # (B,)
     guard_pos = mixed & (delta > 0) & (alpha * min_pos < floor)  # (B,)
     guard_neg = mixed & (delta < 0) & (beta * min_neg < floor)  # (B,)
@@ -205,17 +140,15 @@ def _orth_proj(s_bar: Tensor, adv: Tensor, group_ids: Tensor, floor: float) -> T
     return torch.where(keep_floor, s_til.clamp_min(floor), s_til)
 
 
-def _orth_proj_qp(s_bar: Tensor, adv: Tensor, group_ids: Tensor) -> Tensor:
+def _orth_proj_qp(s_bar: Tensor, adv: Tensor, groups: Groups) -> Tensor:
     """Exact solution of Eq. 51 per group via the sorted KKT breakpoints (docs/dfpo.md)."""
-    index, slot, num_groups, max_size = group_dense_view(group_ids)
+    max_size = groups.max_size
     dtype, device = s_bar.dtype, s_bar.device
     inf = float("inf")
     tiny = torch.finfo(dtype).tiny
 
-    dense_adv = torch.zeros(num_groups, max_size, dtype=dtype, device=device)  # (K, G)
-    dense_s = torch.zeros(num_groups, max_size, dtype=dtype, device=device)  # (K, G)
-    dense_adv[index, slot] = adv
-    dense_s[index, slot] = s_bar
+    dense_adv = groups.dense(adv)  # (K, G) padding: A = 0
+    dense_s = groups.dense(s_bar)  # (K, G)
     active = dense_adv != 0  # (K, G) padding and A = 0 have no breakpoint
     safe_adv = torch.where(active, dense_adv, torch.ones_like(dense_adv))  # (K, G)
     breaks = torch.where(active, dense_s / safe_adv, torch.full_like(dense_s, inf))  # (K, G)
@@ -265,69 +198,47 @@ def _orth_proj_qp(s_bar: Tensor, adv: Tensor, group_ids: Tensor) -> Tensor:
     flat = torch.where(has_right, hi, torch.where(has_left, lo, torch.zeros_like(lo)))  # (K,)
     lam = torch.where(c1_p > 0, root, flat)  # (K,)
 
-    return (s_bar - lam[index] * adv).clamp_min(0.0)  # (B,) KKT: v = max(s_bar - lam A, 0)
+    return (s_bar - groups.broadcast(lam) * adv).clamp_min(0.0)  # (B,) KKT: v = max(s_bar - lam A, 0)
 
 
 def group_transform(
     s_bar: Tensor,
     advantages: Tensor,
-    group_ids: Tensor,
+    groups: Groups | Tensor,
     method: str,
     *,
     orth_floor: float = 1e-6,
     members: Tensor | None = None,
 ) -> Tensor:
-    """In-group transform of the post-clip sequence weights (Eq. 50, 51, 52-55). Detached.
+    """In-group transform of the post-clip sequence weights (Eq. 50, 51, 52-55), detached.
 
-    Args:
-        s_bar: (B,) post-clip weights (Eq. 47, times the IS weight in `dfpo_loss`), >= 0. Gradient is never taken.
-        advantages: (B,) sequence advantages.
-        group_ids: (B,) integer tensor; equal values mark one group (any sizes >= 1, any order).
-        method: one of ``TRANSFORMS``.
-        orth_floor: the floor ``eps`` of Eq. 52 for ``"orth_proj"`` (>= 0).
-        members: optional (B,) bool, the members the transform ranges over (default: all). The others are returned
-            unchanged and neither enter a group's minimum nor its constraint ``sum_i A_i s_til_i = 0``.
-
-    Returns:
-        (B,) ``s_til``, detached, in float32 (half / bf16 inputs) or the input's float dtype. For every method but
-        ``"none"``, a group whose members' advantages do not take both signs gets ``s_til = 0`` on its members with
-        ``A != 0``: no ``v >= 0`` but that satisfies ``A^T v = 0`` (``orth_proj`` and the QP give it by their
-        formulas; for ``min_replace`` it is a deviation, see docs/dfpo.md). With TRL's group-centred advantages
-        such a group is one whose rewards are all equal, whose advantages are float32 rounding noise.
+    ``s_bar`` (B,) >= 0 and ``advantages`` (B,); ``groups`` as in `dfpo_loss`; ``method`` one of ``TRANSFORMS``;
+    ``orth_floor`` Eq. 52's floor (``"orth_proj"``); ``members`` optional (B,) bool, the members the transform ranges
+    over (the others are returned unchanged and enter neither a group's minimum nor its constraint). Returns (B,)
+    ``s_til`` in float32 (half / bf16 inputs) or the input's float dtype. For every method but ``"none"``, a group
+    whose advantages do not take both signs gets ``s_til = 0`` on its members with ``A != 0``: no ``v >= 0`` but
+    that satisfies ``A^T v = 0`` (for ``min_replace`` a deviation, docs/dfpo.md); with TRL's centred advantages such
+    a group has equal rewards, and its advantages are rounding noise.
     """
-    check_choice("method", method, TRANSFORMS)
-    if s_bar.dim() != 1:
-        raise ValueError(f"s_bar must be (B,), got shape {tuple(s_bar.shape)}")
-    if advantages.shape != s_bar.shape:
-        raise ValueError(f"advantages must match s_bar {tuple(s_bar.shape)}, got {tuple(advantages.shape)}")
-    _check_group_ids(group_ids, s_bar.shape[0])
-    if not (orth_floor >= 0 and orth_floor < float("inf")):
-        raise ValueError(f"orth_floor must be a finite number >= 0, got {orth_floor!r}")
-    if members is not None and (members.shape != s_bar.shape or members.dtype != torch.bool):
-        raise ValueError(
-            f"members must be a ({s_bar.shape[0]},) bool tensor, got {members.dtype} {tuple(members.shape)}"
-        )
-
+    if s_bar.dim() != 1 or advantages.shape != s_bar.shape:
+        raise ValueError(f"s_bar and advantages must be (B,), got {tuple(s_bar.shape)}, {tuple(advantages.shape)}")
+    groups = as_groups(groups, s_bar.shape[0])
     dtype = compute_dtype(s_bar, advantages)
     s = s_bar.detach().to(dtype)  # (B,)
-    group_ids = group_ids.to(s.device)
     if s.numel() == 0 or method == "none":
         return s.clone()
     members = torch.ones_like(s, dtype=torch.bool) if members is None else members.to(s.device)
     adv = torch.where(members, advantages.detach().to(dtype), torch.zeros_like(s))  # (B,) non-members: no constraint
     if method == "min_replace":
-        group_minimum = group_min(torch.where(members, s, torch.full_like(s, float("inf"))), group_ids)  # (B,) Eq. 50
-        out = torch.where(_both_signs(adv, group_ids) | (adv == 0), group_minimum, torch.zeros_like(s))
+        group_minimum = groups.rows(torch.where(members, s, torch.full_like(s, float("inf"))), "amin")  # (B,) Eq. 50
+        out = torch.where(both_signs(adv, groups) | (adv == 0), group_minimum, torch.zeros_like(s))
     elif method == "orth_proj":
-        out = _orth_proj(s, adv, group_ids, float(orth_floor))  # (B,) Eq. 52-55
+        out = _orth_proj(s, adv, groups, float(orth_floor))  # (B,) Eq. 52-55
+    elif method == "orth_proj_qp":
+        out = _orth_proj_qp(s, adv, groups)  # (B,) Eq. 51
     else:
-        out = _orth_proj_qp(s, adv, group_ids)  # (B,) Eq. 51
+        raise ValueError(f"unknown transform {method!r}; use one of {TRANSFORMS}")
     return torch.where(members, out, s)
-
-
-# --------------------------------------------------------------------------------------------
-# losses
-# --------------------------------------------------------------------------------------------
 
 
 def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
@@ -350,13 +261,9 @@ def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
 
 
 def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
-    """(B,) one loss weight per sequence, detached; ones without weights.
-
-    The weights are (B, 1) (vLLM IS ``sequence_*`` modes, the off-policy mask) or (B, T) (``token_*`` modes, the
-    entropy mask, or a product with one of them). A (B, 1) loss times (B, T)
-    weights, aggregated by any ``loss_type``, weighs sequence ``i`` by the mean of its weights over its valid tokens,
-    so that mean is the sequence's weight (0 for a row without valid tokens).
-    """
+    """(B,) one loss weight per sequence, detached; ones without weights. (B, T) weights (``token_*`` IS modes, the
+    entropy mask) times a (B, 1) loss weigh sequence ``i``, under any ``loss_type``, by their mean over its valid
+    tokens (0 for a row without any)."""
     batch, length = mask.shape
     if weights is None:
         return torch.ones(batch, dtype=mask.dtype, device=mask.device)
@@ -368,92 +275,10 @@ def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
     raise ValueError(f"importance_weights must be ({batch}, 1) or ({batch}, {length}), got {tuple(weights.shape)}")
 
 
-def dfpo_loss(
-    per_token_logps: Tensor,
-    old_per_token_logps: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    group_ids: Tensor,
-    *,
-    transform: str,
-    epsilon_low: float,
-    epsilon_high: float,
-    orth_floor: float = 1e-6,
-    orthogonal_over: str = "all",
-    importance_weights: Tensor | None = None,
-    loss_type: str = "dapo",
-) -> ObjectiveOutput:
-    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K). See the module docstring and docs/dfpo.md.
+class SequenceWeights(NamedTuple):
+    """Per-sequence (B,) quantities of one `dfpo_loss` call, detached but for `log_factor`: what the diagnostics read."""
 
-    Args:
-        per_token_logps: (B, T) log-probs of the sampled tokens under the current policy.
-        old_per_token_logps: (B, T) the same under the behaviour policy (treated as constant).
-        advantages: (B,) sequence advantages, or (B, T) / (B, 1) constant along T.
-        mask: (B, T) completion mask (bool / int / float).
-        group_ids: (B,) integer group ids (never inferred from position).
-        transform: one of ``TRANSFORMS``.
-        epsilon_low, epsilon_high: GSPO's clip range ``[1 - eps_low, 1 + eps_high]`` (finite, > 0).
-        orth_floor: the floor of Eq. 52 (``transform="orth_proj"``).
-        orthogonal_over: ``"all"``: the transform and its constraint range over every member of a group with a
-            valid token and a non-zero loss weight (the paper's Eq. 50-55; a clipped member counts with its clip
-            bound although it carries no gradient). ``"unclipped"``: over those members that are not clipped, i.e.
-            that carry gradient, so the shared-token gradient cancels under clipping too (``orth_proj`` and
-            ``orth_proj_qp`` only, see `check_orthogonal_over`); clipped members keep GSPO's constant value.
-        importance_weights: the trainer's per-token loss weights, (B, 1) or (B, T), or None: TRL's vLLM
-            importance-sampling weights times its off-policy mask and high-entropy mask (0/1), as far as they are
-            on. They are applied here (the caller must not multiply them again): the transform acts on the effective
-            weights ``s_bar_i w_i``, ``w_i`` the sequence's weight (`_sequence_is_weights`), so the cancellation
-            includes them, and a member with ``w_i = 0`` (masked out) leaves its group. For ``"none"`` they multiply
-            GSPO's loss token by token, exactly as TRL does.
-        loss_type: the trainer's aggregation, used only for ``dfpo/cancellation_residual``: ``"grpo"`` weighs the
-            tokens of sequence ``i`` by ``1 / |y_i|``, the others (``"dapo"``, ``"luspo"``, ``"dr_grpo"``,
-            ``"bnpo"``) by one batch constant.
-
-    Returns:
-        ObjectiveOutput with per_token_loss (B, 1) = ``-A_i s_til_i`` in value (gradient as the module docstring;
-        (B, T) for ``"none"`` with (B, T) weights), float32 for half / bf16 inputs. Metrics:
-        ``clip_ratio/low|high|region``: (B, 1) 0/1 indicators with TRL's semantics (``s < 1 - eps_low`` with
-        ``A < 0``, ``s > 1 + eps_high`` with ``A > 0``, either). ``dfpo/asym_before`` / ``dfpo/asym_after``:
-        Eq. 23 ``Var_i(w_i A_i)`` (population variance) with ``w = s_bar w_IS`` / ``w = s_til``, mean over groups.
-        ``dfpo/shrink``: mean of ``s_til / (s_bar w_IS)`` (App. K's phi_i, Eq. 87) over the transformed members of
-        groups whose advantages take both signs. ``dfpo/cancellation_residual``: per group
-        ``|sum_i A_i c_i| / sum_i |A_i| c_i`` over the members with a non-zero gradient, ``c_i`` the effective
-        shared-token coefficient (``s_til_i``, times ``1 / |y_i|`` under ``"grpo"``), averaged over the groups with
-        at least two such members; 0 means a token shared by the whole group gets no gradient (NaN: no group).
-        ``dfpo/cancellation_residual_gspo``: the same with GSPO's weights ``s_bar w_IS`` in place of ``s_til`` (the
-        residual ``transform="none"`` leaves on the same batch).
-    """
-    check_choice("transform", transform, TRANSFORMS)
-    check_orthogonal_over(transform, orthogonal_over)
-    validate_dfpo(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
-    check_choice("loss_type", loss_type, ("grpo", *_TOKEN_SUM_LOSS_TYPES))
-    check_token_shapes(per_token_logps, old_per_token_logps, mask)
-    batch, length = per_token_logps.shape
-    _check_group_ids(group_ids, batch)
-
-    dtype = compute_dtype(per_token_logps, old_per_token_logps)
-    logp = per_token_logps.to(dtype)  # (B, T)
-    mask_f = mask.to(dtype)  # (B, T)
-    adv = _sequence_advantages(advantages, batch, length).detach().to(dtype)  # (B,)
-    group_ids = group_ids.to(logp.device)
-    log_ratio = logp - old_per_token_logps.detach().to(dtype)  # (B, T)
-    log_s = log_importance_weights(log_ratio, mask_f, "sequence").squeeze(-1)  # (B,) Eq. 44, in log space
-    is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)
-    seq = _post_clip(log_s, adv, is_weight, mask_f, (1.0 - epsilon_low, 1.0 + epsilon_high), orthogonal_over)
-
-    s_til = seq.effective if transform == "none" else _transformed(seq, adv, group_ids, transform, orth_floor)  # (B,)
-    coefficient = seq.s_bar if transform == "none" else s_til  # (B,) "none": TRL's GSPO, IS weights per token below
-    per_token_loss = (-adv * coefficient * torch.exp(seq.log_factor)).unsqueeze(-1)  # (B, 1) -A sg(s_til/s_bar) s_bar
-    if transform == "none" and importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
-        per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
-    metrics = _dfpo_metrics(seq, adv, s_til, group_ids, mask_f.sum(-1), loss_type)
-    return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
-
-
-class _SequenceWeights(NamedTuple):
-    """Per-sequence (B,) quantities of `dfpo_loss` before the in-group transform."""
-
-    s: Tensor  # GSPO ratio, detached
+    s: Tensor  # GSPO ratio
     bounds: tuple[float, float]  # (1 - eps_low, 1 + eps_high)
     s_bar: Tensor  # Eq. 47 post-clip values
     clipped: Tensor  # bool: on a clip bound, no gradient
@@ -461,18 +286,96 @@ class _SequenceWeights(NamedTuple):
     effective: Tensor  # s_bar times the loss weight: the coefficient GSPO's gradient carries
     present: Tensor  # bool: rows that can carry loss at all
     members: Tensor  # bool: the rows the transform's constraint ranges over
+    advantages: Tensor  # A_i
+    lengths: Tensor  # valid tokens per row
+    s_til: Tensor | None = None  # the transformed weights (GSPO's `effective` for "none")
+    groups: Groups | None = None
 
 
-def _transformed(seq: _SequenceWeights, adv: Tensor, group_ids: Tensor, transform: str, orth_floor: float) -> Tensor:
-    """(B,) ``s_til``: the in-group transform over the members; clipped members under "unclipped" keep GSPO's
-    constant value, rows without loss get 0."""
-    transformed = group_transform(seq.effective, adv, group_ids, transform, orth_floor=orth_floor, members=seq.members)
-    return torch.where(seq.members, transformed, torch.where(seq.present, seq.effective, 0.0))
+@dataclass
+class DFPOOutput(ObjectiveOutput):
+    """`dfpo_loss`'s output: the loss and clip indicators, plus its sequence weights for `dfpo_diagnostics`."""
+
+    weights: SequenceWeights | None = None
+
+
+def dfpo_loss(
+    per_token_logps: Tensor,
+    old_per_token_logps: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    groups: Groups | Tensor,
+    *,
+    transform: str,
+    epsilon_low: float,
+    epsilon_high: float,
+    orth_floor: float = 1e-6,
+    orthogonal_over: str = "all",
+    importance_weights: Tensor | None = None,
+) -> DFPOOutput:
+    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K): the module docstring and docs/dfpo.md. The settings
+    are not re-checked per call: `validate_dfpo` states their rules (`DFPOConfig` runs it once).
+
+    Args:
+        per_token_logps, old_per_token_logps, mask: (B, T) current and behaviour log-probs (the latter constant), and
+            the completion mask.
+        advantages: (B,) sequence advantages, or (B, T) / (B, 1) constant along T.
+        groups: the trainer's `Groups.contiguous(B, num_generations)` (reads nothing from the device), or (B,)
+            integer group ids in any order (`Groups.from_ids`).
+        transform, epsilon_low, epsilon_high, orth_floor: ``TRANSFORMS``; GSPO's clip range
+            ``[1 - eps_low, 1 + eps_high]``; Eq. 52's floor (``"orth_proj"``).
+        orthogonal_over: ``"all"`` (the paper): the transform ranges over every member with a valid token and a
+            non-zero loss weight, a clipped one counted at its bound although it carries no gradient; ``"unclipped"``
+            (projections only): over the members that carry gradient, so the shared-token gradient cancels under
+            clipping too; clipped members keep GSPO's constant value.
+        importance_weights: TRL's per-token loss weights (vLLM IS weights times the off-policy and entropy masks),
+            (B, 1) or (B, T), or None; applied here, not by the caller. The transform acts on ``s_bar_i w_i``
+            (`_sequence_is_weights`), so the cancellation includes them and a member with ``w_i = 0`` leaves its
+            group; under ``"none"`` they multiply GSPO's loss token by token, as TRL does.
+
+    Returns:
+        `DFPOOutput`: per_token_loss (B, 1) = ``-A_i s_til_i`` in value ((B, T) for ``"none"`` with (B, T) weights;
+        float32 for half / bf16 inputs); ``clip_ratio/low|high|region`` (B, 1) indicators with TRL's semantics; and
+        `weights`, from which `dfpo_diagnostics` computes the logged diagnostics.
+    """
+    check_token_inputs(per_token_logps, old_per_token_logps, mask)
+    batch, length = per_token_logps.shape
+    groups = as_groups(groups, batch)
+
+    dtype = compute_dtype(per_token_logps, old_per_token_logps)
+    logp = per_token_logps.to(dtype)  # (B, T)
+    mask_f = mask.to(dtype)  # (B, T)
+    adv = _sequence_advantages(advantages, batch, length).detach().to(dtype)  # (B,)
+    log_ratio = logp - old_per_token_logps.detach().to(dtype)  # (B, T)
+    log_s = log_importance_weights(log_ratio, mask_f, "sequence").squeeze(-1)  # (B,) Eq. 44, in log space
+    is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)
+    seq = _post_clip(log_s, adv, is_weight, mask_f, (1.0 - epsilon_low, 1.0 + epsilon_high), orthogonal_over)
+
+    if transform == "none":
+        s_til = seq.effective  # (B,)
+    else:  # clipped members under "unclipped" keep GSPO's constant value, rows without loss get 0
+        transformed = group_transform(seq.effective, adv, groups, transform, orth_floor=orth_floor,
+                                      members=seq.members)  # fmt: skip
+        s_til = torch.where(seq.members, transformed, torch.where(seq.present, seq.effective, 0.0))  # (B,)
+    coefficient = seq.s_bar if transform == "none" else s_til  # (B,) "none": TRL's GSPO, IS weights per token below
+    per_token_loss = (-adv * coefficient * torch.exp(seq.log_factor)).unsqueeze(-1)  # (B, 1) -A sg(s_til/s_bar) s_bar
+    if transform == "none" and importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
+        per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
+    with torch.no_grad():
+        lower, upper = seq.bounds
+        is_low = ((seq.s < lower) & (adv < 0)).float().unsqueeze(-1)  # (B, 1) TRL's indicators
+        is_high = ((seq.s > upper) & (adv > 0)).float().unsqueeze(-1)  # (B, 1)
+    metrics = {
+        "clip_ratio/low": is_low,
+        "clip_ratio/high": is_high,
+        "clip_ratio/region": torch.maximum(is_low, is_high),
+    }
+    return DFPOOutput(per_token_loss, metrics, seq._replace(s_til=s_til.detach(), groups=groups))
 
 
 def _post_clip(
     log_s: Tensor, adv: Tensor, is_weight: Tensor, mask_f: Tensor, bounds: tuple[float, float], orthogonal_over: str
-) -> _SequenceWeights:
+) -> SequenceWeights:
     """Eq. 47's sign-aware post-clip of the GSPO ratios, and the members the transform ranges over."""
     lower, upper = bounds
     s_det = torch.exp(log_s).detach()  # (B,)
@@ -486,124 +389,6 @@ def _post_clip(
     log_factor = torch.where(clipped, torch.zeros_like(log_s), log_s - log_s.detach())  # (B,)
     present = (mask_f.sum(-1) > 0) & (is_weight > 0)  # (B,)
     members = present & ~clipped if orthogonal_over == "unclipped" else present  # (B,)
-    return _SequenceWeights(s_det, bounds, s_bar, clipped, log_factor, s_bar * is_weight, present, members)
-
-
-def _dfpo_metrics(
-    seq: _SequenceWeights, adv: Tensor, s_til: Tensor, group_ids: Tensor, lengths: Tensor, loss_type: str
-) -> dict[str, Tensor]:
-    """`dfpo_loss`'s metrics (see its docstring)."""
-    lower, upper = seq.bounds
-    with torch.no_grad():
-        is_low = ((seq.s < lower) & (adv < 0)).float().unsqueeze(-1)  # (B, 1) TRL's indicators
-        is_high = ((seq.s > upper) & (adv > 0)).float().unsqueeze(-1)  # (B, 1)
-        metrics = {
-            "clip_ratio/low": is_low,
-            "clip_ratio/high": is_high,
-            "clip_ratio/region": torch.maximum(is_low, is_high),
-        }
-        if not adv.numel():
-            return {**metrics, **dict.fromkeys(_GROUP_METRICS, torch.tensor(float("nan")))}
-        metrics["dfpo/asym_before"] = _mean_group_variance(seq.effective * adv, group_ids).float()
-        metrics["dfpo/asym_after"] = _mean_group_variance(s_til * adv, group_ids).float()
-        informative = seq.members & _both_signs(torch.where(seq.members, adv, torch.zeros_like(adv)), group_ids)
-        shrink = s_til / seq.effective.clamp_min(torch.finfo(s_til.dtype).tiny)  # (B,) Eq. 87
-        count = informative.sum()
-        metrics["dfpo/shrink"] = nan_if_empty(torch.where(informative, shrink, 0.0).sum() / count.clamp(min=1), count)
-        carries = seq.present & ~seq.clipped
-        metrics["dfpo/cancellation_residual"] = _cancellation_residual(
-            adv, s_til, carries, lengths, group_ids, loss_type
-        )
-        # the same for GSPO's untransformed weights on this batch: what the transform is measured against
-        metrics["dfpo/cancellation_residual_gspo"] = _cancellation_residual(
-            adv, seq.effective, carries, lengths, group_ids, loss_type
-        )
-    return metrics
-
-
-def _cancellation_residual(
-    adv: Tensor, s_til: Tensor, carries: Tensor, lengths: Tensor, group_ids: Tensor, loss_type: str
-) -> Tensor:
-    """0-dim mean over groups of ``|sum_i A_i c_i| / sum_i |A_i| c_i`` (see `dfpo_loss`), in float64.
-
-    ``c_i`` is the coefficient of ``grad log p`` at a token of sequence ``i`` up to a batch constant: ``s_til_i``
-    (loss weight included) and, for ``loss_type="grpo"``, ``1 / |y_i|`` (the sequence mean of Eq. 44 is not undone
-    by a token sum). Only members with ``A_i c_i != 0`` that are unclipped and present count.
-    """
-    adv, s_til = adv.double(), s_til.double()
-    coef = s_til / lengths.double().clamp(min=1.0) if loss_type == "grpo" else s_til  # (B,)
-    moving = carries & (adv != 0) & (coef > 0)  # (B,) members whose gradient is not zero
-    zero = torch.zeros_like(adv)
-    signed = group_sum(torch.where(moving, adv * coef, zero), group_ids)  # (B,)
-    total = group_sum(torch.where(moving, adv.abs() * coef, zero), group_ids)  # (B,)
-    count = group_sum(moving.double(), group_ids)  # (B,)
-    keep = (count >= 2) & (total > 0)
-    residual = signed.abs() / total.clamp(min=torch.finfo(torch.float64).tiny)
-    return _mean_over_groups(residual, keep, group_ids)
-
-
-def symmetric_clip_loss(
-    per_token_logps: Tensor,
-    old_per_token_logps: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    epsilon_high: float,
-    importance_weights: Tensor | None = None,
-) -> ObjectiveOutput:
-    """GRPO-fix: token-level ``-A * clip(r, 0, 1 + eps_high)`` for both advantage signs (Eq. 79-80).
-
-    Eq. (80) is the clip alone, not PPO's ``min(rA, clip(r) A)`` (App. H.3), so a token with ``r > 1 + eps`` gets
-    no gradient whatever the sign of ``A``. The ``1/G sum_i sum_t`` of Eq. 80 is the trainer's ``loss_type``.
-
-    Args:
-        per_token_logps: (B, T) current log-probs of the sampled tokens.
-        old_per_token_logps: (B, T) behaviour log-probs (treated as constant).
-        advantages: (B,), (B, 1) or (B, T).
-        mask: (B, T) completion mask.
-        epsilon_high: upper clip ``1 + eps_high`` (finite, > 0). There is no lower clip (Eq. 79's 0 never binds).
-        importance_weights: the trainer's per-token loss weights (TRL's vLLM IS weights, off-policy and entropy
-            masks), (B, 1) or (B, T), multiplied after the clip exactly as TRL does (the caller must not multiply
-            them again); None when all are off.
-
-    Returns:
-        ObjectiveOutput with per_token_loss (B, T) (before masking). Metrics: ``clip_ratio/high`` = (B, T)
-        indicator of ``r > 1 + eps_high`` with ``A > 0`` (TRL's semantics), ``clip_ratio/low`` = 0 (no lower
-        bound), ``clip_ratio/region`` = either; ``dfpo/sym_clip_ratio`` = fraction of valid tokens with
-        ``r > 1 + eps_high`` for any sign (every token whose gradient the symmetric clip removes).
-    """
-    check_positive(epsilon_high=epsilon_high, finite=True)
-    check_token_shapes(per_token_logps, old_per_token_logps, mask)
-    batch, length = per_token_logps.shape
-    adv = as_token_advantages(advantages)  # (B, 1) or (B, T)
-    if adv.shape[0] != batch or adv.shape[1] not in (1, length):
-        raise ValueError(
-            f"advantages must be ({batch},), ({batch}, 1) or ({batch}, {length}), got shape {tuple(advantages.shape)}"
-        )
-
-    dtype = compute_dtype(per_token_logps, old_per_token_logps)
-    logp = per_token_logps.to(dtype)  # (B, T)
-    old_logp = old_per_token_logps.detach().to(dtype)  # (B, T)
-    mask_f = mask.to(dtype)  # (B, T)
-    adv = adv.detach().to(dtype)  # (B, 1) or (B, T)
-
-    log_ratio = (logp - old_logp) * mask_f  # (B, T)
-    ratio = torch.exp(log_ratio)  # (B, T) r
-    upper = 1.0 + epsilon_high
-    phi = torch.clamp(ratio, min=0.0, max=upper)  # (B, T) Eq. 79, same for both signs of A
-    per_token_loss = -adv * phi  # (B, T) Eq. 80 (negated for minimisation)
-    if importance_weights is not None:  # mirrors GRPOTrainer._compute_loss: loss * importance_sampling_ratio
-        per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
-
-    with torch.no_grad():
-        above = (ratio > upper).to(dtype)  # (B, T)
-        high = above * (adv.expand_as(ratio) > 0).to(dtype)  # (B, T)
-        count = mask_f.sum()
-        metrics = {
-            # per-token indicators (reduced token-weighted over processes by the trainer); no lower bound, low is 0
-            "clip_ratio/low": torch.zeros_like(high, dtype=torch.float32) * mask_f,  # (B, T)
-            "clip_ratio/high": (high * mask_f).float(),  # (B, T)
-            "clip_ratio/region": (high * mask_f).float(),  # (B, T)
-            "dfpo/sym_clip_ratio": nan_if_empty(masked_sum(above, mask_f) / count.clamp(min=1), count),
-        }
-    return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
+    return SequenceWeights(
+        s_det, bounds, s_bar, clipped, log_factor, s_bar * is_weight, present, members, adv, mask_f.sum(-1)
+    )

@@ -1,6 +1,5 @@
-r"""ECHO: clip at batch, learn at token (arXiv "ECHO", Eq. 5-11, 34; App. A.2).
-
-With ``log r_{i,t} = (log pi_theta - log pi_old)(o_{i,t}) * mask`` (Eq. 5) and ``N = sum(mask)``:
+r"""ECHO: clip at batch, learn at token (arXiv "ECHO", Eq. 5-11, 34; App. A.2). With
+``log r_{i,t} = (log pi_theta - log pi_old)(o_{i,t}) * mask`` (Eq. 5) and ``N = sum(mask)``::
 
     R      = exp( sum_{i,t} log r_{i,t} / N )              (Eq. 6, geometric, keeps its gradient)
     R_bar  = clip(R, 1 - eps_b_low, 1 + eps_b_high)        (Eq. 7)
@@ -8,21 +7,15 @@ With ``log r_{i,t} = (log pi_theta - log pi_old)(o_{i,t}) * mask`` (Eq. 5) and `
     rho    = r * C                                         (Eq. 8-10, effective token ratio)
     loss   = -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)      (Eq. 11)
 
-``token_clip=False`` drops the token-level min/clip (``loss = -rho * A``). ``importance_weights`` ``w`` (the
-trainer's per-token multipliers: vLLM IS weights, off-policy and entropy masks; constants) give ``w * loss``, R
-unchanged. Unclipped and without weights, the gradient is
-Eq. 34, ``dJ / d logp_{i,t} = C (1/N) (A_{i,t} r_{i,t} + L) mask_{i,t}`` with ``L = (1/N) sum r A``:
-every token carries the coupling ``L`` through ``log R``.
+``token_clip=False`` drops the token clip (``-rho * A``); the trainer's per-token multipliers ``w`` (vLLM IS weights,
+off-policy and entropy masks) give ``w * loss``, R unchanged. Unclipped and unweighted the gradient is Eq. 34,
+``C (1/N) (A r + L) mask`` with ``L = (1/N) sum r A``: every token carries the coupling ``L`` through ``log R``.
 
-Scopes of R. ``log_ratio_sum=None``: R over this micro-batch. Otherwise R's value comes from the
-detached totals ``log_ratio_sum`` / ``token_count`` (over processes, or over every micro-batch of
-the optimizer step) while the local tokens keep their graph; ``coupling_sum`` (the summed
-:func:`echo_batch_ratio_coupling` of every part) supplies the other parts' share of ``L`` so the
-summed gradient equals the gradient of the objective formed over the union, weights included.
-:func:`echo_log_ratio_totals` gives the totals with the same masking as the loss.
-
-The derivations, the Eq. 15 vs Eq. 34 discrepancy, the exactness conditions of the coupling and the
-log-rho cap are in docs/echo.md.
+Scopes of R: this micro-batch (``log_ratio_sum=None``), or wider: R's value from detached totals over processes or
+the optimizer step's micro-batches (`echo_log_ratio_totals`) while the local tokens keep their graph, and
+``coupling_sum`` (the parts' summed `echo_batch_ratio_coupling`) supplies the others' share of ``L``, so the summed
+gradient is that of the objective over the union. Derivations, the Eq. 15 vs Eq. 34 discrepancy, the coupling's
+exactness conditions and the log-rho cap: docs/echo.md.
 """
 
 from __future__ import annotations
@@ -47,10 +40,8 @@ MAX_LOG_RHO = 60.0  # cap on log(rho) before exp: rho <= 1.1e26, finite float32 
 
 
 def masked_log_ratio(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> Tensor:
-    """(B, T) ``log r = logp - old`` on valid tokens, exactly 0 elsewhere (in the compute dtype).
-
-    ``torch.where``, not ``* mask``: log-probs at padding may be non-finite, and ``nan * 0`` is NaN.
-    """
+    """(B, T) ``log r = logp - old`` on valid tokens, exactly 0 elsewhere (`where`, not ``* mask``: padding
+    log-probs may be non-finite, and ``nan * 0`` is NaN)."""
     dtype = compute_dtype(per_token_logps)
     logp = per_token_logps.to(dtype)  # (B, T)
     diff = logp - old_per_token_logps.to(dtype).detach()  # (B, T)
@@ -58,11 +49,8 @@ def masked_log_ratio(per_token_logps: Tensor, old_per_token_logps: Tensor, mask:
 
 
 def echo_log_ratio_totals(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> Tensor:
-    """(2,) detached ``[sum log r, sum mask]`` of one part of the batch, to be summed over parts.
-
-    The totals that :func:`echo_loss` takes as ``log_ratio_sum`` / ``token_count`` for a scope wider than
-    one micro-batch, masked exactly as the loss masks them (finite with non-finite padding log-probs).
-    """
+    """(2,) detached ``[sum log r, sum mask]`` of one part, masked as the loss masks them: summed over the parts,
+    `echo_loss`'s ``log_ratio_sum`` / ``token_count``."""
     log_r = masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask)  # (B, T)
     return torch.stack([log_r.sum(), mask.bool().sum().to(log_r.dtype)])
 
@@ -124,7 +112,7 @@ class _Prepared:
         token_count: Tensor | float | None,
         importance_weights: Tensor | None,
     ) -> None:
-        check_token_inputs(per_token_logps, old_per_token_logps, advantages, mask)
+        check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
         if (log_ratio_sum is None) != (token_count is None):
             raise ValueError("log_ratio_sum and token_count must be given together (wider scope) or both None")
         dtype = compute_dtype(per_token_logps)
@@ -155,8 +143,9 @@ def validate_echo(
     batch_epsilon_high: float,
     names: Mapping[str, str] | None = None,
 ) -> None:
-    """Raise unless every clip width is > 0 (`ECHOConfig` checks its fields with it; `names`: what the caller calls
-    each argument, see `common.named`). ``batch_epsilon_low >= 1`` is allowed here: no lower batch bound."""
+    """Raise unless every clip width is > 0 (`ECHOConfig` checks its fields with it, once; `names`: what the caller
+    calls each argument, see `common.named`). ``batch_epsilon_low >= 1`` is allowed here: no lower batch
+    bound."""
     check_positive(
         **named(
             names,
@@ -171,13 +160,7 @@ def validate_echo(
 def _surrogate_kwargs(
     epsilon_low: float, epsilon_high: float, batch_epsilon_low: float, batch_epsilon_high: float, token_clip: bool
 ) -> dict:
-    """Validated keyword arguments of `_surrogate` (shared by the loss and the coupling)."""
-    validate_echo(
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        batch_epsilon_low=batch_epsilon_low,
-        batch_epsilon_high=batch_epsilon_high,
-    )
+    """Keyword arguments of `_surrogate` (shared by the loss and the coupling; `validate_echo` states their rules)."""
     return dict(
         epsilon_low=epsilon_low,
         epsilon_high=epsilon_high,
@@ -210,12 +193,8 @@ def echo_batch_ratio_coupling(
     token_count: Tensor | float | None = None,
     importance_weights: Tensor | None = None,
 ) -> Tensor:
-    """This process's coupling ``sum_{i,t} mask * w_{i,t} * d loss_{i,t} / d log R`` (0-dim, detached).
-
-    For an exact scope wider than one micro-batch: sum this over the parts that form R (processes,
-    micro-batches of the optimizer step) and pass the total to :func:`echo_loss` as ``coupling_sum``,
-    with the same arguments (``w``: ``importance_weights``, 1 when None). Zero when R is clipped.
-    """
+    """This part's coupling ``sum_{i,t} mask * w * d loss_{i,t} / d log R`` (0-dim, detached; 0 when R is clipped):
+    summed over the parts that form R, it is `echo_loss`'s ``coupling_sum`` (same arguments)."""
     kwargs = _surrogate_kwargs(epsilon_low, epsilon_high, batch_epsilon_low, batch_epsilon_high, token_clip)
     prep = _Prepared(
         per_token_logps, old_per_token_logps, advantages, mask, log_ratio_sum, token_count, importance_weights
@@ -239,30 +218,24 @@ def echo_loss(
     coupling_sum: Tensor | float | None = None,
     importance_weights: Tensor | None = None,
 ) -> ObjectiveOutput:
-    """ECHO per-token loss (Eq. 6-11); equations in the module docstring, derivations in docs/echo.md.
+    """ECHO per-token loss (Eq. 6-11; the module docstring, docs/echo.md). `validate_echo` states the rules of the
+    clip widths (`ECHOConfig` runs it once).
 
     Args:
-        per_token_logps: (B, T) log pi_theta of the sampled tokens (with gradient).
-        old_per_token_logps: (B, T) log pi_old (behaviour policy), treated as constant.
-        advantages: (B,) or (B, T) advantages A.
-        mask: (B, T) 0/1 completion mask.
-        epsilon_low, epsilon_high: token clip, ``clip(rho, 1 - eps_low, 1 + eps_high)``.
-        batch_epsilon_low, batch_epsilon_high: batch clip of R, Eq. 7.
+        per_token_logps, old_per_token_logps, mask: (B, T) current and behaviour log-probs (the latter constant),
+            0/1 completion mask.
+        advantages: (B,) or (B, T).
+        epsilon_low, epsilon_high, batch_epsilon_low, batch_epsilon_high: the token clip (Eq. 11) and R's (Eq. 7).
         token_clip: False gives ``loss = -rho * A`` (batch clip only).
-        log_ratio_sum, token_count: detached totals of ``sum(log_r)`` and ``sum(mask)`` over the set
-            that forms R (:func:`echo_log_ratio_totals` summed over its parts: processes, or the
-            micro-batches of an optimizer step); None: R over this micro-batch.
-        coupling_sum: :func:`echo_batch_ratio_coupling` summed over the same parts; makes the parts'
-            summed gradient the gradient over the union (requires log_ratio_sum/token_count).
-        importance_weights: (B, T) or (B, 1) per-token loss weights, constants (detached): the trainer's
-            multipliers of the policy loss (vLLM importance-sampling weights, off-policy and entropy masks). The
-            loss is ``w * loss`` and the coupling counts them (pass the same weights to
-            :func:`echo_batch_ratio_coupling`); R stays Eq. 6 over every token of ``mask``. None: 1.
+        log_ratio_sum, token_count: detached totals over the set that forms R (`echo_log_ratio_totals` summed over
+            its parts); None: R over this micro-batch.
+        coupling_sum: `echo_batch_ratio_coupling` summed over the same parts (needs the totals).
+        importance_weights: (B, T) or (B, 1) constant loss multipliers ``w``; None: 1. Pass the same to
+            `echo_batch_ratio_coupling`; R stays Eq. 6 over every token of ``mask``.
 
     Returns:
-        ObjectiveOutput with per_token_loss (B, T) (0 where mask is 0) and metrics
-        "echo/batch_ratio" (R), "echo/batch_clipped" (0/1), "clip_ratio/low|high|region"
-        (token clip relative to rho; 0 when token_clip=False). NaN where undefined.
+        ObjectiveOutput: per_token_loss (B, T) (0 where mask is 0); metrics "echo/batch_ratio" (R),
+        "echo/batch_clipped" (0/1), "clip_ratio/low|high|region" (token clip of rho; 0 without it). NaN if undefined.
     """
     kwargs = _surrogate_kwargs(epsilon_low, epsilon_high, batch_epsilon_low, batch_epsilon_high, token_clip)
     prep = _Prepared(

@@ -1,26 +1,21 @@
 """Advantage estimators: which advantages the policy objective receives, chosen by a config's `advantage_estimator`.
 
-The four papers change two orthogonal things: OTB (arXiv:2602.07078) changes the *advantages*, ECHO, CTPO, DFPO and
-GRPO-fix change the *policy objective*. A trainer picks its objective; its config picks the estimator, from
-:data:`ESTIMATORS`, so every objective runs with every estimator whose advantages it can take (as verl picks
-`algorithm.adv_estimator` and `actor.policy_loss.loss_mode` independently).
+OTB (arXiv:2602.07078) changes the *advantages*; ECHO, CTPO, DFPO and GRPO-fix change the *policy objective*. A
+trainer picks its objective, its config the estimator from :data:`ESTIMATORS` (as verl picks `adv_estimator` and
+`loss_mode` independently). An estimator is a pure function ``estimate(inputs: EstimatorInputs, **knobs) ->
+EstimatorOutput`` plus what it needs from the trainer, declared once (the trainer provides exactly that):
 
-An estimator is one pure function ``estimate(inputs: EstimatorInputs, **knobs) -> EstimatorOutput`` plus what it needs
-from the trainer, declared once here (the trainer provides exactly that, and nothing else):
+- ``needs_raw_rewards``: the weighted, un-normalised rewards (``inputs.rewards``);
+- ``needs_whole_groups``: micro-batches of whole groups, consecutive runs of ``inputs.group_size`` rows (the
+  trainer's ``num_generations``): group reductions are ``view(K, G)`` and read nothing from the device;
+- ``needs_energy``: the rollout policy's logit-gradient energy (``inputs.energy``, from the trainer's fused LM head,
+  ``trl_groupopt/trainers/energy.py``); no other estimator pays for it;
+- ``knobs``: the config fields it reads (keywords; ``validate`` checks them at config time);
+- ``per_token``: (B, T) advantages (objectives on sequence advantages, as DFPO's transforms, refuse them);
+- ``trl_advantages``: TRL's own advantages, so TRL's surrogate-replacing loss types (cispo, sapo, vespo) may run.
 
-- ``needs_raw_rewards``: the batch carries the weighted, un-normalised rewards (``inputs.rewards``);
-- ``needs_whole_groups``: every micro-batch holds whole groups, with ``inputs.group_ids``;
-- ``needs_energy``: the logit-gradient energy of the rollout policy (``inputs.energy``), which the trainer then reads
-  from its fused LM head (``trl_groupopt/trainers/energy.py``); no other estimator pays for it;
-- ``knobs``: the config fields it reads (passed as keywords; ``validate`` checks them at config time);
-- ``per_token``: its advantages are (B, T), not one per sequence (objectives defined on sequence advantages, such as
-  DFPO's in-group transforms, refuse it);
-- ``trl_advantages``: it returns TRL's own advantages, so TRL's surrogate-replacing loss types (cispo, sapo, vespo),
-  which compute their loss from those, may run.
-
-Shipped: ``"grpo"`` (TRL's group-normalised advantages, as `GRPOTrainer` computes them; the default) and ``"otb"``
-(the optimal token baseline, `trl_groupopt.objectives.otb`). A third, e.g. RLOO's leave-one-out mean, is one
-:func:`register_estimator` call.
+Shipped: ``"grpo"`` (TRL's group-normalised advantages; the default) and ``"otb"``. A third, e.g. RLOO's
+leave-one-out mean, is one :func:`register_estimator` call.
 """
 
 from __future__ import annotations
@@ -33,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .common import group_mean
-from .otb import otb_advantages, validate_otb
+from .common import Groups, as_groups, check_choice
+from .otb import TOKEN_POSITIONS, otb_advantages
 
 __all__ = [
     "ESTIMATORS",
@@ -58,9 +53,18 @@ class EstimatorInputs:
     trl_advantages: Tensor | None = None  # (B,) TRL's group-normalised advantages (`scale_rewards` applied)
     rewards: Tensor | None = None  # (B,) raw weighted rewards, NaN where unscorable (`needs_raw_rewards`)
     group_ids: Tensor | None = None  # (B,) integer group of each row (`needs_whole_groups`)
+    group_size: int | None = None  # G: the rows form consecutive groups of G (`needs_whole_groups`); None: group_ids
     energy: Tensor | None = None  # (B, T) energy of the policy that sampled the batch (`needs_energy`)
     importance_weights: Tensor | None = None  # (B, T) vLLM rollout importance weights, when the batch has them
     tool_use: bool = False  # the batch has a tool mask (multi-turn tool use)
+
+    def groups(self) -> Groups:
+        """The group layout: consecutive groups of `group_size` (no host sync), else from `group_ids` (one sync)."""
+        if self.group_size is not None:
+            return Groups.contiguous(self.mask.shape[0], self.group_size, self.mask.device)
+        if self.group_ids is None:
+            raise ValueError("this estimator needs whole groups: give EstimatorInputs a group_size or group_ids")
+        return as_groups(self.group_ids, self.mask.shape[0])
 
 
 @dataclass(frozen=True)
@@ -131,19 +135,17 @@ def _trl_advantages(inputs: EstimatorInputs) -> EstimatorOutput:
 
 # ------------------------------------------------------------------------------------------------ otb
 def otb_metrics(
-    rewards: Tensor, energy: Tensor, advantages: Tensor, mask: Tensor, group_ids: Tensor
+    rewards: Tensor, energy: Tensor, advantages: Tensor, mask: Tensor, groups: Groups | Tensor
 ) -> tuple[dict[str, Tensor], Tensor]:
-    """OTB's per-token metrics and the mask to average them over (scored, valid tokens).
-
-    `otb/grad_second_moment` is the variance proxy E[A^2 ||grad log p||^2] (token gradient's second moment, with the
-    energy as ||grad log p||^2) and `otb/grad_second_moment_group_mean_baseline` the same with the group-mean
-    baseline's advantages G_i - mean_group(G) on the same tokens: the mechanism shows as the first below the second.
-    Values are zero where the mask is 0, so padding's non-finite values never reach a sum.
-    """
+    """OTB's per-token metrics and the mask to average them over (scored, valid tokens; values there only, so padding's
+    non-finite values never reach a sum). `otb/grad_second_moment` is E[A^2 ||grad log p||^2] (energy as the squared
+    norm), `otb/grad_second_moment_group_mean_baseline` the same with the group-mean baseline's advantages: the
+    mechanism shows as the first below the second."""
     valid = (mask != 0) & (~torch.isnan(rewards)).unsqueeze(1)  # (B, T)
     returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
     baseline = returns - advantages  # (B, T) b_t where valid
-    group_adv = (returns.squeeze(1) - group_mean(returns.squeeze(1), group_ids)).unsqueeze(1)  # (B, 1)
+    groups = as_groups(groups, rewards.shape[0])
+    group_adv = returns - groups.rows(returns, "mean")  # (B, 1)
     per_token = {
         "otb/energy_mean": energy,
         "otb/baseline_mean": baseline,
@@ -156,7 +158,7 @@ def otb_metrics(
 
 
 def _validate_otb_knobs(*, otb_token_positions: str, otb_handle_zero_tail: bool | None) -> None:
-    validate_otb(token_positions=otb_token_positions, names={"token_positions": "otb_token_positions"})
+    check_choice("otb_token_positions", otb_token_positions, TOKEN_POSITIONS)
     if otb_handle_zero_tail not in (None, True, False):
         raise ValueError(
             "otb_handle_zero_tail must be True, False or None (None: on for tool-use batches only), "
@@ -173,16 +175,17 @@ def otb_zero_tail(otb_handle_zero_tail: bool | None, tool_use: bool) -> bool:
 def _otb(inputs: EstimatorInputs, *, otb_token_positions: str, otb_handle_zero_tail: bool | None) -> EstimatorOutput:
     """OTB's advantages `G_i - b_t` and metrics."""
     zero_tail = otb_zero_tail(otb_handle_zero_tail, inputs.tool_use)
+    groups = inputs.groups()
     advantages = otb_advantages(
         inputs.rewards,
         inputs.energy,
         inputs.mask,
-        inputs.group_ids,
+        groups,
         handle_zero_tail=zero_tail,
         token_positions=otb_token_positions,
         importance_weights=inputs.importance_weights,
     )  # (B, T)
-    metrics, valid = otb_metrics(inputs.rewards, inputs.energy, advantages, inputs.mask, inputs.group_ids)
+    metrics, valid = otb_metrics(inputs.rewards, inputs.energy, advantages, inputs.mask, groups)
     return EstimatorOutput(advantages, metrics, valid)
 
 

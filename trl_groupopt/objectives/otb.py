@@ -1,53 +1,27 @@
-"""OTB: the Optimal Token Baseline (Li et al., "The Optimal Token Baseline: Variance Reduction for Long-Horizon
-LLM-RL", arXiv:2602.07078). The equations needed to check this code and every deviation from the paper and from verl's
-reference estimators are in `docs/otb.md`; this module is the pure-torch core.
+"""OTB: the Optimal Token Baseline (Li et al., arXiv:2602.07078), the pure-torch core. The equations needed to check
+this code and every deviation from the paper and from verl's reference estimators are in `docs/otb.md`::
 
-* Logit-gradient energy (Proposition 4.2), with ``z = logits / temperature`` and ``p = softmax(z)``::
+    e_t  = ||onehot(y_t) - p_t||^2 = 1 - 2 p_t(y_t) + sum_v p_t(v)^2    energy (Prop. 4.2), p = softmax(logits / T)
+    W_t  = sum_{j <= t} mask_j w_j^2 e_j                               realized energy (Def. 3.1), w: rollout IS
+    b_t  = sum_i mask_it W_it G_i / (sum_i mask_it W_it + 1e-8)        baseline (Thm. 4.1), active members at t
+    A_it = (G_i - b_t) * mask_it                                       no std normalisation
 
-      e_t = ||onehot(y_t) - p_t||^2 = 1 - 2 p_t(y_t) + sum_v p_t(v)^2
-
-* Realized energy (Definition 3.1), cumulative and including ``t``, with optional rollout IS weights ``w``::
-
-      W_t = sum_{j <= t} mask_j w_j^2 e_j
-
-* Optimal token baseline (Theorem 4.1) over the group's members active at ``t``, and the advantage::
-
-      b_t  = sum_i mask_it W_it G_i / (sum_i mask_it W_it + 1e-8)
-      A_it = (G_i - b_t) * mask_it          (no std normalisation)
-
-``token_positions`` says what ``t`` indexes when a mask has holes (tool results under TRL's ``tool_mask``):
-``"valid"`` compacts each row's valid tokens first, so ``t`` is the t-th *generated* token of every member (verl's
-tool-use estimator); ``"absolute"`` uses the column index (verl's single-turn estimator). Without holes they agree.
-``handle_zero_tail`` zeroes the baseline of a group's unique longest member past the second-longest valid-token
-count, where it would otherwise be compared with itself. Members without a score (NaN reward) or without a valid
-token leave their group; a group of one member has baseline 0.
-
-Two rules keep a group without a learning signal from training (docs/otb.md, against verl): where the summed energy
-``sum_i mask_it W_it`` of a position is ~0 (near-deterministic prefixes), ``b_t`` is the plain mean of the active
-members' returns (the equal-weights limit) instead of collapsing to 0 through the 1e-8; and a group whose members all
-have the same return gets advantage exactly 0 (its optimal baseline is that return, whatever the weights).
+``token_positions``: what ``t`` indexes when a mask has holes (tool results): ``"valid"``, the t-th *generated* token
+of every member (verl's tool-use estimator), or ``"absolute"``, the column (its single-turn one). ``handle_zero_tail``
+zeroes the baseline of a group's unique longest member past the second-longest, where it would be compared with
+itself. Members without a score (NaN reward) or a valid token leave their group; a group of one has baseline 0. Where
+a position's summed energy is ~0, ``b_t`` is the plain mean of the active returns (not 0 through the 1e-8), and a
+group whose returns are all equal gets advantage exactly 0 (both against verl, docs/otb.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 from torch import Tensor
 
-from .common import (
-    check_choice,
-    check_positive,
-    compute_dtype,
-    group_index,
-    group_max,
-    group_min,
-    group_sum,
-    named,
-    names_of,
-)
+from .common import Groups, as_groups, compute_dtype
 
-__all__ = ["TOKEN_POSITIONS", "energy_from_log_probs", "logit_gradient_energy", "otb_advantages", "validate_otb"]
+__all__ = ["TOKEN_POSITIONS", "energy_from_log_probs", "logit_gradient_energy", "otb_advantages"]
 
 # Rows of logits upcast to float32 at a time: 256 x 152k vocabulary is ~155 MB per temporary.
 DEFAULT_ENERGY_CHUNK_SIZE = 256
@@ -62,11 +36,7 @@ MIN_SUMMED_ENERGY = 1e-6
 
 
 def _energy(log_p_y: Tensor, log_sum_sq: Tensor) -> Tensor:
-    """e = 1 - 2 p_y + sum_v p_v^2 from log p_y and log sum_v p_v^2 (same shape, same float dtype).
-
-    Mathematically ``||onehot(y) - p||^2 >= 0``; the subtraction can round a hair below 0 when
-    ``p_y ~ 1``, so clamp to keep the cumulative energy monotone.
-    """
+    """e = 1 - 2 p_y + sum_v p_v^2 from log p_y and log sum_v p_v^2; clamped at 0 (``p_y ~ 1`` can round below)."""
     return (1.0 - 2.0 * log_p_y.exp() + log_sum_sq.exp()).clamp_min(0.0)
 
 
@@ -77,32 +47,18 @@ def logit_gradient_energy(
     *,
     chunk_size: int = DEFAULT_ENERGY_CHUNK_SIZE,
 ) -> Tensor:
-    """Logit-gradient energy ``e = ||d log softmax(z)_y / dz||^2 = 1 - 2 p_y + sum_v p_v^2``.
-
-    Args:
-        logits: (..., V) raw logits of the rollout policy (any float dtype).
-        token_ids: (...) sampled token ids, in ``[0, V)``.
-        temperature: sampling temperature; ``z = logits / temperature``.
-        chunk_size: rows of ``logits`` upcast at a time, so at most a (chunk_size, V) float32 (float64
-            for float64 input) copy exists, never one of the full (N, V) logits.
-
-    Returns:
-        (...) energies, float32 (float64 for float64 logits), without gradient.
+    """Logit-gradient energy ``e = ||d log softmax(z)_y / dz||^2 = 1 - 2 p_y + sum_v p_v^2`` from (..., V) logits of
+    the rollout policy and (...) sampled ids, ``z = logits / temperature``; (...) energies, float32 (float64 for
+    float64 logits), without gradient. At most a (chunk_size, V) upcast copy of the logits exists at a time. The
+    trainer reads the energy from TRL's fused head instead (`energy_from_log_probs`); this is the tests' reference.
     """
-    if logits.dim() < 1:
-        raise ValueError("logits must have a vocabulary dimension (..., V)")
-    if not logits.is_floating_point():
-        raise ValueError(f"logits must be floating point, got {logits.dtype}")
-    if token_ids.shape != logits.shape[:-1]:
+    if not logits.is_floating_point() or token_ids.shape != logits.shape[:-1] or token_ids.is_floating_point():
         raise ValueError(
-            f"token_ids {tuple(token_ids.shape)} must match logits {tuple(logits.shape)} without the last dim"
+            f"logits must be float (..., V) and token_ids integer (...): got {logits.dtype} {tuple(logits.shape)}, "
+            f"{token_ids.dtype} {tuple(token_ids.shape)}"
         )
-    if token_ids.is_floating_point() or token_ids.dtype == torch.bool:
-        raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if not temperature > 0 or chunk_size < 1:
+        raise ValueError(f"temperature must be > 0 and chunk_size >= 1, got {temperature}, {chunk_size}")
     vocab = logits.shape[-1]
     if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab):
         raise ValueError(f"token_ids must lie in [0, {vocab}) (mask ignored positions with a valid id)")
@@ -124,16 +80,8 @@ def logit_gradient_energy(
 
 
 def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> Tensor:
-    """The same energy from what TRL's fused LM head returns: ``1 - 2 exp(logp) + exp(lss)``.
-
-    Args:
-        per_token_logps: (B, T) log p(y_t) under the temperature-scaled policy (TRL ``log_probs``).
-        log_sum_sq_probs: (B, T) log sum_v p_v^2 of the same distribution (TRL ``log_sum_sq_probs``).
-
-    Returns:
-        (B, T) energies, float32 (float64 for float64 input), detached. TRL fills positions whose label
-        is -100 with 0 in both fields, which gives energy 0 there.
-    """
+    """The same energy, (B, T) and detached, from TRL's fused LM head: its ``log_probs`` and ``log_sum_sq_probs`` (both 0
+    where the label is -100, which gives energy 0 there)."""
     if per_token_logps.shape != log_sum_sq_probs.shape:
         raise ValueError(
             f"per_token_logps {tuple(per_token_logps.shape)} and log_sum_sq_probs "
@@ -143,20 +91,9 @@ def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> 
     return _energy(per_token_logps.detach().to(dtype), log_sum_sq_probs.detach().to(dtype))  # (B, T)
 
 
-def validate_otb(*, token_positions: str, epsilon: float = 1e-8, names: Mapping[str, str] | None = None) -> None:
-    """Raise unless `otb_advantages` can take these settings (`OTBConfig` checks its field with it; `names`: what the
-    caller calls each argument, see `common.named`)."""
-    (positions_name,) = names_of(names, "token_positions")
-    check_choice(positions_name, token_positions, TOKEN_POSITIONS)
-    check_positive(**named(names, epsilon=epsilon))
-
-
 def _valid_first_order(active: Tensor) -> Tensor:
-    """(B, T) per-row permutation that puts each row's valid positions first, in their order (a stable sort).
-
-    Gathering with it compacts the valid tokens to the left (position k = the k-th valid token); scattering with it
-    puts compacted values back in place.
-    """
+    """(B, T) per-row stable permutation putting each row's valid positions first: gathering with it compacts the
+    valid tokens to the left (column k = the k-th valid token), scattering with it puts them back."""
     return torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T)
 
 
@@ -164,36 +101,35 @@ def otb_advantages(
     rewards: Tensor,
     energy: Tensor,
     mask: Tensor,
-    group_ids: Tensor,
+    groups: Groups | Tensor,
     *,
     handle_zero_tail: bool = False,
     token_positions: str = "valid",
     importance_weights: Tensor | None = None,
     epsilon: float = 1e-8,
+    check_values: bool = False,
 ) -> Tensor:
-    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (module docstring and `docs/otb.md` for the equations).
+    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`).
 
     Args:
-        rewards: (B,) raw outcome rewards G_i (the weighted sum over reward sources, before any centring); NaN marks
-            an unscorable completion.
-        energy: (B, T) per-token energy e_t >= 0 (``energy_from_log_probs`` / ``logit_gradient_energy``).
-        mask: (B, T) loss mask (bool / int / float; nonzero = a generated token that is trained on; zero at padding
-            and at tool-result tokens).
-        group_ids: (B,) integer group of each row (equal values = one prompt group).
-        handle_zero_tail: zero the baseline of a group's unique longest member past the second-longest valid-token
-            count (verl's ``handle_zero_tail``; verl defaults it to False single-turn, True for tool use).
-        token_positions: ``"valid"``: the baseline at position k compares the k-th valid token of every member
-            (verl's tool-use estimator); ``"absolute"``: the column index (verl's single-turn estimator). Identical
-            when no mask has holes.
+        rewards: (B,) raw outcome rewards G_i (weighted sum over reward sources, uncentred); NaN: unscorable.
+        energy: (B, T) per-token energy e_t >= 0 (`energy_from_log_probs`).
+        mask: (B, T) loss mask: nonzero at generated tokens trained on, zero at padding and tool results.
+        groups: the trainer's `common.Groups.contiguous(B, num_generations)` (reads nothing from the device), or (B,)
+            integer group ids in any order.
+        handle_zero_tail, token_positions: the module docstring (verl defaults the first to True for tool use only).
         importance_weights: optional (B, T) rollout importance weights w; energies become w^2 e.
         epsilon: added to the denominator of b_t (1e-8 as in the reference).
+        check_values: also raise on +-inf rewards and on non-finite or negative energies at valid positions. Off by
+            default: reading values stalls a GPU; the trainer checks the rewards once per generation batch
+            (`checks.check_finite_rewards`), and its energies are non-negative by construction.
 
     Returns:
         (B, T) advantages, detached, float32 (float64 if any input is float64); 0 at masked positions and on rows
-        with a NaN reward.
+        with a NaN reward. `token_positions` is checked once, by the estimator's config validation.
     """
-    _check_inputs(rewards, energy, mask, group_ids, importance_weights)
-    validate_otb(token_positions=token_positions, epsilon=epsilon)
+    _check_inputs(rewards, energy, mask, importance_weights)
+    groups = as_groups(groups, rewards.shape[0])
 
     dtype = compute_dtype(rewards, energy, importance_weights)
     with torch.no_grad():
@@ -205,6 +141,9 @@ def otb_advantages(
         # rows without a valid token the same way)
         member = active.any(-1)  # (B,)
         e = _active_energy(energy, importance_weights, active, dtype)  # (B, T)
+        if check_values:
+            _check_values(rewards, e)
+        e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
 
         order = None
         if token_positions == "valid":
@@ -213,94 +152,85 @@ def otb_advantages(
             order = _valid_first_order(active)  # (B, T)
             e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
 
-        baseline = _token_baseline(e, active, returns, member, group_ids, epsilon)  # (B, T)
+        baseline = _token_baseline(e, active, returns, member, groups, epsilon)  # (B, T)
         if handle_zero_tail:
-            baseline = _zero_tail(baseline, active, member, group_ids)  # (B, T)
-        trains = active & ~_constant_group(returns, member, group_ids).unsqueeze(-1)  # (B, T)
+            baseline = _zero_tail(baseline, active, member, groups)  # (B, T)
+        trains = active & ~_constant_group(returns, member, groups).unsqueeze(-1)  # (B, T)
         advantages = torch.where(trains, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
         if order is not None:  # back to the columns of the input
             advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
     return advantages
 
 
-def _check_inputs(
-    rewards: Tensor, energy: Tensor, mask: Tensor, group_ids: Tensor, importance_weights: Tensor | None
-) -> None:
-    """Shapes and dtypes of `otb_advantages`' tensors."""
-    if rewards.dim() != 1:
-        raise ValueError(f"rewards must be (B,), got shape {tuple(rewards.shape)}")
-    batch = rewards.shape[0]
-    if energy.dim() != 2 or energy.shape[0] != batch:
-        raise ValueError(f"energy must be (B, T) with B={batch}, got shape {tuple(energy.shape)}")
-    if mask.shape != energy.shape:
-        raise ValueError(f"mask {tuple(mask.shape)} and energy {tuple(energy.shape)} differ")
-    if group_ids.shape != (batch,):
-        raise ValueError(f"group_ids must be (B,)=({batch},), got shape {tuple(group_ids.shape)}")
-    if group_ids.is_floating_point():
-        raise ValueError(f"group_ids must be an integer tensor, got {group_ids.dtype}")
-    if importance_weights is not None and importance_weights.shape != energy.shape:
+def _check_inputs(rewards: Tensor, energy: Tensor, mask: Tensor, importance_weights: Tensor | None) -> None:
+    """Shapes of `otb_advantages`' tensors: rewards (B,), energy, mask and importance weights one (B, T) shape."""
+    shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]
+    if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
         raise ValueError(
-            f"importance_weights {tuple(importance_weights.shape)} and energy {tuple(energy.shape)} differ"
+            f"rewards must be (B,) and energy, mask, importance_weights one (B, T) shape, got {tuple(rewards.shape)}, "
+            f"{shapes}"
         )
+
+
+def _check_values(rewards: Tensor, e: Tensor) -> None:
+    """`otb_advantages`' ``check_values``: finite-or-NaN rewards, finite non-negative active energies ``e``."""
     if torch.isinf(rewards).any():
         raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
-
-
-def _active_energy(energy: Tensor, importance_weights: Tensor | None, active: Tensor, dtype: torch.dtype) -> Tensor:
-    """(B, T) ``w^2 e`` on the active tokens, 0 elsewhere; raises on non-finite or negative values there."""
-    e = energy.detach().to(dtype)  # (B, T)
-    if importance_weights is not None:
-        e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
-    # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
-    e = torch.where(active, e, torch.zeros_like(e))  # (B, T)
     if not torch.isfinite(e).all():
         raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
     if (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
         raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
-    return e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
+
+
+def _active_energy(energy: Tensor, importance_weights: Tensor | None, active: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, T) ``w^2 e`` on the active tokens, 0 elsewhere (not yet clamped: `_check_values` sees the raw values)."""
+    e = energy.detach().to(dtype)  # (B, T)
+    if importance_weights is not None:
+        e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
+    # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
+    return torch.where(active, e, torch.zeros_like(e))  # (B, T)
 
 
 def _token_baseline(
-    e: Tensor, active: Tensor, returns: Tensor, member: Tensor, group_ids: Tensor, epsilon: float
+    e: Tensor, active: Tensor, returns: Tensor, member: Tensor, groups: Groups, epsilon: float
 ) -> Tensor:
     """(B, T) ``b_t`` of each row's group (Theorem 4.1) over its members active at ``t``; the plain mean of their
     returns where their summed energy is at most `MIN_SUMMED_ENERGY`; 0 for a group of one."""
     cum_energy = e.cumsum(-1)  # (B, T) W_t, including t (e is 0 off the mask)
     weight = torch.where(active, cum_energy, torch.zeros_like(cum_energy))  # (B, T) mask_t W_t
-    # Per-group, per-position sums over the active members: (K, T), gathered back to rows
-    index, num_groups = group_index(group_ids)  # (B,), K
+    # Per-group, per-position sums over the active members: (K, T), broadcast back to rows
 
     def per_group(values: Tensor) -> Tensor:  # (B, T) -> (K, T) sums over each group's rows
-        return values.new_zeros(num_groups, values.shape[1]).index_add_(0, index, values)
+        return groups.reduce(values, "sum")
 
     numer = per_group(weight * returns.unsqueeze(-1))  # (K, T)
     denom = per_group(weight)  # (K, T)
     weighted = numer / (denom + epsilon)  # (K, T)
     count = per_group(active.to(weight.dtype))  # (K, T) active members
     plain = per_group(torch.where(active, returns.unsqueeze(-1), torch.zeros_like(weight))) / count.clamp_min(1.0)
-    baseline = torch.where(denom > MIN_SUMMED_ENERGY, weighted, plain)[index]  # (B, T)
+    baseline = groups.broadcast(torch.where(denom > MIN_SUMMED_ENERGY, weighted, plain))  # (B, T)
     # A group of one member has nothing to compare with: baseline 0 (verl: N == 1)
-    n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
+    n_members = groups.rows(member.to(torch.int64), "sum")  # (B,)
     return torch.where(n_members.unsqueeze(-1) > 1, baseline, torch.zeros_like(baseline))  # (B, T)
 
 
-def _constant_group(returns: Tensor, member: Tensor, group_ids: Tensor) -> Tensor:
+def _constant_group(returns: Tensor, member: Tensor, groups: Groups) -> Tensor:
     """(B,) whether the row is a member of a group of two or more members that all have the same return."""
-    lowest = group_min(torch.where(member, returns, torch.full_like(returns, torch.inf)), group_ids)  # (B,)
-    highest = group_max(torch.where(member, returns, torch.full_like(returns, -torch.inf)), group_ids)  # (B,)
-    n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
+    lowest = groups.rows(torch.where(member, returns, torch.full_like(returns, torch.inf)), "amin")  # (B,)
+    highest = groups.rows(torch.where(member, returns, torch.full_like(returns, -torch.inf)), "amax")  # (B,)
+    n_members = groups.rows(member.to(torch.int64), "sum")  # (B,)
     return member & (n_members > 1) & (lowest == highest)  # (B,)
 
 
-def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, group_ids: Tensor) -> Tensor:
+def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, groups: Groups) -> Tensor:
     """`baseline` with 0 on a group's unique longest member past the second-longest valid-token count (verl)."""
     # verl: lengths are valid-token counts; non-members get -1 so they never rank
     lengths = torch.where(member, active.sum(-1), torch.full_like(member, -1, dtype=torch.int64))  # (B,)
-    longest = group_max(lengths, group_ids)  # (B,)
+    longest = groups.rows(lengths, "amax")  # (B,)
     is_longest = member & (lengths == longest)  # (B,)
-    n_longest = group_sum(is_longest.to(torch.int64), group_ids)  # (B,)
-    n_members = group_sum(member.to(torch.int64), group_ids)  # (B,)
-    second = group_max(torch.where(is_longest, torch.full_like(lengths, -1), lengths), group_ids)  # (B,)
+    n_longest = groups.rows(is_longest.to(torch.int64), "sum")  # (B,)
+    n_members = groups.rows(member.to(torch.int64), "sum")  # (B,)
+    second = groups.rows(torch.where(is_longest, torch.full_like(lengths, -1), lengths), "amax")  # (B,)
     unique_longest = is_longest & (n_longest == 1) & (n_members > 1)  # (B,)
     positions = torch.arange(baseline.shape[1], device=baseline.device)  # (T,)
     tail = unique_longest.unsqueeze(-1) & (positions >= second.unsqueeze(-1))  # (B, T)

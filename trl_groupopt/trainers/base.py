@@ -45,7 +45,9 @@ from ..checks import prepare_trainer_inputs
 from ..methods import grpo
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss
 from ..objectives.estimators import AdvantageEstimator, EstimatorInputs, estimator_of
+from ..resume import disk_full_explained
 from ..spec import MethodSpec, Paper
+from .args_check import check_numeric_args
 from .batching import GroupBatchingMixin
 from .checkpointing import RunFolderMixin
 from .compat import check_loss_routed_through_compute_loss
@@ -193,6 +195,11 @@ class GroupOptTrainer(
         objective's `requires_whole_groups`, or the estimator's."""
         return cls.requires_whole_groups or estimator_of(args).needs_whole_groups
 
+    @property
+    def group_size(self) -> int:
+        """Rows per group: a whole-group micro-batch is consecutive runs of this many (TRL's sampler order)."""
+        return self.num_generations if self.model.training else self.num_generations_eval
+
     # ------------------------------------------------------------------ validation
     @classmethod
     def validate_args(cls, args: GRPOConfig) -> None:
@@ -202,6 +209,7 @@ class GroupOptTrainer(
                 f"{cls.__name__} reads its settings from a {cls.config_class.__name__}, got a {type(args).__name__}: "
                 f"build the config with {cls.config_class.__name__}(...) (it accepts every GRPOConfig argument)."
             )
+        check_numeric_args(cls.__name__, args)  # num_iterations, beta, max_grad_norm, ... (args_check.py)
         estimator = estimator_of(args)
         trl_loss = args.loss_type in TRL_SURROGATE_LOSS_TYPES
         if trl_loss and not cls.has_own_objective and estimator.trl_advantages:
@@ -250,7 +258,7 @@ class GroupOptTrainer(
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """transformers' `_save` (its `training_args.bin` without the token; weights checked finite, `guard.py`), then
         our card in the saved folder (replacing PEFT's empty template for adapters)."""
-        with tokens_withheld():
+        with tokens_withheld(), disk_full_explained(output_dir or self.args.output_dir):
             super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
             self.create_model_card(output_dir=output_dir if output_dir is not None else self.args.output_dir)
@@ -312,6 +320,7 @@ class GroupOptTrainer(
             mask=mask,
             rewards=inputs["rewards"] if estimator.needs_raw_rewards else None,
             group_ids=inputs.get("group_ids"),
+            group_size=self.group_size,
             energy=energy,
             importance_weights=weights,
             tool_use="tool_mask" in inputs,

@@ -5,6 +5,8 @@
   `"last"` is accepted as `True` (the CLI's spelling).
 - Each checkpoint gets its completion record once every process has written its part.
 - `train()` holds the output folder's lock (main process), so a second run into the same folder refuses.
+- The resume rules of `trl_groupopt.resume` (a fresh run over an earlier one, another method's checkpoint, changed
+  settings, a finished run), a full disk named as such, no "missing keys" warning for a tied weight.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import os
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..run_folder import RunLock, remove_checkpoint_record, resolve_resume, write_checkpoint_record
+from ..resume import disk_full_explained, missing_keys_to_report, prepare_train, run_record
+from ..run_folder import RunLock, remove_checkpoint_record, write_checkpoint_record
 
 __all__ = ["RunFolderMixin"]
 
@@ -24,7 +27,9 @@ class RunFolderMixin:
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """transformers' `train`, resuming only from complete checkpoints, with the output folder locked."""
         with RunLock(self.args.output_dir, enabled=self.args.process_index == 0):
-            checkpoint = resolve_resume(self.args.output_dir, resume_from_checkpoint)
+            checkpoint, finished = prepare_train(self, resume_from_checkpoint)  # the resume rules (resume.py)
+            if finished is not None:
+                return finished
             return super().train(
                 resume_from_checkpoint=checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs
             )
@@ -35,7 +40,16 @@ class RunFolderMixin:
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if self.args.should_save:
             remove_checkpoint_record(folder)  # a re-save cut short must not pass for the earlier save
-        super()._save_checkpoint(model, trial)
+        with disk_full_explained(folder):
+            super()._save_checkpoint(model, trial)
         self.accelerator.wait_for_everyone()
         if self.args.should_save and os.path.isdir(folder):
-            write_checkpoint_record(folder)
+            write_checkpoint_record(folder, run_record(self))
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """transformers' warnings, less a tied weight reported missing (restored by the tie: `resume.py`)."""
+        if hasattr(load_result, "_replace"):
+            load_result = load_result._replace(
+                missing_keys=missing_keys_to_report(self.model, load_result.missing_keys)
+            )
+        super()._issue_warnings_after_load(load_result)

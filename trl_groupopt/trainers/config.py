@@ -1,15 +1,17 @@
 """What every method config shares: `TokenSafeConfigMixin` (token safety, bf16 by device, the no-reward cap, the
-non-finite guard), `AdvantageEstimatorConfigMixin` (which advantages the objective receives, and the estimators'
-knobs), and `objective_arguments`, the one binding of an objective's hyper-parameters to the config fields that set
-them."""
+non-finite guard) and `AdvantageEstimatorConfigMixin` (which advantages the objective receives, and the estimators'
+knobs). A method config binds its fields to its objective's arguments with `objectives.common.config_arguments`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import copyreg
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
+
+from transformers import TrainingArguments
 
 from ..checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
 from ..device import device_supports_bf16
@@ -20,36 +22,52 @@ __all__ = [
     "AdvantageEstimatorConfigMixin",
     "TokenSafeConfigMixin",
     "estimator_knobs",
-    "objective_arguments",
     "tokens_withheld",
 ]
 
 _WITHHOLD_TOKENS: ContextVar[bool] = ContextVar("trl_groupopt_withhold_tokens", default=False)
 
 
+def _without_tokens(state: Any) -> Any:
+    if not (_WITHHOLD_TOKENS.get() and isinstance(state, dict)):
+        return state
+    return {key: (None if key.endswith("_token") else value) for key, value in state.items()}
+
+
+def _reduce_training_arguments(args: TrainingArguments) -> tuple:
+    """`copyreg` reducer of every `TrainingArguments` class: the default reduction, with the state's `*_token` fields
+    set to None under `tokens_withheld()` (unchanged elsewhere, so copies and in-memory pickles keep the token)."""
+    reduced = list(object.__reduce_ex__(args, 2))  # (copyreg.__newobj__, (cls,), state, ...), as pickle would
+    reduced[2] = _without_tokens(reduced[2])
+    return tuple(reduced)
+
+
+def _withhold_for_every_config_class() -> None:
+    """Register the reducer for `TrainingArguments` and every subclass defined so far (TRL's plain `GRPOConfig`, a
+    user's own config): `copyreg`'s table is looked up by exact class, and a plain `GRPOConfig` has no
+    `TokenSafeConfigMixin.__getstate__`, so without it the baseline method wrote its token to disk."""
+    classes, pending = set(), [TrainingArguments]
+    while pending:
+        cls = pending.pop()
+        if cls not in classes:
+            classes.add(cls)
+            pending.extend(cls.__subclasses__())
+    for cls in classes:
+        copyreg.dispatch_table.setdefault(cls, _reduce_training_arguments)
+
+
 @contextmanager
 def tokens_withheld() -> Iterator[None]:
-    """Within it, a method config pickles without its `*_token` fields: what `GroupOptTrainer` writes to disk
-    (`training_args.bin` in checkpoints and the output folder) and uploads. Elsewhere (`copy.deepcopy`, pickling in
-    memory, e.g. to another process) the token is kept."""
+    """Within it, every training config (any `TrainingArguments`, e.g. TRL's plain `GRPOConfig`, not only the method
+    configs) pickles without its `*_token` fields: what `GroupOptTrainer` writes to disk (`training_args.bin` in
+    checkpoints and the output folder) and uploads. Elsewhere (`copy.deepcopy`, pickling in memory, e.g. to another
+    process) the token is kept."""
+    _withhold_for_every_config_class()
     reset = _WITHHOLD_TOKENS.set(True)
     try:
         yield
     finally:
         _WITHHOLD_TOKENS.reset(reset)
-
-
-def objective_arguments(config: Any, fields: Mapping[str, str]) -> dict[str, Any]:
-    """`{objective argument: config value}` for `fields`, which maps each argument to the config field that sets it.
-
-    The config validates its values with the objective's `validate_<method>(**objective_arguments(...),
-    names=fields)` (so errors name the config's fields) and the trainer calls the objective with the same binding.
-    An unset `epsilon_high` reads as `epsilon`, as `GRPOTrainer` reads it.
-    """
-    values = {argument: getattr(config, name) for argument, name in fields.items()}
-    if fields.get("epsilon_high") == "epsilon_high" and values["epsilon_high"] is None:
-        values["epsilon_high"] = config.epsilon  # mirrors GRPOTrainer.__init__ (trl 1.16.0): `self.epsilon_high`
-    return values
 
 
 @dataclass(repr=False)
@@ -58,9 +76,9 @@ class TokenSafeConfigMixin:
 
     transformers pickles the whole config into every checkpoint and `output_dir` as `training_args.bin`, which
     `push_to_hub` uploads, and `@dataclass` regenerates a field-by-field `__repr__` that shows `hub_token`. Pickled
-    under `tokens_withheld()` (the trainer's saves and uploads) the state drops every `*_token` field, and `repr()` is
-    the redacting `str()` of `TrainingArguments`; the live object, its deep copies and in-memory pickles keep the token
-    for pushing.
+    under `tokens_withheld()` (the trainer's saves and uploads; it covers every `TrainingArguments` class) the state
+    drops every `*_token` field, and `repr()` is the redacting `str()` of `TrainingArguments`; the live object, its
+    deep copies and in-memory pickles keep the token for pushing.
 
     It also picks `bf16` for the device when the user leaves it unset (see `__post_init__`) and adds
     `max_all_none_reward_batches` and `nonfinite_guard` (both read with a default, so plain `GRPOConfig`s work too).
@@ -98,11 +116,6 @@ class TokenSafeConfigMixin:
 
     def __repr__(self) -> str:
         return str(self)
-
-    def __getstate__(self) -> dict[str, Any]:
-        if not _WITHHOLD_TOKENS.get():
-            return dict(self.__dict__)
-        return {key: (None if key.endswith("_token") else value) for key, value in self.__dict__.items()}
 
 
 def estimator_knobs(config: Any, estimator: AdvantageEstimator) -> dict[str, Any]:

@@ -1,9 +1,5 @@
-"""CTPO: cumulative token importance ratio with position-adaptive log-space clipping.
-
-The paper and registry entry: `trl_groupopt/methods/ctpo.py`. The loss is the authors' `cum-token-cumprod-la` /
-`cum-token-geomean-la` (github.com/horizon-llm/CTPO); equations in `trl_groupopt.objectives.ctpo`, derivations in
-docs/ctpo.md.
-"""
+"""CTPO (cumulative token ratio, position-adaptive log-space clip): config and trainer. Paper and registry entry:
+`trl_groupopt/methods/ctpo.py`; equations: `trl_groupopt.objectives.ctpo`; derivations: docs/ctpo.md."""
 
 from __future__ import annotations
 
@@ -17,57 +13,29 @@ from ..methods import ctpo
 from ..objectives.common import ObjectiveOutput
 from ..objectives.ctpo import DEFAULT_POSITION_POWER, ctpo_loss, validate_ctpo
 from .base import GroupOptTrainer
-from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
+from .binding import config_arguments, validate_config
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 from .schedule import OffPolicyScheduleMixin
 
-#: `ctpo_loss`'s hyper-parameters -> the CTPOConfig fields that set them (the names its errors use).
-CTPO_ARGUMENTS = {
-    "epsilon_low": "epsilon",
-    "epsilon_high": "epsilon_high",
-    "epsilon_c": "ctpo_dual_clip",
-    "position_power": "ctpo_position_power",
-    "ratio_mode": "ctpo_ratio_mode",
-}
+#: CTPOConfig's fields for `ctpo_loss`'s arguments: `ctpo_<argument>`, and TRL's `epsilon` / `epsilon_high`.
+PREFIX = "ctpo_"
 
 
 @dataclass(repr=False)
 class CTPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     r"""
-    Configuration class for [`CTPOTrainer`].
-
-    Inherits every parameter of [`trl.GRPOConfig`]. The defaults below are the authors' (`ctpo.sh` in
-    github.com/horizon-llm/CTPO): `epsilon` and `epsilon_high` are *log-space* bounds per unit of `t**p`, i.e. the
-    cumulative log ratio at valid position `t` is clipped to `[-epsilon * t**p, epsilon_high * t**p]`.
+    Configuration class for [`CTPOTrainer`]: every parameter of [`trl.GRPOConfig`], CTPO's own fields (each with its
+    `help`), and the authors' defaults (`ctpo.sh` in github.com/horizon-llm/CTPO): `epsilon` / `epsilon_high` are
+    *log-space* bounds per unit of `t**p` (the cumulative log ratio at valid position `t` is clipped to
+    `[-epsilon * t**p, epsilon_high * t**p]`), `ctpo_dual_clip` caps the loss of a token with `A < 0` at
+    `-A * exp(ctpo_dual_clip * t**p)`, `ctpo_position_power` defaults to the mode's recommendation (`0.5` for
+    `"cumprod"`, `-0.5` for `"geomean"`), the vLLM correction is sequence-level truncated IS capped at 5, `loss_type`
+    is token-mean, `beta` is 0.
 
     Schedule. CTPO's clips only act off-policy (on-policy it is token-level GRPO). When none of
     `steps_per_generation`, `generation_batch_size` and `num_iterations` is set, CTPOConfig uses the authors' 16
     optimizer steps per rollout (512 prompts per rollout, mini-batches of 32; `OffPolicyScheduleMixin`). Set any of
     the three to choose another schedule; an on-policy one makes the trainer warn.
-
-    Parameters:
-        epsilon (`float`, *optional*, defaults to `0.025`):
-            Lower log-space clip bound per unit of `t**p`.
-        epsilon_high (`float`, *optional*, defaults to `0.05`):
-            Upper log-space clip bound per unit of `t**p`.
-        ctpo_dual_clip (`float`, *optional*, defaults to `0.05`):
-            Dual-clip bound for negative advantages: the loss of a token with `A < 0` is capped at
-            `-A * exp(ctpo_dual_clip * t**p)`.
-        ctpo_ratio_mode (`str`, *optional*, defaults to `"cumprod"`):
-            `"cumprod"`: the prefix ratio `prod_{j<=t} r_j` (the authors' `cum-token-cumprod-la`); `"geomean"`: its
-            geometric mean `exp(L_t / t)` (`cum-token-geomean-la`).
-        ctpo_position_power (`float`, *optional*):
-            `p` in the position scaling `t**p`. Defaults to the authors' recommendation for the mode: `0.5` (sqrt(t))
-            for `"cumprod"`, `-0.5` for `"geomean"`. Must be >= 0 for `"cumprod"` (0: constant window).
-        vllm_importance_sampling_mode (`str`, *optional*, defaults to `"sequence_truncate"`):
-            TRL's vLLM correction, with the authors' rollout correction as default: sequence-level truncated IS.
-        vllm_importance_sampling_clip_max (`float`, *optional*, defaults to `5.0`):
-            The authors' truncation cap (TRL's default is 3.0).
-        num_iterations (`int`, *optional*):
-            TRL's `num_iterations`; unset means 1 (and, with `steps_per_generation` unset, the schedule above).
-        loss_type (`str`, *optional*, defaults to `"dapo"`):
-            Token-mean aggregation, as the authors.
-        beta (`float`, *optional*, defaults to `0.0`):
-            No KL term, as the authors.
     """
 
     #: The authors' schedule (ctpo.sh): a 512-prompt rollout trained in mini-batches of 32 prompts.
@@ -100,7 +68,7 @@ class CTPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
             self.epsilon_high = self.epsilon
         if self.ctpo_position_power is None and self.ctpo_ratio_mode in DEFAULT_POSITION_POWER:
             self.ctpo_position_power = DEFAULT_POSITION_POWER[self.ctpo_ratio_mode]
-        validate_ctpo(**objective_arguments(self, CTPO_ARGUMENTS), names=CTPO_ARGUMENTS)
+        validate_config(validate_ctpo, self, PREFIX)
         if self.importance_sampling_level != "token":
             raise ValueError(
                 "CTPO builds its own cumulative (prefix) ratio from token log-ratios: set importance_sampling_level="
@@ -124,6 +92,5 @@ class CTPOTrainer(GroupOptTrainer):
         mask: Tensor,
         inputs: dict[str, Any],
     ) -> ObjectiveOutput:
-        return ctpo_loss(
-            per_token_logps, old_per_token_logps, advantages, mask, **objective_arguments(self.args, CTPO_ARGUMENTS)
-        )
+        arguments = config_arguments(ctpo_loss, self.args, PREFIX)
+        return ctpo_loss(per_token_logps, old_per_token_logps, advantages, mask, **arguments)

@@ -1,7 +1,5 @@
-"""DFPO: in-group re-weighting on GSPO that restores token-gradient cancellation, and GRPO-fix.
-
-The paper and registry entries (DFPO and its GRPO-fix mode): `trl_groupopt/methods/dfpo.py`. The equations are in
-`trl_groupopt/objectives/dfpo.py` and docs/dfpo.md.
+"""DFPO (in-group re-weighting on GSPO that restores token-gradient cancellation) and GRPO-fix: config and trainer.
+Paper and registry entries: `trl_groupopt/methods/dfpo.py`; equations: `trl_groupopt/objectives/dfpo.py`, docs/dfpo.md.
 """
 
 from __future__ import annotations
@@ -15,22 +13,19 @@ from trl import GRPOConfig
 
 from ..methods import dfpo
 from ..methods.dfpo import GRPO_FIX
-from ..objectives.common import ObjectiveOutput, check_choice, check_positive
-from ..objectives.dfpo import TRANSFORMS, check_orthogonal_over, dfpo_loss, symmetric_clip_loss, validate_dfpo
+from ..objectives.common import Groups, ObjectiveOutput, check_choice
+from ..objectives.dfpo import TRANSFORMS, dfpo_loss, validate_dfpo
+from ..objectives.dfpo_diagnostics import dfpo_diagnostics
 from ..objectives.estimators import get_estimator
+from ..objectives.grpo_fix import symmetric_clip_loss, validate_grpo_fix
 from ..spec import MethodSpec
 from .base import GroupOptTrainer
+from .binding import config_arguments, validate_config
 from .compat import dropping_trl_warning
-from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 
-#: `dfpo_loss`'s hyper-parameters -> the DFPOConfig fields that set them (the names its errors use).
-DFPO_ARGUMENTS = {
-    "transform": "dfpo_transform",
-    "epsilon_low": "epsilon",
-    "epsilon_high": "epsilon_high",
-    "orth_floor": "dfpo_orth_floor",
-    "orthogonal_over": "dfpo_orthogonal_over",
-}
+#: DFPOConfig's fields for `dfpo_loss`'s arguments: `dfpo_<argument>`, and TRL's `epsilon` / `epsilon_high`.
+PREFIX = "dfpo_"
 
 #: The opening words of TRL's warning (`GRPOTrainer.__init__`, trl 1.16.0) for sequence-level ratios with a token-sum loss
 #: type, which advises loss_type="grpo": the opposite of DFPO's choice, so the trainer replaces it with `SUM_LOSS_NOTE`.
@@ -49,63 +44,26 @@ GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
 GRPO_FIX_EPSILON_HIGH = 0.2
 
 
-def check_sequence_advantages(transform: str, advantage_estimator: str) -> None:
-    """DFPO's transforms need one advantage per sequence: refuse a per-token estimator for them (docs/dfpo.md)."""
-    if transform == GRPO_FIX or not get_estimator(advantage_estimator).per_token:
-        return
-    raise ValueError(
-        f"dfpo_transform={transform!r} does not take advantage_estimator={advantage_estimator!r}: DFPO's in-group "
-        "transform makes sum_i A_i s_til_i = 0 with ONE advantage A_i per sequence, and these advantages differ at "
-        "every token (A_it): one weight s_til_i per sequence cannot make sum_i A_it s_til_i = 0 at every position "
-        "(docs/dfpo.md, 'DFPO and per-token advantages'). Use dfpo_transform='symmetric_clip' (GRPO-fix, per-token) "
-        "with it, or advantage_estimator='grpo' with DFPO's transforms."
-    )
-
-
 @dataclass(repr=False)
 class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig):
     r"""
-    Configuration class for [`DFPOTrainer`].
-
-    Inherits every parameter of [`trl.GRPOConfig`]. DFPO re-weights the GSPO sequence ratios inside each group
-    (App. B of the paper); `dfpo_transform="symmetric_clip"` selects GRPO-fix instead (App. H, Eq. 80: token-level
-    `-A * clip(r, 0, 1 + epsilon_high)`, the same clip for both advantage signs).
+    Configuration class for [`DFPOTrainer`]: every parameter of [`trl.GRPOConfig`], and DFPO's. DFPO re-weights the
+    GSPO sequence ratios inside each group (App. B of the paper); `dfpo_transform="symmetric_clip"` selects GRPO-fix
+    instead (App. H, Eq. 80: token-level `-A * clip(r, 0, 1 + epsilon_high)` for both advantage signs).
 
     With on-policy data (`steps_per_generation == gradient_accumulation_steps`, `num_iterations == 1`, no vLLM IS
     correction) every GSPO ratio is exactly 1 and every transform is the identity: DFPO only differs from GSPO
     off-policy. What the transforms guarantee, and under which settings, is in docs/dfpo.md.
 
-    Parameters:
-        dfpo_transform (`str`, *optional*, defaults to `"min_replace"`):
-            `"min_replace"` (Eq. 50), `"orth_proj"` (truncate-and-rebalance, Eq. 52-55), `"orth_proj_qp"` (exact
-            projection, Eq. 51), `"none"` (plain GSPO), or `"symmetric_clip"` (GRPO-fix).
-        dfpo_orth_floor (`float`, *optional*, defaults to `1e-6`):
-            Floor of the re-weighted ratios for `"orth_proj"` (Eq. 52).
-        dfpo_orthogonal_over (`str`, *optional*, defaults to `"all"`):
-            The members of a group the transform's constraint `sum_i A_i s_til_i = 0` ranges over. `"all"`: the whole
-            group, as in the paper (the algorithm it evaluated); a member on a clip bound carries no gradient but is
-            counted, so under clipping the shared-token gradient does not cancel. `"unclipped"`: the members that
-            carry gradient, so it cancels exactly under clipping too; only for `"orth_proj"` and `"orth_proj_qp"`
-            (`"min_replace"` cannot satisfy the constraint once a member is clipped; other transforms raise). Under
-            both, a member that TRL's loss weights drop (off-policy mask, vLLM IS `*_mask` modes, no high-entropy
-            token) leaves its group, and the weights enter the transform (docs/dfpo.md).
-        epsilon (`float`, *optional*):
-            Lower clip of the sequence ratio. Defaults to GSPO's `3e-4` (unused by GRPO-fix).
-        epsilon_high (`float`, *optional*):
-            Upper clip. Defaults to GSPO's `4e-4`, or `0.2` for GRPO-fix.
-        importance_sampling_level (`str`, *optional*):
-            Fixed by the mode: `"sequence"` for the DFPO transforms, `"token"` for GRPO-fix (it only matters for
-            `use_bias_correction_kl`); setting the other one raises.
-        advantage_estimator (`str`, *optional*, defaults to `"grpo"`):
-            `AdvantageEstimatorConfigMixin`. The DFPO transforms take one advantage per sequence, so a per-token
-            estimator (`"otb"`) is refused for them with the reason; GRPO-fix takes it (docs/dfpo.md).
-        loss_type (`str`, *optional*, defaults to `"dapo"`):
-            Aggregation, for both modes. `"dapo"` (TRL's default) weighs every token by one batch constant, so the
-            gradients of a token shared by a group cancel whatever the completion lengths; for GRPO-fix it is
-            Eq. 80's token sum `1/G sum_i sum_t` up to that constant (`"luspo"` is Eq. 80 literally, but its step
-            grows with the completion length). `"luspo"`, `"dr_grpo"` and `"bnpo"` also cancel. `"grpo"` (GSPO's
-            recipe: mean over sequences) weighs sequence `i` by `1/|y_i|` and breaks the cancellation when
-            completions have different lengths; it stays selectable.
+    Fields beyond their `help`: `dfpo_orthogonal_over="all"` is the paper's constraint, under which a clipped member
+    carries no gradient but counts, so the shared-token gradient does not cancel under clipping; `"unclipped"` (the
+    projections only) keeps it exact. Under both, a member that TRL's loss weights drop (off-policy mask, vLLM IS
+    `*_mask` modes, no high-entropy token) leaves its group, and the weights enter the transform. `epsilon` /
+    `epsilon_high` default to GSPO's `3e-4` / `4e-4` (GRPO-fix: `0.2`, no lower clip); `importance_sampling_level`
+    is fixed by the mode. A per-token estimator (`"otb"`) is refused by the transforms (one advantage per sequence),
+    taken by GRPO-fix. `loss_type="dapo"` weighs every token by one batch constant, so a token shared by a group
+    cancels whatever the lengths (as `"luspo"`, `"dr_grpo"`, `"bnpo"`; for GRPO-fix it is Eq. 80's token sum up to
+    that constant); `"grpo"` (GSPO's recipe) weighs sequence `i` by `1/|y_i|` and breaks it. Details: docs/dfpo.md.
     """
 
     dfpo_transform: str = field(
@@ -128,9 +86,15 @@ class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig
 
     def __post_init__(self):
         check_choice("dfpo_transform", self.dfpo_transform, (*TRANSFORMS, GRPO_FIX))
-        check_sequence_advantages(self.dfpo_transform, self.advantage_estimator)
-        check_orthogonal_over(self.dfpo_transform, self.dfpo_orthogonal_over, names=DFPO_ARGUMENTS)
         grpo_fix = self.dfpo_transform == GRPO_FIX
+        if not grpo_fix and get_estimator(self.advantage_estimator).per_token:
+            raise ValueError(
+                f"dfpo_transform={self.dfpo_transform!r} does not take advantage_estimator={self.advantage_estimator!r}: "
+                "DFPO's in-group transform makes sum_i A_i s_til_i = 0 with ONE advantage A_i per sequence, and these "
+                "differ at every token (A_it): one weight per sequence cannot cancel them at every position "
+                "(docs/dfpo.md, 'DFPO and per-token advantages'). Use dfpo_transform='symmetric_clip' (GRPO-fix, "
+                "per-token) with it, or advantage_estimator='grpo' with DFPO's transforms."
+            )
         level = "token" if grpo_fix else "sequence"
         if self.importance_sampling_level not in (None, level):
             raise ValueError(
@@ -143,8 +107,7 @@ class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig
         if self.epsilon_high is None:
             self.epsilon_high = GRPO_FIX_EPSILON_HIGH if grpo_fix else GSPO_EPSILON_HIGH
         super().__post_init__()
-        validate_dfpo(epsilon_low=self.epsilon, epsilon_high=self.epsilon_high, names=DFPO_ARGUMENTS)
-        check_positive(dfpo_orth_floor=self.dfpo_orth_floor)  # > 0 here; the pure transform also takes 0
+        validate_config(validate_grpo_fix if grpo_fix else validate_dfpo, self, PREFIX)
 
 
 class DFPOTrainer(GroupOptTrainer):
@@ -183,22 +146,12 @@ class DFPOTrainer(GroupOptTrainer):
         *,
         loss_weights: Tensor | None = None,
     ) -> ObjectiveOutput:
+        inputs = (per_token_logps, old_per_token_logps, advantages, mask)
         if self.args.dfpo_transform == GRPO_FIX:
-            return symmetric_clip_loss(
-                per_token_logps,
-                old_per_token_logps,
-                advantages,
-                mask,
-                epsilon_high=self.args.epsilon_high,
-                importance_weights=loss_weights,
-            )
-        return dfpo_loss(
-            per_token_logps,
-            old_per_token_logps,
-            advantages,
-            mask,
-            inputs["group_ids"],
-            **objective_arguments(self.args, DFPO_ARGUMENTS),
-            importance_weights=loss_weights,
-            loss_type=self.loss_type,
-        )
+            arguments = config_arguments(symmetric_clip_loss, self.args)
+            return symmetric_clip_loss(*inputs, **arguments, importance_weights=loss_weights)
+        groups = Groups.contiguous(mask.shape[0], self.group_size, mask.device)
+        arguments = config_arguments(dfpo_loss, self.args, PREFIX)
+        out = dfpo_loss(*inputs, groups, **arguments, importance_weights=loss_weights)
+        out.metrics.update(dfpo_diagnostics(out.weights, self.loss_type))  # logged with this micro-batch's metrics
+        return out

@@ -1,8 +1,5 @@
-"""ECHO: clip at batch, learn at token (batch-level clipping with token-level importance sampling).
-
-The paper and registry entry: `trl_groupopt/methods/echo.py`. Equations in `trl_groupopt.objectives.echo`,
-derivations and deviations in docs/echo.md.
-"""
+"""ECHO (clip at batch, learn at token): config and trainer. Paper and registry entry: `trl_groupopt/methods/echo.py`;
+equations: `trl_groupopt.objectives.echo`; derivations and deviations: docs/echo.md."""
 
 from __future__ import annotations
 
@@ -19,33 +16,24 @@ from ..methods import echo
 from ..objectives.common import ObjectiveOutput, check_choice
 from ..objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss, validate_echo
 from .base import GroupOptTrainer
-from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin, objective_arguments
+from .binding import config_arguments, validate_config
+from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 from .loss import loss_mask
 from .schedule import OffPolicyScheduleMixin
 
 BATCH_RATIO_SCOPES = ("step", "global", "micro_batch")
-# Loss types whose normaliser is one constant shared by every micro-batch and process: the only ones for which the
-# coupling completion of the "step" and "global" scopes is exact (docs/echo.md). TRL's per-token loss weights (vLLM
-# IS weights, off-policy and entropy masks) are constants of the step and enter the coupling: no restriction.
+# Loss types with one normaliser shared by every micro-batch and process: the only ones for which the coupling of the
+# "step" and "global" scopes is exact (docs/echo.md; TRL's per-token loss weights enter it, no restriction).
 GLOBAL_SCOPE_LOSS_TYPES = ("dapo", "dr_grpo")
-#: `echo_loss`'s clip hyper-parameters -> the ECHOConfig fields that set them (the names its errors use).
-ECHO_ARGUMENTS = {
-    "epsilon_low": "epsilon",
-    "epsilon_high": "epsilon_high",
-    "batch_epsilon_low": "batch_epsilon",
-    "batch_epsilon_high": "batch_epsilon_high",
-}
 
 
 @dataclass(repr=False)
 class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     r"""
-    Configuration class for [`ECHOTrainer`].
-
-    Inherits every parameter of [`trl.GRPOConfig`]. ECHO clips the geometric batch ratio
-    `R = exp(mean of the token log-ratios)` to `[1 - batch_epsilon, 1 + batch_epsilon_high]` (Eq. 7) and scales every
-    token ratio by `clip(R) / sg(R)` (Eq. 8), then applies the usual token clip with `epsilon`/`epsilon_high`
-    (Eq. 11). The paper uses one epsilon for both clips, hence the defaults.
+    Configuration class for [`ECHOTrainer`]: every parameter of [`trl.GRPOConfig`], and ECHO's. ECHO clips the
+    geometric batch ratio `R = exp(mean of the token log-ratios)` to `[1 - batch_epsilon, 1 + batch_epsilon_high]`
+    (Eq. 7), scales every token ratio by `clip(R) / sg(R)` (Eq. 8), then applies the token clip with `epsilon` /
+    `epsilon_high` (Eq. 11). The paper uses one epsilon for both clips, hence the defaults.
 
     Schedule. The batch clip only acts off-policy. When none of `steps_per_generation`, `generation_batch_size` and
     `num_iterations` is set, ECHOConfig uses the paper's schedule of 8 optimizer steps per rollout (a 512-prompt rollout
@@ -62,33 +50,14 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
     the default stays `"step"`.
 
     Cost of `"step"`: at the first micro-batch of each optimizer step, one extra no-grad forward of each of the step's
-    micro-batches (no backward), plus two scalar all-reduces. Measured on CPU (one process, 2 cores shared with
-    other jobs; 2 micro-batches of 8 completions x 32 tokens per step; `_compute_loss` + backward only, generation
-    excluded; median of 10 steps): 1.50x the time of `"micro_batch"` with a tiny Qwen2 (hidden 32, 2 layers) and
-    1.40x with hidden 256, 4 layers (a no-grad forward costs about a third of a forward + backward, so ~1.33x is the
-    large-model limit). In a real run, generation (and, off-policy, TRL's behaviour forward) dominates the step time,
-    so the end-to-end overhead is a fraction of that. It is the default because R over one micro-batch (one group
-    with TRL's default batch size) is not the paper's mechanism: it clips for the wrong reasons (docs/echo.md).
+    micro-batches, plus two scalar all-reduces: 1.4-1.5x the loss-and-backward time of `"micro_batch"` on CPU
+    (~1.33x is the large-model limit), a fraction of that end to end, where generation dominates (docs/echo.md).
 
-    Parameters:
-        batch_epsilon (`float`, *optional*):
-            Lower batch clip `1 - batch_epsilon`. Defaults to `epsilon` (the paper's single epsilon).
-        batch_epsilon_high (`float`, *optional*):
-            Upper batch clip `1 + batch_epsilon_high`. Defaults to `batch_epsilon`.
-        token_clip (`bool`, *optional*, defaults to `True`):
-            Keep the token-level min/clip of Eq. 11. `False` trains with the batch clip alone (`-rho * A`).
-        batch_ratio_scope (`str`, *optional*):
-            `"step"` (the paper's mini-batch), `"global"` or `"micro_batch"`, see above. `"step"` and `"global"` need a
-            loss type with one shared normaliser (`dapo`, `dr_grpo`); TRL's per-token loss multipliers (vLLM
-            importance-sampling correction in every mode, `off_policy_mask_threshold`, `top_entropy_quantile < 1`)
-            are included exactly. `"step"` also needs every optimizer step inside one generation batch
-            (`steps_per_generation * num_iterations` a multiple of `gradient_accumulation_steps`). Default: `"step"`
-            when the configuration allows it (the default configuration does), else `"global"` when that is allowed,
-            else `"micro_batch"`, with a warning naming what prevented `"step"`.
-        num_iterations (`int`, *optional*):
-            TRL's `num_iterations`; unset means 1 (and, with `steps_per_generation` unset, the schedule above).
-        loss_type (`str`, *optional*, defaults to `"dapo"`):
-            `1 / sum|o_i|` token-mean aggregation (Eq. 11).
+    `batch_epsilon` defaults to `epsilon` (the paper's single epsilon), `batch_epsilon_high` to `batch_epsilon`;
+    `token_clip=False` trains with the batch clip alone (`-rho * A`); `loss_type` is token-mean (Eq. 11). Default
+    `batch_ratio_scope`: `"step"` when the configuration allows it (the default one does), else `"global"`, else
+    `"micro_batch"`, with a warning naming what prevented `"step"`. The wide scopes need one shared loss normaliser
+    (`dapo`, `dr_grpo`), and `"step"` every optimizer step inside one generation batch.
     """
 
     #: The paper's schedule: a 512-prompt rollout trained in mini-batches of 64 prompts.
@@ -110,7 +79,7 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
             self.batch_epsilon = self.epsilon
         if self.batch_epsilon_high is None:
             self.batch_epsilon_high = self.batch_epsilon
-        validate_echo(**objective_arguments(self, ECHO_ARGUMENTS), names=ECHO_ARGUMENTS)
+        validate_config(validate_echo, self)
         if self.batch_epsilon >= 1:  # the objective reads it as "no lower bound"; a config asks for one
             raise ValueError(
                 f"batch_epsilon must be < 1 (the lower batch bound is 1 - batch_epsilon), got {self.batch_epsilon} "
@@ -134,9 +103,9 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
 
     def _scope_problems(self, scope: str) -> list[str]:
         """The settings that make `scope` inexact (empty for "micro_batch", which works with every option)."""
-        problems = []
         if scope == "micro_batch":
-            return problems
+            return []
+        problems = []
         if self.loss_type not in GLOBAL_SCOPE_LOSS_TYPES:
             problems.append(f"loss_type={self.loss_type!r} (use one of {GLOBAL_SCOPE_LOSS_TYPES})")
         if scope == "step" and (self.steps_per_generation * self.num_iterations) % self.gradient_accumulation_steps:
@@ -171,13 +140,8 @@ class ECHOTrainer(GroupOptTrainer):
     # The wide scopes' coupling must count TRL's per-token loss weights, so echo_loss applies them (docs/echo.md).
     objective_applies_loss_weights = True
 
-    def __init__(self, *args, **kwargs):
-        # ({(global_step, micro-step) it serves}, echo_loss's totals) of the current optimizer step ("step" scope)
-        self._step_totals: tuple[set[tuple[int, int]], dict[str, Tensor]] | None = None
-        super().__init__(*args, **kwargs)
-
-    def _surrogate_kwargs(self) -> dict[str, Any]:
-        return dict(objective_arguments(self.args, ECHO_ARGUMENTS), token_clip=self.args.token_clip)
+    #: ({(global_step, micro-step) it serves}, echo_loss's totals) of the current optimizer step ("step" scope)
+    _step_totals: tuple[set[tuple[int, int]], dict[str, Tensor]] | None = None
 
     def _compute_loss(self, model, inputs):
         if self.args.batch_ratio_scope == "step" and self.model.training:
@@ -188,13 +152,9 @@ class ECHOTrainer(GroupOptTrainer):
         return super()._compute_loss(model, inputs)
 
     def _step_micro_batches(self, inputs: dict[str, Any]) -> tuple[list[dict[str, Any]], set[tuple[int, int]]]:
-        """The micro-batches of the optimizer step that starts with `inputs`, and the (global_step, micro-step) keys
-        they are served at.
-
-        TRL's `_prepare_inputs` serves micro-step k the buffered batch `k % steps_per_generation`, and the config
-        guarantees that an optimizer step never straddles two generation batches. Called outside TRL's training loop
-        (no buffered batch), the step is `inputs` alone and nothing is cached.
-        """
+        """The micro-batches of the optimizer step that starts with `inputs` (TRL serves micro-step k the buffered batch
+        `k % steps_per_generation`; the config keeps a step inside one generation batch) and the (global_step,
+        micro-step) keys they are served at; outside TRL's loop (nothing buffered), `inputs` alone, uncached."""
         buffered = self._buffered_inputs
         if buffered is None:
             return [inputs], set()
@@ -209,13 +169,8 @@ class ECHOTrainer(GroupOptTrainer):
         return [buffered[k % len(buffered)] for k in micro_steps], {(self.state.global_step, k) for k in micro_steps}
 
     def _compute_step_totals(self, model, batches: list[dict[str, Any]]) -> dict[str, Tensor]:
-        """`echo_loss`'s log_ratio_sum, token_count and coupling_sum over `batches` on every process.
-
-        One no-grad forward per micro-batch gives its log-probs and entropies at the current parameters, which do not
-        change before the optimizer step, hence the same loss weights (`_loss_weights`: masks of detached log-probs
-        and entropies, IS weights of the batch) as its training forward will. Totals are summed over micro-batches,
-        then over processes.
-        """
+        """`echo_loss`'s log_ratio_sum, token_count and coupling_sum over `batches` on every process: one no-grad forward
+        per micro-batch, at the parameters its training forward will see (hence the same loss weights)."""
         parts = []
         # mirrors the no-grad behaviour forward of `GRPOTrainer._generate_and_score_completions`
         # (the estimator's metrics are logged by the loss's own call of `compute_advantages`, not here)
@@ -234,7 +189,7 @@ class ECHOTrainer(GroupOptTrainer):
                 parts.append((logps, old, advantages, mask, weights))
         local = sum(echo_log_ratio_totals(logps, old, mask) for logps, old, _, mask, _ in parts)  # (2,)
         totals = self.accelerator.reduce(local, reduction="sum")  # (2,) over processes
-        kwargs = dict(self._surrogate_kwargs(), log_ratio_sum=totals[0], token_count=totals[1])
+        kwargs = dict(config_arguments(echo_loss, self.args), log_ratio_sum=totals[0], token_count=totals[1])
         coupling = sum(
             echo_batch_ratio_coupling(*part, importance_weights=weights, **kwargs) for *part, weights in parts
         )  # ()
@@ -251,7 +206,7 @@ class ECHOTrainer(GroupOptTrainer):
         *,
         loss_weights: Tensor | None = None,
     ) -> ObjectiveOutput:
-        kwargs = dict(self._surrogate_kwargs(), importance_weights=loss_weights)
+        kwargs = dict(config_arguments(echo_loss, self.args), importance_weights=loss_weights)
         scope = self.args.batch_ratio_scope
         if scope == "step" and self.model.training:
             kwargs.update(self._step_totals[1])

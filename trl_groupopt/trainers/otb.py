@@ -1,10 +1,6 @@
-"""OTB: advantages `G_i - b_t` from the optimal token baseline, on TRL's policy loss.
-
-The paper and registry entry: `trl_groupopt/methods/otb.py`. Equations in `trl_groupopt.objectives.otb`; derivation
-and deviations in `docs/otb.md`. OTB is the `"otb"` advantage estimator (`trl_groupopt/objectives/estimators.py`),
-which every method config can select; `OTBTrainer` is that estimator with TRL's objective. The energy the baseline
-weighs tokens by comes from the forwards TRL already runs (`EnergyCaptureMixin`, `energy.py`).
-"""
+"""OTB (advantages `G_i - b_t` from the optimal token baseline) on TRL's policy loss: the `"otb"` estimator
+(`trl_groupopt/objectives/estimators.py`) with TRL's objective. Paper and registry entry: `trl_groupopt/methods/otb.py`;
+equations: `trl_groupopt.objectives.otb`, docs/otb.md; the energy comes from TRL's own forwards (`energy.py`)."""
 
 from __future__ import annotations
 
@@ -36,16 +32,9 @@ class OTBConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig)
     `tools`, `environment_factory` or a `rollout_func`'s `env_mask`) gets `tir_optimal_token_baseline` (valid-token
     positions, zero tail on).
 
-    Parameters:
-        advantage_estimator (`str`, *optional*, defaults to `"otb"`):
-            Fixed: OTB is TRL's objective with the `"otb"` estimator (TRL's advantages: `GRPOConfig`).
-        scale_rewards (`str`, *optional*, defaults to `"none"`):
-            As the reference implementation (only TRL's logged advantages use it; OTB uses the raw rewards).
-        otb_token_positions (`str`, *optional*, defaults to `"valid"`):
-            Position index of `b_t` under a tool mask (`AdvantageEstimatorConfigMixin`, shared by every method
-            config, documents both knobs; docs/otb.md).
-        otb_handle_zero_tail (`bool` or `None`, *optional*, defaults to `None`):
-            Baseline 0 on a group's unique longest member's tail; unset: on for tool-use batches only.
+    Its own fields: `advantage_estimator` (fixed, `"otb"`), `scale_rewards` (`"none"`, as the reference: only TRL's
+    logged advantages use it), and the estimator's knobs `otb_token_positions`, `otb_handle_zero_tail`
+    (`AdvantageEstimatorConfigMixin`, shared by every method config, documents both; docs/otb.md).
     """
 
     advantage_estimator: str = field(default="otb", metadata={"help": "Fixed: 'otb' (OTB's advantages)."})

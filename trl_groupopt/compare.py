@@ -1,0 +1,398 @@
+"""`trl-groupopt compare`: does a method beat the baseline on your model and task? Paired seeds, 95% intervals.
+
+    trl-groupopt compare --methods grpo,dfpo,otb --seeds 8 --output_dir DIR [--baseline grpo] [--workers K] \\
+        [--eval_examples N] [any `train` option: --model_name_or_path, --dataset_name, --max_steps, LoRA, vLLM, ...]
+
+Each (method, seed) run is `python -m trl_groupopt.cli train --method M --seed S --output_dir DIR/runs/M-S ...` (its
+log: DIR/runs/M-S.log), one at a time or `--workers K` at once on the CPU, scored before and after on a held-out
+split every run shares (`carve_heldout`); the runs are paired by seed against the baseline (`trl_groupopt.stats`).
+DIR: runs.jsonl (resumable, `trl_groupopt.runs`), compare.json, compare.md, compare.png. See docs/compare.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import types
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import runs as runfile
+from . import stats
+from .compare_report import describe, write_markdown, write_plot
+from .registry import METHODS
+
+#: Options `compare` sets on each run itself.
+OWN_OPTIONS = ("--method", "--seed", "--output_dir")
+#: Options naming the user's data: replaced, for the runs, by the training part of the carved split.
+DATA_OPTIONS = ("--dataset_name", "--dataset_config", "--dataset_format", "--dataset_train_split")
+#: Rows held out of a user's dataset (the synthetic task: prompts of its test split), unless --eval_examples says.
+DEFAULT_EVAL_EXAMPLES = 200
+CARVE_SEED = 0  # the held-out rows of a user's dataset: the first --eval_examples of a shuffle with this seed
+PROG = "trl-groupopt compare"
+
+
+class CompareError(ValueError):
+    """Bad input, found before the first run: the message is one line that names the fix."""
+
+
+@dataclass
+class Options:
+    """A comparison as asked: `train_args` are passed to every run."""
+
+    methods: list[str]
+    seeds: int
+    output_dir: str
+    baseline: str = "grpo"
+    workers: int = 1
+    eval_examples: int = DEFAULT_EVAL_EXAMPLES
+    train_args: list[str] = field(default_factory=list)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What every run of DIR must share (a run's key is its method and seed under these)."""
+        return {"train_args": list(self.train_args), "eval_examples": self.eval_examples}
+
+
+def _parser() -> argparse.ArgumentParser:
+    epilog = ("Any other option is a `train` option, passed to every run (trl-groupopt train --method NAME --help "
+              "lists them). See docs/compare.md.")  # fmt: skip
+    # no abbreviations: `--seed 3`, a train option, must not be read as `--seeds 3`
+    parser = argparse.ArgumentParser(
+        prog=PROG, allow_abbrev=False, description=__doc__.split("\n\n")[0], epilog=epilog
+    )
+    parser.add_argument("--methods", required=True, help="comma-separated methods, the baseline among them")
+    parser.add_argument("--seeds", type=int, required=True, help="seeds 0..N-1 per method (at least 2)")
+    parser.add_argument("--output_dir", required=True, help="runs.jsonl, compare.json/.md/.png and the runs")
+    parser.add_argument("--baseline", default="grpo", help="the method the others are paired against")
+    parser.add_argument("--workers", type=int, default=1, help="runs at once, on the CPU (default 1)")
+    parser.add_argument("--eval_examples", type=int, default=DEFAULT_EVAL_EXAMPLES,
+                        help="held-out prompts every run is scored on, before and after training")  # fmt: skip
+    return parser
+
+
+def parse_options(argv: Sequence[str]) -> Options:
+    """`Options` from the command line; the options `compare` does not know are train options."""
+    known, rest = _parser().parse_known_args(list(argv))
+    methods = [m.strip() for m in known.methods.split(",") if m.strip()]
+    return Options(methods, known.seeds, known.output_dir, known.baseline, known.workers, known.eval_examples, rest)
+
+
+def _flag(arg: str) -> str:
+    return arg.split("=", 1)[0].replace("-", "_").replace("__", "--", 1) if arg.startswith("--") else arg
+
+
+def check(options: Options) -> None:
+    """Refuse bad input before the first run, with one line naming the fix."""
+    known = ", ".join(METHODS)
+    if not options.methods:
+        raise CompareError(f"--methods is empty: name two or more of {known}, e.g. --methods grpo,otb.")
+    for method in options.methods:
+        if method not in METHODS:
+            raise CompareError(f"--methods: unknown method {method!r}; choose from {known}.")
+    if len(set(options.methods)) != len(options.methods):
+        raise CompareError("--methods names a method twice: name each once.")
+    if options.baseline not in options.methods:
+        raise CompareError(f"--baseline {options.baseline} is not in --methods {','.join(options.methods)}: add it "
+                           "to --methods, or choose one of them with --baseline.")  # fmt: skip
+    if len(options.methods) < 2:
+        raise CompareError(f"--methods {options.methods[0]}: name a method to compare with the baseline too.")
+    if options.seeds < 2:
+        raise CompareError(f"--seeds {options.seeds}: a paired interval needs at least 2 seeds; pass --seeds 2 or "
+                           "more (docs/compare.md: 8 for a first look, the power note says how many to decide).")  # fmt: skip
+    if options.workers < 1 or options.eval_examples < 1:
+        raise CompareError("--workers and --eval_examples must be at least 1.")
+    if "--num_eval_examples" in {_flag(a) for a in options.train_args}:
+        raise CompareError("--num_eval_examples: compare sets the held-out size of every run; use --eval_examples.")
+    own = sorted({_flag(a) for a in options.train_args} & set(OWN_OPTIONS))
+    if own:
+        raise CompareError(f"{', '.join(own)}: compare sets these for each run (DIR/runs/METHOD-SEED); use "
+                           "--methods, --seeds and --output_dir.")  # fmt: skip
+    if options.workers > 1 and "--use_cpu" not in {_flag(a) for a in options.train_args}:
+        from .device import has_accelerator
+
+        if has_accelerator():
+            raise CompareError(f"--workers {options.workers}: runs share one accelerator one at a time; drop "
+                               "--workers, or add --use_cpu true to train them on the CPU.")  # fmt: skip
+
+
+def _given(args: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in `args` (`--flag V` or `--flag=V`; the last one wins), else None."""
+    value = None
+    for i, arg in enumerate(args):
+        name, sep, inline = arg.partition("=")
+        if _flag(name) == flag:
+            value = inline if sep else (args[i + 1] if i + 1 < len(args) else None)
+    return value
+
+
+def _without(args: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """`args` without the options `flags` (and their values)."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name, sep, _ = arg.partition("=")
+        if _flag(name) in flags:
+            skip = not sep
+            continue
+        out.append(arg)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- data
+def carve_heldout(options: Options, data_dir: Path) -> tuple[list[str], bool]:
+    """(every run's train options, whether compare scores DATA/heldout.jsonl itself). The embedded policy on the
+    synthetic task: its runs score `eval_examples` prompts of the test split (results.json). Another model on it:
+    that split, written to DATA/heldout.jsonl. `--dataset_name`: the held-out rows carved once (the first
+    `eval_examples` of a shuffle with `CARVE_SEED`) into DATA/heldout.jsonl, the rest into DATA/train.jsonl (the
+    prompt-answer format), which the runs train on."""
+    from .offline import EMBEDDED_POLICY_PATH, make_arithmetic_dataset
+
+    name, heldout_path = _given(options.train_args, "--dataset_name"), data_dir / "heldout.jsonl"
+    if name is None:
+        model = _given(options.train_args, "--model_name_or_path") or EMBEDDED_POLICY_PATH
+        if os.path.realpath(model) == os.path.realpath(EMBEDDED_POLICY_PATH):
+            return [*options.train_args, "--num_eval_examples", str(options.eval_examples)], False
+        if not heldout_path.exists():
+            data_dir.mkdir(parents=True, exist_ok=True)
+            test = make_arithmetic_dataset(options.eval_examples, seed=0, split="test")
+            test.select_columns(["prompt", "solution"]).to_json(str(heldout_path), lines=True)
+        return list(options.train_args), True
+    train_path = data_dir / "train.jsonl"
+    if not (train_path.exists() and heldout_path.exists()):
+        from .adapters import load_raw_dataset, to_prompt_solution
+
+        fmt = _given(options.train_args, "--dataset_format") or "prompt-answer"
+        split = _given(options.train_args, "--dataset_train_split") or "train"
+        data = to_prompt_solution(load_raw_dataset(name, _given(options.train_args, "--dataset_config"), split), fmt)
+        if len(data) <= options.eval_examples:
+            raise CompareError(f"--dataset_name {name} has {len(data)} rows, not more than --eval_examples "
+                               f"{options.eval_examples}: lower --eval_examples so rows are left to train on.")  # fmt: skip
+        data = data.select_columns(["prompt", "solution"]).shuffle(seed=CARVE_SEED)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        data.select(range(options.eval_examples)).to_json(str(heldout_path), lines=True)
+        data.select(range(options.eval_examples, len(data))).to_json(str(train_path), lines=True)
+    return [*_without(options.train_args, DATA_OPTIONS), "--dataset_name", str(train_path),
+            "--dataset_format", "prompt-answer"], True  # fmt: skip
+
+
+def heldout_accuracy(model_path: str, heldout_path: Path, max_new_tokens: int) -> dict[str, Any]:
+    """Greedy accuracy of a saved model (or a Hub id) on the carved held-out rows (`offline.greedy_accuracy`)."""
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .adapters import string_prompt_to_conversational
+    from .offline import greedy_accuracy
+
+    heldout = datasets.load_dataset("json", data_files=str(heldout_path), split="train")
+    if isinstance(heldout[0]["prompt"], str):  # greedy_accuracy renders conversational prompts
+        heldout = heldout.map(string_prompt_to_conversational)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model.to("cuda" if torch.cuda.is_available() else "cpu")
+    return greedy_accuracy(model, tokenizer, heldout, max_new_tokens=max_new_tokens)
+
+
+# ---------------------------------------------------------------------------------------------------- one run
+class Trainer:
+    """Runs one (method, seed) as `python -m trl_groupopt.cli train ...` and reads back its record."""
+
+    def __init__(self, options: Options, run_args: list[str], score_here: bool) -> None:
+        self.options, self.dir = options, Path(options.output_dir)
+        self.run_args, self.score_here = run_args, score_here
+        self.live: set[subprocess.Popen] = set()
+        self.lock = threading.Lock()
+        self._before: float | None = None
+
+    def command(self, method: str, seed: int) -> list[str]:
+        out = str(self.dir / "runs" / f"{method}-{seed}")
+        return [sys.executable, "-m", "trl_groupopt.cli", "train", "--method", method, "--seed", str(seed),
+                "--output_dir", out, "--heldout_eval_steps", "0", *self.run_args]  # fmt: skip
+
+    def __call__(self, method: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
+        folder = self.dir / "runs" / f"{method}-{seed}"
+        shutil.rmtree(folder, ignore_errors=True)  # not a finished run (those are skipped): start it afresh
+        log = folder.with_suffix(".log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if self.options.workers > 1 else {})}
+        started = time.perf_counter()
+        with log.open("w") as handle:  # a session of its own: SIGTERM to the terminal's group leaves it running
+            proc = subprocess.Popen(self.command(method, seed), stdout=handle, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)  # fmt: skip
+            with self.lock:
+                self.live.add(proc)
+            try:
+                _, status, usage = os.wait4(proc.pid, 0)
+                proc.returncode = os.waitstatus_to_exitcode(status)
+            except BaseException:  # Ctrl-C while it trains: the run is lost, not left behind
+                proc.kill()
+                proc.wait()
+                raise
+            finally:
+                with self.lock:
+                    self.live.discard(proc)
+        wall, cpu = time.perf_counter() - started, usage.ru_utime + usage.ru_stime
+        if proc.returncode != 0:
+            tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] or ["?"]
+            raise RuntimeError(f"exit status {proc.returncode}; {log}: {tail[0][-300:]}")
+        return self.record(method, seed, folder, wall, cpu)
+
+    def record(self, method: str, seed: int, folder: Path, wall: float, cpu: float) -> dict[str, Any]:
+        results = json.loads((folder / "results.json").read_text())
+        before, after = results.get("accuracy_before"), results.get("accuracy_after")
+        if self.score_here:
+            heldout = self.dir / "data" / "heldout.jsonl"
+            max_new = int(_given(self.run_args, "--max_completion_length") or 256)  # TRL's default
+            with self.lock:  # the base model's, the same for every run: measured once
+                if self._before is None:
+                    from .offline import EMBEDDED_POLICY_PATH
+
+                    model = _given(self.options.train_args, "--model_name_or_path") or EMBEDDED_POLICY_PATH
+                    self._before = heldout_accuracy(model, heldout, max_new)["accuracy"]
+            before, after = self._before, heldout_accuracy(str(folder), heldout, max_new)["accuracy"]
+        mechanisms = (results.get("mechanism") or {}).get("mechanisms") or []
+        acted = {"what": "; ".join(m["acted_means"] for m in mechanisms), "steps": sum(m["steps"] for m in mechanisms),
+                 "acted": sum(m["acted"] for m in mechanisms)} if mechanisms else None  # fmt: skip
+        return {"method": method, "seed": seed, "accuracy_before": before, "accuracy_after": after,
+                "heldout_examples": self.options.eval_examples, "steps": results.get("steps"), "acted": acted,
+                "wall_s": wall, "cpu_s": cpu, "output_dir": str(folder)}  # fmt: skip
+
+    def kill(self) -> None:
+        """Ctrl-C: the runs in flight are stopped (and lost)."""
+        with self.lock:
+            for proc in self.live:
+                proc.kill()
+
+
+# ---------------------------------------------------------------------------------------------------- the comparison
+def comparisons(records: list[dict[str, Any]], methods: Sequence[str], baseline: str) -> list[dict[str, Any]]:
+    """Each method against the baseline, paired by seed (`stats.compare_pair`) on the held-out accuracy after."""
+    ok = [r for r in records if "error" not in r]
+
+    def after(method: str) -> dict[int, float | None]:
+        return {r["seed"]: r["accuracy_after"] for r in ok if r["method"] == method}
+
+    out = []
+    for method in (m for m in methods if m != baseline):
+        runs = [r for r in ok if r["method"] == method and r.get("acted")]
+        acted = {"what": runs[0]["acted"]["what"], "steps": sum(r["acted"]["steps"] for r in runs),
+                 "acted": sum(r["acted"]["acted"] for r in runs)} if runs else None  # fmt: skip
+        if acted:
+            acted["fraction"] = acted["acted"] / acted["steps"] if acted["steps"] else None
+        row = stats.compare_pair(after(method), after(baseline), acted=acted)
+        d = row["difference"]
+        out.append({"method": method, "baseline": baseline, "n": row["n"], "difference": d["mean"],
+                    "ci95": [d["low"], d["high"]], "verdict": row["verdict"], "acted": acted,
+                    "note": row["note"], "per_seed": row["per_seed"], "sd": d["std"], "power": row["power"]})  # fmt: skip
+    return out
+
+
+def payload(options: Options, runs: runfile.Runs) -> dict[str, Any]:
+    """compare.json: the settings, every run of DIR and the comparisons."""
+    ok = [r for r in runs.records if "error" not in r]
+    return {
+        "command": shlex.join(["trl-groupopt", "compare", *options_argv(options)]),
+        "settings": {**asdict(options), "train_args": options.train_args},
+        "verdict_rule": stats.VERDICT_RULE,
+        "runs": runs.records,
+        "comparisons": comparisons(runs.records, options.methods, options.baseline),
+        "failed_runs": [f"{r['method']}-{r['seed']}" for r in runs.records if "error" in r],
+        "run_wall_s": stats.mean_ci([r["wall_s"] for r in ok]),
+        "run_cpu_s": stats.mean_ci([r["cpu_s"] for r in ok]),
+        "wall_s": sum(i["wall_s"] for i in runs.invocations),
+    }
+
+
+def options_argv(options: Options) -> list[str]:
+    return ["--methods", ",".join(options.methods), "--seeds", str(options.seeds), "--output_dir",
+            options.output_dir, "--baseline", options.baseline, "--workers", str(options.workers),
+            "--eval_examples", str(options.eval_examples), *options.train_args]  # fmt: skip
+
+
+GRID_KEY = ("method", "seed")
+
+
+def run(options: Options) -> dict[str, Any]:
+    """The comparison `options` asks for: check, run what DIR lacks, write the four files; returns compare.json's
+    content. Bad input raises `CompareError` before any run."""
+
+    check(options)
+    out = Path(options.output_dir)
+    grid = runfile.Grid(GRID_KEY, lambda *a: {}, describe)
+    conflict = runfile.settings_conflict(grid, runfile.read_runs(out / "runs.jsonl", grid), options.settings)
+    if conflict:
+        raise CompareError(f"{conflict}: pass the train options those runs were made with, or another --output_dir.")
+    trainer = Trainer(options, *carve_heldout(options, out / "data"))
+    grid = runfile.Grid(GRID_KEY, trainer, describe)
+    runs = runfile.read_runs(out / "runs.jsonl", grid)
+    jobs = runfile.pending(grid, runs, [(m, s) for s in range(options.seeds) for m in options.methods])
+    total = len(options.methods) * options.seeds
+    print(f"{PROG}: {total - len(jobs)} of {total} runs done in {out / 'runs.jsonl'}; {len(jobs)} to run "
+          f"({options.workers} at a time)", flush=True)  # fmt: skip
+    try:
+        runfile.run_grid(grid, jobs, options.settings, out / "runs.jsonl", shlex.join([PROG, *options_argv(options)]),
+                         workers=options.workers, pool="thread", on_record=lambda r: "error" in r)  # fmt: skip
+    except KeyboardInterrupt:
+        trainer.kill()
+        raise
+    result = payload(options, runfile.read_runs(out / "runs.jsonl", grid))
+    (out / "compare.json").write_text(json.dumps(runfile.jsonable(result), indent=2) + "\n")
+    write_markdown(result, out / "compare.md")
+    write_plot(result, out / "compare.png")
+    return result
+
+
+def compare(methods: Sequence[str] | str, seeds: int, output_dir: str | os.PathLike, *, baseline: str = "grpo",
+            workers: int = 1, eval_examples: int = DEFAULT_EVAL_EXAMPLES, train_args: Sequence[str] = (),
+            **train_options: Any) -> dict[str, Any]:  # fmt: skip
+    """The Python twin of `trl-groupopt compare`: `train_options` are train options by name (`max_steps=3`),
+    `train_args` the same as command-line words. Returns compare.json's content."""
+    words = list(train_args)
+    for name, value in train_options.items():
+        words += [f"--{name}", str(value).lower() if isinstance(value, bool) else str(value)]
+    methods = methods.split(",") if isinstance(methods, str) else list(methods)
+    return run(Options(list(methods), seeds, str(output_dir), baseline, workers, eval_examples, words))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`trl-groupopt compare ...`: 0 when every run finished, 1 when one failed (the comparison stops at it), 2 for
+    bad input (one line), 143 when SIGTERM stopped it."""
+    options = parse_options(sys.argv[1:] if argv is None else argv)
+    try:
+        result = run(options)
+    except CompareError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    for row in result["comparisons"]:
+        print(f"{row['method']} vs {row['baseline']}: {row['verdict']} ({row['n']} seeds)")
+    print(f"wrote {Path(options.output_dir) / 'compare.md'} (and runs.jsonl, compare.json, compare.png)")
+    done = {(r["method"], r["seed"]) for r in result["runs"] if "error" not in r}
+    if result["failed_runs"]:
+        return 1
+    return 0 if len(done) == len(options.methods) * options.seeds else 143
+
+
+class _CallableModule(types.ModuleType):
+    """Importing this module binds `trl_groupopt.compare` to it, over the lazily exported function of the same
+    name: calling the module calls the function, so `trl_groupopt.compare(...)` works either way."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return compare(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+if __name__ == "__main__":
+    sys.exit(main())

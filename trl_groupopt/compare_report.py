@@ -1,0 +1,113 @@
+"""compare.md and compare.png of `trl-groupopt compare`, from compare.json's content alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import stats
+
+
+def _points(x: float | None, signed: bool = True) -> str:
+    return "n/a" if x is None else (f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}")
+
+
+def _percent(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _acted(acted: dict[str, Any] | None) -> str:
+    if not acted or not acted.get("steps"):
+        return "n/a"
+    return f"{acted['acted']}/{acted['steps']} steps ({acted['acted'] / acted['steps']:.0%}): {acted['what']}"
+
+
+def describe(record: dict[str, Any]) -> str:
+    """One line on a finished run, for the progress log."""
+    acted = record.get("acted")
+    share = f", acted on {acted['acted']}/{acted['steps']} steps" if acted and acted["steps"] else ""
+    return (f"accuracy {_percent(record['accuracy_before'])} -> {_percent(record['accuracy_after'])}{share}, "
+            f"{record['wall_s']:.0f} s wall, {record['cpu_s']:.0f} s CPU")  # fmt: skip
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The comparison table, each method's accuracy, the power notes, the rule and the cost."""
+    s = result["settings"]
+    ok = [r for r in result["runs"] if "error" not in r]
+    lines = [
+        f"# {', '.join(m for m in s['methods'] if m != s['baseline'])} vs {s['baseline']}",
+        "",
+        f"`{result['command']}`",
+        "",
+        "| method | vs | seeds | difference (points) | 95% interval | verdict | mechanism acted |",
+        "|---|---|---:|---:|---|---|---|",
+    ]
+    for row in result["comparisons"]:
+        low, high = row["ci95"]
+        interval = "n/a" if low is None else f"[{_points(low)}, {_points(high)}]"
+        note = f" ({row['note']})" if row.get("note") else ""
+        lines.append(f"| {row['method']} | {row['baseline']} | {row['n']} | {_points(row['difference'])} | "
+                     f"{interval} | **{row['verdict']}**{note} | {_acted(row['acted'])} |")  # fmt: skip
+    lines += ["", "| method | runs | held-out accuracy before | after (mean [95% CI]) | wall s / run | CPU s / run |",
+              "|---|---:|---:|---|---:|---:|"]  # fmt: skip
+    for method in s["methods"]:
+        rs = [r for r in ok if r["method"] == method]
+        after = stats.mean_ci([r["accuracy_after"] for r in rs])
+        ci = "" if after["low"] is None else f" [{_percent(after['low'])}, {_percent(after['high'])}]"
+        lines.append(f"| {method} | {len(rs)} | {_percent(stats.mean([r['accuracy_before'] for r in rs]))} | "
+                     f"{_percent(after['mean'])}{ci} | {stats.mean([r['wall_s'] for r in rs]) or 0:.0f} | "
+                     f"{stats.mean([r['cpu_s'] for r in rs]) or 0:.0f} |")  # fmt: skip
+    notes = [f"- {row['method']}: {row['power']['text']}." for row in result["comparisons"] if row.get("power")]
+    if notes:
+        lines += ["", "Power (from the observed paired spread):", "", *notes]
+    lines += [
+        "",
+        f"Held-out greedy accuracy on {s['eval_examples']} prompts every run shares; the difference is the method's "
+        "accuracy after training minus the baseline's with the same seed, in points. "
+        f"Verdict rule: {result['verdict_rule']}.",
+    ]
+    if result.get("failed_runs"):
+        lines += ["", f"Failed runs (see DIR/runs/<run>.log): {', '.join(result['failed_runs'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(result: dict[str, Any], path: Path) -> Path:
+    path.write_text(markdown(result))
+    return path
+
+
+def write_plot(result: dict[str, Any], path: Path) -> Path | None:
+    """One row per method: each seed's paired difference (dots), the mean and its 95% interval (bar), the +-2-point
+    band of "no difference". None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = result["comparisons"]
+    fig, ax = plt.subplots(figsize=(7.5, 1.0 + 0.7 * max(1, len(rows))))
+    margin = 100 * stats.EQUIVALENCE_MARGIN
+    ax.axvspan(-margin, margin, color="0.9", label=f"no difference band (+-{margin:.0f} points)")
+    ax.axvline(0.0, color="0.5", linewidth=0.8)
+    for i, row in enumerate(rows):
+        y = len(rows) - 1 - i
+        diffs = [100 * d for d in row["per_seed"] if d is not None]
+        ax.scatter(diffs, [y + 0.15] * len(diffs), s=14, color="tab:blue", alpha=0.6, zorder=3)
+        if row["difference"] is not None:
+            low, high = row["ci95"]
+            mean = 100 * row["difference"]
+            err = [[mean - 100 * low], [100 * high - mean]] if low is not None else None
+            ax.errorbar([mean], [y - 0.1], xerr=err, fmt="o", color="black", capsize=4, zorder=4)
+        ax.text(1.01, y, row["verdict"], transform=ax.get_yaxis_transform(), va="center", fontsize=9)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{r['method']} - {r['baseline']} (n={r['n']})" for r in reversed(rows)])
+    ax.set_xlabel("held-out accuracy difference, points (dots: seeds; bar: mean, 95% interval)")
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,88 @@
+"""DFPO's diagnostics: what the trainer logs about the in-group transform (arXiv:2604.13088, Eq. 23 and 87; the
+cancellation residual is ours, see docs/dfpo.md). Computed from `dfpo_loss`'s `SequenceWeights` where they are logged
+(`DFPOTrainer.objective`), never inside the loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .common import Groups, nan_if_empty
+from .dfpo import SequenceWeights, both_signs
+
+__all__ = ["DIAGNOSTICS", "dfpo_diagnostics"]
+
+#: The metrics of `dfpo_diagnostics` (each NaN for an empty batch).
+DIAGNOSTICS = ("dfpo/asym_before", "dfpo/asym_after", "dfpo/shrink", "dfpo/cancellation_residual",
+               "dfpo/cancellation_residual_gspo")  # fmt: skip
+
+
+def dfpo_diagnostics(weights: SequenceWeights, loss_type: str = "dapo") -> dict[str, Tensor]:
+    """0-dim detached metrics of one `dfpo_loss` call (its output's `weights`).
+
+    ``dfpo/asym_before`` / ``dfpo/asym_after``: Eq. 23 ``Var_i(w_i A_i)`` (population variance) with
+    ``w = s_bar w_IS`` / ``w = s_til``, mean over groups. ``dfpo/shrink``: mean of ``s_til / (s_bar w_IS)`` (App. K's
+    phi_i, Eq. 87) over the transformed members of groups whose advantages take both signs.
+    ``dfpo/cancellation_residual``: per group ``|sum_i A_i c_i| / sum_i |A_i| c_i`` over the members with a non-zero
+    gradient, ``c_i`` the effective shared-token coefficient (``s_til_i``, times ``1 / |y_i|`` under
+    ``loss_type="grpo"``, which weighs the tokens of sequence ``i`` by ``1 / |y_i|``; the other loss types weigh every
+    token by one batch constant), averaged over the groups with at least two such members; 0 means a token shared by
+    the whole group gets no gradient (NaN: no group). ``dfpo/cancellation_residual_gspo``: the same with GSPO's weights
+    ``s_bar w_IS`` in place of ``s_til`` (the residual ``transform="none"`` leaves on the same batch).
+    """
+    seq, adv, groups = weights, weights.advantages, weights.groups
+    if not adv.numel():
+        return dict.fromkeys(DIAGNOSTICS, torch.tensor(float("nan")))
+    with torch.no_grad():
+        s_til = seq.s_til
+        informative = seq.members & both_signs(torch.where(seq.members, adv, torch.zeros_like(adv)), groups)
+        shrink = s_til / seq.effective.clamp_min(torch.finfo(s_til.dtype).tiny)  # (B,) Eq. 87
+        count = informative.sum()
+        carries = seq.present & ~seq.clipped
+        return {
+            "dfpo/asym_before": _mean_group_variance(seq.effective * adv, groups).float(),
+            "dfpo/asym_after": _mean_group_variance(s_til * adv, groups).float(),
+            "dfpo/shrink": nan_if_empty(torch.where(informative, shrink, 0.0).sum() / count.clamp(min=1), count),
+            "dfpo/cancellation_residual": _cancellation_residual(adv, s_til, carries, seq.lengths, groups, loss_type),
+            # the same for GSPO's untransformed weights on this batch: what the transform is measured against
+            "dfpo/cancellation_residual_gspo": _cancellation_residual(
+                adv, seq.effective, carries, seq.lengths, groups, loss_type
+            ),
+        }
+
+
+def _mean_group_variance(values: Tensor, groups: Groups) -> Tensor:
+    """Mean over groups of the population variance of ``values`` within each group (Eq. 23).
+
+    In float64, saturated at float32's largest value: an unclipped ratio of e^50 (A < 0 keeps large ratios, Eq. 47)
+    squares to ~1e43, which would make the float32 metric inf and poison the logged mean.
+    """
+    if groups.num_groups == 0:
+        return values.new_full((), float("nan"))
+    values = values.double()
+    centred = values - groups.rows(values, "mean")  # (B,)
+    variance = groups.reduce(centred * centred, "mean")  # (K,)
+    return variance.mean().clamp(max=torch.finfo(torch.float32).max)
+
+
+def _cancellation_residual(
+    adv: Tensor, s_til: Tensor, carries: Tensor, lengths: Tensor, groups: Groups, loss_type: str
+) -> Tensor:
+    """0-dim mean over groups of ``|sum_i A_i c_i| / sum_i |A_i| c_i`` (see `dfpo_loss`), in float64.
+
+    ``c_i`` is the coefficient of ``grad log p`` at a token of sequence ``i`` up to a batch constant: ``s_til_i``
+    (loss weight included) and, for ``loss_type="grpo"``, ``1 / |y_i|`` (the sequence mean of Eq. 44 is not undone
+    by a token sum). Only members with ``A_i c_i != 0`` that are unclipped and present count.
+    """
+    adv, s_til = adv.double(), s_til.double()
+    coef = s_til / lengths.double().clamp(min=1.0) if loss_type == "grpo" else s_til  # (B,)
+    moving = carries & (adv != 0) & (coef > 0)  # (B,) members whose gradient is not zero
+    zero = torch.zeros_like(adv)
+    signed = groups.reduce(torch.where(moving, adv * coef, zero), "sum")  # (K,)
+    total = groups.reduce(torch.where(moving, adv.abs() * coef, zero), "sum")  # (K,)
+    count = groups.reduce(moving.double(), "sum")  # (K,)
+    keep = (count >= 2) & (total > 0)  # (K,)
+    residual = signed.abs() / total.clamp(min=torch.finfo(torch.float64).tiny)  # (K,)
+    kept = keep.sum()
+    return nan_if_empty(torch.where(keep, residual, 0.0).sum() / kept.clamp(min=1), kept)

@@ -1,0 +1,241 @@
+"""The runner of `trl-groupopt compare` and of the benchmarks' grids: a keyed, appendable JSONL runs file, a pool of
+workers, a progress line per run with the time left, and a clean stop on SIGTERM.
+
+A runs file holds two kinds of lines, appended as they happen:
+
+- a run record per finished run, identified by its key (the values of `Grid.key_fields`, e.g. method and seed) and
+  carrying the settings it was made with (`settings`) and its wall time (`wall_s`); a failed run's record has
+  `error` instead of results;
+- an invocation record, `{"invocation": {command, workers, runs, started, wall_s}}`, when an invocation that ran
+  something ends (stopped or not).
+
+Running the same jobs again with the same file runs only the keys it lacks (a failed run runs again and its new
+record supersedes the failed one); runs made with other settings are refused, never mixed (`settings_conflict`).
+SIGTERM stops after the runs in flight (their records are kept) and starts no other; Ctrl-C stops at once (the runs
+in flight are lost). Standard library only.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Executor, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+INVOCATION = "invocation"
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What the runner needs from a grid. `run_one(*key, settings)` makes one run and returns its record (for a
+    process pool: a module-level function); `describe(record)` is one line on a finished run for the progress log."""
+
+    key_fields: tuple[str, ...]
+    run_one: Callable[..., dict[str, Any]]
+    describe: Callable[[dict[str, Any]], str]
+
+    def key(self, record: dict[str, Any]) -> tuple:
+        return tuple(record[name] for name in self.key_fields)
+
+    def tag(self, record: dict[str, Any]) -> str:
+        """`method=otb seed=1`: how the log and the errors name a run."""
+        return " ".join(f"{name}={record[name]}" for name in self.key_fields)
+
+
+@dataclass
+class Runs:
+    """A runs file as read: one record per key (the last written; in file order) and the invocation records."""
+
+    path: Path
+    records: list[dict[str, Any]] = field(default_factory=list)
+    invocations: list[dict[str, Any]] = field(default_factory=list)
+
+    def done(self, grid: Grid) -> set[tuple]:
+        """The keys of the runs that finished without error."""
+        return {grid.key(r) for r in self.records if "error" not in r}
+
+
+def jsonable(value: Any) -> Any:
+    """NaN/inf -> None (strict JSON), tuples -> lists, 0-dim tensors and numpy scalars -> Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    return value
+
+
+def read_runs(path: Path, grid: Grid) -> Runs:
+    """The records of a runs file (none if it does not exist): for each key the last record written."""
+    runs = Runs(Path(path))
+    latest: dict[tuple, dict[str, Any]] = {}
+    for line in runs.path.read_text().splitlines() if runs.path.exists() else []:
+        if not line.strip():
+            continue
+        entry = json.loads(line)
+        if INVOCATION in entry:
+            runs.invocations.append(entry[INVOCATION])
+            continue
+        latest.pop(grid.key(entry), None)  # a retry goes where it was written, after the runs before it
+        latest[grid.key(entry)] = entry
+    runs.records = list(latest.values())
+    return runs
+
+
+def append_line(path: Path, entry: dict[str, Any]) -> None:
+    """One JSON line at the end of `path`, written at once (a stopped grid keeps every finished run)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(json.dumps(jsonable(entry)) + "\n")
+
+
+def settings_conflict(grid: Grid, runs: Runs, settings: dict[str, Any]) -> str | None:
+    """Why these settings cannot join the runs of `runs` (the first run made with others, and what differs), or
+    None. A summary would pool runs made with other settings."""
+    wanted = jsonable(settings)
+    for record in runs.records:
+        made = record.get("settings")
+        if made is not None and made != wanted:
+            differ = ", ".join(f"{k} {made.get(k)!r} there, {wanted.get(k)!r} here"
+                               for k in sorted(set(made) | set(wanted)) if made.get(k) != wanted.get(k))  # fmt: skip
+            return f"{runs.path}: the run {grid.tag(record)} was made with other settings ({differ})"
+    return None
+
+
+def run_safely(run_one: Callable[..., dict[str, Any]], key_fields: Sequence[str], job: tuple,
+               settings: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """`run_one(*job, settings)` with the settings recorded; a failure becomes a record with the traceback."""
+    started = time.perf_counter()
+    try:
+        record = run_one(*job, settings)
+    except Exception:  # noqa: BLE001 - reported in the record and the log
+        record = {
+            **dict(zip(key_fields, job)),
+            "error": traceback.format_exc(),
+            "wall_s": time.perf_counter() - started,
+        }
+    record["settings"] = settings
+    return record
+
+
+def _worker_start(initializer: Callable[[], None] | None) -> None:
+    """A pool worker ignores SIGTERM (its parent stops the grid after the runs in flight), then `initializer`."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if initializer is not None:
+        initializer()
+
+
+class Stop:
+    """SIGTERM, while installed (main thread only): no further run starts; the runs in flight finish."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+        self._installed = threading.current_thread() is threading.main_thread()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        print(f"signal {signum}: stopping after the run(s) in flight", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> Stop:
+        if self._installed:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def _finished(grid: Grid, jobs: list[tuple], settings: dict[str, Any], pool: Executor | None,
+              workers: int, stop: Stop) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """Each job's record as it finishes, in this process one after the other or `workers` at a time in `pool`."""
+    if pool is None:
+        for job in jobs:
+            if stop.requested:
+                return
+            yield run_safely(grid.run_one, grid.key_fields, job, settings)
+        return
+    queue, running = list(jobs), set()
+    try:
+        while queue or running:
+            while queue and len(running) < workers and not stop.requested:
+                running.add(pool.submit(run_safely, grid.run_one, grid.key_fields, queue.pop(0), settings))
+            if not running:
+                return
+            done, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield future.result()
+    except BaseException:  # Ctrl-C: start nothing more
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"{minutes}:{secs:02d}"
+
+
+def progress_line(done: int, total: int, elapsed: float, width: int = 20) -> str:
+    """`[3/8 #######-------------  1:02 elapsed, ~1:43 left]`: the time left at the pace so far."""
+    filled = round(width * done / total) if total else width
+    left = f", ~{_clock(elapsed / done * (total - done))} left" if 0 < done < total else ""
+    return f"[{done}/{total} {'#' * filled}{'-' * (width - filled)} {_clock(elapsed)} elapsed{left}]"
+
+
+def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], path: Path, command: str, *, workers: int = 1,
+             pool: str = "process", initializer: Callable[[], None] | None = None,
+             on_record: Callable[[dict[str, Any]], bool] | None = None) -> int:  # fmt: skip
+    """Run `jobs` (keys), appending each record to `path` as it finishes and, at the end, this invocation's record;
+    returns how many ran. `workers` > 1 runs that many at once in a `pool` of processes (`initializer` runs in each)
+    or threads (for runs that are subprocesses). `on_record(record)` returning True stops the grid as SIGTERM does."""
+    if not jobs:
+        return 0
+    started, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+    done = 0
+    executor: Executor | None = None
+    if workers > 1 and pool == "thread":
+        executor = ThreadPoolExecutor(max_workers=workers)
+    elif workers > 1:
+        import multiprocessing as mp
+
+        executor = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                       initializer=functools.partial(_worker_start, initializer))  # fmt: skip
+    try:
+        with Stop() as stop:
+            for record in _finished(grid, jobs, settings, executor, workers, stop):
+                done += 1
+                append_line(path, record)
+                head = f"  {progress_line(done, len(jobs), time.perf_counter() - started)} {grid.tag(record)}"
+                failed = "error" in record
+                print(f"{head}: FAILED\n{record['error']}" if failed else f"{head}: {grid.describe(record)}",
+                      flush=True)  # fmt: skip
+                if on_record is not None and on_record(record):
+                    stop.requested = True
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        if done:
+            invocation = dict(command=command, workers=workers, runs=done, started=started_at,
+                              wall_s=time.perf_counter() - started)  # fmt: skip
+            append_line(path, {INVOCATION: invocation})
+    return done
+
+
+def pending(grid: Grid, runs: Runs, jobs: Sequence[tuple]) -> list[tuple]:
+    """The jobs whose keys have no finished run in `runs`."""
+    done = runs.done(grid)
+    return [tuple(job) for job in jobs if tuple(job) not in done]

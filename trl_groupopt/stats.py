@@ -1,0 +1,144 @@
+"""Paired-seed statistics of `trl-groupopt compare` and of the benchmarks' claims grid: one implementation of the
+95% Student-t interval, the verdict rule and the power note.
+
+Two runs with the same seed saw the same prompts in the same order and drew their first samples from the same
+policy, so a method is compared with its baseline seed by seed: d_s = outcome(method, s) - outcome(baseline, s). The
+mean of d over n seeds has the 95% interval mean +- t_{0.975, n-1} * sd / sqrt(n) (Student t, sample sd), and
+:func:`verdict` reads that interval (:data:`VERDICT_RULE`). Standard library only: `--help` and the benchmarks'
+table rebuilds import neither torch nor scipy, so the t quantiles are tabulated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (standard tables; scipy.stats.t.ppf agrees to 3
+# decimals, checked in tests/test_compare.py). Above 30 degrees of freedom the normal quantile is used.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+#: Accuracy differences whose whole 95% interval lies inside +-this are "no difference" of practical size.
+EQUIVALENCE_MARGIN = 0.02
+#: Accuracy outcomes where method and baseline both end at or below this: inconclusive (nothing left to lose).
+FLOOR = 0.02
+BETTER, WORSE, NO_DIFFERENCE, INCONCLUSIVE, NOT_RUN = "better", "worse", "no difference", "inconclusive", "not run"
+VERDICT_RULE = (
+    "paired by seed, d = method - baseline; better: the 95% interval of mean d lies above 0; worse: below 0; no "
+    f"difference: (accuracy outcomes) it lies inside +-{100 * EQUIVALENCE_MARGIN:.0f} points; inconclusive otherwise, "
+    f"and whenever both method and baseline end at <= {FLOOR:.0%} accuracy (floor effect) or the method's mechanism "
+    "acted on none of its optimizer steps (the setting does not test it); fewer than 2 paired seeds: inconclusive"
+)
+
+
+def t_quantile_975(df: int) -> float:
+    """Two-sided 95% Student-t quantile for `df` degrees of freedom (NaN below 1)."""
+    if df < 1:
+        return float("nan")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def present(values: Sequence[float | None]) -> list[float]:
+    """The values that were measured: None (no such seed or step) and NaN (nothing to measure) left out."""
+    return [float(v) for v in values if v is not None and not math.isnan(float(v))]
+
+
+def mean(values: Sequence[float | None]) -> float | None:
+    """Mean of the measured values (`present`); None when there is none."""
+    xs = present(values)
+    return sum(xs) / len(xs) if xs else None
+
+
+def mean_ci(values: Sequence[float | None]) -> dict[str, Any]:
+    """Mean and 95% Student-t interval over seeds, ignoring None/NaN: {"mean", "ci95" (half-width), "low", "high",
+    "n", "std"}; the interval fields are None for fewer than 2 values."""
+    xs = present(values)
+    n = len(xs)
+    if n == 0:
+        return {"mean": None, "ci95": None, "low": None, "high": None, "n": 0, "std": None}
+    average = sum(xs) / n
+    if n < 2:
+        return {"mean": average, "ci95": None, "low": None, "high": None, "n": 1, "std": None}
+    std = math.sqrt(sum((x - average) ** 2 for x in xs) / (n - 1))  # sample standard deviation
+    half = t_quantile_975(n - 1) * std / math.sqrt(n)
+    return {"mean": average, "ci95": half, "low": average - half, "high": average + half, "n": n, "std": std}
+
+
+def paired_differences(ours: Mapping[Any, float | None], theirs: Mapping[Any, float | None]) -> list[float | None]:
+    """`ours[k] - theirs[k]` for every key both hold (seeds), in key order; None where either value is missing."""
+    return [
+        None if ours[k] is None or theirs[k] is None else ours[k] - theirs[k] for k in sorted(set(ours) & set(theirs))
+    ]
+
+
+def half_width(sd: float, n: int) -> float:
+    """The 95% Student-t half-width of a mean over n seeds of standard deviation sd."""
+    return t_quantile_975(n - 1) * sd / math.sqrt(n)
+
+
+def seeds_needed(sd: float, target: float, minimum: int = 2) -> int:
+    """The smallest n >= minimum with `half_width(sd, n) <= target`."""
+    n = max(minimum, 2)
+    while half_width(sd, n) > target:
+        n += 1
+    return n
+
+
+def verdict(stats: Mapping[str, Any], better: int = +1, margin: float | None = EQUIVALENCE_MARGIN) -> str:
+    """:data:`VERDICT_RULE` on the interval of the mean paired difference (`mean_ci`'s result): `better` is +1 when
+    a larger outcome is better, -1 when smaller is; `margin` the equivalence band (None: no band, e.g. a mechanism
+    metric). The floor and idle-mechanism cases are :func:`compare_pair`'s."""
+    if stats["n"] < 2 or stats["low"] is None:
+        return INCONCLUSIVE if stats["n"] else NOT_RUN
+    low, high = sorted((stats["low"] * better, stats["high"] * better))
+    if low > 0:
+        return BETTER
+    if high < 0:
+        return WORSE
+    if margin is not None and -margin < stats["low"] and stats["high"] < margin:
+        return NO_DIFFERENCE
+    return INCONCLUSIVE
+
+
+def compare_pair(
+    ours: Mapping[Any, float | None],
+    theirs: Mapping[Any, float | None] | None,
+    *,
+    better: int = +1,
+    accuracy: bool = True,
+    acted: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One comparison by :data:`VERDICT_RULE`: `ours` and `theirs` map seed -> outcome (`theirs` None: `ours` are
+    already the per-seed differences, e.g. a within-run log ratio); `accuracy` applies the +-2-point band and the
+    floor; `acted` ({"steps", "acted", "what"}) is how often the method's mechanism acted. Returns {"n",
+    "difference" (`mean_ci`), "per_seed", "verdict", "note" (None or why the verdict is not the interval's),
+    "power": `power_note`}."""
+    per_seed = list(ours.values()) if theirs is None else paired_differences(ours, theirs)
+    stats = mean_ci(per_seed)
+    row: dict[str, Any] = {"n": stats["n"], "difference": stats, "per_seed": per_seed, "note": None}
+    row["verdict"] = verdict(stats, better, EQUIVALENCE_MARGIN if accuracy else None)
+    levels = [mean(list(ours.values())), mean(list(theirs.values())) if theirs is not None else None]
+    if accuracy and stats["n"] and all(v is not None and v <= FLOOR for v in levels):
+        row["verdict"], row["note"] = INCONCLUSIVE, f"both at <= {FLOOR:.0%} accuracy: floor effect"
+    elif acted and acted.get("steps") and not acted.get("acted"):
+        row["verdict"] = INCONCLUSIVE  # the method ran as its baseline's objective: nothing of it was compared
+        row["note"] = f"{acted['what']} on no optimizer step: the setting does not test the method"
+    row["power"] = power_note(stats) if accuracy else None
+    return row
+
+
+def power_note(stats: Mapping[str, Any], target: float = EQUIVALENCE_MARGIN) -> dict[str, Any] | None:
+    """From the observed paired spread: the seeds that would give a 95% half-width of `target` (2 points), and one
+    line saying so; None for fewer than 2 seeds. A zero spread needs 2 seeds."""
+    if stats.get("std") is None:
+        return None
+    n = seeds_needed(stats["std"], target)
+    text = (
+        f"paired sd {100 * stats['std']:.1f} points over {stats['n']} seeds: {n} seeds give a 95% interval of "
+        f"+-{100 * target:.0f} points (now +-{100 * stats['ci95']:.1f})"
+    )
+    return {"sd": stats["std"], "target_half_width": target, "seeds_for_target": n, "text": text}

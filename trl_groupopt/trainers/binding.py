@@ -1,0 +1,49 @@
+"""The one binding of a method config to its objective: config fields named after the objective's arguments.
+
+A method config sets its objective's keyword arguments through fields named by one rule (`config_fields`), validates
+them once with the objective's ``validate_<method>`` under those names (`validate_config`, so an error names the field
+the user set), and its trainer calls the objective with the same values (`config_arguments`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["config_arguments", "config_fields", "validate_config"]
+
+
+def config_fields(function: Callable, config: Any, prefix: str = "") -> dict[str, str]:
+    """``{argument: config field}`` for the keyword-only arguments of ``function`` (an objective) that ``config`` sets.
+
+    The one rule that binds a method's config to its objective: argument ``a`` is read from the field
+    ``<prefix>a`` (e.g. ``dfpo_transform`` for ``transform``), else ``a``, else, for ``x_low``, ``x`` (TRL names a
+    lower clip ``epsilon`` and its upper one ``epsilon_high``). The config validates with the same names, so an
+    error names the field the user set.
+    """
+    fields = {}
+    for name, parameter in inspect.signature(function).parameters.items():
+        if parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
+            continue
+        candidates = (prefix + name, name, name.removesuffix("_low") if name.endswith("_low") else "")
+        field_name = next((c for c in candidates if c and hasattr(config, c)), None)
+        if field_name is not None:
+            fields[name] = field_name
+    return fields
+
+
+def config_arguments(function: Callable, config: Any, prefix: str = "") -> dict[str, Any]:
+    """``{argument: value}`` of `config_fields`; an unset ``epsilon_high`` reads as ``epsilon``, as TRL reads it."""
+    values = {
+        name: getattr(config, field_name) for name, field_name in config_fields(function, config, prefix).items()
+    }
+    if "epsilon_high" in values and values["epsilon_high"] is None:
+        values["epsilon_high"] = config.epsilon  # mirrors GRPOTrainer.__init__ (trl 1.16.0): `self.epsilon_high`
+    return values
+
+
+def validate_config(validate: Callable, config: Any, prefix: str = "") -> None:
+    """Run an objective's ``validate_<method>`` on the config fields that set its arguments (`config_arguments`),
+    so that an error names the field (e.g. ``dfpo_transform``), not the argument: the configs' one check."""
+    validate(**config_arguments(validate, config, prefix), names=config_fields(validate, config, prefix))
