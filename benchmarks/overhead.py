@@ -23,7 +23,7 @@ weights, bf16, completions up to 512, 2 + 24 steps per run, one repeat in 4.1 mi
 `overhead_<device>.json` / `.png`; `python -m benchmarks.report` writes the markdown table.
 
     python -m benchmarks.overhead --smoke --output-dir outputs/bench     # CPU, about 1 min
-    python -m benchmarks.overhead --device cpu                            # the committed CPU table
+    python -m benchmarks.overhead --device cpu                            # the CPU table: 15-20 min, shared ok
     python -m benchmarks.overhead --device cuda                           # GPU
 """
 
