@@ -617,6 +617,7 @@ def plot(payload: dict, path: Path) -> Path | None:
             ax.text(i, values[i], f"{values[i]:.3f}", ha="center", va="bottom", fontsize=7)
         ax.axhspan(1.0 - nf, 1.0 + nf, color="tab:gray", alpha=0.2, linewidth=0)
         ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_ylim(max(0.0, min(low + [1.0 - nf]) - 0.05), max(high + [1.06, 1.0 + nf]) + 0.03)  # the bars' tops
         ax.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=8)
         ax.set_title(f"{key}: time / TRL's, 95% CI (grey: noise floor +-{nf:.1%})", fontsize=9)
     fig.suptitle(f"trl-groupopt {payload['benchmark']} ({payload['device']['description']}); red: targets", fontsize=9)
