@@ -745,8 +745,8 @@ def test_gpu_check_summary_and_deepspeed_skip_start_no_process(tmp_path):
     # on a CPU, the DeepSpeed stage records its refusal and why, and trains nothing
     assert stages.train(tmp_path / "deepspeed_zero2.json", ["zero2"], True, 60.0, None) == 0
     assert "DeepSpeed needs a GPU" in json.loads((tmp_path / "deepspeed_zero2.json").read_text())["skipped"]
-    (tmp_path / "train.json").write_text(json.dumps({"units": {"dfpo/lora": {"ok": True}, "otb/lora": {"ok": False},
-                                                               "echo/lora": {"ok": None, "not_run": "cap"}}}))  # fmt: skip
+    units = {"dfpo/lora": {"ok": True}, "otb/lora": {"ok": False}, "echo/lora": {"ok": None, "not_run": "cap"}}
+    (tmp_path / "train.json").write_text(json.dumps({"units": units}))
     (tmp_path / "stages.tsv").write_text("versions\t0\t3.5\t45\ntrain\t1\t100.0\t140\ndeepspeed_zero2\t0\t1\t140\n")
     stages.summary(tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
