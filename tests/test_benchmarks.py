@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import common, overhead, power, report, runner, sample_efficiency, stress
+from benchmarks import common, loss_overhead, overhead, power, report, runner, sample_efficiency, stress
 from trl_groupopt import stats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,19 +103,42 @@ def test_paired_cycle_ratio_and_noise_floor():
     assert overhead.ratio_estimate([])["ratio"] is None
 
 
-def test_lockstep_groups_each_hold_the_baseline_and_the_control():
+def test_lockstep_groups_pack_whole_methods_with_the_baseline_and_the_control():
     order = overhead.variants()
     names = [v.name for v in order]
     (whole,) = overhead.lockstep_groups(order, 0)
     assert [v.name for v in whole] == names
     groups = overhead.lockstep_groups(order, 3)
-    others = [n for n in names if n not in (overhead.BASELINE, overhead.CONTROL)]
-    assert len(groups) == -(-len(others) // 3)
+    others = [v for v in order if v.name not in (overhead.BASELINE, overhead.CONTROL)]
+    by_method = {v.method: {w.name for w in others if w.method == v.method} for v in others}
     for group in groups:
         group_names = [v.name for v in group]
-        assert {overhead.BASELINE, overhead.CONTROL} <= set(group_names) and len(group_names) <= 5
-        assert group_names == [n for n in names if n in group_names]  # the given order (ABBA across repeats)
-    assert sorted(n for g in groups for n in (v.name for v in g) if n in others) == sorted(others)
+        assert {overhead.BASELINE, overhead.CONTROL} <= set(group_names)
+        assert group_names == [n for n in names if n in group_names]  # the given order (reversed across repeats)
+        methods = {v.method for v in group if v.name not in (overhead.BASELINE, overhead.CONTROL)}
+        for method in methods:  # every variant runs with its method's default, in the same run
+            assert by_method[method] <= set(group_names), (method, group_names)
+        # runs of at most 3 besides the two, unless one method alone is larger (DFPO's four transforms)
+        assert len(group_names) - 2 <= max(3, *(len(by_method[m]) for m in methods))
+    assert sorted(n for g in groups for n in (v.name for v in g) if n in {v.name for v in others}) == sorted(
+        v.name for v in others
+    )
+    assert len(groups) < len(others)  # packed: fewer runs than trainers
+
+
+def test_fit_steps_shrinks_later_runs_to_the_budget():
+    import time
+
+    args = overhead.parse_args(["--smoke"])  # cycles of 2 steps, 2 warm-up steps
+    args.steps, args.max_minutes = 30, 1.0
+    state = {"cost": {}, "started": time.perf_counter()}
+    assert overhead.fit_steps(args, state, "k", [[0] * 3]) == 30  # no run measured yet: --steps
+    state["cost"]["k"] = (1.0, 0.1)  # the last run: 1 s of set-up per trainer, 0.1 s a step
+    assert overhead.fit_steps(args, state, "k", [[0] * 3, [0] * 3]) == 30  # 60 s for 6 trainers: room to spare
+    # 60 s for 30 trainers: 2 s each, 1 s of it steps -> 9 steps (under 10 with the clock running) - 2 warm-up -> 6
+    assert overhead.fit_steps(args, state, "k", [[0] * 15, [0] * 15]) == 6
+    state["started"] -= 59.5  # half a second left: not one cycle fits
+    assert overhead.fit_steps(args, state, "k", [[0] * 3]) is None
 
 
 def test_lockstep_runs_one_thread_at_a_time_in_rotated_rounds():
@@ -630,7 +653,9 @@ HEAVY_MODULES = ("torch", "trl", "transformers", "accelerate", "datasets")  # tr
 
 
 @pytest.mark.slow  # launches a Python process per module
-@pytest.mark.parametrize("module", ["overhead", "stress", "sample_efficiency", "report", "profile_step"])
+@pytest.mark.parametrize(
+    "module", ["overhead", "loss_overhead", "stress", "sample_efficiency", "report", "profile_step"]
+)
 def test_help_runs_as_module(module):
     # PYTHONPROFILEIMPORTTIME lists every module imported (in overhead's re-run under its allocator settings too)
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"], cwd=REPO, capture_output=True,
@@ -653,15 +678,16 @@ def test_overhead_smoke(tmp_path, capsys):
     expected = {v.name for v in overhead.variants()} - set(payload["not_available"])
     assert set(results) == expected and {"base", "echo", "otb", "ctpo", "dfpo", "grpo_fix"} <= expected
     assert overhead.CONTROL in results and shape["noise_floor"] is not None  # the A/A control has an interval
+    runs = payload["settings"]["runs"]
+    assert runs == [[v.name for v in g] for g in overhead.lockstep_groups(
+        [v for v in overhead.variants() if v.name in results], 4)]  # fmt: skip
     for name, entry in results.items():
-        for key in ("time_ms", "time_ratio", "train_time_ms", "scoring_ms_per_step"):
-            assert isinstance(entry[key], (int, float)) and entry[key] > 0, (name, key, entry[key])
-        assert entry["time_ms"] == pytest.approx(entry["train_time_ms"] + entry["scoring_ms_per_step"])
+        assert isinstance(entry["time_ms"], float) and entry["time_ms"] > 0 and entry["time_ratio"] > 0, name
         assert entry["off_policy"] is True  # the behaviour forward (old_per_token_logps) ran, as in real training
-        # every trainer ran every timed step; the smoke runs lockstep groups of 4 (+ baseline and control), so those
-        # two ran once per group
-        runs = 1 if name not in (overhead.BASELINE, overhead.CONTROL) else -(-(len(results) - 2) // 4)
-        assert entry["timed_steps"] == 4 * runs and entry["paired_cycles"] == 2 * runs, name
+        # every trainer ran every timed step of each run it is in (the baseline and control: all of them)
+        in_runs = sum(name in run for run in runs)
+        assert entry["timed_steps"] == 4 * in_runs and entry["paired_cycles"] == 2 * in_runs, name
+        assert len(entry["time_ratio_per_run"]) == in_runs
         low, high = entry["time_ratio_ci95"]
         assert low <= entry["time_ratio"] <= high
     assert results["trl_grpo"]["time_ratio"] == pytest.approx(1.0)
@@ -675,9 +701,59 @@ def test_overhead_smoke(tmp_path, capsys):
     markdown = report.overhead_markdown(payload)
     assert "| `otb` " in markdown and "noise floor" in markdown
 
-    (tmp_path / "overhead_smoke.png").unlink()  # --plot-from re-draws the PNG from the JSON alone
-    overhead.main(["--plot-from", str(tmp_path / "overhead_smoke.json"), "--output-dir", str(tmp_path)])
-    assert _is_png(tmp_path / "overhead_smoke.png")
+
+@pytest.mark.slow
+def test_loss_overhead_smoke(tmp_path, capsys):
+    payload = loss_overhead.main(["--smoke", "--output-dir", str(tmp_path)])
+    assert json.loads((tmp_path / "loss_overhead_smoke.json").read_text())["benchmark"] == "loss_overhead"
+    (shape,) = payload["shapes"].values()
+    results = shape["results"]
+    from trl_groupopt import METHODS
+
+    # every registered method's loss, TRL's loss as the baseline and again as the A/A control
+    assert {"base" if m == "grpo" else m for m in METHODS} | {overhead.BASELINE, overhead.CONTROL} <= set(results)
+    assert results[overhead.BASELINE]["time_ratio"] == pytest.approx(1.0) and shape["noise_floor"] is not None
+    for name, entry in results.items():
+        assert entry["us_per_call"] > 0 and entry["rounds"] >= 5, name
+    assert payload["machine_load"]["niceness"] is not None and "shared" in payload["machine_load"]["note"]
+    assert (
+        _is_png(tmp_path / "loss_overhead_smoke.png")
+        and "noise floor" in (tmp_path / "loss_overhead_smoke.md").read_text()
+    )
+    assert "x TRL loss" in capsys.readouterr().out
+
+
+def test_loss_overhead_surrogate_is_trls_clipped_objective():
+    import torch
+
+    logps, old = torch.tensor([[0.0, -1.0, -2.0]]), torch.tensor([[-0.5, -1.0, -1.0]])
+    adv = torch.tensor([1.0])
+    ratio = torch.exp(logps - old)
+    expected = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)  # TRL's per-token clipped surrogate
+    assert torch.allclose(loss_overhead.trl_surrogate(logps, old, adv, 0.2, 0.2), expected)
+    mask = torch.tensor([[1, 1, 0]])
+    loss = loss_overhead.dapo_aggregate(expected, mask, {"num_items_in_batch": torch.tensor(2.0)})
+    assert loss.item() == pytest.approx((expected[0, 0] + expected[0, 1]).item() / 2)
+
+
+def test_gpu_check_summary_and_deepspeed_skip_start_no_process(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_stages", REPO / "scripts" / "gpu_check_stages.py")
+    stages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stages)
+    # on a CPU, the DeepSpeed stage records its refusal and why, and trains nothing
+    assert stages.train(tmp_path / "deepspeed_zero2.json", ["zero2"], True, 60.0, None) == 0
+    assert "DeepSpeed needs a GPU" in json.loads((tmp_path / "deepspeed_zero2.json").read_text())["skipped"]
+    units = {"dfpo/lora": {"ok": True}, "otb/lora": {"ok": False}, "echo/lora": {"ok": None, "not_run": "cap"}}
+    (tmp_path / "train.json").write_text(json.dumps({"units": units}))
+    (tmp_path / "stages.tsv").write_text("versions\t0\t3.5\t45\ntrain\t1\t100.0\t140\ndeepspeed_zero2\t0\t1\t140\n")
+    stages.summary(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["ok"] is False and summary["stages"]["versions"]["json"] is None
+    train = summary["stages"]["train"]
+    assert train["rc"] == 1 and train["units_ok"] == 1 and train["units_failed"] == ["otb/lora"]
+    assert summary["stages"]["deepspeed_zero2"]["skipped"].startswith("DeepSpeed needs a GPU")
 
 
 @pytest.mark.slow
