@@ -82,7 +82,7 @@ class EnergyCapture:
             if logps is per_token_logps and energy is not None:
                 return energy
         raise RuntimeError(
-            f"OTB found no energy for the {forward} forward: TRL's `_get_per_token_logps_and_entropies` did not return "
+            f"The advantage estimator found no energy for the {forward} forward: TRL's `_get_per_token_logps_and_entropies` did not return "
             "the log-probs of a fused-head call with `log_sum_sq_probs`. This TRL version computes log-probs "
             "differently; please report it with your TRL version."
         )

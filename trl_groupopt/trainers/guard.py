@@ -49,7 +49,7 @@ def _causes(args: Any) -> str:
     fp16 = " fp16 overflow (fp16=True: train in bf16 or fp32)," if getattr(args, "fp16", False) else ""
     return (
         f"Likely causes: a learning rate too high for this model (learning_rate={args.learning_rate}: try 10x lower),"
-        f"{fp16} or rewards on a large scale (methods without std normalisation, e.g. OTB, use the raw rewards: "
+        f"{fp16} or rewards on a large scale (estimators without std normalisation use the raw rewards: "
         "bring them to order 1)."
     )
 
