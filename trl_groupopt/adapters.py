@@ -1,9 +1,6 @@
-"""The data door: user data read, checked row by row, and turned into TRL's prompt format before any model loads.
-
-Adapters usable with ``Dataset.map`` (``{"prompt": [{"role": "user", "content": ...}], "solution": "\\boxed{...}"}``):
-:func:`gsm8k_to_conversational` (answer after ``####``), :func:`math_to_conversational` (last ``\\boxed{}``) and
-:func:`string_prompt_to_conversational`. :func:`load_datasets` is the training command's door: every failure is one
-message naming the file, the row or line, the option and the fix.
+"""The data door: user data read, checked row by row and turned into TRL's prompt format before any model loads
+(:func:`load_datasets`; what it checks: docs/getting-started.md, "Your data, checked before the model loads"), and
+the row adapters usable with ``Dataset.map``.
 """
 
 from __future__ import annotations
@@ -44,23 +41,21 @@ def _messages(question: str, system_prompt: str | None) -> list[dict[str, str]]:
     return [*system, {"role": "user", "content": question}]
 
 
+def _conversational(question: Any, answer: str | None, system_prompt: str | None) -> dict[str, Any]:
+    """``{"prompt": [messages], "solution": "\\boxed{answer}"}``; no answer -> ``""`` (the accuracy reward skips it)."""
+    return {"prompt": _messages(str(question), system_prompt), "solution": f"\\boxed{{{answer}}}" if answer else ""}
+
+
 def gsm8k_to_conversational(row: dict[str, Any], system_prompt: str | None = None) -> dict[str, Any]:
-    """A GSM8K row (``question``, ``answer`` ending in ``#### 42``) as ``{"prompt": [...], "solution": "\\boxed{42}"}``;
-    ``#### 1,000`` -> ``\\boxed{1000}``, no ``####`` -> ``""`` (the accuracy reward skips the row)."""
+    """A GSM8K row (``question``, ``answer`` ending in ``#### 1,000``) with ``\\boxed{1000}`` as solution."""
     answer = str(row["answer"])
     final = answer.split("####")[-1].strip().replace(",", "").replace("$", "").strip() if "####" in answer else ""
-    return {
-        "prompt": _messages(str(row["question"]), system_prompt),
-        "solution": f"\\boxed{{{final}}}" if final else "",
-    }
+    return _conversational(row["question"], final, system_prompt)
 
 
 def math_to_conversational(row: dict[str, Any], system_prompt: str | None = None) -> dict[str, Any]:
-    """A MATH row (``problem``, ``solution`` with a final ``\\boxed{}``) with the last boxed content as solution
-    (nested braces kept); none -> ``""``."""
-    content = extract_last_boxed(str(row["solution"]))
-    solution = f"\\boxed{{{content}}}" if content else ""
-    return {"prompt": _messages(str(row["problem"]), system_prompt), "solution": solution}
+    """A MATH row (``problem``, ``solution``) with its last ``\\boxed{}`` content (nested braces kept) as solution."""
+    return _conversational(row["problem"], extract_last_boxed(str(row["solution"])), system_prompt)
 
 
 def string_prompt_to_conversational(row: dict[str, Any], system_prompt: str | None = None) -> dict[str, Any]:
@@ -76,7 +71,6 @@ def format_help() -> str:
     )
 
 
-# ---------------------------------------------------------------------------------------------------- paths
 def _looks_local(name: str) -> bool:
     """A path rather than a Hub id: absolute, ``./``, ``../`` or ``~``, or inside a folder that exists here."""
     if os.path.isabs(name) or name in (".", "..") or name.startswith(("./", "../", ".\\", "..\\", "~")):
@@ -162,7 +156,6 @@ def load_raw_dataset(name: str, config: str | None = None, split: str = "train")
     return datasets.load_dataset(name, config, split=split)
 
 
-# ---------------------------------------------------------------------------------------------------- rows
 def _message_problem(messages: list) -> str | None:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not {"role", "content"} <= set(message):

@@ -1,8 +1,6 @@
-"""Resume rules, one story for the command line and the Python API (docs/reliability.md, "Resume is one story"):
-whether a run may start in a folder (`refuse_fresh_run`), what a resume does with a checkpoint (`check_resume`: the
-method that wrote it, changed settings; `finished_message`: a finished run), a full disk named as such, a tied weight
-not reported missing, and the `save_steps` that would resume mid-cycle. `trl_groupopt.run_folder` decides which
-checkpoints are complete. Neither TRL nor torch is imported at module level (the CLI reads it first).
+"""Resume rules, one story for the command line and the Python API: docs/reliability.md, "Resume is one story".
+`trl_groupopt.run_folder` decides which checkpoints are complete. Imports neither TRL nor torch at module level (the
+CLI reads it first).
 """
 
 from __future__ import annotations
@@ -18,20 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .run_folder import checkpoints, read_checkpoint_record, resolve_resume
-
-__all__ = [
-    "RESUME_SETTINGS",
-    "check_resume",
-    "disk_full_explained",
-    "earlier_run",
-    "finished_message",
-    "inexact_resume_warning",
-    "missing_keys_to_report",
-    "prepare_train",
-    "refuse_fresh_run",
-    "run_record",
-]
+from .run_folder import TRAINER_STATE, checkpoints, read_checkpoint_record, resolve_resume
 
 #: Files a finished run leaves in its output folder (the model, the state, the CLI's results).
 _FINISHED_RUN_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
@@ -39,10 +24,8 @@ _FINISHED_RUN_FILES = ("model.safetensors", "model.safetensors.index.json", "ada
 #: Settings a resume compares with the checkpoint's (the learning rate is restored; the others are used as given).
 RESUME_SETTINGS = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
                    "steps_per_generation", "num_iterations", "world_size", "advantage_estimator")  # fmt: skip
-_TRAINER_STATE = "trainer_state.json"
 
 
-# ---------------------------------------------------------------------------------------------------- fresh runs
 def earlier_run(output_dir: str | os.PathLike) -> str | None:
     """What an earlier run left in `output_dir` ("checkpoints (checkpoint-8, checkpoint-6)", "a finished run
     (model.safetensors, results.json)"), or None."""
@@ -70,7 +53,6 @@ def refuse_fresh_run(output_dir: str | os.PathLike, overwrite: bool, *, cli: boo
     )
 
 
-# ---------------------------------------------------------------------------------------------------- the record
 def run_record(trainer: Any) -> dict[str, Any]:
     """What a checkpoint's completion record keeps for the resume rules: the trainer's method, `RESUME_SETTINGS`, and
     the epochs (a `max_steps=-1` run is finished by them)."""
@@ -86,7 +68,7 @@ def _recorded_run(checkpoint: str) -> dict[str, Any]:
 
 def _trainer_state(checkpoint: str) -> dict[str, Any]:
     try:
-        return json.loads(Path(checkpoint, _TRAINER_STATE).read_text(encoding="utf-8"))
+        return json.loads(Path(checkpoint, TRAINER_STATE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
 
@@ -140,7 +122,6 @@ def finished_message(checkpoint: str, args: Any) -> str | None:
     )
 
 
-# ---------------------------------------------------------------------------------------------------- the trainer
 def _method_name(trainer: Any) -> str:
     method_for = getattr(type(trainer), "method_for", None)
     spec = method_for(trainer.args) if method_for is not None else getattr(trainer, "method_spec", None)
@@ -163,7 +144,7 @@ def prepare_train(trainer: Any, resume_from_checkpoint: str | bool | None) -> tu
     from transformers import TrainerState
     from transformers.trainer_utils import TrainOutput
 
-    trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, _TRAINER_STATE))
+    trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
     trainer._load_from_checkpoint(checkpoint)
     warnings.warn(message.replace("--max_steps (max_steps)", "max_steps"), UserWarning, stacklevel=3)
     losses = [entry["train_loss"] for entry in trainer.state.log_history if "train_loss" in entry]
@@ -178,7 +159,6 @@ def missing_keys_to_report(model: Any, missing_keys: list[str]) -> list[str]:
     return [name for name in missing_keys if name not in parameters or parameters[name].data_ptr() not in loaded]
 
 
-# ---------------------------------------------------------------------------------------------------- saving
 def _free_bytes(folder: str | os.PathLike) -> int | None:
     path = Path(folder).absolute()
     while not path.exists() and path != path.parent:
