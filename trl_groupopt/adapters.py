@@ -195,10 +195,10 @@ def check_columns(columns: list[str], dataset_format: str) -> None:
     if missing:
         fits = [f for f in DATASET_FORMATS if f != dataset_format and set(FORMAT_COLUMNS[f]) <= set(columns)]
         hint = f" It looks like --dataset_format {fits[0]}." if fits else ""
+        formats = ", ".join(f"{name!r} ({', '.join(names)})" for name, names in FORMAT_COLUMNS.items())
         raise ValueError(
             f"--dataset_format {dataset_format} needs the columns {list(need)}, but the dataset has {columns} "
-            f"(missing {missing}).{hint} Formats: 'prompt-answer' (prompt, solution), 'gsm8k' (question, answer), "
-            "'math' (problem, solution); or rename your columns."
+            f"(missing {missing}).{hint} Formats: {formats}; or rename your columns."
         )
 
 
@@ -253,19 +253,15 @@ def check_answers(raw, converted, dataset_format: str, name: str, max_fraction: 
     check_fraction(bad, len(answers), what, name, "max_unusable_answer_fraction", max_fraction, fix)
 
 
-def _prompt_lengths(prompts: Sequence[Any], tokenizer) -> list[int]:
-    texts = [
-        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if isinstance(p, list) else p
-        for p in prompts
-    ]
-    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-
-
 def check_prompt_lengths(data, name: str, tokenizer, context: int | None, completion: int, limit: float) -> None:
     """Prompts longer than the model's context leaves room for, against ``--max_overlong_prompt_fraction``."""
     if context is None:
         return
-    lengths = _prompt_lengths(data["prompt"], tokenizer)
+    texts = [
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if isinstance(p, list) else p
+        for p in data["prompt"]
+    ]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     bad = [i for i, n in enumerate(lengths) if n > context - completion]
     example = f"; e.g. row {bad[0]}: {lengths[bad[0]]} tokens" if bad else ""
     what = (
@@ -302,9 +298,8 @@ def prepare_prompts(data, name: str, tokenizer, mode: str):
 
 
 def load_datasets(script_args, model_args=None, training_args=None):
-    """(train, held-out) datasets: the synthetic task's splits, or ``--dataset_name`` read as ``--dataset_format`` and
-    checked at the door (held-out None). With `model_args` the tokenizer (never the model) is read too: prompts are
-    wrapped for its chat template and measured against the model's context."""
+    """(train, held-out) datasets: the synthetic task's splits, or ``--dataset_name`` checked (held-out None); with
+    `model_args` its tokenizer (never the model) wraps the prompts for its chat template and measures them."""
     if script_args.dataset_name is None:
         train = offline.make_arithmetic_dataset(script_args.num_train_examples, seed=0, split="train")
         return train, offline.make_arithmetic_dataset(script_args.num_eval_examples, seed=0, split="test")

@@ -110,20 +110,17 @@ def _reward_value_problem(value: Any) -> str | None:
         return None
     if isinstance(value, str | bytes):
         return "a string"
-    if isinstance(value, torch.Tensor):  # (no copy: torch.tensor(tensor) warns)
-        if value.is_meta:  # it has a shape but no value: TRL's `.item()` would fail naming no function
-            return "a tensor on the meta device, which holds no value: compute it on the CPU or GPU"
-        return None if value.ndim == 0 else f"of shape {tuple(value.shape)}, not one number"
-    try:
-        converted = torch.tensor(value, dtype=torch.float32)
+    if isinstance(value, torch.Tensor) and value.is_meta:  # a shape but no value: TRL's `.item()` fails naming nothing
+        return "a tensor on the meta device, which holds no value: compute it on the CPU or GPU"
+    try:  # a tensor as it is: torch.tensor(tensor) warns
+        converted = value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError):
         return "not a number"
     return None if converted.ndim == 0 else f"of shape {tuple(converted.shape)}, not one number"
 
 
 def check_reward_output(name: str, output: Any, num_expected: int | None = None) -> None:
-    """Raise naming the reward function unless `GRPOTrainer._calculate_rewards` can convert ``output`` to one reward per
-    completion."""
+    """Raise naming the reward function unless `GRPOTrainer._calculate_rewards` reads ``output`` as one per completion."""
     if isinstance(output, str | bytes | Mapping) or not hasattr(output, "__len__") or not hasattr(output, "__iter__"):
         raise TypeError(
             f"Reward function {name!r} returned {type(output).__name__} {str(output)[:60]!r}; it must "
@@ -191,8 +188,7 @@ def checked_reward_func(func: Any) -> Any:
 
 
 def prepare_trainer_inputs(reward_funcs: Any, train_dataset: Any, environment_factory: Any = None) -> Any:
-    """The trainers' construction-time check; returns the reward functions (one or a list) as
-    :func:`checked_reward_func` wraps them."""
+    """The trainers' construction-time check; returns the reward functions wrapped by :func:`checked_reward_func`."""
     check_train_dataset(train_dataset, reward_funcs, has_environments=environment_factory is not None)
     if isinstance(reward_funcs, list | tuple):
         return [checked_reward_func(f) for f in reward_funcs]
@@ -237,8 +233,7 @@ def all_none_limit(args: Any) -> int | None:
 
 
 def watch_all_none_rewards(trainer: Any, rewards_per_func: torch.Tensor, inputs: Sequence[dict[str, Any]]) -> None:
-    """Feed one generation batch's (N, F) rewards (gathered: every rank raises together) to the trainer's
-    :class:`AllNoneRewardWatch`, created on first use."""
+    """Feed one generation batch's gathered (N, F) rewards to the trainer's :class:`AllNoneRewardWatch`."""
     watch = trainer.__dict__.get("_all_none_reward_watch")
     if watch is None:
         watch = trainer._all_none_reward_watch = AllNoneRewardWatch(all_none_limit(trainer.args))

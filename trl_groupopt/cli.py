@@ -16,6 +16,7 @@ import shlex
 import shutil
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
@@ -72,28 +73,21 @@ def prepare_output_dir(
 def train(method: str, argv: Sequence[str] | None = None, *, prog: str | None = None) -> GroupOptTrainer:
     """Parse argv, check the data (before the output folder is touched and the model loads), then train `method`
     holding its output folder (`RunLock`); returns the trainer. Errors raise (:func:`one_line_errors` prints them)."""
-    import warnings
-
     from . import adapters, script
 
     # TRL 1.16 reads `model.is_gradient_checkpointing` (deprecated in transformers 5) at every generation
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    script_args, training_args, model_args, demo = parse(method, argv, prog=prog)
-    if os.path.isfile(training_args.output_dir):
-        raise ValueError(f"--output_dir {training_args.output_dir} is a file: give a folder (new or a run's).")
-    train_dataset, eval_dataset = adapters.load_datasets(script_args, model_args, training_args)
+    script_args, args, model_args, demo = parse(method, argv, prog=prog)
+    if os.path.isfile(args.output_dir):
+        raise ValueError(f"--output_dir {args.output_dir} is a file: give a folder (new or a run's).")
+    train_dataset, eval_dataset = adapters.load_datasets(script_args, model_args, args)
     main_process = int(os.environ.get("RANK", "0")) == 0
-    with RunLock(training_args.output_dir, enabled=main_process):
-        training_args.resume_from_checkpoint = prepare_output_dir(
-            training_args.output_dir,
-            training_args.resume_from_checkpoint,
-            script_args.overwrite_output_dir,
-            main=main_process,
-            method=method,
-            args=training_args,
+    with RunLock(args.output_dir, enabled=main_process):
+        overwrite = args.overwrite_output_dir = script_args.overwrite_output_dir  # the trainer's check reads it
+        args.resume_from_checkpoint = prepare_output_dir(
+            args.output_dir, args.resume_from_checkpoint, overwrite, main_process, method, args
         )
-        training_args.overwrite_output_dir = script_args.overwrite_output_dir  # the trainer's check reads it
-        return script.run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset)
+        return script.run(method, script_args, args, model_args, demo, train_dataset, eval_dataset)
 
 
 def take_debug_flag(argv: Sequence[str]) -> tuple[list[str], bool]:
@@ -121,15 +115,10 @@ def _raised_while_training(error: BaseException) -> bool:
 
 def resume_command(command_line: str, argv: Sequence[str]) -> str:
     """`command_line argv`, without a fresh run's or an earlier resume's flags, resuming from the last checkpoint."""
-    dropped = (
-        "--resume_from_checkpoint",
-        "--resume-from-checkpoint",
-        "--overwrite_output_dir",
-        "--overwrite-output-dir",
-    )
+    dropped = ("resume_from_checkpoint", "overwrite_output_dir")  # spelled with "_" or "-"
     kept, i = [], 0
     while i < len(argv):
-        if argv[i].partition("=")[0] in dropped:  # and its value, if one follows
+        if argv[i].startswith("--") and argv[i][2:].partition("=")[0].replace("-", "_") in dropped:  # and its value
             i += 1 + ("=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("-"))
             continue
         kept.append(argv[i])
@@ -208,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(importlib.import_module(f"{__package__}.compare").main(list(rest)))
     elif known.command == "train" and known.method is not None:
         prog = f"trl-groupopt train --method {known.method}"
-        with one_line_errors(prog, debug, resume_command(f"trl-groupopt train --method {known.method}", rest)):
+        with one_line_errors(prog, debug, resume_command(prog, rest)):
             train(known.method, rest, prog=prog)
     elif known.command == "train" and {"-h", "--help"} & set(rest):
         train_parser.print_help()

@@ -129,9 +129,8 @@ def _method_name(trainer: Any) -> str:
 
 
 def prepare_train(trainer: Any, resume_from_checkpoint: str | bool | None) -> tuple[str | None, Any]:
-    """`(checkpoint to resume from or None, None)` for `trainer.train()` to go on with, or `(checkpoint, output)`
-    when the run is already finished: then the checkpoint's weights and state are loaded and `output` (a
-    `TrainOutput`) is what `train()` returns, without a step."""
+    """`(checkpoint to resume from or None, None)` for `trainer.train()`, or, for a finished run, `(checkpoint, the
+    TrainOutput train() returns without a step)` with the checkpoint's weights and state loaded."""
     args = trainer.args
     checkpoint = resolve_resume(args.output_dir, resume_from_checkpoint)
     if checkpoint is None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import torch
+import yaml
 from transformers import TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config
@@ -202,8 +203,6 @@ class MethodParser(TrlParser):
         self._config = args[args.index("--config") + 1] if "--config" in args[:-1] else None
         if "--config" in args and (self._config is None or not os.path.isfile(self._config)):
             self.error(f"--config {self._config or ''}: no such file.")
-        import yaml
-
         try:
             return super().parse_args_and_config(args, *rest, **kwargs)
         except yaml.YAMLError as err:
