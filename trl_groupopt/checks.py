@@ -200,9 +200,7 @@ class AllNoneRewardWatch:
     with no reward would "train" with zero loss and write checkpoints); ``limit=None`` only warns, as GRPOTrainer."""
 
     def __init__(self, limit: int | None = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES):
-        if limit is not None and limit < 1:
-            raise ValueError(f"max_all_none_reward_batches must be >= 1, got {limit}.")
-        self.limit = limit
+        self.limit = limit  # validated by the config (>= 1)
         self.consecutive = 0
 
     def update(self, rewards_per_func: torch.Tensor, func_names: Sequence[str], columns: Sequence[str]) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import math
 import os
 import shutil
@@ -16,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .run_folder import TRAINER_STATE, checkpoints, read_checkpoint_record, resolve_resume
+from .run_folder import TRAINER_STATE, checkpoints, read_checkpoint_record, read_json, resolve_resume
 
 #: Files a finished run leaves in its output folder (the model, the state, the CLI's results).
 _FINISHED_RUN_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
@@ -66,13 +65,6 @@ def _recorded_run(checkpoint: str) -> dict[str, Any]:
     return run if isinstance(run, dict) else {}
 
 
-def _trainer_state(checkpoint: str) -> dict[str, Any]:
-    try:
-        return json.loads(Path(checkpoint, TRAINER_STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-
-
 def check_resume(checkpoint: str, method: str, args: Any, *, warn: bool = True) -> None:
     """Refuse a checkpoint of another method; with `warn`, name each setting that changed and set the learning rate
     back to the checkpoint's (which the restored optimizer and scheduler go on using)."""
@@ -107,7 +99,7 @@ def check_resume(checkpoint: str, method: str, args: Any, *, warn: bool = True) 
 
 def finished_message(checkpoint: str, args: Any) -> str | None:
     """A line saying the run is finished when `checkpoint` is already at the run's last step, else None."""
-    state = _trainer_state(checkpoint)
+    state = read_json(Path(checkpoint, TRAINER_STATE)) or {}
     step = state.get("global_step")
     limit = args.max_steps if getattr(args, "max_steps", -1) > 0 else None
     if limit is None:  # a run by epochs: finished at the step count the checkpoint's own run planned

@@ -12,6 +12,7 @@ import re
 import socket
 import warnings
 from pathlib import Path
+from typing import Any
 
 #: Written into a checkpoint folder after everything else: {"files": {relative path: {"size": bytes, "sha256": hex}},
 #: "run": {...}} ("run": what `trl_groupopt.resume` checks on resume; older records: {"files": {path: size}}).
@@ -86,12 +87,17 @@ def remove_checkpoint_record(folder: str | os.PathLike) -> None:
     Path(folder, CHECKPOINT_RECORD).unlink(missing_ok=True)
 
 
-def read_checkpoint_record(folder: str | os.PathLike) -> dict | None:
-    """The parsed record of `folder`, or None if it has none or it does not parse."""
+def read_json(path: str | os.PathLike) -> Any:
+    """The parsed JSON file at `path`, or None if it is missing or does not parse."""
     try:
-        record = json.loads(Path(folder, CHECKPOINT_RECORD).read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def read_checkpoint_record(folder: str | os.PathLike) -> dict | None:
+    """The parsed record of `folder`, or None if it has none or it does not parse."""
+    record = read_json(Path(folder, CHECKPOINT_RECORD))
     return record if isinstance(record, dict) and isinstance(record.get("files"), dict) else None
 
 
@@ -232,10 +238,7 @@ class RunLock:
         return True
 
     def _holder(self) -> dict:
-        try:
-            return json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}  # being written, or cut short: treated as held by an unknown process
+        return read_json(self.path) or {}  # being written, or cut short: held by an unknown process
 
     def __enter__(self) -> RunLock:
         if not self.enabled:
