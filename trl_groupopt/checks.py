@@ -196,8 +196,8 @@ def prepare_trainer_inputs(reward_funcs: Any, train_dataset: Any, environment_fa
 
 
 class AllNoneRewardWatch:
-    """Counts generation batches in which every reward was None (or NaN): each warns; ``limit`` in a row raise (a run
-    with no reward would "train" with zero loss and write checkpoints); ``limit=None`` only warns, as GRPOTrainer."""
+    """Counts generation batches in a row in which every reward was None (or NaN): each warns; ``limit`` of them raise
+    (a run with no reward would "train" with zero loss and write checkpoints); ``limit=None`` only warns, as TRL."""
 
     def __init__(self, limit: int | None = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES):
         self.limit = limit  # validated by the config (>= 1)

@@ -107,10 +107,7 @@ def _raised_while_training(error: BaseException) -> bool:
     if trainer_module is None:
         return False
     code = inspect.unwrap(trainer_module.Trainer.train).__code__
-    frame = error.__traceback__
-    while frame is not None and frame.tb_frame.f_code is not code:
-        frame = frame.tb_next
-    return frame is not None
+    return any(frame.f_code is code for frame, _ in traceback.walk_tb(error.__traceback__))
 
 
 def resume_command(command_line: str, argv: Sequence[str]) -> str:
