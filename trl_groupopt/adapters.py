@@ -1,9 +1,6 @@
-"""The data door: user data read, checked row by row, and turned into TRL's prompt format before any model loads.
-
-Adapters usable with ``Dataset.map`` (``{"prompt": [{"role": "user", "content": ...}], "solution": "\\boxed{...}"}``):
-:func:`gsm8k_to_conversational` (answer after ``####``), :func:`math_to_conversational` (last ``\\boxed{}``) and
-:func:`string_prompt_to_conversational`. :func:`load_datasets` is the training command's door: every failure is one
-message naming the file, the row or line, the option and the fix.
+"""The data door: user data read, checked row by row and turned into TRL's prompt format before any model loads
+(:func:`load_datasets`; what it checks: docs/getting-started.md, "Your data, checked before the model loads"), and
+the row adapters usable with ``Dataset.map``.
 """
 
 from __future__ import annotations
@@ -44,23 +41,21 @@ def _messages(question: str, system_prompt: str | None) -> list[dict[str, str]]:
     return [*system, {"role": "user", "content": question}]
 
 
+def _conversational(question: Any, answer: str | None, system_prompt: str | None) -> dict[str, Any]:
+    """``{"prompt": [messages], "solution": "\\boxed{answer}"}``; no answer -> ``""`` (the accuracy reward skips it)."""
+    return {"prompt": _messages(str(question), system_prompt), "solution": f"\\boxed{{{answer}}}" if answer else ""}
+
+
 def gsm8k_to_conversational(row: dict[str, Any], system_prompt: str | None = None) -> dict[str, Any]:
-    """A GSM8K row (``question``, ``answer`` ending in ``#### 42``) as ``{"prompt": [...], "solution": "\\boxed{42}"}``;
-    ``#### 1,000`` -> ``\\boxed{1000}``, no ``####`` -> ``""`` (the accuracy reward skips the row)."""
+    """A GSM8K row (``question``, ``answer`` ending in ``#### 1,000``) with ``\\boxed{1000}`` as solution."""
     answer = str(row["answer"])
     final = answer.split("####")[-1].strip().replace(",", "").replace("$", "").strip() if "####" in answer else ""
-    return {
-        "prompt": _messages(str(row["question"]), system_prompt),
-        "solution": f"\\boxed{{{final}}}" if final else "",
-    }
+    return _conversational(row["question"], final, system_prompt)
 
 
 def math_to_conversational(row: dict[str, Any], system_prompt: str | None = None) -> dict[str, Any]:
-    """A MATH row (``problem``, ``solution`` with a final ``\\boxed{}``) with the last boxed content as solution
-    (nested braces kept); none -> ``""``."""
-    content = extract_last_boxed(str(row["solution"]))
-    solution = f"\\boxed{{{content}}}" if content else ""
-    return {"prompt": _messages(str(row["problem"]), system_prompt), "solution": solution}
+    """A MATH row (``problem``, ``solution``) with its last ``\\boxed{}`` content (nested braces kept) as solution."""
+    return _conversational(row["problem"], extract_last_boxed(str(row["solution"])), system_prompt)
 
 
 def string_prompt_to_conversational(row: dict[str, Any], system_prompt: str | None = None) -> dict[str, Any]:
@@ -76,7 +71,6 @@ def format_help() -> str:
     )
 
 
-# ---------------------------------------------------------------------------------------------------- paths
 def _looks_local(name: str) -> bool:
     """A path rather than a Hub id: absolute, ``./``, ``../`` or ``~``, or inside a folder that exists here."""
     if os.path.isabs(name) or name in (".", "..") or name.startswith(("./", "../", ".\\", "..\\", "~")):
@@ -162,7 +156,6 @@ def load_raw_dataset(name: str, config: str | None = None, split: str = "train")
     return datasets.load_dataset(name, config, split=split)
 
 
-# ---------------------------------------------------------------------------------------------------- rows
 def _message_problem(messages: list) -> str | None:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not {"role", "content"} <= set(message):
@@ -202,10 +195,10 @@ def check_columns(columns: list[str], dataset_format: str) -> None:
     if missing:
         fits = [f for f in DATASET_FORMATS if f != dataset_format and set(FORMAT_COLUMNS[f]) <= set(columns)]
         hint = f" It looks like --dataset_format {fits[0]}." if fits else ""
+        formats = ", ".join(f"{name!r} ({', '.join(names)})" for name, names in FORMAT_COLUMNS.items())
         raise ValueError(
             f"--dataset_format {dataset_format} needs the columns {list(need)}, but the dataset has {columns} "
-            f"(missing {missing}).{hint} Formats: 'prompt-answer' (prompt, solution), 'gsm8k' (question, answer), "
-            "'math' (problem, solution); or rename your columns."
+            f"(missing {missing}).{hint} Formats: {formats}; or rename your columns."
         )
 
 
@@ -260,19 +253,15 @@ def check_answers(raw, converted, dataset_format: str, name: str, max_fraction: 
     check_fraction(bad, len(answers), what, name, "max_unusable_answer_fraction", max_fraction, fix)
 
 
-def _prompt_lengths(prompts: Sequence[Any], tokenizer) -> list[int]:
-    texts = [
-        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if isinstance(p, list) else p
-        for p in prompts
-    ]
-    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-
-
 def check_prompt_lengths(data, name: str, tokenizer, context: int | None, completion: int, limit: float) -> None:
     """Prompts longer than the model's context leaves room for, against ``--max_overlong_prompt_fraction``."""
     if context is None:
         return
-    lengths = _prompt_lengths(data["prompt"], tokenizer)
+    texts = [
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if isinstance(p, list) else p
+        for p in data["prompt"]
+    ]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     bad = [i for i, n in enumerate(lengths) if n > context - completion]
     example = f"; e.g. row {bad[0]}: {lengths[bad[0]]} tokens" if bad else ""
     what = (
@@ -309,9 +298,8 @@ def prepare_prompts(data, name: str, tokenizer, mode: str):
 
 
 def load_datasets(script_args, model_args=None, training_args=None):
-    """(train, held-out) datasets: the synthetic task's splits, or ``--dataset_name`` read as ``--dataset_format`` and
-    checked at the door (held-out None). With `model_args` the tokenizer (never the model) is read too: prompts are
-    wrapped for its chat template and measured against the model's context."""
+    """(train, held-out) datasets: the synthetic task's splits, or ``--dataset_name`` checked (held-out None); with
+    `model_args` its tokenizer (never the model) wraps the prompts for its chat template and measures them."""
     if script_args.dataset_name is None:
         train = offline.make_arithmetic_dataset(script_args.num_train_examples, seed=0, split="train")
         return train, offline.make_arithmetic_dataset(script_args.num_eval_examples, seed=0, split="test")

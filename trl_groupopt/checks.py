@@ -1,9 +1,6 @@
-"""Checks of the training data and the reward functions, run before anything expensive happens.
-
-Each failure raises naming the fix, instead of a bare ``KeyError`` or ``TypeError`` from inside TRL after the model has
-loaded: :func:`check_train_dataset` at trainer construction (the ``prompt`` column; each reward function's signature
-against the columns), :class:`CheckedRewardFunc` on each reward batch (one number or None per completion),
-:func:`check_finite_rewards` (no infinite reward) and :class:`AllNoneRewardWatch` (no batch after batch without reward).
+"""Checks of the training data and the reward functions that raise naming the fix, instead of a bare ``KeyError`` or
+``TypeError`` from inside TRL after the model has loaded: docs/reliability.md ("Errors at the door", "No reward is an
+error", "Rewards as `GRPOTrainer` takes them").
 """
 
 from __future__ import annotations
@@ -78,12 +75,10 @@ def _check_reward_signature(func: Callable, columns: list[str], has_environments
 
 
 def check_train_dataset(train_dataset: Any, reward_funcs: Any = None, *, has_environments: bool = False) -> None:
-    """Raise a ``ValueError`` naming the fix if GRPOTrainer could not train on ``train_dataset`` with ``reward_funcs``.
-
-    The ``prompt`` column exists (optional with environments, whose ``reset()`` supplies the prompt) and its first
-    :data:`PROMPT_SAMPLE` rows are strings or ``{"role", "content"}`` message lists in one form; every Python reward
-    function accepts what GRPOTrainer passes. ``None`` arguments, and columns of a streaming dataset without features,
-    are skipped."""
+    """Raise a ``ValueError`` naming the fix if GRPOTrainer could not train on ``train_dataset`` with ``reward_funcs``:
+    a ``prompt`` column (optional with environments, whose ``reset()`` supplies it) whose first :data:`PROMPT_SAMPLE`
+    rows are prompts (:func:`check_prompts`), reward functions that accept what GRPOTrainer passes. ``None`` arguments,
+    and the columns of a streaming dataset without features, are skipped."""
     columns = _column_names(train_dataset) if train_dataset is not None else None
     if columns is not None and "prompt" not in columns and not has_environments:
         source = next(((c, a) for c, a in (("question", "gsm8k"), ("problem", "math")) if c in columns), None)
@@ -110,26 +105,22 @@ def check_train_dataset(train_dataset: Any, reward_funcs: Any = None, *, has_env
 
 
 def _reward_value_problem(value: Any) -> str | None:
-    """Why GRPOTrainer could not read ``value`` as one reward, or None if it can (a number, a bool, a numpy scalar,
-    a 0-d tensor or array, or None)."""
+    """Why GRPOTrainer could not read ``value`` as one reward (a number, bool, 0-d tensor or array, None), or None."""
     if value is None:
         return None
     if isinstance(value, str | bytes):
         return "a string"
-    if isinstance(value, torch.Tensor):  # (no copy: torch.tensor(tensor) warns)
-        if value.is_meta:  # it has a shape but no value: TRL's `.item()` would fail naming no function
-            return "a tensor on the meta device, which holds no value: compute it on the CPU or GPU"
-        return None if value.ndim == 0 else f"of shape {tuple(value.shape)}, not one number"
-    try:
-        converted = torch.tensor(value, dtype=torch.float32)
+    if isinstance(value, torch.Tensor) and value.is_meta:  # a shape but no value: TRL's `.item()` fails naming nothing
+        return "a tensor on the meta device, which holds no value: compute it on the CPU or GPU"
+    try:  # a tensor as it is: torch.tensor(tensor) warns
+        converted = value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError):
         return "not a number"
     return None if converted.ndim == 0 else f"of shape {tuple(converted.shape)}, not one number"
 
 
 def check_reward_output(name: str, output: Any, num_expected: int | None = None) -> None:
-    """Raise naming the reward function unless GRPOTrainer can read ``output`` as one reward per completion: exactly
-    what `GRPOTrainer._calculate_rewards` converts (a sized iterable of numbers, bools, 0-d tensors or None)."""
+    """Raise naming the reward function unless `GRPOTrainer._calculate_rewards` reads ``output`` as one per completion."""
     if isinstance(output, str | bytes | Mapping) or not hasattr(output, "__len__") or not hasattr(output, "__iter__"):
         raise TypeError(
             f"Reward function {name!r} returned {type(output).__name__} {str(output)[:60]!r}; it must "
@@ -156,11 +147,9 @@ def check_reward_output(name: str, output: Any, num_expected: int | None = None)
 
 
 def check_finite_rewards(rewards_per_func: torch.Tensor, func_names: Sequence[str]) -> None:
-    """Raise naming the reward function and the completion if a reward of the (N, F) generation batch is +-inf.
-
-    NaN is TRL's mark of an unscorable completion and passes; an infinite reward (or one beyond float32, which TRL's
-    conversion makes inf) would make its group's advantages NaN or zero without a word. The matrix is gathered over
-    processes, so every rank raises together."""
+    """Raise naming the reward function and the completion if a reward of the (N, F) generation batch is +-inf (it
+    would make its group's advantages NaN or zero without a word; NaN is TRL's mark of an unscorable completion and
+    passes). The matrix is gathered over processes, so every rank raises together."""
     infinite = torch.isinf(rewards_per_func)
     if not bool(infinite.any()):
         return
@@ -175,8 +164,7 @@ def check_finite_rewards(rewards_per_func: torch.Tensor, func_names: Sequence[st
 
 class CheckedRewardFunc:
     """A reward function whose return value is checked (:func:`check_reward_output`). A class, not a closure, so it
-    pickles whenever the wrapped function does; ``__name__`` is TRL's display name of the wrapped function and
-    ``__wrapped__`` gives ``inspect.signature`` the original's signature."""
+    pickles whenever the wrapped function does; ``__wrapped__`` gives ``inspect.signature`` the original's."""
 
     def __init__(self, func: Callable):
         self.__wrapped__ = func
@@ -200,24 +188,19 @@ def checked_reward_func(func: Any) -> Any:
 
 
 def prepare_trainer_inputs(reward_funcs: Any, train_dataset: Any, environment_factory: Any = None) -> Any:
-    """The construction-time check of the trainers: the data against the reward functions; returns the reward
-    functions (one or a list) wrapped by :func:`checked_reward_func`."""
+    """The trainers' construction-time check; returns the reward functions wrapped by :func:`checked_reward_func`."""
     check_train_dataset(train_dataset, reward_funcs, has_environments=environment_factory is not None)
     if isinstance(reward_funcs, list | tuple):
         return [checked_reward_func(f) for f in reward_funcs]
-    return None if reward_funcs is None else checked_reward_func(reward_funcs)
+    return checked_reward_func(reward_funcs)
 
 
 class AllNoneRewardWatch:
-    """Counts generation batches in which every reward function returned None (or NaN) for every completion: each
-    warns naming the functions and the columns they received; ``limit`` in a row raise (a run with no reward would
-    "train" with zero loss and write checkpoints). A batch with any reward resets the count; ``limit=None`` only
-    warns, as GRPOTrainer does."""
+    """Counts generation batches in a row in which every reward was None (or NaN): each warns; ``limit`` of them raise
+    (a run with no reward would "train" with zero loss and write checkpoints); ``limit=None`` only warns, as TRL."""
 
     def __init__(self, limit: int | None = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES):
-        if limit is not None and limit < 1:
-            raise ValueError(f"max_all_none_reward_batches must be >= 1, got {limit}.")
-        self.limit = limit
+        self.limit = limit  # validated by the config (>= 1)
         self.consecutive = 0
 
     def update(self, rewards_per_func: torch.Tensor, func_names: Sequence[str], columns: Sequence[str]) -> None:
@@ -248,8 +231,7 @@ def all_none_limit(args: Any) -> int | None:
 
 
 def watch_all_none_rewards(trainer: Any, rewards_per_func: torch.Tensor, inputs: Sequence[dict[str, Any]]) -> None:
-    """Feed one generation batch's (N, F) rewards (gathered over processes: every rank raises together) to the
-    trainer's :class:`AllNoneRewardWatch`, created on first use with the config's limit."""
+    """Feed one generation batch's gathered (N, F) rewards to the trainer's :class:`AllNoneRewardWatch`."""
     watch = trainer.__dict__.get("_all_none_reward_watch")
     if watch is None:
         watch = trainer._all_none_reward_watch = AllNoneRewardWatch(all_none_limit(trainer.args))

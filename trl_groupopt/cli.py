@@ -1,22 +1,7 @@
 """The `trl-groupopt` command (`train`, `methods`, `compare`) and the example scripts' entry point (:func:`command`).
 
-`train` parses with TRL's own parser (`trl_groupopt.script.MethodParser`: `TrlParser((ScriptArguments,
-<Method>Config, ModelConfig))`, so `--config x.yaml` and every `GRPOConfig` flag work). Defaults compose in layers,
-each filling what the ones above left unset:
-
-1. the command line, 2. the `--config` YAML file,
-3. only with the embedded tiny policy (no `--model_name_or_path`): :data:`EMBEDDED_POLICY_DEFAULTS`, then the
-   method's `demo_defaults` (its spec), and fp32 on every device,
-4. :data:`RUN_DEFAULTS` for every run: the off-policy schedule (`steps_per_generation` > `gradient_accumulation_steps`,
-   so the clipping methods act), logging, CPU when there is no accelerator; bf16 for a named model where the device
-   runs it natively,
-5. the method's `config_defaults` (a mode of another method's trainer), then the config class's own defaults.
-
-With no model and no dataset it trains the embedded policy on the synthetic arithmetic task, offline, into
-`outputs/<method>-demo`. The data is checked at the door (`trl_groupopt.adapters.load_datasets`) before the model
-loads. This module imports no TRL: `--help`, `methods`, `train --help` and an unknown `--method` answer without it.
-From the console an error before training prints one line (a bare ``--debug`` or ``TRL_GROUPOPT_DEBUG=1`` shows the
-traceback), and Ctrl-C prints the command that resumes the run, exit code 130.
+See docs/getting-started.md ("The command line: help and errors"); the defaults' layers: `trl_groupopt.defaults`.
+This module imports no TRL: `--help`, `methods`, `train --help` and an unknown `--method` answer without it.
 """
 
 from __future__ import annotations
@@ -31,6 +16,7 @@ import shlex
 import shutil
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
@@ -53,21 +39,18 @@ def die(prog: str, message: str, status: int = 2) -> NoReturn:
 
 def parse(method: str, argv: Sequence[str] | None = None, *, prog: str | None = None):
     """(script_args, training_args, model_args, demo) for `method` from argv (default: sys.argv[1:]), parsed once by
-    TRL's parser (`trl_groupopt.script.MethodParser`). ``demo``: the embedded policy on the synthetic task."""
+    `trl_groupopt.script.MethodParser`. ``demo``: the embedded policy on the synthetic task."""
     get_method(method)  # an unknown name fails here, before TRL is imported
     from .script import parse as parse_with_trl
 
-    argv = sys.argv[1:] if argv is None else argv
-    return parse_with_trl(method, argv, prog or os.path.basename(sys.argv[0]))
+    return parse_with_trl(method, sys.argv[1:] if argv is None else argv, prog or os.path.basename(sys.argv[0]))
 
 
 def prepare_output_dir(
     output_dir: str, resume_from_checkpoint: str | None, overwrite: bool, main: bool = True, method=None, args=None
 ):
-    """The checkpoint to resume from (None: a fresh run), after the resume rules of `trl_groupopt.resume` (a fresh
-    run over an earlier run, another method's checkpoint, a finished run: printed, exit 0). ``"last"``: the newest
-    complete checkpoint of `output_dir`. ``overwrite`` (a fresh run only) deletes the earlier checkpoints first (on
-    the main process)."""
+    """The checkpoint to resume from (None: a fresh run), after the resume rules of `trl_groupopt.resume` (a finished
+    run: printed, exit 0). ``overwrite`` (a fresh run only) deletes the earlier checkpoints (on the main process)."""
     if resume_from_checkpoint is not None and overwrite:
         raise ValueError(
             "--overwrite_output_dir starts a fresh run; it cannot be combined with --resume_from_checkpoint."
@@ -88,38 +71,27 @@ def prepare_output_dir(
 
 
 def train(method: str, argv: Sequence[str] | None = None, *, prog: str | None = None) -> GroupOptTrainer:
-    """Parse argv, check the data, train `method`, save the model, card, state and results; returns the trainer.
-
-    The data is checked before the output folder is touched and before the model loads; the run then holds its output
-    folder (`RunLock`). Errors raise (:func:`main` and :func:`command` print them as one line)."""
-    import warnings
-
+    """Parse argv, check the data (before the output folder is touched and the model loads), then train `method`
+    holding its output folder (`RunLock`); returns the trainer. Errors raise (:func:`one_line_errors` prints them)."""
     from . import adapters, script
 
     # TRL 1.16 reads `model.is_gradient_checkpointing` (deprecated in transformers 5) at every generation
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    script_args, training_args, model_args, demo = parse(method, argv, prog=prog)
-    if os.path.isfile(training_args.output_dir):
-        raise ValueError(f"--output_dir {training_args.output_dir} is a file: give a folder (new or a run's).")
-    train_dataset, eval_dataset = adapters.load_datasets(script_args, model_args, training_args)
+    script_args, args, model_args, demo = parse(method, argv, prog=prog)
+    if os.path.isfile(args.output_dir):
+        raise ValueError(f"--output_dir {args.output_dir} is a file: give a folder (new or a run's).")
+    train_dataset, eval_dataset = adapters.load_datasets(script_args, model_args, args)
     main_process = int(os.environ.get("RANK", "0")) == 0
-    with RunLock(training_args.output_dir, enabled=main_process):
-        training_args.resume_from_checkpoint = prepare_output_dir(
-            training_args.output_dir,
-            training_args.resume_from_checkpoint,
-            script_args.overwrite_output_dir,
-            main=main_process,
-            method=method,
-            args=training_args,
+    with RunLock(args.output_dir, enabled=main_process):
+        overwrite = args.overwrite_output_dir = script_args.overwrite_output_dir  # the trainer's check reads it
+        args.resume_from_checkpoint = prepare_output_dir(
+            args.output_dir, args.resume_from_checkpoint, overwrite, main_process, method, args
         )
-        training_args.overwrite_output_dir = script_args.overwrite_output_dir  # the trainer's check reads it
-        return script.run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset)
+        return script.run(method, script_args, args, model_args, demo, train_dataset, eval_dataset)
 
 
-# ---------------------------------------------------------------------------------------------------- console
 def take_debug_flag(argv: Sequence[str]) -> tuple[list[str], bool]:
-    """(argv without a bare ``--debug``, whether the traceback is wanted: bare ``--debug`` or
-    ``TRL_GROUPOPT_DEBUG=1``). ``--debug VALUE...`` stays: it is transformers' `TrainingArguments.debug`."""
+    """(argv without a bare ``--debug``, whether the traceback is wanted); ``--debug VALUE`` is transformers'."""
     rest, debug = [], os.environ.get(DEBUG_ENVIRONMENT_VARIABLE, "").lower() in ("1", "true", "yes")
     for i, arg in enumerate(argv):
         if arg == "--debug" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
@@ -135,23 +107,15 @@ def _raised_while_training(error: BaseException) -> bool:
     if trainer_module is None:
         return False
     code = inspect.unwrap(trainer_module.Trainer.train).__code__
-    frame = error.__traceback__
-    while frame is not None and frame.tb_frame.f_code is not code:
-        frame = frame.tb_next
-    return frame is not None
+    return any(frame.f_code is code for frame, _ in traceback.walk_tb(error.__traceback__))
 
 
 def resume_command(command_line: str, argv: Sequence[str]) -> str:
     """`command_line argv`, without a fresh run's or an earlier resume's flags, resuming from the last checkpoint."""
-    dropped = (
-        "--resume_from_checkpoint",
-        "--resume-from-checkpoint",
-        "--overwrite_output_dir",
-        "--overwrite-output-dir",
-    )
+    dropped = ("resume_from_checkpoint", "overwrite_output_dir")  # spelled with "_" or "-"
     kept, i = [], 0
     while i < len(argv):
-        if argv[i].partition("=")[0] in dropped:  # and its value, if one follows
+        if argv[i].startswith("--") and argv[i][2:].partition("=")[0].replace("-", "_") in dropped:  # and its value
             i += 1 + ("=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("-"))
             continue
         kept.append(argv[i])
@@ -161,8 +125,8 @@ def resume_command(command_line: str, argv: Sequence[str]) -> str:
 
 @contextlib.contextmanager
 def one_line_errors(prog: str, debug: bool, resume: str = ""):
-    """An error before training prints ``prog: error: message`` and exits 1 (with `debug`, and for errors raised
-    while training, the traceback as usual); Ctrl-C prints `resume`, the command that resumes the run, and exits 130."""
+    """An error before training prints ``prog: error: message``, exit 1 (with `debug`, or raised while training: the
+    traceback); Ctrl-C prints `resume`, the command that resumes the run, exit 130."""
     try:
         yield
     except KeyboardInterrupt as interrupt:
@@ -230,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(importlib.import_module(f"{__package__}.compare").main(list(rest)))
     elif known.command == "train" and known.method is not None:
         prog = f"trl-groupopt train --method {known.method}"
-        with one_line_errors(prog, debug, resume_command(f"trl-groupopt train --method {known.method}", rest)):
+        with one_line_errors(prog, debug, resume_command(prog, rest)):
             train(known.method, rest, prog=prog)
     elif known.command == "train" and {"-h", "--help"} & set(rest):
         train_parser.print_help()

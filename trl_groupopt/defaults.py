@@ -1,6 +1,8 @@
-"""The training command's defaults, shared by its two halves (`trl_groupopt.cli`, no TRL; `trl_groupopt.script`, TRL's
-parser) and the benchmarks: what every run gets, and what the embedded tiny policy adds (the layers are described in
-`trl_groupopt.cli`)."""
+"""The training command's defaults (`trl_groupopt.cli`, `trl_groupopt.script`, the benchmarks). They compose in layers,
+each filling what the layers before it left unset: the command line; the `--config` YAML; with the embedded policy
+only, :data:`EMBEDDED_POLICY_DEFAULTS`, the method's `demo_defaults` and fp32 on every device; :data:`RUN_DEFAULTS`
+(bf16 for a named model where the device runs it natively, CPU without an accelerator); the method's
+`config_defaults` (a mode of another method's trainer); the config class's own defaults."""
 
 from __future__ import annotations
 
@@ -21,12 +23,8 @@ RUN_DEFAULTS = dict(
     seed=42,
 )
 
-#: The embedded tiny policy on the synthetic task. Its greedy decoding boxes only about half of its answers (the asset's
-#: README.md), so RL on the accuracy reward alone learns to box the answers it already computes right: measured
-#: (seeded, one CPU thread, fp32) held-out greedy accuracy rises from 18.0% to 29.5-34.5% in 80 steps for every shipped
-#: method (one at its spec's own `demo_defaults` lr), in ~85-105 s of CPU time. Learning rates above ~2e-4 made
-#: this 1 M-parameter policy worse. A checkpoint every 20 steps (on a generation boundary, so a resumed run is the
-#: uninterrupted one), the last 2 kept.
+#: The embedded tiny policy on the synthetic task: measured in docs/getting-started.md (18.0% -> 29.5-34.5% in 80 steps;
+#: learning rates above ~2e-4 made it worse). A checkpoint every 20 steps, on a generation boundary (an exact resume).
 EMBEDDED_POLICY_DEFAULTS = dict(
     learning_rate=1e-4,
     lr_scheduler_type="constant",

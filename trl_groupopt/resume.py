@@ -1,15 +1,12 @@
-"""Resume rules, one story for the command line and the Python API (docs/reliability.md, "Resume is one story"):
-whether a run may start in a folder (`refuse_fresh_run`), what a resume does with a checkpoint (`check_resume`: the
-method that wrote it, changed settings; `finished_message`: a finished run), a full disk named as such, a tied weight
-not reported missing, and the `save_steps` that would resume mid-cycle. `trl_groupopt.run_folder` decides which
-checkpoints are complete. Neither TRL nor torch is imported at module level (the CLI reads it first).
+"""Resume rules, one story for the command line and the Python API: docs/reliability.md, "Resume is one story".
+`trl_groupopt.run_folder` decides which checkpoints are complete. Imports neither TRL nor torch at module level (the
+CLI reads it first).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import math
 import os
 import shutil
@@ -18,20 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .run_folder import checkpoints, read_checkpoint_record, resolve_resume
-
-__all__ = [
-    "RESUME_SETTINGS",
-    "check_resume",
-    "disk_full_explained",
-    "earlier_run",
-    "finished_message",
-    "inexact_resume_warning",
-    "missing_keys_to_report",
-    "prepare_train",
-    "refuse_fresh_run",
-    "run_record",
-]
+from .run_folder import TRAINER_STATE, checkpoints, read_checkpoint_record, read_json, resolve_resume
 
 #: Files a finished run leaves in its output folder (the model, the state, the CLI's results).
 _FINISHED_RUN_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
@@ -39,10 +23,8 @@ _FINISHED_RUN_FILES = ("model.safetensors", "model.safetensors.index.json", "ada
 #: Settings a resume compares with the checkpoint's (the learning rate is restored; the others are used as given).
 RESUME_SETTINGS = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
                    "steps_per_generation", "num_iterations", "world_size", "advantage_estimator")  # fmt: skip
-_TRAINER_STATE = "trainer_state.json"
 
 
-# ---------------------------------------------------------------------------------------------------- fresh runs
 def earlier_run(output_dir: str | os.PathLike) -> str | None:
     """What an earlier run left in `output_dir` ("checkpoints (checkpoint-8, checkpoint-6)", "a finished run
     (model.safetensors, results.json)"), or None."""
@@ -70,7 +52,6 @@ def refuse_fresh_run(output_dir: str | os.PathLike, overwrite: bool, *, cli: boo
     )
 
 
-# ---------------------------------------------------------------------------------------------------- the record
 def run_record(trainer: Any) -> dict[str, Any]:
     """What a checkpoint's completion record keeps for the resume rules: the trainer's method, `RESUME_SETTINGS`, and
     the epochs (a `max_steps=-1` run is finished by them)."""
@@ -82,13 +63,6 @@ def _recorded_run(checkpoint: str) -> dict[str, Any]:
     record = read_checkpoint_record(checkpoint) or {}
     run = record.get("run")
     return run if isinstance(run, dict) else {}
-
-
-def _trainer_state(checkpoint: str) -> dict[str, Any]:
-    try:
-        return json.loads(Path(checkpoint, _TRAINER_STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
 
 
 def check_resume(checkpoint: str, method: str, args: Any, *, warn: bool = True) -> None:
@@ -125,7 +99,7 @@ def check_resume(checkpoint: str, method: str, args: Any, *, warn: bool = True) 
 
 def finished_message(checkpoint: str, args: Any) -> str | None:
     """A line saying the run is finished when `checkpoint` is already at the run's last step, else None."""
-    state = _trainer_state(checkpoint)
+    state = read_json(Path(checkpoint, TRAINER_STATE)) or {}
     step = state.get("global_step")
     limit = args.max_steps if getattr(args, "max_steps", -1) > 0 else None
     if limit is None:  # a run by epochs: finished at the step count the checkpoint's own run planned
@@ -140,7 +114,6 @@ def finished_message(checkpoint: str, args: Any) -> str | None:
     )
 
 
-# ---------------------------------------------------------------------------------------------------- the trainer
 def _method_name(trainer: Any) -> str:
     method_for = getattr(type(trainer), "method_for", None)
     spec = method_for(trainer.args) if method_for is not None else getattr(trainer, "method_spec", None)
@@ -148,9 +121,8 @@ def _method_name(trainer: Any) -> str:
 
 
 def prepare_train(trainer: Any, resume_from_checkpoint: str | bool | None) -> tuple[str | None, Any]:
-    """`(checkpoint to resume from or None, None)` for `trainer.train()` to go on with, or `(checkpoint, output)`
-    when the run is already finished: then the checkpoint's weights and state are loaded and `output` (a
-    `TrainOutput`) is what `train()` returns, without a step."""
+    """`(checkpoint to resume from or None, None)` for `trainer.train()`, or, for a finished run, `(checkpoint, the
+    TrainOutput train() returns without a step)` with the checkpoint's weights and state loaded."""
     args = trainer.args
     checkpoint = resolve_resume(args.output_dir, resume_from_checkpoint)
     if checkpoint is None:
@@ -163,7 +135,7 @@ def prepare_train(trainer: Any, resume_from_checkpoint: str | bool | None) -> tu
     from transformers import TrainerState
     from transformers.trainer_utils import TrainOutput
 
-    trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, _TRAINER_STATE))
+    trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
     trainer._load_from_checkpoint(checkpoint)
     warnings.warn(message.replace("--max_steps (max_steps)", "max_steps"), UserWarning, stacklevel=3)
     losses = [entry["train_loss"] for entry in trainer.state.log_history if "train_loss" in entry]
@@ -178,7 +150,6 @@ def missing_keys_to_report(model: Any, missing_keys: list[str]) -> list[str]:
     return [name for name in missing_keys if name not in parameters or parameters[name].data_ptr() not in loaded]
 
 
-# ---------------------------------------------------------------------------------------------------- saving
 def _free_bytes(folder: str | os.PathLike) -> int | None:
     path = Path(folder).absolute()
     while not path.exists() and path != path.parent:

@@ -1,7 +1,6 @@
-"""A run's output folder: which checkpoints are complete and intact (`CHECKPOINT_RECORD`: every file's size and
-SHA-256 digest, written after the files and itself are fsynced), which one to resume from, and the lock of the run
-using it (`RunLock`). The rules and the digest's measured cost: docs/reliability.md, "Runs that survive". Neither TRL
-nor torch is imported here (the CLI reads it before choosing a trainer).
+"""A run's output folder: which checkpoints are complete and intact (`CHECKPOINT_RECORD`), which one to resume from,
+and the lock of the run using it (`RunLock`): docs/reliability.md, "Runs that survive". Imports neither TRL nor torch
+(the CLI reads it before choosing a trainer).
 """
 
 from __future__ import annotations
@@ -13,20 +12,7 @@ import re
 import socket
 import warnings
 from pathlib import Path
-
-__all__ = [
-    "CHECKPOINT_RECORD",
-    "LOCK_NAME",
-    "OutputFolderInUseError",
-    "RunLock",
-    "checkpoint_problem",
-    "checkpoints",
-    "file_digest",
-    "newest_complete_checkpoint",
-    "read_checkpoint_record",
-    "resolve_resume",
-    "write_checkpoint_record",
-]
+from typing import Any
 
 #: Written into a checkpoint folder after everything else: {"files": {relative path: {"size": bytes, "sha256": hex}},
 #: "run": {...}} ("run": what `trl_groupopt.resume` checks on resume; older records: {"files": {path: size}}).
@@ -35,14 +21,13 @@ CHECKPOINT_RECORD = "trl_groupopt_checkpoint.json"
 LOCK_NAME = "_trl_groupopt.lock"
 #: transformers' checkpoint folder names (`PREFIX_CHECKPOINT_DIR`-<step>).
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-_TRAINER_STATE = "trainer_state.json"
+TRAINER_STATE = "trainer_state.json"
 #: What a checkpoint holds and a run's final output folder does not (transformers' optimizer, scheduler, RNG state).
 _TRAINING_STATE_FILES = ("optimizer*", "scheduler*", "rng_state*", "global_step*")
 #: `checkpoint_problem` of a folder that is no checkpoint at all (e.g. a run's final output folder).
 NOT_A_CHECKPOINT = "it is not a checkpoint (no optimizer, scheduler or RNG state: a run's final output folder?)"
 
 
-# ---------------------------------------------------------------------------------------------------- checkpoints
 def checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     """The `checkpoint-<step>` folders of `output_dir`, newest (highest step) first; [] if there is no folder."""
     folder = Path(output_dir)
@@ -52,9 +37,6 @@ def checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found, key=lambda item: item[0], reverse=True)]
 
 
-_READ_CHUNK = 8 << 20
-
-
 def file_digest(path: str | os.PathLike, *, sync: bool = False) -> str:
     """The SHA-256 hex digest of the file at `path`; `sync`: fsync it first (its bytes are on the disk)."""
     digest = hashlib.sha256()
@@ -62,7 +44,7 @@ def file_digest(path: str | os.PathLike, *, sync: bool = False) -> str:
         with open(path, "r+b") as writable:  # a read-only handle cannot be flushed on every platform (Windows)
             os.fsync(writable.fileno())
     with open(path, "rb") as handle:
-        while chunk := handle.read(_READ_CHUNK):
+        while chunk := handle.read(8 << 20):
             digest.update(chunk)
     return digest.hexdigest()
 
@@ -84,8 +66,8 @@ def _files(folder: Path) -> list[Path]:
 
 
 def write_checkpoint_record(folder: str | os.PathLike, run: dict | None = None) -> None:
-    """Record every file of the (fully written) checkpoint `folder` with its size and SHA-256 digest, and `run` (what
-    the resume rules read); each file is fsynced first, the record atomically replaced and fsynced (module docstring)."""
+    """Record every file of the saved checkpoint `folder` (size, SHA-256) and `run` (what the resume rules read); the
+    files are fsynced first, then the record is atomically replaced and fsynced."""
     folder = Path(folder)
     files = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": file_digest(p, sync=True)}
              for p in _files(folder)}  # fmt: skip
@@ -105,12 +87,17 @@ def remove_checkpoint_record(folder: str | os.PathLike) -> None:
     Path(folder, CHECKPOINT_RECORD).unlink(missing_ok=True)
 
 
-def read_checkpoint_record(folder: str | os.PathLike) -> dict | None:
-    """The parsed record of `folder`, or None if it has none or it does not parse."""
+def read_json(path: str | os.PathLike) -> Any:
+    """The parsed JSON file at `path`, or None if it is missing or does not parse."""
     try:
-        record = json.loads(Path(folder, CHECKPOINT_RECORD).read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def read_checkpoint_record(folder: str | os.PathLike) -> dict | None:
+    """The parsed record of `folder`, or None if it has none or it does not parse."""
+    record = read_json(Path(folder, CHECKPOINT_RECORD))
     return record if isinstance(record, dict) and isinstance(record.get("files"), dict) else None
 
 
@@ -143,21 +130,21 @@ def _verify_files(folder: Path, recorded: dict) -> str | None:
 
 
 def checkpoint_problem(folder: str | os.PathLike) -> str | None:
-    """What makes `folder` an incomplete or damaged checkpoint (e.g. "model.safetensors is 3,145,728 bytes,
-    8,519,224 recorded"), or None if it is complete (see the module docstring)."""
+    """What makes `folder` an incomplete or damaged checkpoint (e.g. "model.safetensors is 3,145,728 bytes, 8,519,224
+    recorded"), or None if it is complete."""
     folder = Path(folder)
     if not folder.is_dir():
         return "it is not a folder"
     if not (folder / CHECKPOINT_RECORD).is_file():
         if not _CHECKPOINT.match(folder.name) and not any(any(folder.glob(g)) for g in _TRAINING_STATE_FILES):
             return NOT_A_CHECKPOINT
-        state = folder / _TRAINER_STATE
+        state = folder / TRAINER_STATE
         if not state.is_file():
-            return f"no {CHECKPOINT_RECORD} and no {_TRAINER_STATE} (the save was cut short)"
+            return f"no {CHECKPOINT_RECORD} and no {TRAINER_STATE} (the save was cut short)"
         try:
             json.loads(state.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            return f"no {CHECKPOINT_RECORD}, and {_TRAINER_STATE} is cut short"
+            return f"no {CHECKPOINT_RECORD}, and {TRAINER_STATE} is cut short"
         return None
     record = read_checkpoint_record(folder)
     if record is None:
@@ -166,8 +153,7 @@ def checkpoint_problem(folder: str | os.PathLike) -> str | None:
 
 
 def newest_complete_checkpoint(output_dir: str | os.PathLike, *, warn: bool = True) -> str | None:
-    """The newest complete checkpoint in `output_dir` (a path), or None; each newer incomplete one is skipped with a
-    warning that names it and what is missing."""
+    """The newest complete checkpoint in `output_dir`, or None; newer incomplete ones are skipped with a warning."""
     for folder in checkpoints(output_dir):
         problem = checkpoint_problem(folder)
         if problem is None:
@@ -183,11 +169,8 @@ def newest_complete_checkpoint(output_dir: str | os.PathLike, *, warn: bool = Tr
 
 
 def resolve_resume(output_dir: str | os.PathLike, resume_from_checkpoint: str | bool | None) -> str | None:
-    """The checkpoint path `train(resume_from_checkpoint=...)` should load.
-
-    True or "last": the newest complete checkpoint of `output_dir` (incomplete newer ones are skipped with a warning);
-    a path: that checkpoint, if complete; None/False: None. Raises `ValueError` naming the folder and the fix.
-    """
+    """The checkpoint `train(resume_from_checkpoint=...)` loads: True or "last": the newest complete one of
+    `output_dir`; a path: that checkpoint, if complete; None/False: None. Raises `ValueError` naming the fix."""
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
         return None
     if resume_from_checkpoint is True or resume_from_checkpoint == "last":
@@ -216,7 +199,6 @@ def resolve_resume(output_dir: str | os.PathLike, resume_from_checkpoint: str | 
     return str(resume_from_checkpoint)
 
 
-# ---------------------------------------------------------------------------------------------------- the lock
 class OutputFolderInUseError(RuntimeError):
     """Another live run holds the output folder's lock."""
 
@@ -232,12 +214,8 @@ def _process_exists(pid: int) -> bool:
 
 
 class RunLock:
-    """`with RunLock(output_dir):` the run's hold on `output_dir` (see the module docstring).
-
-    Re-entrant within a process (the CLI holds it around the whole run, the trainer again around `train()`).
-    `enabled=False` (processes other than the main one) does nothing. On release, a folder the lock created and that
-    is still empty (the run failed before writing anything) is removed.
-    """
+    """`with RunLock(output_dir):` the run's hold on `output_dir`, re-entrant within a process (the CLI holds it around
+    the whole run, the trainer again around `train()`); `enabled=False` (not the main process) does nothing."""
 
     def __init__(self, output_dir: str | os.PathLike, *, enabled: bool = True):
         self.folder = Path(output_dir)
@@ -256,13 +234,11 @@ class RunLock:
             return False
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(self._owner(), handle)
+        self._held = True
         return True
 
     def _holder(self) -> dict:
-        try:
-            return json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}  # being written, or cut short: treated as held by an unknown process
+        return read_json(self.path) or {}  # being written, or cut short: held by an unknown process
 
     def __enter__(self) -> RunLock:
         if not self.enabled:
@@ -270,7 +246,6 @@ class RunLock:
         self._created_folder = not self.folder.exists()
         self.folder.mkdir(parents=True, exist_ok=True)
         if self._try_create():
-            self._held = True
             return self
         holder = self._holder()
         if holder == self._owner():
@@ -285,7 +260,6 @@ class RunLock:
             )
             self.path.unlink(missing_ok=True)
             if self._try_create():
-                self._held = True
                 return self
             holder = self._holder()
         who = f"process {holder.get('pid')} on {holder.get('host')}" if holder else "another process"

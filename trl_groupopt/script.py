@@ -1,13 +1,7 @@
-"""The TRL half of the training command (`trl_groupopt.cli`): TRL's own parser for a method, and the run.
-
-:class:`MethodParser` is `TrlParser((DemoScriptArguments, <Method>Config, ModelConfig))`, as TRL's example scripts
-build it, parsed once (`--config` YAML read by TRL). Three public hooks of argparse shape it:
-
-- `add_argument` puts each option in a group of the help: the method's own fields first, then the TRL options the
-  method sets its own default for, the script's, TRL's `GRPOConfig`, `ModelConfig` and transformers' options;
-- defaults that depend on the model (`trl_groupopt.cli`'s layers) are :class:`Deferred` objects, shown in the help
-  as text and resolved in `parse_known_args` once `--model_name_or_path` is known;
-- `error` prints one line, naming the closest option for a misspelled one.
+"""The TRL half of the training command (`trl_groupopt.cli`): :class:`MethodParser`, TRL's own parser for a method
+(docs/getting-started.md, "The command line: help and errors"), and the run. Public argparse hooks only shape it:
+`add_argument` routes each option to a help group, :class:`Deferred` defaults (`trl_groupopt.defaults`' layers that
+depend on the model) resolve in `parse_known_args`, and `error` prints one line.
 """
 
 from __future__ import annotations
@@ -22,13 +16,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+import torch
+import yaml
 from transformers import TrainingArguments
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
 from . import adapters, offline, rewards
+from .checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
 from .defaults import EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS, default_output_dir, uses_embedded_policy
 from .device import device_supports_bf16, has_accelerator
+from .model_card import SYNTHETIC_DATASET_NAME
 from .registry import get_method
+from .reporting import HeldOutAccuracyCallback, ReadableProgressCallback, plot_reward_accuracy, write_results
 
 __all__ = ["Deferred", "DemoScriptArguments", "MethodParser", "parse", "run"]
 
@@ -78,8 +78,7 @@ class DemoScriptArguments(ScriptArguments):
 
 @dataclass(frozen=True)
 class Deferred:
-    """A default that depends on other options (the model, the device): `resolve(namespace, embedded)` gives the value
-    after parsing; the help shows `shown`."""
+    """A default that depends on the model or device: the help shows `shown`; `resolve(namespace, embedded)`."""
 
     shown: str
     resolve: Callable[[argparse.Namespace, bool], Any]
@@ -96,7 +95,7 @@ def by_model(embedded: Any, named: Any) -> Deferred:
 
 
 def deferred_defaults(method: str) -> dict[str, Any]:
-    """The layers of `trl_groupopt.cli` as parser defaults: RUN_DEFAULTS and the method's mode, then per-model values."""
+    """`trl_groupopt.defaults`' layers as parser defaults: RUN_DEFAULTS and the method's mode, then per-model values."""
     spec = get_method(method)
     embedded = {**EMBEDDED_POLICY_DEFAULTS, **spec.demo_defaults}
     defaults = {f.name: f.default for f in dataclasses.fields(spec.config_class) if f.name in embedded}
@@ -139,8 +138,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 
 
 class MethodParser(TrlParser):
-    """`TrlParser((DemoScriptArguments, <Method>Config, ModelConfig))` with grouped help, model-dependent defaults and
-    one-line errors."""
+    """`TrlParser((DemoScriptArguments, <Method>Config, ModelConfig))`, with the hooks of the module docstring."""
 
     def __init__(self, method: str, prog: str):
         spec = get_method(method)
@@ -205,8 +203,6 @@ class MethodParser(TrlParser):
         self._config = args[args.index("--config") + 1] if "--config" in args[:-1] else None
         if "--config" in args and (self._config is None or not os.path.isfile(self._config)):
             self.error(f"--config {self._config or ''}: no such file.")
-        import yaml
-
         try:
             return super().parse_args_and_config(args, *rest, **kwargs)
         except yaml.YAMLError as err:
@@ -235,20 +231,15 @@ def parse(method: str, argv: Sequence[str], prog: str):
         argv[i : i + 1] = ["--config", argv[i].partition("=")[2]]
     script_args, training_args, model_args = MethodParser(method, prog).parse_args_and_config(argv)
     if not hasattr(training_args, "max_all_none_reward_batches"):  # plain GRPOConfig (grpo): stop on no reward too
-        from .checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
-
         training_args.max_all_none_reward_batches = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
     adapters.check_model_path(model_args.model_name_or_path)
     demo = uses_embedded_policy(model_args.model_name_or_path) and script_args.dataset_name is None
     return script_args, training_args, model_args, demo
 
 
-# ---------------------------------------------------------------------------------------------------- the run
 def set_cpu_threads(training_args, embedded: bool) -> None:
     """One torch thread per process for the tiny policy (its matrices are too small to split: more threads only add
     synchronisation, ~30x slower on 2 cores); for larger models the cores divided among local processes."""
-    import torch
-
     if not training_args.use_cpu and torch.cuda.is_available():
         return
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -257,10 +248,6 @@ def set_cpu_threads(training_args, embedded: bool) -> None:
 
 def _build_trainer(method, script_args, training_args, model_args, train_dataset):
     """The method's trainer as TRL's grpo.py builds it, with the readable progress callback."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    from .reporting import ReadableProgressCallback
-
     spec = get_method(method)
     model_init_kwargs = dict(
         revision=model_args.model_revision,
@@ -284,8 +271,6 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
 
 def _save_outputs(trainer, method, training_args, model_args, dataset_name, curve, wall_start, say) -> None:
     """The card, trainer state, plot and results.json beside the saved model (main process)."""
-    from .reporting import plot_reward_accuracy, write_results
-
     trainer.create_model_card(dataset_name=dataset_name)  # after save_model: replaces PEFT's template card
     trainer.save_state()
     heldout = trainer.heldout_accuracy or {}
@@ -320,10 +305,7 @@ def _save_outputs(trainer, method, training_args, model_args, dataset_name, curv
 
 
 def run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset=None):
-    """Train `method` on the datasets the door checked; save the model, card, state and results; return the trainer."""
-    from .model_card import SYNTHETIC_DATASET_NAME
-    from .reporting import HeldOutAccuracyCallback
-
+    """Train `method` on the datasets the door checked; save the model, card, state and results; returns the trainer."""
     set_cpu_threads(training_args, uses_embedded_policy(model_args.model_name_or_path))
     start = time.perf_counter()
     trainer = _build_trainer(method, script_args, training_args, model_args, train_dataset)
