@@ -24,10 +24,6 @@ TEST_MODULES = sorted(f"tests.objectives.{p.stem}" for p in HERE.glob("test_*.py
 OBJECTIVE_MODULES = sorted(
     f"trl_groupopt.objectives.{p.stem}" for p in (REPO_ROOT / "trl_groupopt" / "objectives").glob("*.py")
 )
-# The package's top level exposes its names lazily (PEP 562 `__getattr__`) once it no longer imports every trainer
-# to register it; until then importing any submodule runs `trl_groupopt/__init__.py` and imports TRL.
-_INIT = ast.parse((REPO_ROOT / "trl_groupopt" / "__init__.py").read_text(encoding="utf-8"))
-LAZY_PACKAGE = any(isinstance(node, ast.FunctionDef) and node.name == "__getattr__" for node in _INIT.body)
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -52,7 +48,6 @@ def test_objective_tests_import_only_the_objectives():
 
 
 @pytest.mark.slow  # launches a Python process
-@pytest.mark.xfail(not LAZY_PACKAGE, strict=True, reason="trl_groupopt/__init__.py still imports every trainer")
 def test_importing_the_objectives_imports_no_trl():
     modules = ["trl_groupopt.objectives", *OBJECTIVE_MODULES, *TEST_MODULES]
     code = (
