@@ -48,20 +48,7 @@ def test_jitter2_matches_eq20_by_hand():
     assert math.isnan(common.jitter2([1.0, 2.0]))
 
 
-def test_mean_ci_matches_student_t():
-    scipy_stats = pytest.importorskip("scipy.stats")
-    for df in (1, 2, 3, 4, 9, 29):
-        assert common.t_quantile_975(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=1e-3)
-    values = [0.31, 0.42, 0.38]
-    stats = common.mean_ci(values + [None, float("nan")])  # missing seeds are ignored
-    mean = sum(values) / 3
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / 2)
-    assert stats["n"] == 3 and stats["mean"] == pytest.approx(mean)
-    assert stats["ci95"] == pytest.approx(scipy_stats.t.ppf(0.975, 2) * std / math.sqrt(3), rel=1e-3)
-    assert stats["low"] == pytest.approx(mean - stats["ci95"]) and stats["high"] == pytest.approx(mean + stats["ci95"])
-    single = common.mean_ci([0.5])
-    assert single["mean"] == 0.5 and single["ci95"] is None
-    assert common.mean_ci([])["mean"] is None
+def test_first_step_reaching():  # the interval itself: tests/test_compare.py (benchmarks.common re-exports it)
     assert common.first_step_reaching([0, 10, 20], [0.2, 0.5, 0.4], 0.45) == 10
     assert common.first_step_reaching([0, 10], [0.2, 0.3], 0.45) is None
 

@@ -32,7 +32,12 @@ def test_t_interval_matches_student_t():
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / 2)
     assert result["n"] == 3 and result["mean"] == pytest.approx(mean) and result["std"] == pytest.approx(sd)
     assert result["ci95"] == pytest.approx(scipy_stats.t.ppf(0.975, 2) * sd / math.sqrt(3), rel=1e-3)
-    assert stats.mean_ci([0.5])["low"] is None and stats.mean_ci([])["mean"] is None
+    assert result["low"] == pytest.approx(mean - result["ci95"]) and result["high"] == pytest.approx(
+        mean + result["ci95"]
+    )
+    single = stats.mean_ci([0.5])
+    assert single["mean"] == 0.5 and single["ci95"] is None and single["low"] is None
+    assert stats.mean_ci([])["mean"] is None
 
 
 def test_paired_differences_pair_by_seed():
