@@ -53,7 +53,12 @@ def overhead_markdown(payload: dict[str, Any]) -> str:
         lines += [
             f"**Vocabulary {vocab}, completions up to {shape['completion_length']} tokens** — noise floor: "
             + (f"±{nf:.1%}" if nf is not None else "n/a (too few cycles)")
-            + (f"; {shape['repeats']} runs" if "repeats" in shape else ""),
+            + (f"; {shape['repeats']} runs" if "repeats" in shape else "")
+            + (
+                f"; on the process's CPU time ±{shape['noise_floor_cpu_clock']:.1%}"
+                if shape.get("noise_floor_cpu_clock") is not None
+                else ""
+            ),
             "",
             "| trainer | step time (ms) | x TRL GRPOTrainer [95% CI] | paired cycles | target | |",
             "|---|---:|---|---:|---:|---|",
@@ -61,6 +66,8 @@ def overhead_markdown(payload: dict[str, Any]) -> str:
         for name, e in shape["results"].items():
             low, high = e["time_ratio_ci95"]
             ratio = f"{e['time_ratio']:.3f}" + (f" [{low:.3f}, {high:.3f}]" if low is not None else "")
+            if e.get("time_ratio_cpu_clock") is not None:  # CUDA: the same ratio on the process's CPU time
+                ratio += f"; CPU time {e['time_ratio_cpu_clock']:.3f}"
             target = e["target_time_ratio"]
             verdict = ""
             if target is not None:
