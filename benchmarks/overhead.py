@@ -19,7 +19,8 @@ caching allocator uses expandable segments, and each trainer's activation peak i
 
 Defaults (`*_DEFAULTS`). CPU: a tiny Qwen2 with the vocabularies of Llama-2 (32,000; completions up to 128) and
 Qwen2.5 (151,936; up to 64), 2 + 32 steps per run, fp32, one thread. CUDA: Qwen2.5-0.5B's shapes with random
-weights, bf16, completions up to 512, 2 + 24 steps per run, one repeat in 4.1 min. `--smoke`: task-sized. Writes
+weights, bf16, completions up to 512, 32 sequences per micro-batch (at 8 the step time jittered 12-13% from step to
+step on an H200, at 32 1.6-2%: docs/gpu.md), 2 + 16 steps per run, one repeat in about 4.5 min. `--smoke`: task-sized. Writes
 `overhead_<device>.json` / `.png`; `python -m benchmarks.report` writes the markdown table.
 
     python -m benchmarks.overhead --smoke --output-dir outputs/bench     # CPU, about 1 min
@@ -110,8 +111,8 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
 _TINY_RUN = dict(batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2, model="tiny")
 CPU_DEFAULTS = dict(_TINY_RUN, steps=32, warmup=2, min_repeats=1, max_repeats=40, max_minutes=60.0, group_size=3,
                     shapes="32000x128,151936x64", prompt_length=32)  # fmt: skip
-GPU_DEFAULTS = dict(steps=36, warmup=2, min_repeats=1, max_repeats=4, max_minutes=5.2, group_size=3,
-                    shapes="151936x512", prompt_length=128, batch_size=8, num_generations=4, grad_accum=2,
+GPU_DEFAULTS = dict(steps=16, warmup=2, min_repeats=1, max_repeats=4, max_minutes=5.2, group_size=3,
+                    shapes="151936x512", prompt_length=128, batch_size=32, num_generations=4, grad_accum=2,
                     steps_per_generation=4, model="qwen2.5-0.5b")  # fmt: skip
 SMOKE_DEFAULTS = dict(_TINY_RUN, steps=4, warmup=2, min_repeats=1, max_repeats=1, max_minutes=5.0, group_size=4,
                       shapes="0x24", prompt_length=16)  # fmt: skip

@@ -53,7 +53,7 @@ def overhead_markdown(payload: dict[str, Any]) -> str:
         lines += [
             f"**Vocabulary {vocab}, completions up to {shape['completion_length']} tokens** — noise floor: "
             + (f"±{nf:.1%}" if nf is not None else "n/a (too few cycles)")
-            + (f"; {shape['repeats']} runs" if "repeats" in shape else "")
+            + (f"; {shape['repeats']} repeat(s)" if "repeats" in shape else "")
             + (
                 f"; on the process's CPU time ±{shape['noise_floor_cpu_clock']:.1%}"
                 if shape.get("noise_floor_cpu_clock") is not None
