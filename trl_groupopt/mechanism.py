@@ -77,17 +77,14 @@ class MechanismOutcome:
     def never_acted(self) -> bool:
         return self.steps > 0 and self.acted == 0
 
-    def _observed_text(self) -> str:
-        values = [(item.label, self.observed.get(item.label)) for item in self.mechanism.observed]
-        return "; ".join(f"{label} within [{v[0]:.4f}, {v[1]:.4f}]" if isinstance(v, tuple) else
-                         f"{label}: mean {v:.3g}" for label, v in values if v is not None)  # fmt: skip
-
     @property
     def text(self) -> str:
         m = self.mechanism
         if not self.steps:
             return f"{m.name}: not measured (no optimizer step logged {', '.join(m.keys)})."
-        observed = self._observed_text()
+        values = [(item.label, self.observed.get(item.label)) for item in m.observed]
+        observed = "; ".join(f"{label} within [{v[0]:.4f}, {v[1]:.4f}]" if isinstance(v, tuple) else
+                             f"{label}: mean {v:.3g}" for label, v in values if v is not None)  # fmt: skip
         head = f"{m.name} acted on {self.acted} of {self.steps} optimizer steps" + (f" ({observed})" * bool(observed))
         if self.acted:
             text = f"{head}: {m.what} on {self.acted / self.steps:.0%} of them."
