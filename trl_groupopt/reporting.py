@@ -86,9 +86,9 @@ class HeldOutAccuracyCallback(TrainerCallback):
     (greedy decoding draws no random numbers: the training samples do not change). Kept in :attr:`points`
     (``[(step, accuracy)]``) and logged as ``heldout/accuracy`` through ``trainer.log_step_metric`` when it has one."""
 
-    def __init__(self, trainer, dataset, every: int, *, max_new_tokens: int | None = None) -> None:
+    def __init__(self, trainer, dataset, every: int) -> None:
         self.trainer, self.dataset, self.every = trainer, dataset, every
-        self.max_new_tokens = max_new_tokens or getattr(trainer.args, "max_completion_length", None) or 48
+        self.max_new_tokens = getattr(trainer.args, "max_completion_length", None) or 48
         self.points: list[tuple[int, float]] = []
 
     def _measure(self, state) -> float | None:
