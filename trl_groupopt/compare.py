@@ -122,8 +122,7 @@ def check(options: Options) -> None:
 
 def carve_heldout(options: Options, data_dir: Path) -> tuple[list[str], bool]:
     """(every run's train options, whether compare scores DATA/heldout.jsonl itself): the held-out split every run
-    shares, carved once from `--dataset_name` (the first `eval_examples` of a shuffle with `CARVE_SEED`; the rest in
-    DATA/train.jsonl). See docs/compare.md."""
+    shares, carved once from `--dataset_name` (`CARVE_SEED`; the rest in DATA/train.jsonl). See docs/compare.md."""
     from .defaults import uses_embedded_policy
     from .offline import make_arithmetic_dataset
 

@@ -237,8 +237,7 @@ def create_model_card(trainer, output_dir: str | os.PathLike | None = None, **ca
         return None
     folder = Path(output_dir if output_dir is not None else trainer.args.output_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    text = render_model_card(trainer, output_dir=folder, **card)
-    (folder / "README.md").write_text(text, encoding="utf-8")
+    (folder / "README.md").write_text(render_model_card(trainer, output_dir=folder, **card), encoding="utf-8")
     return str(folder / "README.md")
 
 

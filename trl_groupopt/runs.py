@@ -120,11 +120,8 @@ def _worker_start(initializer: Callable[[], None] | None) -> None:
 def _finished(grid: Grid, jobs: list[tuple], settings: dict[str, Any], pool: Executor | None,
               workers: int, stop: threading.Event) -> Iterator[dict[str, Any]]:  # fmt: skip
     """Each job's record as it finishes, in this process one after the other or `workers` at a time in `pool`."""
-    if pool is None:
-        for job in jobs:
-            if stop.is_set():
-                return
-            yield run_safely(grid.run_one, grid.key_fields, job, settings)
+    if pool is None:  # the condition is read before each job: a stop starts no further one
+        yield from (run_safely(grid.run_one, grid.key_fields, job, settings) for job in jobs if not stop.is_set())
         return
     queue, running = list(jobs), set()  # Ctrl-C: `run_grid` shuts the pool down, starting nothing more
     while queue or running:
