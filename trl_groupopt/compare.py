@@ -197,12 +197,13 @@ class Trainer:
             with self.lock:
                 self.live.add(proc)
             _, status, usage = os.wait4(proc.pid, 0)  # Ctrl-C meanwhile: `run` kills it (the run is lost)
+            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
             with self.lock:
                 self.live.discard(proc)
         wall, cpu = time.perf_counter() - started, usage.ru_utime + usage.ru_stime
-        if code := os.waitstatus_to_exitcode(status):
+        if proc.returncode:
             tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] or ["?"]
-            raise RuntimeError(f"exit status {code}; {log}: {tail[0][-300:]}")
+            raise RuntimeError(f"exit status {proc.returncode}; {log}: {tail[0][-300:]}")
         return self.record(method, seed, folder, wall, cpu)
 
     def record(self, method: str, seed: int, folder: Path, wall: float, cpu: float) -> dict[str, Any]:
