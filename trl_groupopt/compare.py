@@ -61,9 +61,8 @@ def parse_options(argv: Sequence[str]) -> Options:
     epilog = ("Any other option is a `train` option, passed to every run (trl-groupopt train --method NAME --help "
               "lists them). See docs/compare.md.")  # fmt: skip
     # no abbreviations: `--seed 3`, a train option, must not be read as `--seeds 3`
-    parser = argparse.ArgumentParser(
-        prog=PROG, allow_abbrev=False, description=__doc__.split("\n\n")[0], epilog=epilog
-    )
+    description = __doc__.split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog=PROG, allow_abbrev=False, description=description, epilog=epilog)
     parser.add_argument("--methods", required=True, help="comma-separated methods, the baseline among them")
     parser.add_argument("--seeds", type=int, required=True, help="seeds 0..N-1 per method (at least 2)")
     parser.add_argument("--output_dir", required=True, help="runs.jsonl, compare.json/.md/.png and the runs")

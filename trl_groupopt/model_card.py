@@ -195,9 +195,8 @@ def render_model_card(trainer, model_name: str | None = None, dataset_name: str 
 
     args, base, adapter = trainer.args, get_config_model_id(trainer.model.config), _adapter(trainer.model)
     base_id = base if _is_hub_id(base) else None  # a local path never reaches the card
-    base_kind = (
-        "hub" if base_id else "embedded" if base and uses_embedded_policy(base) else "local" if base else "config"
-    )
+    embedded = bool(base) and uses_embedded_policy(base)
+    base_kind = "hub" if base_id else "embedded" if embedded else "local" if base else "config"
     dataset_id = dataset_name if dataset_name and "/" in dataset_name and _is_hub_id(dataset_name) else None
     model_name = model_name or (args.hub_model_id or os.path.normpath(args.output_dir)).split("/")[-1]
     user_tags = [tags] if isinstance(tags, str) else list(tags or [])
