@@ -1,7 +1,6 @@
 """Checks of the training data and the reward functions that raise naming the fix, instead of a bare ``KeyError`` or
 ``TypeError`` from inside TRL after the model has loaded: docs/reliability.md ("Errors at the door", "No reward is an
-error", "Rewards as `GRPOTrainer` takes them").
-"""
+error", "Rewards as `GRPOTrainer` takes them")."""
 
 from __future__ import annotations
 
@@ -28,9 +27,7 @@ PROMPT_SAMPLE = 100
 
 
 def _column_names(dataset: Any) -> list[str] | None:
-    names = getattr(dataset, "column_names", None)
-    if names is None and getattr(dataset, "features", None) is not None:  # IterableDataset with known features
-        names = list(dataset.features)
+    names = getattr(dataset, "column_names", None)  # an IterableDataset's: its features', None if unknown
     if isinstance(names, dict):  # a DatasetDict: the caller passed the whole dict, not a split
         raise ValueError(
             f"train_dataset is a DatasetDict with splits {sorted(names)}; pass one split, e.g. dataset['train']."
@@ -75,10 +72,8 @@ def _check_reward_signature(func: Callable, columns: list[str], has_environments
 
 
 def check_train_dataset(train_dataset: Any, reward_funcs: Any = None, *, has_environments: bool = False) -> None:
-    """Raise a ``ValueError`` naming the fix if GRPOTrainer could not train on ``train_dataset`` with ``reward_funcs``:
-    a ``prompt`` column (optional with environments, whose ``reset()`` supplies it) whose first :data:`PROMPT_SAMPLE`
-    rows are prompts (:func:`check_prompts`), reward functions that accept what GRPOTrainer passes. ``None`` arguments,
-    and the columns of a streaming dataset without features, are skipped."""
+    """Raise a ``ValueError`` naming the fix if GRPOTrainer could not train on ``train_dataset`` with ``reward_funcs``
+    (docs/reliability.md, "Errors at the door"); ``None`` arguments and unknown columns are skipped."""
     columns = _column_names(train_dataset) if train_dataset is not None else None
     if columns is not None and "prompt" not in columns and not has_environments:
         source = next(((c, a) for c, a in (("question", "gsm8k"), ("problem", "math")) if c in columns), None)
@@ -176,9 +171,6 @@ class CheckedRewardFunc:
         check_reward_output(self.__name__, output, None if completions is None else len(completions))
         return output
 
-    def __repr__(self) -> str:
-        return f"CheckedRewardFunc({self.__wrapped__!r})"
-
 
 def checked_reward_func(func: Any) -> Any:
     """``func`` wrapped in :class:`CheckedRewardFunc`; async functions, reward models and model ids unchanged."""
@@ -226,8 +218,7 @@ class AllNoneRewardWatch:
 
 def all_none_limit(args: Any) -> int | None:
     """The config's ``max_all_none_reward_batches``; None (warn only, as GRPOTrainer does) for configs without it."""
-    value = getattr(args, "max_all_none_reward_batches", None)
-    return None if value is None else int(value)
+    return getattr(args, "max_all_none_reward_batches", None)
 
 
 def watch_all_none_rewards(trainer: Any, rewards_per_func: torch.Tensor, inputs: Sequence[dict[str, Any]]) -> None:

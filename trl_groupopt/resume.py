@@ -1,7 +1,6 @@
 """Resume rules, one story for the command line and the Python API: docs/reliability.md, "Resume is one story".
 `trl_groupopt.run_folder` decides which checkpoints are complete. Imports neither TRL nor torch at module level (the
-CLI reads it first).
-"""
+CLI reads it first)."""
 
 from __future__ import annotations
 
@@ -82,19 +81,15 @@ def check_resume(checkpoint: str, method: str, args: Any, *, warn: bool = True) 
     if not changed or not warn:
         return
     said = ", ".join(f"{name} {was} -> {now}" for name, (was, now) in changed.items())
-    note = ""
     if "learning_rate" in changed:
         args.learning_rate = changed["learning_rate"][0]
-        note = (
-            f" The restored optimizer and scheduler keep the checkpoint's learning rate "
-            f"({changed['learning_rate'][0]}), which is recorded as used; to change it, start a new run from the "
-            f"checkpoint's weights (--model_name_or_path {checkpoint})."
+        said += (
+            f". The restored optimizer and scheduler keep the checkpoint's learning rate ({args.learning_rate}), "
+            f"recorded as used; to change it, start a new run from its weights (--model_name_or_path {checkpoint})"
         )
     if changed.keys() - {"learning_rate"}:
-        note += (
-            " The batch and group settings given now are used: the resumed run is not the one the checkpoint began."
-        )
-    warnings.warn(f"Resuming {checkpoint} with changed settings: {said}.{note}", UserWarning, stacklevel=3)
+        said += ". The batch and group settings given now are used: the resumed run is not the checkpoint's run"
+    warnings.warn(f"Resuming {checkpoint} with changed settings: {said}.", UserWarning, stacklevel=3)
 
 
 def finished_message(checkpoint: str, args: Any) -> str | None:

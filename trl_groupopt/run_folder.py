@@ -1,7 +1,6 @@
 """A run's output folder: which checkpoints are complete and intact (`CHECKPOINT_RECORD`), which one to resume from,
 and the lock of the run using it (`RunLock`): docs/reliability.md, "Runs that survive". Imports neither TRL nor torch
-(the CLI reads it before choosing a trainer).
-"""
+(the CLI reads it before choosing a trainer)."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def _files(folder: Path) -> list[Path]:
-    return [p for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(f".{CHECKPOINT_RECORD}")
-            and p.name != CHECKPOINT_RECORD]  # fmt: skip
+    return [p for p in sorted(folder.rglob("*")) if p.is_file() and CHECKPOINT_RECORD not in p.name]  # and its .tmp
 
 
 def write_checkpoint_record(folder: str | os.PathLike, run: dict | None = None) -> None:
@@ -138,14 +136,11 @@ def checkpoint_problem(folder: str | os.PathLike) -> str | None:
     if not (folder / CHECKPOINT_RECORD).is_file():
         if not _CHECKPOINT.match(folder.name) and not any(any(folder.glob(g)) for g in _TRAINING_STATE_FILES):
             return NOT_A_CHECKPOINT
-        state = folder / TRAINER_STATE
-        if not state.is_file():
+        if read_json(folder / TRAINER_STATE) is not None:
+            return None
+        if not (folder / TRAINER_STATE).is_file():
             return f"no {CHECKPOINT_RECORD} and no {TRAINER_STATE} (the save was cut short)"
-        try:
-            json.loads(state.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return f"no {CHECKPOINT_RECORD}, and {TRAINER_STATE} is cut short"
-        return None
+        return f"no {CHECKPOINT_RECORD}, and {TRAINER_STATE} is cut short"
     record = read_checkpoint_record(folder)
     if record is None:
         return f"{CHECKPOINT_RECORD} is unreadable"
@@ -209,7 +204,7 @@ def _process_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by another user
-        return True
+        pass
     return True
 
 
