@@ -143,10 +143,8 @@ def load_raw_dataset(name: str, config: str | None = None, split: str = "train")
             if problem is None:
                 return datasets.load_dataset(builder, data_files=name, split="train")
         except Exception as err:  # datasets' own errors name neither the file nor the line
-            problem = (
-                _unreadable_line(name, name.lower().endswith(".jsonl"))
-                or f"no rows could be read as {builder} ({err})."
-            )
+            line = _unreadable_line(name, as_json=name.lower().endswith(".jsonl"))
+            problem = line or f"no rows could be read as {builder} ({err})."
         raise ValueError(f"--dataset_name {name}: {problem}")
     if os.path.isdir(name) and {"dataset_info.json", "dataset_dict.json"} & set(os.listdir(name)):  # save_to_disk
         saved = datasets.load_from_disk(name)

@@ -1,8 +1,6 @@
-"""The `trl-groupopt` command (`train`, `methods`, `compare`) and the example scripts' entry point (:func:`command`).
-
-See docs/getting-started.md ("The command line: help and errors"); the defaults' layers: `trl_groupopt.defaults`.
-This module imports no TRL: `--help`, `methods`, `train --help` and an unknown `--method` answer without it.
-"""
+"""The `trl-groupopt` command (`train`, `methods`, `compare`) and the example scripts' entry point (:func:`command`):
+docs/getting-started.md ("The command line: help and errors"); the defaults' layers: `trl_groupopt.defaults`.
+This module imports no TRL: `--help`, `methods`, `train --help` and an unknown `--method` answer without it."""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ def die(prog: str, message: str, status: int = 2) -> NoReturn:
 
 
 def parse(method: str, argv: Sequence[str] | None = None, *, prog: str | None = None):
-    """(script_args, training_args, model_args, demo) for `method` from argv (default: sys.argv[1:]), parsed once by
-    `trl_groupopt.script.MethodParser`. ``demo``: the embedded policy on the synthetic task."""
+    """(script_args, training_args, model_args, demo: the embedded policy on the synthetic task), parsed once."""
     get_method(method)  # an unknown name fails here, before TRL is imported
     from .script import parse as parse_with_trl
 

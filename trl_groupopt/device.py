@@ -19,8 +19,7 @@ def has_accelerator() -> bool:
 
 
 def device_supports_bf16(use_cpu: bool = False) -> bool:
-    """Whether training will use an accelerator that runs bf16 in hardware (emulated bf16, CPU or pre-Ampere, is
-    slower than fp32)."""
+    """Whether training uses an accelerator with native bf16 (emulated bf16, CPU or pre-Ampere: slower than fp32)."""
     if use_cpu:
         return False
     import torch

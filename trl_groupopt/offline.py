@@ -96,10 +96,8 @@ def arithmetic_problems(
 
 
 def make_arithmetic_dataset(num_examples: int, seed: int = 0, split: str = "train", **variant: tuple[int, int]):
-    """The task as a conversational prompt-only ``datasets.Dataset`` (columns ``prompt``, ``solution``:
-    ``"\\boxed{-11}"``, ``answer``: ``-11``); ``variant``: ``operations``, ``operands`` (:func:`arithmetic_problems`).
-    Completions of the default variant need up to ~46 tokens (use ``max_completion_length=48``); the long-chain
-    variant needs :data:`LONG_CHAIN_MAX_COMPLETION_LENGTH`."""
+    """The task as a conversational ``datasets.Dataset`` (``prompt``, ``solution``: ``"\\boxed{-11}"``, ``answer``:
+    ``-11``) of :func:`arithmetic_problems`; completions need <= 46 tokens (long chains: see LONG_CHAIN_*)."""
     from datasets import Dataset
 
     exprs = arithmetic_problems(num_examples, seed=seed, split=split, **variant)
@@ -227,8 +225,7 @@ VARIANTS: dict[str, Variant] = {
 
 
 def load_embedded_policy(path: str | os.PathLike | None = None):
-    """Load a shipped tiny policy (default: :data:`EMBEDDED_POLICY_PATH`): ``(LlamaForCausalLM, tokenizer)``, offline,
-    fp32, eval mode."""
+    """A shipped tiny policy (default: :data:`EMBEDDED_POLICY_PATH`) and its tokenizer, offline, fp32, eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = str(path or EMBEDDED_POLICY_PATH)

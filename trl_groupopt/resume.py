@@ -25,8 +25,7 @@ RESUME_SETTINGS = ("learning_rate", "per_device_train_batch_size", "gradient_acc
 
 
 def earlier_run(output_dir: str | os.PathLike) -> str | None:
-    """What an earlier run left in `output_dir` ("checkpoints (checkpoint-8, checkpoint-6)", "a finished run
-    (model.safetensors, results.json)"), or None."""
+    """What an earlier run left in `output_dir` ("checkpoints (checkpoint-8)", "a finished run (...)"), or None."""
     found = checkpoints(output_dir)
     if found:
         return "checkpoints (" + ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "") + ")"
@@ -52,8 +51,7 @@ def refuse_fresh_run(output_dir: str | os.PathLike, overwrite: bool, *, cli: boo
 
 
 def run_record(trainer: Any) -> dict[str, Any]:
-    """What a checkpoint's completion record keeps for the resume rules: the trainer's method, `RESUME_SETTINGS`, and
-    the epochs (a `max_steps=-1` run is finished by them)."""
+    """The record's "run": the trainer's method, `RESUME_SETTINGS` and the epochs (which end a `max_steps=-1` run)."""
     names = (*RESUME_SETTINGS, "num_train_epochs", "max_steps")
     return {"method": _method_name(trainer), "settings": {name: getattr(trainer.args, name, None) for name in names}}
 

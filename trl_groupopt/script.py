@@ -1,8 +1,5 @@
-"""The TRL half of the training command (`trl_groupopt.cli`): :class:`MethodParser`, TRL's own parser for a method
-(docs/getting-started.md, "The command line: help and errors"), and the run. Public argparse hooks only shape it:
-`add_argument` routes each option to a help group, :class:`Deferred` defaults (`trl_groupopt.defaults`' layers that
-depend on the model) resolve in `parse_known_args`, and `error` prints one line.
-"""
+"""The TRL half of the training command (`trl_groupopt.cli`): :class:`MethodParser`, TRL's own parser for a method,
+shaped by public argparse hooks only (docs/getting-started.md, "The command line: help and errors"), and the run."""
 
 from __future__ import annotations
 
@@ -48,14 +45,10 @@ class DemoScriptArguments(ScriptArguments):
     dataset_format: str = _option("prompt-answer", "How to read --dataset_name.", choices=adapters.DATASET_FORMATS)
     reward_funcs: list[str] = _option(["accuracy_reward"], "From trl_groupopt.rewards.", choices=list(REWARD_FUNCS))
     max_unusable_answer_fraction: float = _option(
-        0.1,
-        "Rows whose gold answer the accuracy reward cannot read, counted before the model loads: above this "
-        "fraction the run stops, below it warns.",
+        0.1, "Rows whose gold answer the reward cannot read: above this fraction the run stops, below it warns."
     )
     max_overlong_prompt_fraction: float = _option(
-        0.1,
-        "Prompts longer than the model's context leaves room for (max_position_embeddings minus "
-        "--max_completion_length), counted before the model loads: above this fraction the run stops, below it warns.",
+        0.1, "Prompts over the context minus --max_completion_length: above this fraction stop, below it warn."
     )
     string_prompts: str = _option(
         "user_message",
