@@ -71,18 +71,15 @@ def extract_last_boxed(text: str) -> str | None:
     return None if end is None else text[m.end() : end]
 
 
+def _formatted(text: str) -> bool:
+    if text.count(BOXED) != 1:
+        return False
+    start = text.index(BOXED) + len(BOXED)
+    end = closing_brace(text, start)
+    return end is not None and text[start:end].strip() != "" and all(ch in _TRAILING_OK for ch in text[end + 1 :])
+
+
 def format_reward(completions: Sequence[str | Sequence[dict[str, Any]]], **kwargs: Any) -> list[float]:
     r"""1.0 iff ``\boxed{`` occurs exactly once (two answers are ambiguous), its braces balance around non-blank
     content, and only ``_TRAILING_OK`` follows (it ends the completion); else 0.0. Correctness is not checked."""
-    rewards: list[float] = []
-    for completion in completions:
-        text = completion_text(completion)
-        ok = text.count(BOXED) == 1
-        if ok:
-            start = text.index(BOXED) + len(BOXED)
-            end = closing_brace(text, start)
-            ok = (
-                end is not None and text[start:end].strip() != "" and all(ch in _TRAILING_OK for ch in text[end + 1 :])
-            )
-        rewards.append(1.0 if ok else 0.0)
-    return rewards
+    return [1.0 if _formatted(completion_text(completion)) else 0.0 for completion in completions]

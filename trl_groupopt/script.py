@@ -218,10 +218,8 @@ def unknown_option(unknown: Sequence[str], known: Sequence[str], what: str = "op
 
 def parse(method: str, argv: Sequence[str], prog: str):
     """(script_args, training_args, model_args, demo) for `method` from argv, parsed once."""
-    argv = list(argv)
-    if any(a.startswith("--config=") for a in argv):  # TRL reads `--config PATH` only
-        i = next(i for i, a in enumerate(argv) if a.startswith("--config="))
-        argv[i : i + 1] = ["--config", argv[i].partition("=")[2]]
+    # TRL reads `--config PATH` only
+    argv = [part for arg in argv for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
     script_args, training_args, model_args = MethodParser(method, prog).parse_args_and_config(argv)
     if not hasattr(training_args, "max_all_none_reward_batches"):  # plain GRPOConfig (grpo): stop on no reward too
         training_args.max_all_none_reward_batches = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
