@@ -229,10 +229,8 @@ def load_embedded_policy(path: str | os.PathLike | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = str(path or EMBEDDED_POLICY_PATH)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-    model.eval()
-    return model, tokenizer
+    return model.eval(), AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def greedy_accuracy(
@@ -267,8 +265,7 @@ def greedy_accuracy(
             enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
             out = model.generate(**enc, **gen_kwargs)
             completions += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-    if was_training:
-        model.train()
+    model.train(was_training)
     acc = accuracy_reward(completions, list(dataset["solution"]))
     fmt = format_reward(completions)
     scored = [a for a in acc if a is not None]
