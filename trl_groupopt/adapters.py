@@ -281,7 +281,6 @@ def prepare_prompts(data, name: str, tokenizer, mode: str):
             f"--dataset_name {name}: 'prompt' holds plain strings and the tokenizer has a chat template, "
             "which they bypass: the model continues the raw text, which often earns no reward. Use "
             "--string_prompts user_message, or write prompts as [{'role': 'user', 'content': ...}].",
-            UserWarning,
             stacklevel=2,
         )
         return data

@@ -29,9 +29,7 @@ PROMPT_SAMPLE = 100
 def _column_names(dataset: Any) -> list[str] | None:
     names = getattr(dataset, "column_names", None)  # an IterableDataset's: its features', None if unknown
     if isinstance(names, dict):  # a DatasetDict: the caller passed the whole dict, not a split
-        raise ValueError(
-            f"train_dataset is a DatasetDict with splits {sorted(names)}; pass one split, e.g. dataset['train']."
-        )
+        raise ValueError(f"train_dataset is a DatasetDict ({sorted(names)}): pass one split, e.g. dataset['train'].")
     return None if names is None else list(names)
 
 
@@ -74,9 +72,7 @@ def check_train_dataset(train_dataset: Any, reward_funcs: Any = None, *, has_env
         hint = " Rename your prompt column with dataset.rename_column(<name>, 'prompt')."
         for column, form in (("problem", "math"), ("question", "gsm8k")):  # the last one found names the fix
             if column in columns:
-                hint = (
-                    f" It has {column!r}: map it with trl_groupopt.adapters.{form}_to_conversational (or rename it)."
-                )
+                hint = f" It has {column!r}: map it with trl_groupopt.adapters.{form}_to_conversational, or rename it."
         raise ValueError(
             f"train_dataset has no 'prompt' column (columns: {columns}). GRPOTrainer reads the prompts from 'prompt': "
             f"a string (standard format) or a list of {{'role', 'content'}} messages (conversational).{hint}"

@@ -49,9 +49,7 @@ def prepare_output_dir(
     """The checkpoint to resume from (None: a fresh run), after the resume rules of `trl_groupopt.resume` (a finished
     run: printed, exit 0). ``overwrite`` (a fresh run only) deletes the earlier checkpoints (on the main process)."""
     if resume_from_checkpoint is not None and overwrite:
-        raise ValueError(
-            "--overwrite_output_dir starts a fresh run; it cannot be combined with --resume_from_checkpoint."
-        )
+        raise ValueError("--overwrite_output_dir (a fresh run) cannot be combined with --resume_from_checkpoint.")
     if resume_from_checkpoint is not None:
         checkpoint = resolve_resume(output_dir, resume_from_checkpoint)
         if method is not None and args is not None:  # the trainer checks again, and warns on changed settings

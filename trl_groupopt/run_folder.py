@@ -157,7 +157,6 @@ def newest_complete_checkpoint(output_dir: str | os.PathLike, *, warn: bool = Tr
             warnings.warn(
                 f"Skipping the incomplete or damaged checkpoint {folder}: {problem}. Resuming from an earlier one; "
                 "this folder is overwritten when training reaches its step again.",
-                UserWarning,
                 stacklevel=2,
             )
     return None
@@ -250,7 +249,6 @@ class RunLock:
             warnings.warn(
                 f"Taking over the lock of {self.folder}: it was left by process {pid}, which no longer exists (a "
                 "run that was killed). Its checkpoints are kept.",
-                UserWarning,
                 stacklevel=2,
             )
             self.path.unlink(missing_ok=True)
