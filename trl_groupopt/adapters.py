@@ -278,9 +278,8 @@ def prepare_prompts(data, name: str, tokenizer, mode: str):
         return data
     if mode == "raw":
         warnings.warn(
-            f"--dataset_name {name}: 'prompt' holds plain strings and the tokenizer has a chat template, "
-            "which they bypass: the model continues the raw text, which often earns no reward. Use "
-            "--string_prompts user_message, or write prompts as [{'role': 'user', 'content': ...}].",
+            f"--dataset_name {name}: 'prompt' holds plain strings that bypass the tokenizer's chat template: the model"
+            " continues the raw text (no reward). Use --string_prompts user_message or write prompts as messages.",
             stacklevel=2,
         )
         return data

@@ -98,8 +98,7 @@ def take_debug_flag(argv: Sequence[str]) -> tuple[list[str], bool]:
 
 def _raised_while_training(error: BaseException) -> bool:
     """Whether `error` came from inside `Trainer.train` (a failure mid-run keeps its traceback)."""
-    trainer_module = sys.modules.get("transformers.trainer")
-    if trainer_module is None:
+    if (trainer_module := sys.modules.get("transformers.trainer")) is None:  # not imported: nothing was trained
         return False
     code = inspect.unwrap(trainer_module.Trainer.train).__code__
     return any(frame.f_code is code for frame, _ in traceback.walk_tb(error.__traceback__))

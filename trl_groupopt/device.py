@@ -11,11 +11,7 @@ NATIVE_BF16_MIN_CAPABILITY = 8
 def has_accelerator() -> bool:
     import torch
 
-    if torch.cuda.is_available():
-        return True
-    if getattr(torch, "xpu", None) is not None and torch.xpu.is_available():
-        return True
-    return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+    return torch.cuda.is_available() or torch.xpu.is_available() or torch.backends.mps.is_available()
 
 
 def device_supports_bf16(use_cpu: bool = False) -> bool:

@@ -179,10 +179,9 @@ def resolve_resume(output_dir: str | os.PathLike, resume_from_checkpoint: str | 
     problem = checkpoint_problem(resume_from_checkpoint)
     if problem == NOT_A_CHECKPOINT:
         raise ValueError(
-            f"Cannot resume from {resume_from_checkpoint}: {problem}. Resume from one of its checkpoints "
-            f"(--resume_from_checkpoint last --output_dir {resume_from_checkpoint}), or start a new run from its "
-            f"weights: --model_name_or_path {resume_from_checkpoint} (model_name_or_path in Python) with another "
-            "--output_dir."
+            f"Cannot resume from {resume_from_checkpoint}: {problem}. Resume one of its checkpoints "
+            f"(--resume_from_checkpoint last --output_dir {resume_from_checkpoint}) or start anew from its weights"
+            f" (--model_name_or_path {resume_from_checkpoint}, model_name_or_path in Python) and another --output_dir."
         )
     if problem is not None:
         parent = Path(resume_from_checkpoint).parent
@@ -257,9 +256,8 @@ class RunLock:
             holder = self._holder()
         who = f"process {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
         raise OutputFolderInUseError(
-            f"{self.folder} is in use by another run ({who}): two runs into one folder overwrite each other's "
-            f"checkpoints and model. Choose another output_dir (--output_dir), or wait for that run to end. If no "
-            f"such run exists, delete {self.path}."
+            f"{self.folder} is in use by another run ({who}): two runs into one folder overwrite each other's files. "
+            f"Choose another output_dir (--output_dir), wait for that run to end, or delete {self.path} if it is gone."
         )
 
     def __exit__(self, *exc_info) -> None:
