@@ -269,8 +269,7 @@ def check_prompt_lengths(data, name: str, tokenizer, context: int | None, comple
 
 
 def prepare_prompts(data, name: str, tokenizer, mode: str):
-    """Plain-string prompts for a tokenizer with a chat template as one user message each (``raw`` keeps them, and
-    warns); conversational prompts, prompts holding its special tokens, or no template: as they are."""
+    """``--string_prompts`` applied to plain strings a chat template would not see (docs/getting-started.md)."""
     sample = data[:100]["prompt"]
     special = [t for t in tokenizer.all_special_tokens if t]
     templated = any(t in p for p in sample for t in special if isinstance(p, str))

@@ -128,8 +128,7 @@ def _verify_files(folder: Path, recorded: dict) -> str | None:
 
 
 def checkpoint_problem(folder: str | os.PathLike) -> str | None:
-    """What makes `folder` an incomplete or damaged checkpoint (e.g. "model.safetensors is 3,145,728 bytes, 8,519,224
-    recorded"), or None if it is complete."""
+    """What makes `folder` an incomplete or damaged checkpoint ("x.pt is 40 bytes, 128 recorded"), or None."""
     folder = Path(folder)
     if not folder.is_dir():
         return "it is not a folder"

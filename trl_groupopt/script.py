@@ -229,8 +229,7 @@ def parse(method: str, argv: Sequence[str], prog: str):
 
 
 def set_cpu_threads(training_args, embedded: bool) -> None:
-    """One torch thread per process for the tiny policy (its matrices are too small to split: more threads only add
-    synchronisation, ~30x slower on 2 cores); for larger models the cores divided among local processes."""
+    """One thread per process for the tiny policy, else the cores shared: docs/getting-started.md, "Threads on CPU"."""
     if not training_args.use_cpu and torch.cuda.is_available():
         return
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
