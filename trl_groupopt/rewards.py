@@ -37,7 +37,7 @@ def accuracy_reward(
         raise ValueError(f"got {len(completions)} completions but {len(solution)} solutions")
     messages = [[{"role": "assistant", "content": completion_text(c)}] for c in completions]
     gold = ["" if s is None else str(s) for s in solution]
-    return trl_accuracy_reward(messages, gold, **kwargs)  # log_extra included
+    return trl_accuracy_reward(messages, gold, **kwargs)  # TRL's log_extra among them
 
 
 def closing_brace(text: str, start: int) -> int | None:
