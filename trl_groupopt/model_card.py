@@ -40,7 +40,7 @@ REPORTED_GRPO_FIELDS = tuple("""learning_rate lr_scheduler_type warmup_ratio wei
 #: Fields whose declared default (None) `GRPOConfig.__post_init__` derives: compared against the derived value.
 DERIVED_DEFAULTS = {"steps_per_generation": lambda args: args.gradient_accumulation_steps}
 SUMMARY_FRACTION = 0.1  # the share of the logged steps each end of the reward summary averages (at least one)
-#: Quick-start (question, max_new_tokens): the synthetic task's (`offline/task.py`), GSM8K/MATH-style, TRL's own.
+#: Quick-start (question, max_new_tokens): the synthetic task's (`offline.py`), GSM8K/MATH-style, TRL's own.
 ARITHMETIC_QUESTION = ("Compute 12+7-3", 48)
 MATH_QUESTION = ("A baker puts 24 muffins into boxes of 4 and sells each box for $3. How much money does the baker "
                  "make by selling all the boxes?", 256)  # fmt: skip
