@@ -10,8 +10,6 @@ from typing import Any
 
 from ..resume import inexact_resume_warning
 
-__all__ = ["check_numeric_args"]
-
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)

@@ -7,7 +7,6 @@ helper module of this package. With the default objective and estimator it *is* 
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import warnings
@@ -56,12 +55,6 @@ class _FromSpec:
         return spec.paper.trl_fields() if isinstance(spec.paper, Paper) else {"title": str(spec.paper)}
 
 
-def _is_passthrough(function: Callable) -> bool:
-    kinds = [param.kind for param in inspect.signature(function).parameters.values()]
-    return kinds == [inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_POSITIONAL,
-                     inspect.Parameter.VAR_KEYWORD]  # fmt: skip
-
-
 class GroupOptTrainer(GRPOTrainer):
     """`GRPOTrainer` whose policy objective is a pure function (see the module docstring)."""
 
@@ -88,9 +81,6 @@ class GroupOptTrainer(GRPOTrainer):
                 or cls.compute_advantages is not GroupOptTrainer.compute_advantages
                 or not estimator_of(cls.config_class).trl_advantages  # the config class's default estimator
             )
-        # A subclass `__init__(self, *args, **kwargs)` forwards everything here: show GRPOTrainer's signature for it.
-        if cls.__init__ is not GroupOptTrainer.__init__ and _is_passthrough(cls.__init__):
-            cls.__init__.__signature__ = inspect.signature(GroupOptTrainer.__init__)
 
     # mirrors GRPOTrainer.__init__ (trl 1.16.0): the same parameters, order and defaults, so any GRPOTrainer call works
     def __init__(
@@ -258,7 +248,7 @@ class GroupOptTrainer(GRPOTrainer):
         out = self.estimator.estimate(loss.estimator_inputs(self, inputs, mask), **self._estimator_knobs)
         if out.metrics:
             mode = "train" if self.model.training else "eval"
-            self._log_objective_metrics(dict(out.metrics), out.metrics_mask, mode)
+            self._metrics_queue.add(dict(out.metrics), out.metrics_mask, mode)
         return out.advantages
 
     # What a method's extra forward reuses (ECHO's step totals): the loss's forward, weights and metric queue.
@@ -267,14 +257,8 @@ class GroupOptTrainer(GRPOTrainer):
             return loss.forward_logps_and_entropies(self, model, inputs)
         return self._energy.training_forward(lambda m, i: loss.forward_logps_and_entropies(self, m, i), model, inputs)
 
-    def _loss_weights(self, *args) -> loss.LossWeights:
-        return loss.loss_weights(self, *args)
-
     def _metrics_discarded(self):
         return self._metrics_queue.discarded()
-
-    def _log_objective_metrics(self, metrics: dict[str, Tensor], mask: Tensor, mode: str) -> None:
-        self._metrics_queue.add(metrics, mask, mode)
 
     def _flush_metrics(self) -> None:
         report = self._report_callback
@@ -311,10 +295,6 @@ class GroupOptTrainer(GRPOTrainer):
         """Whether the mechanisms acted, over the whole run so far (None for a class without a definition)."""
         report = self._report_callback
         return report.report() if report is not None else None
-
-    @property
-    def _energy_capture(self) -> bool:
-        return self._energy is not None
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """transformers' `_save` (weights checked finite, `training_args.bin` without the token), then our card."""

@@ -11,8 +11,6 @@ from typing import Any
 from ..resume import disk_full_explained, prepare_train, run_record
 from ..run_folder import RunLock, remove_checkpoint_record, write_checkpoint_record
 
-__all__ = ["RunFolder"]
-
 
 class RunFolder:
     def __init__(self, trainer) -> None:

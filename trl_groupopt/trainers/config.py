@@ -16,8 +16,6 @@ from ..checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
 from ..device import device_supports_bf16
 from ..objectives.estimators import DEFAULT_ESTIMATOR, ESTIMATORS, AdvantageEstimator, estimator_of
 
-__all__ = ["AdvantageEstimatorConfigMixin", "TokenSafeConfigMixin", "estimator_knobs", "tokens_withheld"]
-
 _WITHHOLD_TOKENS: ContextVar[bool] = ContextVar("trl_groupopt_withhold_tokens", default=False)
 
 

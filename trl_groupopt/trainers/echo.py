@@ -16,7 +16,7 @@ from ..objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, 
 from .base import GroupOptTrainer
 from .binding import config_arguments, validate_config
 from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
-from .loss import loss_mask
+from .loss import loss_mask, loss_weights
 from .schedule import OffPolicyScheduleMixin
 
 BATCH_RATIO_SCOPES = ("step", "global", "micro_batch")
@@ -158,7 +158,7 @@ class ECHOTrainer(GroupOptTrainer):
                 old = logps if old is None else old  # on-policy: ratio exactly 1, as in `_compute_loss`
                 mask = loss_mask(batch)  # (B, T)
                 advantages = self.compute_advantages(batch, logps, mask)
-                weights = self._loss_weights(logps, old, advantages, entropies, mask, batch).product()
+                weights = loss_weights(self, logps, old, advantages, entropies, mask, batch).product()
                 parts.append((logps, old, advantages, mask, weights))
         local = sum(echo_log_ratio_totals(logps, old, mask) for logps, old, _, mask, _ in parts)  # (2,)
         totals = self.accelerator.reduce(local, reduction="sum")  # (2,) over processes

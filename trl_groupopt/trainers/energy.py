@@ -18,8 +18,6 @@ from trl.trainer.utils import add_fused_lm_head
 
 from ..objectives.common import energy_from_log_probs
 
-__all__ = ["EnergyCapture"]
-
 
 class _FusedOutputRecorder:
     """Stands in for the model (any wrapper) in one TRL log-prob call; keeps each forward's `log_sum_sq_probs`."""

@@ -10,8 +10,6 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-__all__ = ["CLIP_METRICS", "MetricsQueue"]
-
 #: The objectives' clip indicators, logged under TRL's names (`<name>_mean`, and `_min` / `_max` per sequence).
 CLIP_METRICS = ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region")
 _REDUCTIONS = ("mean", "nanmean", "min", "max")

@@ -12,8 +12,6 @@ from ..mechanism import Mechanism, MechanismReport, MechanismTracker
 from ..objectives.estimators import estimator_of
 from ..registry import METHODS
 
-__all__ = ["MechanismReportCallback", "mechanisms_of"]
-
 
 def mechanisms_of(method: str | None, advantage_estimator: str) -> tuple[Mechanism, ...]:
     """The mechanisms a run reports: its method's (None: a class that is no registered method), and that of the

@@ -7,11 +7,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-__all__ = [
-    "OffPolicyScheduleMixin", "check_dataset_holds_a_generation_batch", "is_on_policy", "off_policy_schedule",
-    "warn_if_inert_on_policy"
-]  # fmt: skip
-
 
 def off_policy_schedule(updates_per_rollout: int, gradient_accumulation_steps: int) -> dict[str, int]:
     """The schedule fields that split each rollout into `updates_per_rollout` optimizer steps."""
