@@ -160,26 +160,26 @@ class ECHOTrainer(GroupOptTrainer):
                 advantages = self.compute_advantages(batch, logps, mask)
                 weights = loss_weights(self, logps, old, advantages, entropies, mask, batch).product()
                 parts.append((logps, old, advantages, mask, weights))
-        local = sum(echo_log_ratio_totals(logps, old, mask) for logps, old, _, mask, _ in parts)  # (2,)
-        totals = self.accelerator.reduce(local, reduction="sum")  # (2,) over processes
-        kwargs = dict(config_arguments(echo_loss, self.args), log_ratio_sum=totals[0], token_count=totals[1])
-        coupling = sum(
-            echo_batch_ratio_coupling(*part, importance_weights=weights, **kwargs) for *part, weights in parts
-        )  # ()
-        coupling_sum = self.accelerator.reduce(coupling.reshape(1), reduction="sum")[0]
-        return dict(log_ratio_sum=totals[0], token_count=totals[1], coupling_sum=coupling_sum)
+        return _scope_totals(self.accelerator, parts, config_arguments(echo_loss, self.args), coupling=True)
 
     def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
                   inputs: dict[str, Any], *, loss_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
-        kwargs = dict(config_arguments(echo_loss, self.args), importance_weights=loss_weights)
-        scope = self.args.batch_ratio_scope
+        part = (per_token_logps, old_per_token_logps, advantages, mask, loss_weights)
+        settings, totals, scope = config_arguments(echo_loss, self.args), {}, self.args.batch_ratio_scope
         if scope == "step" and self.model.training:
-            kwargs.update(self._step_totals[1])
+            totals = self._step_totals[1]
         elif scope in ("step", "global"):  # evaluation has no accumulation: "step" is the processes' batch
-            local = echo_log_ratio_totals(per_token_logps, old_per_token_logps, mask)  # (2,)
-            totals = self.accelerator.reduce(local, reduction="sum")  # (2,) over processes
-            kwargs.update(log_ratio_sum=totals[0], token_count=totals[1])
-            if self.accelerator.num_processes > 1:
-                coupling = echo_batch_ratio_coupling(per_token_logps, old_per_token_logps, advantages, mask, **kwargs)
-                kwargs["coupling_sum"] = self.accelerator.reduce(coupling.reshape(1), reduction="sum")[0]
-        return echo_loss(per_token_logps, old_per_token_logps, advantages, mask, **kwargs)
+            totals = _scope_totals(self.accelerator, [part], settings, coupling=self.accelerator.num_processes > 1)
+        return echo_loss(*part[:4], **settings, **totals, importance_weights=loss_weights)
+
+
+def _scope_totals(accelerator, parts: list[tuple], settings: dict[str, Any], coupling: bool) -> dict[str, Tensor]:
+    """`echo_loss`'s log_ratio_sum and token_count (with `coupling`, its coupling_sum too) over the parts that form R,
+    ``(log-probs, old log-probs, advantages, mask, loss weights)`` each, on every process."""
+    local = sum(echo_log_ratio_totals(logps, old, mask) for logps, old, _, mask, _ in parts)  # (2,)
+    totals = accelerator.reduce(local, reduction="sum")  # (2,) over processes
+    out = dict(log_ratio_sum=totals[0], token_count=totals[1])
+    if coupling:
+        local = sum(echo_batch_ratio_coupling(*part, importance_weights=w, **settings, **out) for *part, w in parts)
+        out["coupling_sum"] = accelerator.reduce(local.reshape(1), reduction="sum")[0]  # ()
+    return out
