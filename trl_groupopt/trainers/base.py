@@ -23,11 +23,11 @@ from ..mechanism import Mechanism, MechanismReport
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss
 from ..objectives.estimators import AdvantageEstimator, estimator_of
 from ..registry import spec_for
-from ..resume import disk_full_explained, missing_keys_to_report
+from ..resume import disk_full_explained, missing_keys_to_report, prepare_train, run_record
+from ..run_folder import RunLock, remove_checkpoint_record, write_checkpoint_record
 from ..spec import MethodSpec, Paper
 from . import batching, guard, loss
 from .args_check import check_numeric_args
-from .checkpointing import RunFolder
 from .compat import check_loss_routed_through_compute_loss, dropping_trl_warning
 from .config import estimator_knobs, tokens_withheld
 from .energy import EnergyCapture
@@ -99,7 +99,6 @@ class GroupOptTrainer(GRPOTrainer):
         reward_funcs = checks.prepare_trainer_inputs(reward_funcs, train_dataset, environment_factory)
         self._metrics_queue = MetricsQueue()
         self._energy: EnergyCapture | None = None
-        self.run_folder = RunFolder(self)
         replaced = self.replaces_trl_warning
         with dropping_trl_warning(replaced[0] if replaced else None) as dropped:
             super().__init__(
@@ -177,7 +176,8 @@ class GroupOptTrainer(GRPOTrainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """transformers' `train` in the locked run folder (docs/reliability.md), then the mechanism report: printed, or
         a warning when a mechanism never acted."""
-        with self.run_folder.training(resume_from_checkpoint) as (checkpoint, finished):
+        with RunLock(self.args.output_dir, enabled=self.args.process_index == 0):
+            checkpoint, finished = prepare_train(self, resume_from_checkpoint)
             if finished is not None:  # a finished run: nothing trains, nothing changes (`resume.py`)
                 return finished
             output = super().train(
@@ -311,8 +311,13 @@ class GroupOptTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial) -> None:
         # mirrors Trainer._save_checkpoint (transformers 5.24): the checkpoint folder's path
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        with self.run_folder.saving_checkpoint(folder):
+        if self.args.should_save:
+            remove_checkpoint_record(folder)  # a re-save cut short must not pass for the earlier save
+        with disk_full_explained(folder):
             super()._save_checkpoint(model, trial)
+        self.accelerator.wait_for_everyone()  # the completion record follows every process's part
+        if self.args.should_save and os.path.isdir(folder):
+            write_checkpoint_record(folder, run_record(self))
 
     def _issue_warnings_after_load(self, load_result) -> None:
         """transformers' warnings, less a tied weight reported missing (restored by the tie)."""
