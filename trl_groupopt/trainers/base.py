@@ -116,8 +116,9 @@ class GroupOptTrainer(GRPOTrainer):
         self.whole_groups = self.needs_whole_groups(self.args)
         check_dataset_holds_a_generation_batch(self.args, self.train_dataset)
         warn_if_inert_on_policy(type(self).__name__, self.args, self.inert_on_policy)
-        report = MechanismReportCallback.for_trainer(self)
-        if report is not None:
+        spec = self.method_for(self.args)
+        report = MechanismReportCallback(spec.name if spec is not None else None, self.estimator.name)
+        if report.tracker.mechanisms:
             self.add_callback(report)
 
     @classmethod

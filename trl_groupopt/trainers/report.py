@@ -9,7 +9,6 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ..mechanism import Mechanism, MechanismReport, MechanismTracker
-from ..objectives.estimators import estimator_of
 from ..registry import METHODS
 
 
@@ -28,12 +27,6 @@ class MechanismReportCallback(TrainerCallback, ExportableState):
         self.method, self.advantage_estimator = method, advantage_estimator
         self.tracker = MechanismTracker(mechanisms_of(method, advantage_estimator))
         self.pending: list[tuple[str, float]] = []  # `acted/<method>` values for the trainer's next log
-
-    @classmethod
-    def for_trainer(cls, trainer) -> MechanismReportCallback | None:
-        spec = trainer.method_for(trainer.args)
-        callback = cls(spec.name if spec is not None else None, estimator_of(trainer.args).name)
-        return callback if callback.tracker.mechanisms else None
 
     def state(self) -> dict[str, Any]:
         args = {"method": self.method, "advantage_estimator": self.advantage_estimator}
