@@ -48,11 +48,10 @@ class _FromSpec:
         spec = spec_for(owner, None)
         if spec is None:
             return getattr(GRPOTrainer, self.name)
-        if self.name == "_name":
-            return spec.display_name
-        if self.name == "_tag_names":
-            return ["trl", spec.name, "trl-groupopt"]
-        return spec.paper.trl_fields() if isinstance(spec.paper, Paper) else {"title": str(spec.paper)}
+        paper = spec.paper.trl_fields() if isinstance(spec.paper, Paper) else {"title": str(spec.paper)}
+        return {"_name": spec.display_name, "_tag_names": ["trl", spec.name, "trl-groupopt"], "_paper": paper}[
+            self.name
+        ]
 
 
 class GroupOptTrainer(GRPOTrainer):

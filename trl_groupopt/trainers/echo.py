@@ -28,10 +28,8 @@ GLOBAL_SCOPE_LOSS_TYPES = ("dapo", "dr_grpo")
 @dataclass(repr=False)
 class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     r"""
-    Configuration class for [`ECHOTrainer`]: every parameter of [`trl.GRPOConfig`], and ECHO's: the batch clip of R
-    (Eq. 7, `batch_epsilon*`, defaulting to the paper's one `epsilon`) and the token clip (Eq. 11). Without a schedule
-    set, the paper's 8 optimizer steps per rollout (`OffPolicyScheduleMixin`). `batch_ratio_scope` (which tokens form
-    R; `"step"` when the configuration allows it), its exactness and cost: docs/echo.md.
+    Configuration class for [`ECHOTrainer`]: every parameter of [`trl.GRPOConfig`], ECHO's batch clip of R (Eq. 7,
+    default: the paper's `epsilon`) and token clip (Eq. 11). Which tokens form R (`batch_ratio_scope`): docs/echo.md.
     """
 
     #: The paper's schedule: a 512-prompt rollout trained in mini-batches of 64 prompts.
