@@ -1,9 +1,6 @@
-"""`GroupOptTrainer`: TRL's `GRPOTrainer` with the policy objective as a pluggable pure function.
-
-Each TRL hook the library changes is overridden here, once, in the order a run meets it, and hands its work to one
-helper module of this package. With the default objective and estimator it *is* TRL's GRPO/GSPO/DAPO
-(tests/trainers/test_base_parity.py). TRL upgrade checklist: docs/trl-upgrade.md.
-"""
+"""`GroupOptTrainer`: TRL's `GRPOTrainer` with the policy objective as a pluggable pure function. Each TRL hook the
+library changes is overridden here, once, in the order a run meets it; with the default objective and estimator it *is*
+TRL's GRPO/GSPO/DAPO (tests/trainers/test_base_parity.py). TRL upgrade checklist: docs/trl-upgrade.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Logit-gradient energy from the forwards TRL already runs, for estimators that declare `needs_energy`.
-
-TRL's fused, tiled LM head can also return `log_sum_sq_probs = log sum_v p_v^2` (no gradient) from the same tiles:
-no second forward, no (B, T, V) tensor, no module hook. Off-policy, the behaviour forward's energy (the policy that
-sampled, as verl) goes into the batch as `old_per_token_energy` and the training forward runs TRL's own head.
-"""
+"""Logit-gradient energy from the forwards TRL already runs (its fused LM head's `log_sum_sq_probs`), for estimators
+that declare `needs_energy`: docs/otb.md, "Where the energy comes from"."""
 
 from __future__ import annotations
 
