@@ -62,8 +62,17 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
                 "ECHO's ratios are token-level (Eq. 8-11): set importance_sampling_level='token' "
                 f"(got {self.importance_sampling_level!r})."
             )
-        if self.batch_ratio_scope is None:
-            self.batch_ratio_scope = self._default_scope()
+        if self.batch_ratio_scope is None:  # the paper's "step" where exact, else the widest exact scope, warning
+            exact = (scope for scope in ("step", "global") if not self._scope_problems(scope))
+            self.batch_ratio_scope = next(exact, "micro_batch")
+            if self.batch_ratio_scope != "step":
+                warnings.warn(
+                    f"ECHOConfig: batch_ratio_scope defaults to {self.batch_ratio_scope!r}, not the paper's 'step', "
+                    f"because of {', '.join(self._scope_problems('step'))}. Set batch_ratio_scope explicitly to "
+                    "silence this.",
+                    UserWarning,
+                    stacklevel=2,
+                )
         check_choice("batch_ratio_scope", self.batch_ratio_scope, BATCH_RATIO_SCOPES)
         problems = self._scope_problems(self.batch_ratio_scope)
         if problems:
@@ -86,20 +95,6 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
                 f"multiple of gradient_accumulation_steps = {self.gradient_accumulation_steps}"
             )
         return problems
-
-    def _default_scope(self) -> str:
-        """The "step" scope when exact here; else the widest exact scope, with a warning naming what prevented it."""
-        step_problems = self._scope_problems("step")
-        if not step_problems:
-            return "step"
-        scope = "global" if not self._scope_problems("global") else "micro_batch"
-        warnings.warn(
-            f"ECHOConfig: batch_ratio_scope defaults to {scope!r}, not the paper's 'step', because of "
-            f"{', '.join(step_problems)}. Set batch_ratio_scope explicitly to silence this.",
-            UserWarning,
-            stacklevel=3,
-        )
-        return scope
 
 
 class ECHOTrainer(GroupOptTrainer):
