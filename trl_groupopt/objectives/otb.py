@@ -83,8 +83,7 @@ def otb_advantages(
     ``rewards`` (B,) raw weighted rewards G_i, NaN: unscorable; ``energy`` (B, T) e_t >= 0; ``mask`` (B, T) loss mask
     (0 at padding and tool results); ``groups`` a `Groups` or (B,) integer ids; ``importance_weights`` optional (B, T)
     rollout IS weights w (energies become w^2 e); ``epsilon``: the reference's 1e-8 in b_t's denominator. Values are
-    not checked (reading them stalls a GPU): the trainer checks rewards once per generation batch, its energies are
-    >= 0 by construction.
+    not checked: reading them stalls a GPU (the trainer checks rewards once per generation batch).
     """
     shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]  # one (B, T) shape
     if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
