@@ -86,6 +86,12 @@ class TokenSafeConfigMixin:
 
 def estimator_knobs(config: Any, estimator: AdvantageEstimator) -> dict[str, Any]:
     """`{knob: value}` of `estimator`'s knobs in `config`."""
+    missing = [knob for knob in estimator.knobs if not hasattr(config, knob)]
+    if missing:
+        raise ValueError(
+            f"advantage_estimator={estimator.name!r} reads {missing}, which {type(config).__name__} does not have: "
+            "use a config with AdvantageEstimatorConfigMixin (every trl-groupopt method config)."
+        )
     return {knob: getattr(config, knob) for knob in estimator.knobs}
 
 
