@@ -223,10 +223,12 @@ def _otb(inputs: EstimatorInputs, *, otb_token_positions: str, otb_handle_zero_t
     return EstimatorOutput(advantages, metrics, valid)
 
 
-_POSITIONS_HELP = (
-    "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th generated token, "
-    "verl's tool-use estimator) or 'absolute' (column index, verl's single-turn estimator). Identical without holes."
-)
+_POSITIONS_METADATA = {
+    "help": "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th generated "
+    "token, verl's tool-use estimator) or 'absolute' (column index, verl's single-turn estimator). Identical without "
+    "holes.",
+    "choices": list(TOKEN_POSITIONS),
+}
 _ZERO_TAIL_HELP = (
     "advantage_estimator='otb': baseline 0 on a group's unique longest completion past the second-longest. Default "
     "(unset): on for tool-use batches (tool_mask), off otherwise, as verl's two estimators."
@@ -240,11 +242,7 @@ register_estimator(
         "logit-gradient energy (arXiv:2602.07078)",
         knobs=("otb_token_positions", "otb_handle_zero_tail"),
         config_fields=(
-            (
-                "otb_token_positions",
-                str,
-                field(default="valid", metadata={"help": _POSITIONS_HELP, "choices": list(TOKEN_POSITIONS)}),
-            ),
+            ("otb_token_positions", str, field(default="valid", metadata=_POSITIONS_METADATA)),
             ("otb_handle_zero_tail", bool | None, field(default=None, metadata={"help": _ZERO_TAIL_HELP})),
         ),
         validate=_validate_otb_knobs,
