@@ -25,8 +25,6 @@ __all__ = ["TOKEN_POSITIONS", "logit_gradient_energy", "otb_advantages", "otb_me
 
 # Rows of logits upcast to float32 at a time: 256 x 152k vocabulary is ~155 MB per temporary.
 DEFAULT_ENERGY_CHUNK_SIZE = 256
-# Energies below 0 by more than this are a caller bug, not rounding of 1 - 2p + sum p^2.
-_NEGATIVE_ENERGY_TOLERANCE = 1e-3
 #: What the position index t of the baseline b_t counts (module docstring).
 TOKEN_POSITIONS = ("valid", "absolute")
 #: Summed realized energy of a position's active members at or below which b_t is their plain mean (the equal-weights
@@ -78,16 +76,14 @@ def otb_advantages(
     token_positions: str = "valid",
     importance_weights: Tensor | None = None,
     epsilon: float = 1e-8,
-    check_values: bool = False,
 ) -> Tensor:
     """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`): (B, T), detached,
     float32 (float64 if any input is), 0 at masked positions and on rows with a NaN reward.
 
     ``rewards`` (B,) raw weighted rewards G_i, NaN: unscorable; ``energy`` (B, T) e_t >= 0; ``mask`` (B, T) loss mask
     (0 at padding and tool results); ``groups`` a `Groups` or (B,) integer ids; ``importance_weights`` optional (B, T)
-    rollout IS weights w (energies become w^2 e); ``epsilon``: the reference's 1e-8 in b_t's denominator.
-    ``check_values`` also rejects +-inf rewards and non-finite or negative energies: off by default, as reading values
-    stalls a GPU (the trainer checks rewards once per generation batch; its energies are >= 0 by construction).
+    rollout IS weights w (energies become w^2 e); ``epsilon``: the reference's 1e-8 in b_t's denominator. Values are
+    not checked: reading them stalls a GPU (the trainer checks rewards once per generation batch).
     """
     shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]  # one (B, T) shape
     if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
@@ -107,9 +103,6 @@ def otb_advantages(
         # rows without a valid token the same way)
         member = active.any(-1)  # (B,)
         e = _active_energy(energy, importance_weights, active, dtype)  # (B, T)
-        if check_values:
-            _check_values(rewards, e)
-        e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
 
         order = None
         if token_positions == "valid":
@@ -129,23 +122,13 @@ def otb_advantages(
     return advantages
 
 
-def _check_values(rewards: Tensor, e: Tensor) -> None:
-    """`otb_advantages`' ``check_values``: finite-or-NaN rewards, finite non-negative active energies ``e``."""
-    if torch.isinf(rewards).any():
-        raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
-    if not torch.isfinite(e).all():
-        raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
-    if (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
-        raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
-
-
 def _active_energy(energy: Tensor, importance_weights: Tensor | None, active: Tensor, dtype: torch.dtype) -> Tensor:
-    """(B, T) ``w^2 e`` on the active tokens, 0 elsewhere (not yet clamped: `_check_values` sees the raw values)."""
+    """(B, T) ``w^2 e`` on the active tokens, 0 elsewhere (clamped at 0: rounding of 1 - 2p + sum p^2)."""
     e = energy.detach().to(dtype)  # (B, T)
     if importance_weights is not None:
         e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
     # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
-    return torch.where(active, e, torch.zeros_like(e))  # (B, T)
+    return torch.where(active, e, torch.zeros_like(e)).clamp_min(0.0)  # (B, T)
 
 
 def _token_baseline(
@@ -240,10 +223,12 @@ def _otb(inputs: EstimatorInputs, *, otb_token_positions: str, otb_handle_zero_t
     return EstimatorOutput(advantages, metrics, valid)
 
 
-_POSITIONS_HELP = (
-    "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th generated token, "
-    "verl's tool-use estimator) or 'absolute' (column index, verl's single-turn estimator). Identical without holes."
-)
+_POSITIONS_METADATA = {
+    "help": "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th generated "
+    "token, verl's tool-use estimator) or 'absolute' (column index, verl's single-turn estimator). Identical without "
+    "holes.",
+    "choices": list(TOKEN_POSITIONS),
+}
 _ZERO_TAIL_HELP = (
     "advantage_estimator='otb': baseline 0 on a group's unique longest completion past the second-longest. Default "
     "(unset): on for tool-use batches (tool_mask), off otherwise, as verl's two estimators."
@@ -257,11 +242,7 @@ register_estimator(
         "logit-gradient energy (arXiv:2602.07078)",
         knobs=("otb_token_positions", "otb_handle_zero_tail"),
         config_fields=(
-            (
-                "otb_token_positions",
-                str,
-                field(default="valid", metadata={"help": _POSITIONS_HELP, "choices": list(TOKEN_POSITIONS)}),
-            ),
+            ("otb_token_positions", str, field(default="valid", metadata=_POSITIONS_METADATA)),
             ("otb_handle_zero_tail", bool | None, field(default=None, metadata={"help": _ZERO_TAIL_HELP})),
         ),
         validate=_validate_otb_knobs,
