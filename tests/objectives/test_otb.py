@@ -286,7 +286,14 @@ def test_advantages_input_errors():
     with pytest.raises(ValueError, match="importance_weights"):
         otb_advantages(r, e, m, g, importance_weights=torch.ones(4, 2))
     # token_positions is checked once, with the config (`otb_token_positions`: tests/objectives/test_estimators.py)
-    assert otb_advantages(r, -e, m, g).abs().max() == 0  # values unchecked: energies clamp to 0, equal rewards give 0
+    # value checks read the device: only with check_values=True (the trainer checks rewards per generation batch)
+    with pytest.raises(ValueError, match="finite or NaN"):
+        otb_advantages(torch.tensor([0.0, math.inf, 0.0, 0.0]), e, m, g, check_values=True)
+    with pytest.raises(ValueError, match=">= 0"):
+        otb_advantages(r, -e, m, g, check_values=True)
+    with pytest.raises(ValueError, match="finite"):
+        otb_advantages(r, torch.full((4, 3), math.nan), m, g, check_values=True)
+    assert otb_advantages(r, -e, m, g).abs().max() == 0  # unchecked: energies clamp to 0, equal rewards give 0
 
 
 # --------------------------------------------------------------------------------------------------

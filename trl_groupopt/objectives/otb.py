@@ -25,6 +25,8 @@ __all__ = ["TOKEN_POSITIONS", "logit_gradient_energy", "otb_advantages", "otb_me
 
 # Rows of logits upcast to float32 at a time: 256 x 152k vocabulary is ~155 MB per temporary.
 DEFAULT_ENERGY_CHUNK_SIZE = 256
+# Energies below 0 by more than this are a caller bug, not rounding of 1 - 2p + sum p^2.
+_NEGATIVE_ENERGY_TOLERANCE = 1e-3
 #: What the position index t of the baseline b_t counts (module docstring).
 TOKEN_POSITIONS = ("valid", "absolute")
 #: Summed realized energy of a position's active members at or below which b_t is their plain mean (the equal-weights
@@ -76,14 +78,17 @@ def otb_advantages(
     token_positions: str = "valid",
     importance_weights: Tensor | None = None,
     epsilon: float = 1e-8,
+    check_values: bool = False,
 ) -> Tensor:
     """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`): (B, T), detached,
     float32 (float64 if any input is), 0 at masked positions and on rows with a NaN reward.
 
     ``rewards`` (B,) raw weighted rewards G_i, NaN: unscorable; ``energy`` (B, T) e_t >= 0; ``mask`` (B, T) loss mask
     (0 at padding and tool results); ``groups`` a `Groups` or (B,) integer ids; ``importance_weights`` optional (B, T)
-    rollout IS weights w (energies become w^2 e); ``epsilon``: the reference's 1e-8 in b_t's denominator. Values are
-    not checked: reading them stalls a GPU (the trainer checks rewards once per generation batch).
+    rollout IS weights w (energies become w^2 e); ``epsilon``: the reference's 1e-8 in b_t's denominator.
+    ``check_values`` (a debug mode) also rejects +-inf rewards and non-finite or negative energies: off by default, as
+    reading values stalls a GPU (the trainer checks rewards once per generation batch; energies are >= 0 by
+    construction).
     """
     shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]  # one (B, T) shape
     if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
@@ -103,6 +108,9 @@ def otb_advantages(
         # rows without a valid token the same way)
         member = active.any(-1)  # (B,)
         e = _active_energy(energy, importance_weights, active, dtype)  # (B, T)
+        if check_values:
+            _check_values(rewards, e)
+        e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
 
         order = None
         if token_positions == "valid":
@@ -122,13 +130,23 @@ def otb_advantages(
     return advantages
 
 
+def _check_values(rewards: Tensor, e: Tensor) -> None:
+    """`otb_advantages`' ``check_values``: finite-or-NaN rewards, finite non-negative active energies ``e``."""
+    if torch.isinf(rewards).any():
+        raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
+    if not torch.isfinite(e).all():
+        raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
+    if (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
+        raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
+
+
 def _active_energy(energy: Tensor, importance_weights: Tensor | None, active: Tensor, dtype: torch.dtype) -> Tensor:
-    """(B, T) ``w^2 e`` on the active tokens, 0 elsewhere (clamped at 0: rounding of 1 - 2p + sum p^2)."""
+    """(B, T) ``w^2 e`` on the active tokens, 0 elsewhere (not yet clamped: `_check_values` sees the raw values)."""
     e = energy.detach().to(dtype)  # (B, T)
     if importance_weights is not None:
         e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
     # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
-    return torch.where(active, e, torch.zeros_like(e)).clamp_min(0.0)  # (B, T)
+    return torch.where(active, e, torch.zeros_like(e))  # (B, T)
 
 
 def _token_baseline(
