@@ -33,7 +33,7 @@ def test_a_series_equal_to_another_is_drawn_once():
 
 def test_plot_draws_the_mechanism_panel(tmp_path):
     pytest.importorskip("matplotlib")
-    tracker = MechanismTracker([echo.MECHANISM])
+    tracker = MechanismTracker([echo.METHOD.mechanism])
     history = _history([0.1, 0.2], [0.1, 0.2])
     for entry, clipped in zip(history, (0.0, 1.0)):
         entry.update({"echo/batch_clipped": clipped, "echo/batch_ratio": 1.0 + clipped, "acted/echo": clipped})

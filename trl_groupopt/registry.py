@@ -83,17 +83,14 @@ def spec_for(trainer_class: type, config: Any) -> MethodSpec | None:
     """The spec of the nearest class in `trainer_class`'s MRO that a spec names (a mode's when `config` matches it);
     None when a class in between has its own `objective`."""
     for klass in trainer_class.__mro__:
-        specs = [spec for spec in METHODS.values() if spec.__dict__["_trainer_class"] in (klass, _path(klass))]
+        named_as = (klass, f"{klass.__module__}:{klass.__qualname__}")  # a spec names its class, or its import path
+        specs = [spec for spec in METHODS.values() if spec.__dict__["_trainer_class"] in named_as]
         if specs:
             modes = [spec for spec in specs if spec.config_defaults and spec.matches(config)]
             return (modes or [spec for spec in specs if not spec.config_defaults] or [None])[0]
         if "objective" in klass.__dict__:
             return None
     return None
-
-
-def _path(klass: type) -> str:
-    return f"{klass.__module__}:{klass.__qualname__}"
 
 
 for _spec in SHIPPED:

@@ -16,7 +16,6 @@ from trl_groupopt.objectives.estimators import (
     AdvantageEstimator,
     EstimatorInputs,
     estimator_of,
-    get_estimator,
     register_estimator,
 )
 from trl_groupopt.objectives.otb import otb_advantages, otb_zero_tail
@@ -44,7 +43,7 @@ def test_registry_holds_the_shipped_estimators_and_their_needs():
     assert otb.needs_raw_rewards and otb.needs_whole_groups and otb.needs_energy and otb.per_token
     assert not otb.trl_advantages and otb.knobs == ("otb_token_positions", "otb_handle_zero_tail")
     with pytest.raises(ValueError, match=r"advantage_estimator must be one of \('grpo', 'otb'.*got 'gae'"):
-        get_estimator("gae")
+        ESTIMATORS.lookup("gae")
     with pytest.raises(ValueError, match="already registered"):
         register_estimator(AdvantageEstimator(name="otb", estimate=lambda inputs: None, summary=""))
 

@@ -46,7 +46,6 @@ from trl_groupopt.objectives.estimators import (
     AdvantageEstimator,
     EstimatorOutput,
     register_estimator,
-    unregister_estimator,
 )
 from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
 from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages
@@ -210,7 +209,7 @@ def test_grpo_estimator_runs_nothing_of_otbs(setup, float_model, method):
     tokenizer, _, inputs, root = setup
     trainer = _trainer(method, root / "grpo", tokenizer, float_model)
     assert getattr(trainer.args, "advantage_estimator", "grpo") == "grpo"
-    assert trainer.estimator.name == "grpo" and not trainer._energy_capture
+    assert trainer.estimator.name == "grpo" and trainer._energy is None
     head = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
     assert "_trl_head_forward" not in trainer.__dict__ and "_energy_records" not in trainer.__dict__
     assert not trainer.estimator.needs_raw_rewards and not trainer.estimator.needs_energy
@@ -227,7 +226,7 @@ def test_grpo_estimator_runs_nothing_of_otbs(setup, float_model, method):
 def test_otb_estimator_patches_the_head_once(setup, float_model):
     tokenizer, _, _, root = setup
     trainer = _trainer("ctpo", root / "patched", tokenizer, float_model, advantage_estimator="otb")
-    assert trainer._energy_capture and trainer._energy.head.forward is trainer._energy.fused_forward
+    assert trainer._energy is not None and trainer._energy.head.forward is trainer._energy.fused_forward
     assert trainer._energy.fused_forward is not trainer._energy.trl_forward
 
 
@@ -319,7 +318,7 @@ def test_a_third_estimator_is_one_registry_entry(setup):
                                           needs_raw_rewards=True, needs_whole_groups=True))  # fmt: skip
     try:
         trainer = _trainer("echo", root / "rloo", tokenizer, model, advantage_estimator="rloo")
-        assert trainer.estimator.name == "rloo" and trainer.whole_groups and not trainer._energy_capture
+        assert trainer.estimator.name == "rloo" and trainer.whole_groups and trainer._energy is None
         mask = inputs["completion_mask"]
         advantages = trainer.compute_advantages(dict(inputs), inputs["old_per_token_logps"], mask)
         rewards = inputs["rewards"].view(-1, batches.GROUP_SIZE)
@@ -328,5 +327,5 @@ def test_a_third_estimator_is_one_registry_entry(setup):
         fields = {f.name for f in dataclasses.fields(trainer.args)}
         assert "advantage_estimator" in fields
     finally:
-        unregister_estimator("rloo")
+        ESTIMATORS.unregister("rloo")
     assert "rloo" not in ESTIMATORS

@@ -34,7 +34,7 @@ def test_otb_advantages_add_otbs_definition(tokenizer, base_model, tmp_path):
     """A config whose `advantage_estimator` is "otb" (any method) reports OTB's token baseline too, and says so."""
     trainer = method_trainer("ctpo", tmp_path, clone_model(base_model), tokenizer, num_generations=2,
                              advantage_estimator="otb")  # fmt: skip
-    assert trainer.mechanisms() == (get_method("ctpo").mechanism, otb.MECHANISM)
+    assert trainer.mechanisms() == (get_method("ctpo").mechanism, otb.METHOD.mechanism)
     assert trainer.mechanism_report.advantage_estimator == "otb"
 
 

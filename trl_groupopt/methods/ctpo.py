@@ -20,18 +20,6 @@ PAPER = Paper(
         }"""),
 )
 
-#: CTPO acted on a step when a cumulative prefix ratio hit its position-scaled log-space clip.
-MECHANISM = Mechanism(
-    name="CTPO's prefix-ratio clip",
-    what="a prefix ratio was clipped",
-    keys=("clip_ratio/region_mean",),
-    acts=lambda rate: rate > 0,
-    observed=(Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),),
-    inert="this run trained with CTPO's cumulative ratio, never clipped",
-    hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower epsilon / "
-    "epsilon_high (log-space bounds per unit of t**p)",
-)
-
 METHOD = MethodSpec(
     name="ctpo",
     trainer_class="trl_groupopt.trainers.ctpo:CTPOTrainer",
@@ -39,5 +27,15 @@ METHOD = MethodSpec(
     paper=PAPER,
     headline_metric="ctpo/dual_clip",
     summary="cumulative-prefix token ratio with position-adaptive log-space clipping",
-    mechanism=MECHANISM,
+    # CTPO acted on a step when a cumulative prefix ratio hit its position-scaled log-space clip.
+    mechanism=Mechanism(
+        name="CTPO's prefix-ratio clip",
+        what="a prefix ratio was clipped",
+        keys=("clip_ratio/region_mean",),
+        acts=lambda rate: rate > 0,
+        observed=(Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),),
+        inert="this run trained with CTPO's cumulative ratio, never clipped",
+        hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower epsilon / "
+        "epsilon_high (log-space bounds per unit of t**p)",
+    ),
 )

@@ -42,22 +42,6 @@ def clipping_verdict(observed: dict[str, float]) -> str | None:
     )
 
 
-#: DFPO acted when its transform re-weighted a group (shrink < 1, Eq. 87); quoted beside GSPO's cancellation residual.
-MECHANISM = Mechanism(
-    name="DFPO's in-group re-weighting",
-    what="the transform re-weighted a group",
-    keys=("dfpo/shrink",),
-    acts=lambda shrink: shrink < 1 - 1e-9,
-    observed=(
-        Observed("cancellation residual", "dfpo/cancellation_residual", "mean"),
-        Observed("GSPO's weights on the same batches", "dfpo/cancellation_residual_gspo", "mean"),
-    ),
-    inert="this run trained as GSPO (the transform was the identity)",
-    verdict=clipping_verdict,
-    hint="train off-policy (steps_per_generation > gradient_accumulation_steps, or num_iterations > 1): on-policy "
-    "every sequence ratio is 1",
-)
-
 METHOD = MethodSpec(
     name="dfpo",
     trainer_class="trl_groupopt.trainers.dfpo:DFPOTrainer",
@@ -65,18 +49,22 @@ METHOD = MethodSpec(
     paper=PAPER,
     headline_metric="dfpo/shrink",
     summary="GSPO sequence ratios re-weighted inside each group to restore token-gradient cancellation",
-    mechanism=MECHANISM,
-)
-
-#: GRPO-fix acted on a step when its symmetric clip removed a token (r > 1 + epsilon_high, either advantage sign).
-GRPO_FIX_MECHANISM = Mechanism(
-    name="GRPO-fix's symmetric clip",
-    what="the symmetric clip removed a token",
-    keys=("dfpo/sym_clip_ratio",),
-    acts=lambda rate: rate > 0,
-    observed=(Observed("share of tokens removed", "dfpo/sym_clip_ratio", "mean"),),
-    inert="this run trained with the unclipped surrogate -A * r",
-    hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower epsilon_high",
+    # DFPO acted when its transform re-weighted a group (shrink < 1, Eq. 87); quoted beside GSPO's cancellation
+    # residual.
+    mechanism=Mechanism(
+        name="DFPO's in-group re-weighting",
+        what="the transform re-weighted a group",
+        keys=("dfpo/shrink",),
+        acts=lambda shrink: shrink < 1 - 1e-9,
+        observed=(
+            Observed("cancellation residual", "dfpo/cancellation_residual", "mean"),
+            Observed("GSPO's weights on the same batches", "dfpo/cancellation_residual_gspo", "mean"),
+        ),
+        inert="this run trained as GSPO (the transform was the identity)",
+        verdict=clipping_verdict,
+        hint="train off-policy (steps_per_generation > gradient_accumulation_steps, or num_iterations > 1): on-policy "
+        "every sequence ratio is 1",
+    ),
 )
 
 GRPO_FIX_METHOD = MethodSpec(
@@ -87,5 +75,15 @@ GRPO_FIX_METHOD = MethodSpec(
     headline_metric="dfpo/sym_clip_ratio",
     config_defaults={"dfpo_transform": GRPO_FIX},
     summary="GRPO with the symmetric clip -A * clip(r, 0, 1 + epsilon_high) for both advantage signs (Eq. 80)",
-    mechanism=GRPO_FIX_MECHANISM,
+    # GRPO-fix acted on a step when its symmetric clip removed a token (r > 1 + epsilon_high, either advantage sign).
+    mechanism=Mechanism(
+        name="GRPO-fix's symmetric clip",
+        what="the symmetric clip removed a token",
+        keys=("dfpo/sym_clip_ratio",),
+        acts=lambda rate: rate > 0,
+        observed=(Observed("share of tokens removed", "dfpo/sym_clip_ratio", "mean"),),
+        inert="this run trained with the unclipped surrogate -A * r",
+        hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower "
+        "epsilon_high",
+    ),
 )

@@ -19,19 +19,6 @@ PAPER = Paper(
         }"""),
 )
 
-#: ECHO acted on a step when its batch ratio R left the batch clip range (Eq. 7): only then does clip(R) / sg(R)
-#: differ from R / sg(R) and the objective from token-clipped DAPO plus the coupling term.
-MECHANISM = Mechanism(
-    name="ECHO's batch clip",
-    what="the batch ratio R was clipped",
-    keys=("echo/batch_clipped",),
-    acts=lambda clipped: clipped > 0,
-    observed=(Observed("R", "echo/batch_ratio"),),
-    inert="this run trained as token-clipped DAPO plus the coupling term (Eq. 34)",
-    hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or narrow the batch "
-    "clip (batch_epsilon, batch_epsilon_high) to inside the range R took",
-)
-
 METHOD = MethodSpec(
     name="echo",
     trainer_class="trl_groupopt.trainers.echo:ECHOTrainer",
@@ -39,5 +26,16 @@ METHOD = MethodSpec(
     paper=PAPER,
     headline_metric="echo/batch_clipped",
     summary="token ratios times clip(R)/sg(R), R the geometric batch ratio",
-    mechanism=MECHANISM,
+    # ECHO acted on a step when its batch ratio R left the batch clip range (Eq. 7): only then does clip(R) / sg(R)
+    # differ from R / sg(R) and the objective from token-clipped DAPO plus the coupling term.
+    mechanism=Mechanism(
+        name="ECHO's batch clip",
+        what="the batch ratio R was clipped",
+        keys=("echo/batch_clipped",),
+        acts=lambda clipped: clipped > 0,
+        observed=(Observed("R", "echo/batch_ratio"),),
+        inert="this run trained as token-clipped DAPO plus the coupling term (Eq. 34)",
+        hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or narrow the "
+        "batch clip (batch_epsilon, batch_epsilon_high) to inside the range R took",
+    ),
 )

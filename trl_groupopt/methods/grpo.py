@@ -19,18 +19,6 @@ PAPER = Paper(
         }"""),
 )
 
-#: GRPO's clip acted when a token ratio (sequence ratio with importance_sampling_level="sequence") hit its bound.
-MECHANISM = Mechanism(
-    name="GRPO's ratio clip",
-    what="a token ratio was clipped",
-    keys=("clip_ratio/region_mean",),
-    acts=lambda rate: rate > 0,
-    observed=(Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),),
-    inert="this run trained as the unclipped policy gradient",
-    hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower epsilon / "
-    "epsilon_high",
-)
-
 METHOD = MethodSpec(
     name="grpo",
     trainer_class="trl_groupopt.trainers.base:GroupOptTrainer",
@@ -38,5 +26,15 @@ METHOD = MethodSpec(
     headline_metric="clip_ratio/region_mean",
     summary="TRL's GRPO objective through the shared loss path (the baseline)",
     display_name="GRPO (trl-groupopt base)",
-    mechanism=MECHANISM,
+    # GRPO's clip acted when a token ratio (sequence ratio with importance_sampling_level="sequence") hit its bound.
+    mechanism=Mechanism(
+        name="GRPO's ratio clip",
+        what="a token ratio was clipped",
+        keys=("clip_ratio/region_mean",),
+        acts=lambda rate: rate > 0,
+        observed=(Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),),
+        inert="this run trained as the unclipped policy gradient",
+        hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower epsilon / "
+        "epsilon_high",
+    ),
 )

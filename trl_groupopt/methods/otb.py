@@ -19,21 +19,6 @@ PAPER = Paper(
         }"""),
 )
 
-#: OTB acted on a step when its token baseline gave a lower gradient second moment E[A^2 ||grad log p||^2] than the
-#: group-mean baseline on the same tokens (its purpose: variance reduction, Theorem 4.1).
-MECHANISM = Mechanism(
-    name="OTB's token baseline",
-    what="its baseline's gradient second moment was below the group mean's",
-    keys=("otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"),
-    acts=lambda ours, group_mean: ours < group_mean,
-    observed=(
-        Observed("gradient second moment", "otb/grad_second_moment", "mean"),
-        Observed("the group-mean baseline's", "otb/grad_second_moment_group_mean_baseline", "mean"),
-    ),
-    inert="its advantages had no lower variance than the group-mean baseline's on any step",
-    hint="use it where completions differ in length within a group (docs/otb.md)",
-)
-
 METHOD = MethodSpec(
     name="otb",
     trainer_class="trl_groupopt.trainers.otb:OTBTrainer",
@@ -41,7 +26,20 @@ METHOD = MethodSpec(
     paper=PAPER,
     headline_metric="otb/grad_second_moment",
     summary="advantages G_i - b_t with the optimal token baseline from the logit-gradient energy",
-    mechanism=MECHANISM,
+    # OTB acted on a step when its token baseline gave a lower gradient second moment E[A^2 ||grad log p||^2] than the
+    # group-mean baseline on the same tokens (its purpose: variance reduction, Theorem 4.1).
+    mechanism=Mechanism(
+        name="OTB's token baseline",
+        what="its baseline's gradient second moment was below the group mean's",
+        keys=("otb/grad_second_moment", "otb/grad_second_moment_group_mean_baseline"),
+        acts=lambda ours, group_mean: ours < group_mean,
+        observed=(
+            Observed("gradient second moment", "otb/grad_second_moment", "mean"),
+            Observed("the group-mean baseline's", "otb/grad_second_moment_group_mean_baseline", "mean"),
+        ),
+        inert="its advantages had no lower variance than the group-mean baseline's on any step",
+        hint="use it where completions differ in length within a group (docs/otb.md)",
+    ),
     # on the embedded policy (`trl-groupopt train --method otb`): OTB's advantages are raw rewards minus its token
     # baseline (no std normalisation); measured, lr 1e-4 left held-out accuracy flat (18.0% -> 17.5%) and 2e-4 / 3e-4
     # collapsed it, while 5e-5 gave 18.0% -> 34.5%

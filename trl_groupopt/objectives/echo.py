@@ -56,8 +56,8 @@ def echo_log_ratio_totals(per_token_logps: Tensor, old_per_token_logps: Tensor, 
 
 
 class _Prepared:
-    """Upcast inputs, token log-ratios, loss weights and log R (with the scope's stop-gradients), and the clip settings
-    (`_surrogate_kwargs`)."""
+    """Upcast inputs, token log-ratios, loss weights and log R (with the scope's stop-gradients), and the clip
+    settings; ``batch_epsilon_low >= 1``: no lower batch bound (R > 0)."""
 
     def __init__(
         self,
@@ -65,12 +65,19 @@ class _Prepared:
         old_per_token_logps: Tensor,
         advantages: Tensor,
         mask: Tensor,
-        log_ratio_sum: Tensor | float | None,
-        token_count: Tensor | float | None,
-        importance_weights: Tensor | None,
-        settings: dict[str, Any],
+        *,
+        epsilon_low: float,
+        epsilon_high: float,
+        batch_epsilon_low: float,
+        batch_epsilon_high: float,
+        token_clip: bool = True,
+        log_ratio_sum: Tensor | float | None = None,
+        token_count: Tensor | float | None = None,
+        importance_weights: Tensor | None = None,
     ) -> None:
-        self.settings = settings
+        low = math.log1p(-batch_epsilon_low) if batch_epsilon_low < 1 else -math.inf
+        self.batch_bounds = (low, math.log1p(batch_epsilon_high))  # log(1 - eps_b_low), log(1 + eps_b_high)
+        self.epsilon_low, self.epsilon_high, self.token_clip = epsilon_low, epsilon_high, token_clip
         check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
         if (log_ratio_sum is None) != (token_count is None):
             raise ValueError("log_ratio_sum and token_count must be given together (wider scope) or both None")
@@ -94,13 +101,12 @@ class _Prepared:
 
     def surrogate(self, log_r: Tensor, log_ratio: Tensor) -> tuple[Tensor, Tensor]:
         """(loss, rho), (B, T) each: the per-token ECHO loss (Eq. 7-11) from log r and log R, times the loss weights."""
-        epsilon_low, epsilon_high = self.settings["epsilon_low"], self.settings["epsilon_high"]
-        low, high = self.settings["batch_bounds"]
+        low, high = self.batch_bounds
         log_c = log_ratio.clamp(min=low, max=high) - log_ratio.detach()  # () log C = log R_bar - sg(log R), Eq. 7-8
         log_rho = (log_r + log_c).clamp(max=MAX_LOG_RHO)  # (B, T) overflow guard, see module doc
         rho = torch.exp(log_rho)  # (B, T) effective token ratio, Eq. 10
-        if self.settings["token_clip"]:
-            clipped = rho.clamp(min=1 - epsilon_low, max=1 + epsilon_high)  # (B, T)
+        if self.token_clip:
+            clipped = rho.clamp(min=1 - self.epsilon_low, max=1 + self.epsilon_high)  # (B, T)
             loss = -torch.min(rho * self.advantages, clipped * self.advantages)  # (B, T) Eq. 11
         else:
             loss = -rho * self.advantages  # (B, T) batch clip only
@@ -123,15 +129,6 @@ def validate_echo(
     check_positive(**named(names, **widths, batch_epsilon_high=batch_epsilon_high))
 
 
-def _surrogate_kwargs(
-    epsilon_low: float, epsilon_high: float, batch_epsilon_low: float, batch_epsilon_high: float, token_clip: bool
-) -> dict:
-    """`_Prepared`'s clip settings (shared by the loss and the coupling; `validate_echo` states their rules)."""
-    low = math.log1p(-batch_epsilon_low) if batch_epsilon_low < 1 else -math.inf  # eps_b_low >= 1: no bound (R > 0)
-    bounds = (low, math.log1p(batch_epsilon_high))  # log(1 - eps_b_low), log(1 + eps_b_high)
-    return dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, batch_bounds=bounds, token_clip=token_clip)
-
-
 def _local_coupling(prep: _Prepared) -> Tensor:
     """sum over local valid tokens of d loss_{i,t} / d log R (detached, by autograd on a leaf log R)."""
     with torch.enable_grad():
@@ -142,26 +139,11 @@ def _local_coupling(prep: _Prepared) -> Tensor:
 
 
 def echo_batch_ratio_coupling(
-    per_token_logps: Tensor,
-    old_per_token_logps: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    epsilon_low: float,
-    epsilon_high: float,
-    batch_epsilon_low: float,
-    batch_epsilon_high: float,
-    token_clip: bool = True,
-    log_ratio_sum: Tensor | float | None = None,
-    token_count: Tensor | float | None = None,
-    importance_weights: Tensor | None = None,
+    per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor, **settings: Any
 ) -> Tensor:
     """This part's coupling ``sum_{i,t} mask * w * d loss_{i,t} / d log R`` (0-dim, detached; 0 when R is clipped):
-    summed over the parts that form R, it is `echo_loss`'s ``coupling_sum`` (same arguments)."""
-    kwargs = _surrogate_kwargs(epsilon_low, epsilon_high, batch_epsilon_low, batch_epsilon_high, token_clip)
-    inputs = (per_token_logps, old_per_token_logps, advantages, mask)
-    prep = _Prepared(*inputs, log_ratio_sum, token_count, importance_weights, kwargs)
-    return _local_coupling(prep)
+    summed over the parts that form R, it is `echo_loss`'s ``coupling_sum`` (`echo_loss`'s other arguments)."""
+    return _local_coupling(_Prepared(per_token_logps, old_per_token_logps, advantages, mask, **settings))
 
 
 def echo_loss(
@@ -188,9 +170,10 @@ def echo_loss(
     multipliers (R stays Eq. 6 over every token of ``mask``). Returns per_token_loss (B, T) (0 off the mask) and
     metrics "echo/batch_ratio" (R), "echo/batch_clipped" (0/1), TRL's clip indicators of rho; NaN if undefined.
     """
-    kwargs = _surrogate_kwargs(epsilon_low, epsilon_high, batch_epsilon_low, batch_epsilon_high, token_clip)
+    widths = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, batch_epsilon_low=batch_epsilon_low)
+    scope = dict(log_ratio_sum=log_ratio_sum, token_count=token_count, importance_weights=importance_weights)
     inputs = (per_token_logps, old_per_token_logps, advantages, mask)
-    prep = _Prepared(*inputs, log_ratio_sum, token_count, importance_weights, kwargs)
+    prep = _Prepared(*inputs, **widths, batch_epsilon_high=batch_epsilon_high, token_clip=token_clip, **scope)
     if coupling_sum is not None and not prep.global_scope:
         raise ValueError("coupling_sum is only meaningful with log_ratio_sum and token_count (global scope)")
     loss, rho = prep.surrogate(prep.log_r, prep.log_ratio)  # (B, T) each
@@ -204,7 +187,7 @@ def echo_loss(
         loss = loss + torch.where(prep.valid, extra, torch.zeros_like(loss))  # (B, T)
 
     with torch.no_grad():
-        low_b, high_b = kwargs["batch_bounds"]
+        low_b, high_b = prep.batch_bounds
         log_ratio = prep.log_ratio.detach()  # ()
         batch_ratio = nan_if_empty(log_ratio.exp(), prep.count)
         batch_clipped = nan_if_empty((log_ratio < low_b) | (log_ratio > high_b), prep.count)

@@ -1,8 +1,6 @@
 """Advantage estimators: which advantages the policy objective receives, chosen by a config's `advantage_estimator`
-(as verl picks `adv_estimator` and `loss_mode` independently). OTB (arXiv:2602.07078) changes the advantages; ECHO,
-CTPO, DFPO and GRPO-fix change the objective. An estimator is a pure ``estimate(inputs: EstimatorInputs, **knobs) ->
-EstimatorOutput`` plus what it needs from the trainer (`AdvantageEstimator`). Shipped: ``"grpo"`` (TRL's advantages,
-the default) and those the package's modules register (OTB's, in ``otb.py``). Adding one: docs/adding-a-method.md.
+(as verl picks `adv_estimator` and `loss_mode` independently): a pure ``estimate(inputs: EstimatorInputs, **knobs) ->
+EstimatorOutput`` plus what it needs from the trainer. Shipped: ``"grpo"`` (TRL's, the default) and OTB's (``otb.py``).
 """
 
 from __future__ import annotations
@@ -82,25 +80,15 @@ def register_estimator(estimator: AdvantageEstimator) -> AdvantageEstimator:
     return ESTIMATORS.register(estimator.name, estimator)
 
 
-def unregister_estimator(name: str) -> None:
-    """Remove an estimator (for tests that register a toy one)."""
-    ESTIMATORS.unregister(name)
-
-
-def get_estimator(name: str) -> AdvantageEstimator:
-    """The estimator registered as `name`; the error lists the valid names."""
-    return ESTIMATORS.lookup(name)
-
-
 def estimator_of(config: Any) -> AdvantageEstimator:
     """The estimator a config selects: its `advantage_estimator` (an instance or a config class, whose field default
     is read), `"grpo"` for a config without the field (TRL's plain `GRPOConfig`)."""
-    return get_estimator(getattr(config, "advantage_estimator", DEFAULT_ESTIMATOR))
-
-
-def _trl_advantages(inputs: EstimatorInputs) -> EstimatorOutput:
-    return EstimatorOutput(inputs.trl_advantages)
+    return ESTIMATORS.lookup(getattr(config, "advantage_estimator", DEFAULT_ESTIMATOR))  # the error lists the names
 
 
 _GRPO_SUMMARY = "TRL's group-normalised advantages (G_i - group mean, scaled as `scale_rewards` says)"
-register_estimator(AdvantageEstimator("grpo", _trl_advantages, _GRPO_SUMMARY, trl_advantages=True))
+register_estimator(
+    AdvantageEstimator(
+        "grpo", lambda inputs: EstimatorOutput(inputs.trl_advantages), _GRPO_SUMMARY, trl_advantages=True
+    )
+)

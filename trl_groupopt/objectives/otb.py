@@ -86,8 +86,9 @@ def otb_advantages(
     ``rewards`` (B,) raw weighted rewards G_i, NaN: unscorable; ``energy`` (B, T) e_t >= 0; ``mask`` (B, T) loss mask
     (0 at padding and tool results); ``groups`` a `Groups` or (B,) integer ids; ``importance_weights`` optional (B, T)
     rollout IS weights w (energies become w^2 e); ``epsilon``: the reference's 1e-8 in b_t's denominator.
-    ``check_values`` also rejects +-inf rewards and non-finite or negative energies: off by default, as reading values
-    stalls a GPU (the trainer checks rewards once per generation batch; its energies are >= 0 by construction).
+    ``check_values`` (a debug mode) also rejects +-inf rewards and non-finite or negative energies: off by default, as
+    reading values stalls a GPU (the trainer checks rewards once per generation batch; energies are >= 0 by
+    construction).
     """
     shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]  # one (B, T) shape
     if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
@@ -240,10 +241,12 @@ def _otb(inputs: EstimatorInputs, *, otb_token_positions: str, otb_handle_zero_t
     return EstimatorOutput(advantages, metrics, valid)
 
 
-_POSITIONS_HELP = (
-    "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th generated token, "
-    "verl's tool-use estimator) or 'absolute' (column index, verl's single-turn estimator). Identical without holes."
-)
+_POSITIONS_METADATA = {
+    "help": "advantage_estimator='otb': position index of the baseline under a tool mask: 'valid' (k-th generated "
+    "token, verl's tool-use estimator) or 'absolute' (column index, verl's single-turn estimator). Identical without "
+    "holes.",
+    "choices": list(TOKEN_POSITIONS),
+}
 _ZERO_TAIL_HELP = (
     "advantage_estimator='otb': baseline 0 on a group's unique longest completion past the second-longest. Default "
     "(unset): on for tool-use batches (tool_mask), off otherwise, as verl's two estimators."
@@ -257,11 +260,7 @@ register_estimator(
         "logit-gradient energy (arXiv:2602.07078)",
         knobs=("otb_token_positions", "otb_handle_zero_tail"),
         config_fields=(
-            (
-                "otb_token_positions",
-                str,
-                field(default="valid", metadata={"help": _POSITIONS_HELP, "choices": list(TOKEN_POSITIONS)}),
-            ),
+            ("otb_token_positions", str, field(default="valid", metadata=_POSITIONS_METADATA)),
             ("otb_handle_zero_tail", bool | None, field(default=None, metadata={"help": _ZERO_TAIL_HELP})),
         ),
         validate=_validate_otb_knobs,

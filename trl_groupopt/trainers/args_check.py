@@ -10,8 +10,6 @@ from typing import Any
 
 from ..resume import inexact_resume_warning
 
-__all__ = ["check_numeric_args"]
-
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
@@ -27,25 +25,18 @@ _NON_NEGATIVE = {
 }
 
 
-def _problems(args: Any) -> list[str]:
-    found = []
-    num_iterations = getattr(args, "num_iterations", 1)
-    if not isinstance(num_iterations, int) or num_iterations < 1:
-        found.append(f"num_iterations={num_iterations}: it must be an integer >= 1 (optimizer passes per generated "
-                     "batch); use 1 for on-policy training")  # fmt: skip
-    max_steps = getattr(args, "max_steps", -1)
-    if _number(max_steps) and max_steps < 0 and max_steps != -1:
-        found.append(f"max_steps={max_steps}: use a positive number of steps, or -1 to train by num_train_epochs")
-    for name, fix in _NON_NEGATIVE.items():
-        value = getattr(args, name, None)
-        if _number(value) and not (math.isfinite(value) and value >= 0):
-            found.append(f"{name}={value}: {fix}")
-    return found
-
-
 def check_numeric_args(trainer_name: str, args: Any) -> None:
     """Raise on the bad numeric options; warn on a `save_steps` that makes a resume inexact."""
-    problems = _problems(args)
+    problems, iterations, max_steps = [], args.num_iterations, args.max_steps
+    if not isinstance(iterations, int) or iterations < 1:
+        problems.append(f"num_iterations={iterations}: it must be an integer >= 1 (optimizer passes per generated "
+                        "batch); use 1 for on-policy training")  # fmt: skip
+    if _number(max_steps) and max_steps < 0 and max_steps != -1:
+        problems.append(f"max_steps={max_steps}: use a positive number of steps, or -1 to train by num_train_epochs")
+    for name, fix in _NON_NEGATIVE.items():
+        value = getattr(args, name)
+        if _number(value) and not (math.isfinite(value) and value >= 0):
+            problems.append(f"{name}={value}: {fix}")
     if problems:
         raise ValueError(f"{trainer_name}: " + "; ".join(problems) + ".")
     inexact = inexact_resume_warning(args)

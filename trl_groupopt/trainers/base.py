@@ -1,13 +1,9 @@
-"""`GroupOptTrainer`: TRL's `GRPOTrainer` with the policy objective as a pluggable pure function.
-
-Each TRL hook the library changes is overridden here, once, in the order a run meets it, and hands its work to one
-helper module of this package. With the default objective and estimator it *is* TRL's GRPO/GSPO/DAPO
-(tests/trainers/test_base_parity.py). TRL upgrade checklist: docs/trl-upgrade.md.
-"""
+"""`GroupOptTrainer`: TRL's `GRPOTrainer` with the policy objective as a pluggable pure function. Each TRL hook the
+library changes is overridden here, once, in the order a run meets it; with the default objective and estimator it *is*
+TRL's GRPO/GSPO/DAPO (tests/trainers/test_base_parity.py). TRL upgrade checklist: docs/trl-upgrade.md."""
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import warnings
@@ -24,11 +20,11 @@ from ..mechanism import Mechanism, MechanismReport
 from ..objectives.common import ObjectiveOutput, clipped_surrogate_loss
 from ..objectives.estimators import AdvantageEstimator, estimator_of
 from ..registry import spec_for
-from ..resume import disk_full_explained, missing_keys_to_report
+from ..resume import disk_full_explained, missing_keys_to_report, prepare_train, run_record
+from ..run_folder import RunLock, remove_checkpoint_record, write_checkpoint_record
 from ..spec import MethodSpec, Paper
 from . import batching, guard, loss
 from .args_check import check_numeric_args
-from .checkpointing import RunFolder
 from .compat import check_loss_routed_through_compute_loss, dropping_trl_warning
 from .config import estimator_knobs, tokens_withheld
 from .energy import EnergyCapture
@@ -49,17 +45,10 @@ class _FromSpec:
         spec = spec_for(owner, None)
         if spec is None:
             return getattr(GRPOTrainer, self.name)
-        if self.name == "_name":
-            return spec.display_name
-        if self.name == "_tag_names":
-            return ["trl", spec.name, "trl-groupopt"]
-        return spec.paper.trl_fields() if isinstance(spec.paper, Paper) else {"title": str(spec.paper)}
-
-
-def _is_passthrough(function: Callable) -> bool:
-    kinds = [param.kind for param in inspect.signature(function).parameters.values()]
-    return kinds == [inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_POSITIONAL,
-                     inspect.Parameter.VAR_KEYWORD]  # fmt: skip
+        paper = spec.paper.trl_fields() if isinstance(spec.paper, Paper) else {"title": str(spec.paper)}
+        return {"_name": spec.display_name, "_tag_names": ["trl", spec.name, "trl-groupopt"], "_paper": paper}[
+            self.name
+        ]
 
 
 class GroupOptTrainer(GRPOTrainer):
@@ -88,9 +77,6 @@ class GroupOptTrainer(GRPOTrainer):
                 or cls.compute_advantages is not GroupOptTrainer.compute_advantages
                 or not estimator_of(cls.config_class).trl_advantages  # the config class's default estimator
             )
-        # A subclass `__init__(self, *args, **kwargs)` forwards everything here: show GRPOTrainer's signature for it.
-        if cls.__init__ is not GroupOptTrainer.__init__ and _is_passthrough(cls.__init__):
-            cls.__init__.__signature__ = inspect.signature(GroupOptTrainer.__init__)
 
     # mirrors GRPOTrainer.__init__ (trl 1.16.0): the same parameters, order and defaults, so any GRPOTrainer call works
     def __init__(
@@ -109,7 +95,6 @@ class GroupOptTrainer(GRPOTrainer):
         reward_funcs = checks.prepare_trainer_inputs(reward_funcs, train_dataset, environment_factory)
         self._metrics_queue = MetricsQueue()
         self._energy: EnergyCapture | None = None
-        self.run_folder = RunFolder(self)
         replaced = self.replaces_trl_warning
         with dropping_trl_warning(replaced[0] if replaced else None) as dropped:
             super().__init__(
@@ -127,8 +112,9 @@ class GroupOptTrainer(GRPOTrainer):
         self.whole_groups = self.needs_whole_groups(self.args)
         check_dataset_holds_a_generation_batch(self.args, self.train_dataset)
         warn_if_inert_on_policy(type(self).__name__, self.args, self.inert_on_policy)
-        report = MechanismReportCallback.for_trainer(self)
-        if report is not None:
+        spec = self.method_for(self.args)
+        report = MechanismReportCallback(spec.name if spec is not None else None, self.estimator.name)
+        if report.tracker.mechanisms:
             self.add_callback(report)
 
     @classmethod
@@ -187,7 +173,8 @@ class GroupOptTrainer(GRPOTrainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """transformers' `train` in the locked run folder (docs/reliability.md), then the mechanism report: printed, or
         a warning when a mechanism never acted."""
-        with self.run_folder.training(resume_from_checkpoint) as (checkpoint, finished):
+        with RunLock(self.args.output_dir, enabled=self.args.process_index == 0):
+            checkpoint, finished = prepare_train(self, resume_from_checkpoint)
             if finished is not None:  # a finished run: nothing trains, nothing changes (`resume.py`)
                 return finished
             output = super().train(
@@ -258,7 +245,7 @@ class GroupOptTrainer(GRPOTrainer):
         out = self.estimator.estimate(loss.estimator_inputs(self, inputs, mask), **self._estimator_knobs)
         if out.metrics:
             mode = "train" if self.model.training else "eval"
-            self._log_objective_metrics(dict(out.metrics), out.metrics_mask, mode)
+            self._metrics_queue.add(dict(out.metrics), out.metrics_mask, mode)
         return out.advantages
 
     # What a method's extra forward reuses (ECHO's step totals): the loss's forward, weights and metric queue.
@@ -267,14 +254,8 @@ class GroupOptTrainer(GRPOTrainer):
             return loss.forward_logps_and_entropies(self, model, inputs)
         return self._energy.training_forward(lambda m, i: loss.forward_logps_and_entropies(self, m, i), model, inputs)
 
-    def _loss_weights(self, *args) -> loss.LossWeights:
-        return loss.loss_weights(self, *args)
-
     def _metrics_discarded(self):
         return self._metrics_queue.discarded()
-
-    def _log_objective_metrics(self, metrics: dict[str, Tensor], mask: Tensor, mode: str) -> None:
-        self._metrics_queue.add(metrics, mask, mode)
 
     def _flush_metrics(self) -> None:
         report = self._report_callback
@@ -312,10 +293,6 @@ class GroupOptTrainer(GRPOTrainer):
         report = self._report_callback
         return report.report() if report is not None else None
 
-    @property
-    def _energy_capture(self) -> bool:
-        return self._energy is not None
-
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """transformers' `_save` (weights checked finite, `training_args.bin` without the token), then our card."""
         guard.check_weights(self, state_dict, output_dir)
@@ -331,8 +308,13 @@ class GroupOptTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial) -> None:
         # mirrors Trainer._save_checkpoint (transformers 5.24): the checkpoint folder's path
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        with self.run_folder.saving_checkpoint(folder):
+        if self.args.should_save:
+            remove_checkpoint_record(folder)  # a re-save cut short must not pass for the earlier save
+        with disk_full_explained(folder):
             super()._save_checkpoint(model, trial)
+        self.accelerator.wait_for_everyone()  # the completion record follows every process's part
+        if self.args.should_save and os.path.isdir(folder):
+            write_checkpoint_record(folder, run_record(self))
 
     def _issue_warnings_after_load(self, load_result) -> None:
         """transformers' warnings, less a tied weight reported missing (restored by the tie)."""

@@ -9,11 +9,6 @@ import torch
 from torch import Tensor
 from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
-__all__ = [
-    "add_batch_fields", "equal_reward_rows", "global_raw_rewards", "group_ids_for_local_batch",
-    "prepare_whole_groups", "shuffle_whole_groups"
-]  # fmt: skip
-
 
 def group_ids_for_local_batch(num_rows: int, num_generations: int, process_index: int, device=None) -> Tensor:
     """(num_rows,) global group index of each local row: TRL's `RepeatSampler` yields each prompt `num_generations`
@@ -65,22 +60,14 @@ def equal_reward_rows(rewards: Tensor, num_generations: int) -> Tensor:
     return (highest == lowest).repeat_interleave(num_generations)  # (N,)
 
 
-def _check_groups_share_prompts(prompt_ids: Tensor, num_generations: int) -> None:
-    grouped = prompt_ids.view(-1, num_generations, prompt_ids.size(-1))  # (K, G, P)
-    if not torch.equal(grouped, grouped[:, :1].expand_as(grouped)):
-        raise RuntimeError(
-            "Completions of one group carry different prompts: the sampler did not deliver whole groups to this "
-            "process. Please report this with your accelerate and TRL versions."
-        )
-
-
-def _check_groups_share_rows(prompts: list[Any], num_generations: int) -> None:
-    for start in range(0, len(prompts), num_generations):
-        if any(p != prompts[start] for p in prompts[start : start + num_generations]):
-            raise RuntimeError(
-                "Completions of one group come from different dataset rows: the sampler did not deliver whole "
-                "groups to this process. Please report this with your accelerate and TRL versions."
-            )
+def _groups_share_prompts(trainer, output: dict[str, Any], inputs, num_generations: int) -> bool:
+    if (
+        trainer.environment_factories is not None
+    ):  # each rollout's `reset()` may extend its prompt: compare dataset rows
+        prompts = [x.get("prompt") for x in inputs]
+        return all(p == prompts[i - i % num_generations] for i, p in enumerate(prompts))
+    grouped = output["prompt_ids"].view(-1, num_generations, output["prompt_ids"].size(-1))  # (K, G, P)
+    return torch.equal(grouped, grouped[:, :1].expand_as(grouped))
 
 
 def add_batch_fields(trainer, output: dict[str, Any], inputs) -> dict[str, Any]:
@@ -93,10 +80,11 @@ def add_batch_fields(trainer, output: dict[str, Any], inputs) -> dict[str, Any]:
         output["group_ids"] = group_ids_for_local_batch(
             num_rows, num_generations, t.accelerator.process_index, output["completion_ids"].device
         )
-        if t.environment_factories is None:
-            _check_groups_share_prompts(output["prompt_ids"], num_generations)
-        else:  # each rollout's `reset()` may extend its prompt: the group is the sampler's, the dataset row's
-            _check_groups_share_rows([x.get("prompt") for x in inputs], num_generations)
+        if not _groups_share_prompts(t, output, inputs, num_generations):
+            raise RuntimeError(
+                "Completions of one group carry different prompts: the sampler did not deliver whole groups to this "
+                "process. Please report this with your accelerate and TRL versions."
+            )
     if t.estimator.needs_raw_rewards:
         output["rewards"] = global_raw_rewards(t)[start : start + num_rows]
     if t.has_own_objective and t.multi_objective_aggregation == "sum_then_normalize":

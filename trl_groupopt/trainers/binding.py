@@ -8,8 +8,6 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["config_arguments", "config_fields", "validate_config"]
-
 
 def config_fields(function: Callable, config: Any, prefix: str = "") -> dict[str, str]:
     """``{argument: config field}`` for the keyword-only arguments of ``function`` that ``config`` sets: argument

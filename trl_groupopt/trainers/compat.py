@@ -7,8 +7,6 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-__all__ = ["check_loss_routed_through_compute_loss", "dropping_trl_warning"]
-
 
 def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: bool) -> None:
     """Raise if the installed stack would compute a loss other than our `_compute_loss`: Unsloth rebinds
@@ -36,25 +34,20 @@ def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: 
         )
 
 
-class _DropRecords(logging.Filter):
-    def __init__(self, text: str | None) -> None:
-        super().__init__()
-        self.text, self.dropped = text, []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self.text is not None and self.text in record.getMessage():  # accelerate prefixes "[RANK k] "
-            self.dropped.append(record)
-            return False
-        return True
-
-
 @contextlib.contextmanager
 def dropping_trl_warning(text: str | None) -> Iterator[list[logging.LogRecord]]:
     """Drop TRL's GRPO warnings containing `text` inside the block; yields the dropped records."""
+    dropped: list[logging.LogRecord] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        if text is not None and text in record.getMessage():  # accelerate prefixes "[RANK k] "
+            dropped.append(record)
+            return False
+        return True
+
     trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
-    drop = _DropRecords(text)
-    trl_logger.addFilter(drop)
+    trl_logger.addFilter(keep)
     try:
-        yield drop.dropped
+        yield dropped
     finally:
-        trl_logger.removeFilter(drop)
+        trl_logger.removeFilter(keep)

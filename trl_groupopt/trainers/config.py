@@ -16,8 +16,6 @@ from ..checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
 from ..device import device_supports_bf16
 from ..objectives.estimators import DEFAULT_ESTIMATOR, ESTIMATORS, AdvantageEstimator, estimator_of
 
-__all__ = ["AdvantageEstimatorConfigMixin", "TokenSafeConfigMixin", "estimator_knobs", "tokens_withheld"]
-
 _WITHHOLD_TOKENS: ContextVar[bool] = ContextVar("trl_groupopt_withhold_tokens", default=False)
 
 
@@ -30,21 +28,17 @@ def _reduce_training_arguments(args: TrainingArguments) -> tuple:
     return tuple(reduced)
 
 
-def _withhold_for_every_config_class() -> None:
-    """Register the reducer for `TrainingArguments` and every subclass so far: `copyreg`'s table is looked up by exact
-    class, so without it a plain `GRPOConfig` (the baseline method) wrote its token to disk."""
+@contextmanager
+def tokens_withheld() -> Iterator[None]:
+    """Within it, every `TrainingArguments` pickles without its `*_token` fields (what the trainer writes to disk and
+    uploads); elsewhere (`copy.deepcopy`, pickling to another process) the token is kept."""
+    # For every config class so far: `copyreg`'s table is looked up by exact class, so a plain `GRPOConfig` (the
+    # baseline method) would write its token to disk.
     pending = [TrainingArguments]
     while pending:
         cls = pending.pop()
         copyreg.dispatch_table.setdefault(cls, _reduce_training_arguments)
         pending.extend(cls.__subclasses__())
-
-
-@contextmanager
-def tokens_withheld() -> Iterator[None]:
-    """Within it, every `TrainingArguments` pickles without its `*_token` fields (what the trainer writes to disk and
-    uploads); elsewhere (`copy.deepcopy`, pickling to another process) the token is kept."""
-    _withhold_for_every_config_class()
     reset = _WITHHOLD_TOKENS.set(True)
     try:
         yield
@@ -105,26 +99,21 @@ class _EstimatorChecks:
     def __post_init__(self):
         # Checked before TRL's own post-init: a bad value fails at once, naming the field and the fix.
         try:
-            estimator = estimator_of(self)
-            if estimator.validate is not None:
-                estimator.validate(**estimator_knobs(self, estimator))
+            selected = estimator_of(self)
+            if selected.validate is not None:
+                selected.validate(**estimator_knobs(self, selected))
         except ValueError as err:
             raise ValueError(f"{type(self).__name__}: {err}") from None
-        self._check_no_unused_estimator_knobs(estimator)
-        super().__post_init__()
-
-    def _check_no_unused_estimator_knobs(self, selected: AdvantageEstimator) -> None:
         # A knob of an estimator other than the selected one would silently do nothing.
         defaults = {f.name: f.default for f in fields(self) if f.default is not MISSING}
         for estimator in ESTIMATORS.values():
-            if estimator is selected:
-                continue
             changed = [knob for knob in estimator.knobs if knob in defaults and getattr(self, knob) != defaults[knob]]
-            if changed:
+            if changed and estimator is not selected:
                 raise ValueError(
                     f"{type(self).__name__}: {', '.join(changed)} set, but advantage_estimator={selected.name!r} "
                     f"does not read it: set advantage_estimator={estimator.name!r}, or leave it unset."
                 )
+        super().__post_init__()
 
 
 def _estimator_fields() -> list[tuple[str, Any, Any]]:

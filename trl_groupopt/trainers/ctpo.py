@@ -25,9 +25,7 @@ class CTPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
     r"""
     Configuration class for [`CTPOTrainer`]: every parameter of [`trl.GRPOConfig`], CTPO's own fields, and the
     authors' defaults (`ctpo.sh` in github.com/horizon-llm/CTPO): `epsilon` / `epsilon_high` are *log-space* bounds
-    per unit of `t**p`, the vLLM correction is sequence-level truncated IS capped at 5, `loss_type` is token-mean,
-    `beta` 0. Without a schedule set, the authors' 16 optimizer steps per rollout (`OffPolicyScheduleMixin`; CTPO's
-    clips act only off-policy). docs/ctpo.md.
+    per unit of `t**p` (arXiv:2605.07331; docs/ctpo.md).
     """
 
     #: The authors' schedule (ctpo.sh): a 512-prompt rollout trained in mini-batches of 32 prompts.

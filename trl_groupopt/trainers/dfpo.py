@@ -12,7 +12,7 @@ from ..methods.dfpo import GRPO_FIX
 from ..objectives.common import Groups, ObjectiveOutput, check_choice
 from ..objectives.dfpo import TRANSFORMS, dfpo_loss, validate_dfpo
 from ..objectives.dfpo_diagnostics import dfpo_diagnostics
-from ..objectives.estimators import get_estimator
+from ..objectives.estimators import estimator_of
 from ..objectives.grpo_fix import symmetric_clip_loss, validate_grpo_fix
 from .base import GroupOptTrainer
 from .binding import config_arguments, validate_config
@@ -67,7 +67,7 @@ class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig
     def __post_init__(self):
         check_choice("dfpo_transform", self.dfpo_transform, (*TRANSFORMS, GRPO_FIX))
         grpo_fix = self.dfpo_transform == GRPO_FIX
-        if not grpo_fix and get_estimator(self.advantage_estimator).per_token:
+        if not grpo_fix and estimator_of(self).per_token:
             raise ValueError(
                 f"dfpo_transform={self.dfpo_transform!r} does not take advantage_estimator={self.advantage_estimator!r}: "
                 "DFPO's in-group transform makes sum_i A_i s_til_i = 0 with ONE advantage A_i per sequence, and these "

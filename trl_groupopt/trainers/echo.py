@@ -16,7 +16,7 @@ from ..objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, 
 from .base import GroupOptTrainer
 from .binding import config_arguments, validate_config
 from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
-from .loss import loss_mask
+from .loss import loss_mask, loss_weights
 from .schedule import OffPolicyScheduleMixin
 
 BATCH_RATIO_SCOPES = ("step", "global", "micro_batch")
@@ -28,10 +28,8 @@ GLOBAL_SCOPE_LOSS_TYPES = ("dapo", "dr_grpo")
 @dataclass(repr=False)
 class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyScheduleMixin, GRPOConfig):
     r"""
-    Configuration class for [`ECHOTrainer`]: every parameter of [`trl.GRPOConfig`], and ECHO's: the batch clip of R
-    (Eq. 7, `batch_epsilon*`, defaulting to the paper's one `epsilon`) and the token clip (Eq. 11). Without a schedule
-    set, the paper's 8 optimizer steps per rollout (`OffPolicyScheduleMixin`). `batch_ratio_scope` (which tokens form
-    R; `"step"` when the configuration allows it), its exactness and cost: docs/echo.md.
+    Configuration class for [`ECHOTrainer`]: every parameter of [`trl.GRPOConfig`], ECHO's batch clip of R (Eq. 7,
+    default: the paper's `epsilon`) and token clip (Eq. 11). Which tokens form R (`batch_ratio_scope`): docs/echo.md.
     """
 
     #: The paper's schedule: a 512-prompt rollout trained in mini-batches of 64 prompts.
@@ -64,8 +62,17 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
                 "ECHO's ratios are token-level (Eq. 8-11): set importance_sampling_level='token' "
                 f"(got {self.importance_sampling_level!r})."
             )
-        if self.batch_ratio_scope is None:
-            self.batch_ratio_scope = self._default_scope()
+        if self.batch_ratio_scope is None:  # the paper's "step" where exact, else the widest exact scope, warning
+            exact = (scope for scope in ("step", "global") if not self._scope_problems(scope))
+            self.batch_ratio_scope = next(exact, "micro_batch")
+            if self.batch_ratio_scope != "step":
+                warnings.warn(
+                    f"ECHOConfig: batch_ratio_scope defaults to {self.batch_ratio_scope!r}, not the paper's 'step', "
+                    f"because of {', '.join(self._scope_problems('step'))}. Set batch_ratio_scope explicitly to "
+                    "silence this.",
+                    UserWarning,
+                    stacklevel=2,
+                )
         check_choice("batch_ratio_scope", self.batch_ratio_scope, BATCH_RATIO_SCOPES)
         problems = self._scope_problems(self.batch_ratio_scope)
         if problems:
@@ -88,20 +95,6 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
                 f"multiple of gradient_accumulation_steps = {self.gradient_accumulation_steps}"
             )
         return problems
-
-    def _default_scope(self) -> str:
-        """The "step" scope when exact here; else the widest exact scope, with a warning naming what prevented it."""
-        step_problems = self._scope_problems("step")
-        if not step_problems:
-            return "step"
-        scope = "global" if not self._scope_problems("global") else "micro_batch"
-        warnings.warn(
-            f"ECHOConfig: batch_ratio_scope defaults to {scope!r}, not the paper's 'step', because of "
-            f"{', '.join(step_problems)}. Set batch_ratio_scope explicitly to silence this.",
-            UserWarning,
-            stacklevel=3,
-        )
-        return scope
 
 
 class ECHOTrainer(GroupOptTrainer):
@@ -158,28 +151,28 @@ class ECHOTrainer(GroupOptTrainer):
                 old = logps if old is None else old  # on-policy: ratio exactly 1, as in `_compute_loss`
                 mask = loss_mask(batch)  # (B, T)
                 advantages = self.compute_advantages(batch, logps, mask)
-                weights = self._loss_weights(logps, old, advantages, entropies, mask, batch).product()
+                weights = loss_weights(self, logps, old, advantages, entropies, mask, batch).product()
                 parts.append((logps, old, advantages, mask, weights))
-        local = sum(echo_log_ratio_totals(logps, old, mask) for logps, old, _, mask, _ in parts)  # (2,)
-        totals = self.accelerator.reduce(local, reduction="sum")  # (2,) over processes
-        kwargs = dict(config_arguments(echo_loss, self.args), log_ratio_sum=totals[0], token_count=totals[1])
-        coupling = sum(
-            echo_batch_ratio_coupling(*part, importance_weights=weights, **kwargs) for *part, weights in parts
-        )  # ()
-        coupling_sum = self.accelerator.reduce(coupling.reshape(1), reduction="sum")[0]
-        return dict(log_ratio_sum=totals[0], token_count=totals[1], coupling_sum=coupling_sum)
+        return _scope_totals(self.accelerator, parts, config_arguments(echo_loss, self.args), coupling=True)
 
     def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
                   inputs: dict[str, Any], *, loss_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
-        kwargs = dict(config_arguments(echo_loss, self.args), importance_weights=loss_weights)
-        scope = self.args.batch_ratio_scope
+        part = (per_token_logps, old_per_token_logps, advantages, mask, loss_weights)
+        settings, totals, scope = config_arguments(echo_loss, self.args), {}, self.args.batch_ratio_scope
         if scope == "step" and self.model.training:
-            kwargs.update(self._step_totals[1])
+            totals = self._step_totals[1]
         elif scope in ("step", "global"):  # evaluation has no accumulation: "step" is the processes' batch
-            local = echo_log_ratio_totals(per_token_logps, old_per_token_logps, mask)  # (2,)
-            totals = self.accelerator.reduce(local, reduction="sum")  # (2,) over processes
-            kwargs.update(log_ratio_sum=totals[0], token_count=totals[1])
-            if self.accelerator.num_processes > 1:
-                coupling = echo_batch_ratio_coupling(per_token_logps, old_per_token_logps, advantages, mask, **kwargs)
-                kwargs["coupling_sum"] = self.accelerator.reduce(coupling.reshape(1), reduction="sum")[0]
-        return echo_loss(per_token_logps, old_per_token_logps, advantages, mask, **kwargs)
+            totals = _scope_totals(self.accelerator, [part], settings, coupling=self.accelerator.num_processes > 1)
+        return echo_loss(*part[:4], **settings, **totals, importance_weights=loss_weights)
+
+
+def _scope_totals(accelerator, parts: list[tuple], settings: dict[str, Any], coupling: bool) -> dict[str, Tensor]:
+    """`echo_loss`'s log_ratio_sum and token_count (with `coupling`, its coupling_sum too) over the parts that form R,
+    ``(log-probs, old log-probs, advantages, mask, loss weights)`` each, on every process."""
+    local = sum(echo_log_ratio_totals(logps, old, mask) for logps, old, _, mask, _ in parts)  # (2,)
+    totals = accelerator.reduce(local, reduction="sum")  # (2,) over processes
+    out = dict(log_ratio_sum=totals[0], token_count=totals[1])
+    if coupling:
+        local = sum(echo_batch_ratio_coupling(*part, importance_weights=w, **settings, **out) for *part, w in parts)
+        out["coupling_sum"] = accelerator.reduce(local.reshape(1), reduction="sum")[0]  # ()
+    return out

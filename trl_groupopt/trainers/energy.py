@@ -1,9 +1,5 @@
-"""Logit-gradient energy from the forwards TRL already runs, for estimators that declare `needs_energy`.
-
-TRL's fused, tiled LM head can also return `log_sum_sq_probs = log sum_v p_v^2` (no gradient) from the same tiles:
-no second forward, no (B, T, V) tensor, no module hook. Off-policy, the behaviour forward's energy (the policy that
-sampled, as verl) goes into the batch as `old_per_token_energy` and the training forward runs TRL's own head.
-"""
+"""Logit-gradient energy from the forwards TRL already runs (its fused LM head's `log_sum_sq_probs`), for estimators
+that declare `needs_energy`: docs/otb.md, "Where the energy comes from"."""
 
 from __future__ import annotations
 
@@ -17,8 +13,6 @@ from torch import Tensor
 from trl.trainer.utils import add_fused_lm_head
 
 from ..objectives.common import energy_from_log_probs
-
-__all__ = ["EnergyCapture"]
 
 
 class _FusedOutputRecorder:
@@ -63,17 +57,14 @@ class EnergyCapture:
     def recorded(self, trl_method, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         """TRL's `_get_per_token_logps_and_entropies` (`trl_method`), recording `(log-probs, energy)` of the call."""
         recorder = _FusedOutputRecorder(model)
-        per_token_logps, entropies, aux_loss = trl_method(
-            recorder, input_ids, attention_mask, logits_to_keep, *args, **kwargs
-        )
-        fields = recorder.log_sum_sq_probs
-        energy = None
+        output = trl_method(recorder, input_ids, attention_mask, logits_to_keep, *args, **kwargs)  # (logps, ...)
+        fields, energy = recorder.log_sum_sq_probs, None
         if fields and all(f is not None for f in fields):
             # mirrors TRL's `_get_per_token_logps_and_entropies`: `log_probs[:, -logits_to_keep:]` per chunk, concatenated
             log_sum_sq = torch.cat([f[:, -logits_to_keep:] for f in fields])  # (B, T)
-            energy = energy_from_log_probs(per_token_logps, log_sum_sq)  # (B, T), detached
-        self.records.append((per_token_logps, energy))
-        return per_token_logps, entropies, aux_loss
+            energy = energy_from_log_probs(output[0], log_sum_sq)  # (B, T), detached
+        self.records.append((output[0], energy))
+        return output
 
     def take(self, per_token_logps: Tensor, forward: str) -> Tensor:
         """The energy recorded beside `per_token_logps` (the very tensor); clears the records."""
@@ -108,7 +99,7 @@ class EnergyCapture:
             with self._trl_head():
                 output = forward(model, inputs)
             self.records, self.training_energy = [], None
-            return output
-        per_token_logps, entropies, aux_loss = forward(model, inputs)
-        self.training_energy = self.take(per_token_logps, "training")
-        return per_token_logps, entropies, aux_loss
+        else:
+            output = forward(model, inputs)
+            self.training_energy = self.take(output[0], "training")
+        return output

@@ -13,32 +13,20 @@ from torch import Tensor
 
 from ..run_folder import newest_complete_checkpoint
 
-__all__ = [
-    "DEFAULT_NONFINITE_GUARD", "NonFiniteError", "check_grad_norm", "check_loss", "check_weights",
-    "guard_enabled", "nonfinite_weights"
-]  # fmt: skip
-
-#: The guard's setting for configs without a `nonfinite_guard` field (TRL's plain `GRPOConfig`).
-DEFAULT_NONFINITE_GUARD = True
-
 
 class NonFiniteError(RuntimeError):
     """A NaN or inf loss or gradient norm, or weights holding one about to be saved."""
 
 
 def guard_enabled(args: Any) -> bool:
-    return bool(getattr(args, "nonfinite_guard", DEFAULT_NONFINITE_GUARD))
-
-
-def _local(tensor: Tensor) -> Tensor:
-    # FSDP2's DTensor: the process's own shard
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return bool(getattr(args, "nonfinite_guard", True))  # on for TRL's plain `GRPOConfig` too
 
 
 def nonfinite_weights(named_tensors: Iterable[tuple[str, Tensor]]) -> list[str]:
     """Names of the floating-point tensors holding a NaN or inf (one host sync for all of them)."""
-    named = [(name, _local(t)) for name, t in named_tensors if isinstance(t, Tensor) and t.is_floating_point()]
-    named = [(name, t) for name, t in named if t.numel()]
+    # FSDP2's DTensor: the process's own shard
+    local = [(n, t.to_local() if hasattr(t, "to_local") else t) for n, t in named_tensors if isinstance(t, Tensor)]
+    named = [(name, t) for name, t in local if t.is_floating_point() and t.numel()]
     if not named:
         return []
     finite = torch.stack([torch.isfinite(t).all().to(named[0][1].device) for _, t in named]).tolist()

@@ -11,11 +11,6 @@ from torch import Tensor
 from ..objectives.common import log_importance_weights
 from ..objectives.estimators import EstimatorInputs
 
-__all__ = [
-    "SUPPORTED_LOSS_TYPES", "TRL_SURROGATE_LOSS_TYPES", "LossWeights", "aggregate", "estimator_inputs",
-    "forward_logps_and_entropies", "loss_mask", "loss_weights", "policy_loss"
-]  # fmt: skip
-
 # TRL's cispo/sapo/vespo replace the surrogate itself, so they cannot be combined with another objective.
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 TRL_SURROGATE_LOSS_TYPES = ("cispo", "sapo", "vespo")
@@ -100,7 +95,7 @@ def policy_loss(trainer, model, inputs: dict[str, Any]) -> Tensor:
         loss = loss + t.router_aux_loss_coef * aux_loss / accumulation
         t._metrics[mode]["aux_loss"].append(t.accelerator.gather_for_metrics(aux_loss).mean().item())
     shared = {"entropy": entropies, **({"kl": per_token_kl} if t.beta != 0.0 else {})}  # (B, T) each
-    t._log_objective_metrics({**out.metrics, **shared}, mask, mode)
+    t._metrics_queue.add({**out.metrics, **shared}, mask, mode)
     t._flush_metrics()  # this micro-batch's metrics (and any a hook queued): one collective, one sync
     return loss
 

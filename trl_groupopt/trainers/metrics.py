@@ -10,11 +10,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-__all__ = ["CLIP_METRICS", "MetricsQueue"]
-
 #: The objectives' clip indicators, logged under TRL's names (`<name>_mean`, and `_min` / `_max` per sequence).
 CLIP_METRICS = ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region")
-_REDUCTIONS = ("mean", "nanmean", "min", "max")
 
 
 def _masked_stats(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -75,7 +72,7 @@ class MetricsQueue:
         # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `clip_ratio/*` metrics (names, nanmin/nanmax over
         # sequences) and `global_masked_mean`, batched into one collective
         pending, self.pending = self.pending, []
-        columns: list[tuple[str, str, str]] = []  # (mode, logged name, reduction: one of _REDUCTIONS)
+        columns: list[tuple[str, str, str]] = []  # (mode, logged name, reduction: a key of `kinds` below)
         local: list[Tensor] = []  # two entries per column
         for metrics, mask, mode in pending:
             more_columns, more_local = _local_columns(metrics, mask, mode)
@@ -89,9 +86,6 @@ class MetricsQueue:
         mean = sums[:, 0] / sums[:, 1].clamp(min=1.0)  # TRL: 0 for an empty mask
         nanmean = torch.where(sums[:, 1] > 0, mean, torch.full_like(mean, float("nan")))  # gather().nanmean()
         kinds = {"mean": mean, "nanmean": nanmean, "min": mins[:, 0], "max": maxs[:, 0]}
-        table = torch.stack([kinds[kind] for kind in _REDUCTIONS]).tolist()  # the one sync
-        out = []
-        for k, (mode, logged, kind) in enumerate(columns):
-            value = table[_REDUCTIONS.index(kind)][k]
-            out.append((mode, logged, float("nan") if value in (float("inf"), float("-inf")) else value))
-        return out
+        table = dict(zip(kinds, torch.stack(list(kinds.values())).tolist(), strict=True))  # the one sync
+        out = [(mode, logged, table[kind][k]) for k, (mode, logged, kind) in enumerate(columns)]
+        return [(mode, logged, float("nan") if abs(v) == float("inf") else v) for mode, logged, v in out]

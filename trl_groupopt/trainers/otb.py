@@ -32,9 +32,8 @@ class OTBConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig)
                 f"{self.advantage_estimator!r}; for TRL's advantages use GRPOConfig with GroupOptTrainer or GRPOTrainer."
             )
         try:
-            check_positive(epsilon=self.epsilon)
-            if self.epsilon_high is not None:
-                check_positive(epsilon_high=self.epsilon_high)
+            widths = {"epsilon": self.epsilon, "epsilon_high": self.epsilon_high}
+            check_positive(**{name: value for name, value in widths.items() if value is not None})
         except ValueError as err:
             raise ValueError(
                 f"OTBConfig: {err}. The surrogate clips the ratio to [1 - epsilon, 1 + epsilon_high]: use a positive "

@@ -8,19 +8,8 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from ..mechanism import Mechanism, MechanismReport, MechanismTracker
-from ..objectives.estimators import estimator_of
+from ..mechanism import MechanismReport, MechanismTracker
 from ..registry import METHODS
-
-__all__ = ["MechanismReportCallback", "mechanisms_of"]
-
-
-def mechanisms_of(method: str | None, advantage_estimator: str) -> tuple[Mechanism, ...]:
-    """The mechanisms a run reports: its method's (None: a class that is no registered method), and that of the
-    method that *is* its advantage estimator (OTB's token baseline under `advantage_estimator="otb"`)."""
-    names = [method, *(n for n, spec in METHODS.items() if spec.is_estimator and n == advantage_estimator)]
-    found = [METHODS[n].mechanism for n in dict.fromkeys(names) if n is not None and n in METHODS]
-    return tuple(m for m in found if m is not None)
 
 
 class MechanismReportCallback(TrainerCallback, ExportableState):
@@ -28,14 +17,13 @@ class MechanismReportCallback(TrainerCallback, ExportableState):
 
     def __init__(self, method: str | None, advantage_estimator: str) -> None:
         self.method, self.advantage_estimator = method, advantage_estimator
-        self.tracker = MechanismTracker(mechanisms_of(method, advantage_estimator))
+        # Its method's mechanism (None: a class that is no registered method), and that of the method that *is* its
+        # advantage estimator (OTB's token baseline under `advantage_estimator="otb"`).
+        estimator = METHODS.get(advantage_estimator)
+        names = dict.fromkeys([method, estimator.name if estimator is not None and estimator.is_estimator else None])
+        found = [METHODS[n].mechanism for n in names if n in METHODS]
+        self.tracker = MechanismTracker(tuple(m for m in found if m is not None))
         self.pending: list[tuple[str, float]] = []  # `acted/<method>` values for the trainer's next log
-
-    @classmethod
-    def for_trainer(cls, trainer) -> MechanismReportCallback | None:
-        spec = trainer.method_for(trainer.args)
-        callback = cls(spec.name if spec is not None else None, estimator_of(trainer.args).name)
-        return callback if callback.tracker.mechanisms else None
 
     def state(self) -> dict[str, Any]:
         args = {"method": self.method, "advantage_estimator": self.advantage_estimator}

@@ -7,11 +7,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-__all__ = [
-    "OffPolicyScheduleMixin", "check_dataset_holds_a_generation_batch", "is_on_policy", "off_policy_schedule",
-    "warn_if_inert_on_policy"
-]  # fmt: skip
-
 
 def off_policy_schedule(updates_per_rollout: int, gradient_accumulation_steps: int) -> dict[str, int]:
     """The schedule fields that split each rollout into `updates_per_rollout` optimizer steps."""
@@ -42,13 +37,6 @@ class OffPolicyScheduleMixin:
         super().__post_init__()
 
 
-def is_on_policy(args: Any) -> bool:
-    """TRL's condition for skipping the behaviour forward (every importance ratio is exactly 1)."""
-    generate_every = args.steps_per_generation * args.num_iterations
-    on_policy = args.gradient_accumulation_steps % generate_every == 0
-    return on_policy and not (args.use_vllm and args.vllm_importance_sampling_correction)
-
-
 def _off_policy_fix(args: Any) -> str:
     change = "steps_per_generation to a multiple k > 1 of gradient_accumulation_steps (or num_iterations > 1)."
     if isinstance(args, OffPolicyScheduleMixin):
@@ -61,7 +49,9 @@ def _off_policy_fix(args: Any) -> str:
 
 def warn_if_inert_on_policy(trainer_name: str, args: Any, inert: str | None) -> None:
     """Warn when `args` train on-policy and the trainer's mechanism is then `inert` (None: it acts on-policy too)."""
-    if inert is None or not is_on_policy(args):
+    # TRL's condition for skipping the behaviour forward (every importance ratio is exactly 1)
+    on_policy = args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0
+    if inert is None or not on_policy or (args.use_vllm and args.vllm_importance_sampling_correction):
         return
     warnings.warn(
         f"{trainer_name}: this schedule is on-policy (steps_per_generation={args.steps_per_generation}, "
