@@ -1,13 +1,15 @@
-"""Host syncs, counted: `SyncCounter`, a `TorchDispatchMode` that counts the ops that make the host wait for a CUDA
-device, on any device (a CPU trace counts what a GPU run would wait for).
+"""Host syncs, counted: `SyncCounter` counts the ops that make the host wait for a CUDA device, on any device (a
+CPU trace counts what a GPU run would wait for). `tests/trainers/test_host_syncs.py` fails with it on a sync inside an
+objective or on a method that syncs more often than TRL's GRPOTrainer; `python -m benchmarks.host_syncs` counts each
+trainer of the overhead benchmark's workload (`benchmarks.overhead`) per micro-batch, in its loss and backward.
 
-The one counter of the repository: `benchmarks.profile_step` reports each trainer's syncs per micro-batch with it, and
-`tests/trainers/test_host_syncs.py` fails on a sync inside an objective or on a method that syncs more often than TRL's
-GRPOTrainer. It imports torch, so the benchmarks' `--help` imports it only when counting.
+    python -m benchmarks.host_syncs --shapes 0x24 --steps 2 --warmup 1 --json benchmarks/results/host_syncs_cpu.json
 """
 
 from __future__ import annotations
 
+import argparse
+import tempfile
 import traceback
 from collections import Counter
 from collections.abc import Iterator
@@ -15,10 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-__all__ = ["SYNC_OPS", "SyncCounter", "sync_reason"]
+from . import common, overhead
 
 _REPO = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
 
@@ -41,6 +40,8 @@ def _is_cpu(value: Any) -> bool:
 
 def sync_reason(func, args: tuple, kwargs: dict) -> str | None:
     """The name under which a dispatched op counts as a host sync on CUDA, or None (see `SyncCounter`)."""
+    import torch
+
     name = func.overloadpacket.__name__
     if name in SYNC_OPS:
         return name
@@ -74,28 +75,23 @@ def _caller() -> str:
     return "?"
 
 
-class SyncCounter(TorchDispatchMode):
-    """Counts the ops that force a host sync on CUDA, on any device (a CPU trace counts what a GPU would wait for).
-
-    Counted: `SYNC_OPS`; `index`/`index_put` with a boolean index; `repeat_interleave` with tensor repeats and no
-    `output_size`; copies to the CPU from another device; and the Tensor methods `tolist`, `cpu`, `numpy`
-    (`_HOST_COPY_METHODS`, patched while the counter is active). `counts`: reason -> calls; `sites`: (reason, the
-    caller's file:line) -> calls. `scope(name)` tallies what happens inside it in `scoped[name]` too.
+class SyncCounter:
+    """Counts the ops that force a host sync on CUDA, on any device (a CPU trace counts what a GPU would wait for):
+    `SYNC_OPS`; `index`/`index_put` with a boolean index; `repeat_interleave` with tensor repeats and no
+    `output_size`; copies to the CPU from another device; and the Tensor methods `_HOST_COPY_METHODS` (patched while
+    active). `counts`: reason -> calls; `sites`: (reason, the caller's file:line) -> calls; `scope(name, f)` tallies
+    the syncs inside `f` in `scoped[name]` too. Torch is imported on entering, so `--help` imports none.
 
         with SyncCounter() as syncs:
             loss = trainer._compute_loss(model, inputs); loss.backward()
         syncs.total
     """
 
-    def __init__(self, sites: bool = True) -> None:
-        super().__init__()
+    def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.sites: Counter[tuple[str, str]] = Counter()
         self.scoped: dict[str, Counter[str]] = {}
-        self._paused = 0
-        self._scopes: list[str] = []
-        self._record_sites = sites
-        self._saved: dict[str, Any] = {}
+        self._paused, self._scopes, self._saved, self._mode = 0, [], {}, None
 
     @property
     def total(self) -> int:
@@ -105,16 +101,7 @@ class SyncCounter(TorchDispatchMode):
         self.counts[reason] += 1
         for scope in self._scopes:
             self.scoped.setdefault(scope, Counter())[reason] += 1
-        if self._record_sites:
-            self.sites[(reason, _caller())] += 1
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if not self._paused:
-            reason = sync_reason(func, args, kwargs)
-            if reason is not None:
-                self._count(reason)
-        return func(*args, **kwargs)
+        self.sites[(reason, _caller())] += 1
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -137,10 +124,21 @@ class SyncCounter(TorchDispatchMode):
 
         return scoped
 
-    def __enter__(self):
+    def __enter__(self) -> SyncCounter:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                reason = None if counter._paused else sync_reason(func, args, kwargs or {})
+                if reason is not None:
+                    counter._count(reason)
+                return func(*args, **(kwargs or {}))
+
         for method in _HOST_COPY_METHODS:
-            original = getattr(torch.Tensor, method)
-            self._saved[method] = original
+            self._saved[method] = original = getattr(torch.Tensor, method)
 
             def counted(tensor, *args, _original=original, _method=method, **kwargs):
                 if not self._paused:
@@ -149,12 +147,83 @@ class SyncCounter(TorchDispatchMode):
                     return _original(tensor, *args, **kwargs)
 
             setattr(torch.Tensor, method, counted)
-        return super().__enter__()
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
         try:
-            return super().__exit__(*exc)
+            self._mode.__exit__(*exc)
         finally:
             for method, original in self._saved.items():
                 setattr(torch.Tensor, method, original)
             self._saved.clear()
+
+
+def count_syncs(variant, sargs, device: str, dtype, tokenizer, dataset, workdir: str) -> dict[str, Any]:
+    """Host syncs per micro-batch of one trainer: every `training_step` (loss, backward) of a short run, counted
+    without `_prepare_inputs` (generation, scoring, the behaviour forward: once per generation batch). Returns the
+    largest micro-batch's count, its breakdown and sites, and every micro-batch's total."""
+    trainer, _, _ = overhead.build_trainer(variant, sargs, device, dtype, tokenizer, dataset, workdir)
+    steps: list[Any] = []
+    active: list[Any] = []
+    training_step, prepare = trainer.training_step, trainer._prepare_inputs
+
+    def counted_step(*args, **kwargs):
+        with SyncCounter() as syncs:
+            active.append(syncs)
+            try:
+                return training_step(*args, **kwargs)
+            finally:
+                active.pop()
+                steps.append(syncs)
+
+    def uncounted_prepare(*args, **kwargs):
+        if not active:
+            return prepare(*args, **kwargs)
+        with active[-1].paused():
+            return prepare(*args, **kwargs)
+
+    trainer.training_step, trainer._prepare_inputs = counted_step, uncounted_prepare
+    trainer.train()
+    worst = max(steps, key=lambda syncs: syncs.total)
+    return {"per_micro_batch": worst.total, "counts": dict(worst.counts),
+            "sites": {f"{reason} at {site}": n for (reason, site), n in worst.sites.most_common()},
+            "all_micro_batches": [syncs.total for syncs in steps]}  # fmt: skip
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="Also write the per-trainer table here.")
+    own, rest = parser.parse_known_args(argv)
+    args = overhead.parse_args(["--device", "cpu", "--repeats", "1", *rest])  # the overhead benchmark's flags
+    common.setup_environment()
+    device = common.resolve_device("cpu")
+    import torch
+
+    from trl_groupopt.offline import build_tokenizer
+
+    wanted = set(args.trainers.split(",")) | {overhead.BASELINE} if args.trainers else None
+    vocab, length = args.shape_list[0]
+    sargs = argparse.Namespace(**{**vars(args), "vocab_size": vocab or None, "completion_length": length})
+    chosen = [v for v in overhead.variants() if v.name != overhead.CONTROL and (wanted is None or v.name in wanted)
+              and overhead.availability(v, sargs, device, torch.float32) is None]  # fmt: skip
+    tokenizer, dataset = build_tokenizer(), overhead.make_prompts(64, args.prompt_length, args.seed)
+    with tempfile.TemporaryDirectory(prefix="syncs-") as workdir:
+        syncs = {v.name: count_syncs(v, sargs, device, torch.float32, tokenizer, dataset, workdir) for v in chosen}
+    base = syncs[overhead.BASELINE]["per_micro_batch"]
+    print("Host syncs per micro-batch (loss + backward; a CPU trace counts what a CUDA run waits for):")
+    common.print_table(["trainer", "syncs", "vs TRL", "ops"], [
+        [name, e["per_micro_batch"], f"{e['per_micro_batch'] - base:+d}",
+         ", ".join(f"{reason} {n}" for reason, n in sorted(e["counts"].items()))] for name, e in syncs.items()])  # fmt: skip
+    if own.json:
+        common.write_json(own.json, {"benchmark": "host_syncs", "command": common.command_line(
+            "benchmarks.host_syncs", argv), "device": common.describe_device(device), "shape": overhead.shape_key(
+            vocab, length), "syncs": syncs})  # fmt: skip
+    return syncs
+
+
+if __name__ == "__main__":
+    main()

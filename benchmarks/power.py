@@ -34,7 +34,7 @@ from typing import Any
 
 from trl_groupopt import stats
 
-from . import common, runner, stress
+from . import common, stress
 
 TARGET_HALF_WIDTH = 0.015  # accuracy: 1.5 points, comfortably inside the +-2-point band of the verdict rule
 MIN_SEEDS = 20
@@ -190,14 +190,13 @@ def main(argv=None) -> dict[str, Any]:
     parser.add_argument("--pilot", type=Path, default=results / "claims_runs.jsonl")
     parser.add_argument("--output-dir", type=Path, default=results)
     args = parser.parse_args(argv)
-    committed = runner.read_runs(args.committed, stress.GRID).records
-    pilot = runner.read_runs(args.pilot, stress.GRID).records
+    committed, pilot = stress.read(args.committed).records, stress.read(args.pilot).records
 
     def budget(records, path):
         """The runs' budget: their recorded settings, else (runs files before keys) the summary written with them."""
         made = next((r["settings"] for r in records if "settings" in r), None)
-        if made is None and runner.summary_beside(path).exists():
-            made = json.loads(runner.summary_beside(path).read_text())["settings"]
+        beside = path.with_name(path.name.replace("_runs.jsonl", ".json"))
+        made = made or (json.loads(beside.read_text())["settings"] if beside.exists() else None)
         return f"{made['max_steps']} optimizer steps, {made['num_eval']} held-out prompts" if made else "unknown"
 
     def shown(path):
