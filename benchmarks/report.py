@@ -1,17 +1,10 @@
-"""Markdown tables for the results page, generated from the committed JSON results (no hand-typed numbers).
+"""Markdown tables for the results page (docs/results.md), generated from the committed JSON results (no hand-typed
+numbers): each `NAME.md` from `NAME.json` where it exists (`TABLES`), then each block of the page between
+`<!-- BEGIN GENERATED: benchmarks/results/NAME.md -->` and `<!-- END GENERATED -->` replaced by that file. The page
+is `--page`, by default docs/results.md for the committed tables only, so a scratch run never overwrites it.
 
-    python -m benchmarks.report                      # benchmarks/results/*.json -> *.md, spliced into docs/results.md
-    python -m benchmarks.report --results-dir outputs/bench               # tables only, into that folder
-    python -m benchmarks.report --results-dir outputs/bench --page P.md   # and spliced into P.md
-
-Writes, for each input that exists: `overhead_cpu.md` (from `overhead_cpu.json`), `overhead_cuda.md` (from
-`overhead_cuda.json`), `overhead_cpu_estimators.md` (from `overhead_cpu_estimators.json`, the estimator rows),
-`sample_efficiency.md` (from `sample_efficiency.json`), `claims.md` (from `claims.json`), `power.md` (from
-`power.json`) and `stress.md` (from `stress.json`). Then each block of the page between
-`<!-- BEGIN GENERATED: benchmarks/results/NAME.md -->` and `<!-- END GENERATED -->` is replaced by that file. The
-page is `--page` (`--readme` is an alias), by default `docs/results.md` when the tables are the committed ones
-(`--results-dir` is `benchmarks/results/`); tables written elsewhere are spliced nowhere unless `--page` names a
-page, so a scratch run never overwrites the committed page.
+    python -m benchmarks.report                                           # benchmarks/results/ -> docs/results.md
+    python -m benchmarks.report --results-dir outputs/bench --page P.md   # scratch tables, spliced into P.md
 """
 
 from __future__ import annotations
@@ -25,75 +18,63 @@ from typing import Any
 from . import common, stress
 from .power import power_markdown
 
-#: The page whose generated blocks hold the committed tables.
 DEFAULT_PAGE = common.REPO / "docs" / "results.md"
+GENERATED = re.compile(
+    r"(<!-- BEGIN GENERATED: benchmarks/results/([\w.]+\.md) -->\n)(.*?)(<!-- END GENERATED -->)", re.S
+)
+
+
+def _ci(s: dict | None, f=lambda x: f"{x:.1%}", plus_minus: bool = False) -> str:
+    """mean [low, high] (or mean ± half-width) of a `mean_ci` dict; n/a when unmeasured."""
+    if not s or s.get("mean") is None:
+        return "n/a"
+    if plus_minus:
+        return f(s["mean"]) + (f" ± {f(s['ci95'])}" if s.get("ci95") is not None else "")
+    return f(s["mean"]) + (f" [{f(s['low'])}, {f(s['high'])}]" if s.get("low") is not None else "")
 
 
 def overhead_markdown(payload: dict[str, Any]) -> str:
     """One table per shape: each trainer's step time and paired ratio to TRL's GRPOTrainer, its target and verdict."""
-    s = payload["settings"]
-    tunables = payload.get("environment", {}).get("GLIBC_TUNABLES")
+    s, d = payload["settings"], payload["device"]
     lines = [
-        f"Device: {payload['device']['description']} (torch {payload['device'].get('torch')}, "
-        f"trl {payload['device'].get('trl')}); model `{s['model']}` ({s['dtype']}), prompts of {s['prompt_length']} "
-        f"tokens, {s['per_device_train_batch_size']} sequences per micro-batch (groups of {s['num_generations']}), "
-        f"{s['gradient_accumulation_steps']} micro-batches per step, {s['steps_per_generation']} per generation "
-        f"(off-policy); every trainer in lockstep, {s['warmup_steps']} warm-up + {s['timed_steps']} timed steps per "
-        f"run; {payload['repeats_done']} repeats ({payload['stop_reason']}); total {payload['wall_s'] / 60:.1f} min.",
+        f"Device: {d['description']} (torch {d.get('torch')}, trl {d.get('trl')}); model `{s['model']}` "
+        f"({s['dtype']}), prompts of {s['prompt_length']} tokens, {s['per_device_train_batch_size']} sequences per "
+        f"micro-batch (groups of {s['num_generations']}), {s['gradient_accumulation_steps']} micro-batches per step, "
+        f"{s['steps_per_generation']} per generation (off-policy); every trainer in lockstep, {s['warmup_steps']} "
+        f"warm-up + {s['timed_steps']} timed steps per run; {payload['repeats_done']} repeats "
+        f"({payload['stop_reason']}); total {payload['wall_s'] / 60:.1f} min.",
         "",
         "Ratio: geometric mean over paired generation cycles of (trainer's cycle time / TRL GRPOTrainer's same "
         "cycle), with its 95% interval. Noise floor: how far from 1 the interval of `trl_grpo_again` (TRL's "
         "GRPOTrainer a second time, the A/A control) reaches.",
         "",
-    ]
+    ]  # fmt: skip
     for shape in payload["shapes"].values():
         nf = shape["noise_floor"]
-        vocab = shape["vocab_size"] or "task (~70)"
-        lines += [
-            f"**Vocabulary {vocab}, completions up to {shape['completion_length']} tokens** — noise floor: "
-            + (f"±{nf:.1%}" if nf is not None else "n/a (too few cycles)")
-            + (f"; {shape['repeats']} runs" if "repeats" in shape else ""),
-            "",
-            "| trainer | step time (ms) | x TRL GRPOTrainer [95% CI] | paired cycles | target | |",
-            "|---|---:|---|---:|---:|---|",
-        ]
+        lines += [f"**Vocabulary {shape['vocab_size'] or 'task (~70)'}, completions up to {shape['completion_length']} "
+                  "tokens** — noise floor: " + (f"±{nf:.1%}" if nf is not None else "n/a (too few cycles)")
+                  + (f"; {shape['repeats']} runs" if "repeats" in shape else ""), "",
+                  "| trainer | step time (ms) | x TRL GRPOTrainer [95% CI] | paired cycles | target | |",
+                  "|---|---:|---|---:|---:|---|"]  # fmt: skip
         for name, e in shape["results"].items():
-            low, high = e["time_ratio_ci95"]
+            (low, high), target = e["time_ratio_ci95"], e["target_time_ratio"]
+            verdict = "" if target is None else "within" if e["meets_time_target"] else "**over**"
+            if target is not None and e["meets_time_target"] and not e["target_cleared_at_95"]:
+                verdict += " (point estimate; interval reaches above)"
             ratio = f"{e['time_ratio']:.3f}" + (f" [{low:.3f}, {high:.3f}]" if low is not None else "")
-            target = e["target_time_ratio"]
-            verdict = ""
-            if target is not None:
-                verdict = "within" if e["meets_time_target"] else "**over**"
-                if e["meets_time_target"] and not e["target_cleared_at_95"]:
-                    verdict += " (point estimate; interval reaches above)"
-            lines.append(
-                f"| `{name}` {e['label']} | {e['time_ms']:.1f} | {ratio} | {e['paired_cycles']} | "
-                + (f"<= {target:.2f}" if target else "reported")
-                + f" | {verdict} |"
-            )
+            lines.append(f"| `{name}` {e['label']} | {e['time_ms']:.1f} | {ratio} | {e['paired_cycles']} | "
+                         + (f"<= {target:.2f}" if target else "reported") + f" | {verdict} |")  # fmt: skip
         lines.append("")
     if payload.get("not_available"):
-        lines.append(
-            "Not available in the measured checkout: "
-            + "; ".join(f"`{k}` ({v.removeprefix('not available: ')})" for k, v in payload["not_available"].items())
-        )
-        lines.append("")
-    command = payload["command"]
-    if tunables:
-        command = f"GLIBC_TUNABLES={tunables} {command}"
-    lines.append(f"Command: `{command}`. Generated by `python -m benchmarks.report`.")
-    return "\n".join(lines) + "\n"
+        lines += ["Not available in the measured checkout: " + "; ".join(f"`{k}` ({v.removeprefix('not available: ')})"
+                  for k, v in payload["not_available"].items()), ""]  # fmt: skip
+    tunables = payload.get("environment", {}).get("GLIBC_TUNABLES")
+    command = f"GLIBC_TUNABLES={tunables} {payload['command']}" if tunables else payload["command"]
+    return "\n".join([*lines, f"Command: `{command}`. Generated by `python -m benchmarks.report`."]) + "\n"
 
 
 def stress_markdown(payload: dict[str, Any]) -> str:
     """Per regime x value x configuration: final accuracy, gain and the mechanism metric (mean [95% CI])."""
-
-    def ci(stats, pct=True):
-        if not stats or stats.get("mean") is None:
-            return "n/a"
-        f = (lambda x: f"{x:.1%}") if pct else (lambda x: f"{x:.3g}")
-        return f(stats["mean"]) + (f" [{f(stats['low'])}, {f(stats['high'])}]" if stats.get("low") is not None else "")
-
     lines = [
         "| regime | value | configuration | seeds | final accuracy | accuracy gain | mechanism metric (mean over training) |",
         "|---|---:|---|---:|---|---|---|",
@@ -101,46 +82,36 @@ def stress_markdown(payload: dict[str, Any]) -> str:
     for regime, by_value in payload["summary"].items():
         for value, by_config in sorted(by_value.items(), key=lambda kv: float(kv[0])):
             for name, e in by_config.items():
-                mech = "; ".join(f"`{k}` {ci(m, pct=False)}" for k, m in e["mechanism"].items())
-                lines.append(
-                    f"| {regime} | {value} | `{name}` | {len(e['seeds'])} | {ci(e['final_accuracy'])} | "
-                    f"{ci(e['accuracy_gain'])} | {mech or 'n/a'} |"
-                )
+                mech = "; ".join(f"`{k}` {_ci(m, lambda x: f'{x:.3g}')}" for k, m in e["mechanism"].items())
+                lines.append(f"| {regime} | {value} | `{name}` | {len(e['seeds'])} | {_ci(e['final_accuracy'])} | "
+                             f"{_ci(e['accuracy_gain'])} | {mech or 'n/a'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def sample_efficiency_markdown(payload: dict[str, Any]) -> str:
     """Per method: initial and final held-out accuracy, seeds reaching GRPO's final accuracy, Jitter2, reward."""
-
-    def ci(stats, fmt="{:.1%}"):
-        if not stats or stats.get("mean") is None:
-            return "n/a"
-        return fmt.format(stats["mean"]) + (f" ± {fmt.format(stats['ci95'])}" if stats.get("ci95") is not None else "")
-
-    summary, s = payload["summary"], payload["settings"]
-    threshold = summary["threshold_accuracy"]
-    shared = s["shared_config"]
+    summary, s, d = payload["summary"], payload["settings"], payload["device"]
+    threshold, shared = summary["threshold_accuracy"], s["shared_config"]
     lines = [
-        f"Device: {payload['device']['description']} (torch {payload['device'].get('torch')}, trl "
-        f"{payload['device'].get('trl')}); {s['max_steps']} optimizer steps per run, {s['seeds']} seeds, "
-        f"{shared['per_device_train_batch_size']} sequences per micro-batch x {shared['gradient_accumulation_steps']} "
-        f"micro-batches per step, {shared['steps_per_generation']} micro-batches per generation (off-policy), "
-        f"learning rate {shared['learning_rate']:g} ({shared['lr_scheduler_type']}); held-out greedy accuracy on "
-        f"{s['num_eval']} prompts; ± is the 95% Student-t interval over seeds; {payload['wall_s'] / 60:.0f} min with "
-        f"{s['workers']} workers.",
+        f"Device: {d['description']} (torch {d.get('torch')}, trl {d.get('trl')}); {s['max_steps']} optimizer steps "
+        f"per run, {s['seeds']} seeds, {shared['per_device_train_batch_size']} sequences per micro-batch x "
+        f"{shared['gradient_accumulation_steps']} micro-batches per step, {shared['steps_per_generation']} "
+        f"micro-batches per generation (off-policy), learning rate {shared['learning_rate']:g} "
+        f"({shared['lr_scheduler_type']}); held-out greedy accuracy on {s['num_eval']} prompts; ± is the 95% "
+        f"Student-t interval over seeds; {payload['wall_s'] / 60:.0f} min with {s['workers']} workers.",
         "",
         "| method | N | accuracy at step 0 | final accuracy | runs reaching GRPO's final accuracy"
         + (f" ({threshold:.1%})" if threshold is not None else "")
         + " | Jitter2 of the reward curve (DFPO Eq. 20) | final train reward |",
         "|---|---:|---|---|---|---|---|",
-    ]
+    ]  # fmt: skip
     for e in summary["methods"].values():
         reached = e.get("steps_to_threshold")
-        lines.append(
-            f"| {e['label']} | {e['num_generations']} | {ci(e['initial_accuracy'])} | {ci(e['final_accuracy'])} | "
-            + (f"{reached['reached']}/{reached['of']}" if reached else "n/a")
-            + f" | {ci(e['jitter2_reward'], '{:.3f}')} | {ci(e['final_train_reward'], '{:.2f}')} |"
-        )
+        lines.append(f"| {e['label']} | {e['num_generations']} | {_ci(e['initial_accuracy'], plus_minus=True)} | "
+                     f"{_ci(e['final_accuracy'], plus_minus=True)} | "
+                     + (f"{reached['reached']}/{reached['of']}" if reached else "n/a")
+                     + f" | {_ci(e['jitter2_reward'], lambda x: f'{x:.3f}', True)} | "
+                     f"{_ci(e['final_train_reward'], lambda x: f'{x:.2f}', True)} |")  # fmt: skip
     lines += ["", f"Command: `{payload['command']}`. Generated by `python -m benchmarks.report`."]
     return "\n".join(lines) + "\n"
 
@@ -216,9 +187,9 @@ def claims_markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_GENERATED = re.compile(
-    r"(<!-- BEGIN GENERATED: benchmarks/results/([\w.]+\.md) -->\n)(.*?)(<!-- END GENERATED -->)", re.S
-)
+TABLES = {"overhead_cpu": overhead_markdown, "overhead_cuda": overhead_markdown,
+          "overhead_cpu_estimators": overhead_markdown, "sample_efficiency": sample_efficiency_markdown,
+          "claims": claims_markdown, "power": power_markdown, "stress": stress_markdown}  # fmt: skip
 
 
 def splice_page(page: Path, results_dir: Path) -> list[str]:
@@ -232,50 +203,27 @@ def splice_page(page: Path, results_dir: Path) -> list[str]:
         replaced.append(match.group(2))
         return match.group(1) + source.read_text().rstrip() + "\n" + match.group(4)
 
-    page.write_text(_GENERATED.sub(fill, page.read_text()))
+    page.write_text(GENERATED.sub(fill, page.read_text()))
     return replaced
 
 
-def write_tables(results_dir: Path) -> list[Path]:
-    """Each markdown table whose JSON is in `results_dir`, written beside it."""
-    tables = [
-        ("overhead_cpu.json", "overhead_cpu.md", overhead_markdown),
-        ("overhead_cuda.json", "overhead_cuda.md", overhead_markdown),
-        ("overhead_cpu_estimators.json", "overhead_cpu_estimators.md", overhead_markdown),
-        ("sample_efficiency.json", "sample_efficiency.md", sample_efficiency_markdown),
-        ("claims.json", "claims.md", claims_markdown),
-        ("power.json", "power.md", power_markdown),
-        ("stress.json", "stress.md", stress_markdown),
-    ]
-    written = []
-    for source, target, render in tables:
-        if (results_dir / source).exists():
-            (results_dir / target).write_text(render(json.loads((results_dir / source).read_text())))
-            written.append(results_dir / target)
-    return written
-
-
 def main(argv=None) -> list[Path]:
-    parser = argparse.ArgumentParser(description="Markdown tables from the benchmark JSON files, spliced into the "
-                                     "results page's generated blocks.")  # fmt: skip
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results-dir", type=Path, default=common.DEFAULT_OUTPUT_DIR)
-    parser.add_argument("--page", "--readme", dest="page", type=Path, default=None,
-                        help="Splice the tables into this page's generated blocks (default: docs/results.md for the "
-                        "committed benchmarks/results/, no page for another --results-dir).")  # fmt: skip
+    parser.add_argument("--page", type=Path, help="Splice the tables into this page (default: docs/results.md for "
+                        "the committed benchmarks/results/, no page for another --results-dir).")  # fmt: skip
     args = parser.parse_args(argv)
     if args.page is not None and not args.page.is_file():
         parser.error(f"--page {args.page}: no such file")
-    written = write_tables(args.results_dir)
-    for path in written:
-        print(f"wrote {path}")
-    if not written:
-        print(f"nothing to do: no overhead_cpu.json, overhead_cuda.json, sample_efficiency.json, claims.json, "
-              f"power.json or stress.json in {args.results_dir}")  # fmt: skip
-    page = args.page
-    if page is None and args.results_dir.resolve() == common.DEFAULT_OUTPUT_DIR.resolve():
-        page = DEFAULT_PAGE if DEFAULT_PAGE.is_file() else None
-        if page is None:
-            print(f"no {DEFAULT_PAGE.relative_to(common.REPO)}: no page spliced")
+    written = []
+    for name, render in TABLES.items():
+        if (args.results_dir / f"{name}.json").exists():
+            table = render(json.loads((args.results_dir / f"{name}.json").read_text()))
+            written.append(args.results_dir / f"{name}.md")
+            written[-1].write_text(table)
+            print(f"wrote {written[-1]}")
+    committed = args.results_dir.resolve() == common.DEFAULT_OUTPUT_DIR.resolve() and DEFAULT_PAGE.is_file()
+    page = args.page or (DEFAULT_PAGE if committed else None)
     if page is not None:
         print(f"{page}: replaced {splice_page(page, args.results_dir) or 'no block'}")
     return written

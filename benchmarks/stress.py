@@ -27,7 +27,7 @@ import os
 import tempfile
 import textwrap
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,35 +88,14 @@ def _probe(micro_batches: int, learning_rate_scale: int, configs: list[str]) -> 
 
 # regime -> the knob it varies (`kind`, default its name), its values, and the configurations run at every value.
 REGIMES: dict[str, dict[str, Any]] = {
-    "staleness": {
-        "knob": "optimizer steps per generation (2 micro-batches of 8 per step)",
-        "values": [1, 4, 16],
-        "micro_batches": 2,  # per optimizer step, so ECHO's "step" and "micro_batch" scopes differ
-        "configs": [
-            "grpo",
-            "gspo",
-            "echo",
-            "echo_step",
-            "echo_step_tight",
-            "ctpo",
-            "ctpo_geomean",
-            "dfpo",
-            "dfpo_orth_proj",
-            "dfpo_orth_proj_unclipped",
-            "grpo_fix",
-        ],
-    },  # fmt: skip
-    "group_size": {
-        "knob": "completions per prompt N (16 sequences per micro-batch)",
-        "values": [2, 4, 8, 16],
-        "configs": ["grpo", "otb", "gspo", "dfpo"],
-    },
-    "long": {
-        "knob": "8-12 operations on operands 1-20, completions of 71-143 tokens, long-chain policy, 4 optimizer "
-        "steps per generation",
-        "values": [4],
-        "configs": ["grpo", "gspo", "otb", "ctpo", "echo", "dfpo", "ctpo_otb"],
-    },
+    "staleness": {"knob": "optimizer steps per generation (2 micro-batches of 8 per step)", "values": [1, 4, 16],
+                  "micro_batches": 2,  # per optimizer step, so ECHO's "step" and "micro_batch" scopes differ
+                  "configs": ["grpo", "gspo", "echo", "echo_step", "echo_step_tight", "ctpo", "ctpo_geomean", "dfpo",
+                              "dfpo_orth_proj", "dfpo_orth_proj_unclipped", "grpo_fix"]},
+    "group_size": {"knob": "completions per prompt N (16 sequences per micro-batch)", "values": [2, 4, 8, 16],
+                   "configs": ["grpo", "otb", "gspo", "dfpo"]},
+    "long": {"knob": "8-12 operations on operands 1-20, completions of 71-143 tokens, long-chain policy, 4 optimizer "
+             "steps per generation", "values": [4], "configs": ["grpo", "gspo", "otb", "ctpo", "echo", "dfpo", "ctpo_otb"]},
     # ECHO's batch clip at the paper's epsilon where R could leave [0.8, 1.2]: 32 updates per rollout, 3x and 10x
     # the learning rate, 8 micro-batches of 2 (the "step" scope's R does not change with the split). Claims grid only.
     "echo_probe_lr1": _probe(2, 1, ["echo", "echo_step", "grpo"]),
@@ -124,14 +103,9 @@ REGIMES: dict[str, dict[str, Any]] = {
     "echo_probe_lr10": _probe(2, 10, ["echo", "echo_step", "grpo"]),
     "echo_probe_mb8_lr1": _probe(8, 1, ["echo"]),
     "echo_probe_mb8_lr10": _probe(8, 10, ["echo"]),
-    "sample_efficiency": {
-        "kind": "staleness",
-        "knob": "4 optimizer steps per generation (2 micro-batches of 16)",
-        "values": [4],
-        "configs": list(SE_CONFIGS),
-        "table": SE_CONFIGS,
-    },  # fmt: skip
-}
+    "sample_efficiency": {"kind": "staleness", "knob": "4 optimizer steps per generation (2 micro-batches of 16)",
+                          "values": [4], "configs": list(SE_CONFIGS), "table": SE_CONFIGS},
+}  # fmt: skip
 #: Per grid: its regimes, budget and task size, and its smoke (regime -> values and configurations).
 GRIDS: dict[str, dict[str, Any]] = {
     "stress": dict(regimes=["staleness", "group_size", "long"], seeds=5, max_steps=16, num_train=1000, num_eval=64,
@@ -217,9 +191,7 @@ def run_settings(regime: str, value: int, config_name: str, seed: int, settings:
     elif kind_of(regime) == "long":
         kwargs.update(max_completion_length=settings["long_completion_length"],
                       learning_rate=settings["long_learning_rate"])  # fmt: skip
-    kwargs["learning_rate"] = (settings.get("learning_rate") or kwargs["learning_rate"]) * spec.get(
-        "learning_rate_scale", 1
-    )
+    kwargs["learning_rate"] *= spec.get("learning_rate_scale", 1)
     overrides = dict(config_of(regime, config_name).overrides)
     if "num_generations" in overrides:
         prompts = kwargs["per_device_train_batch_size"] // kwargs["num_generations"]
@@ -631,51 +603,33 @@ def provenance(runs: Runs, command: str, workers: int) -> dict[str, Any]:
 
 def build_payload(args: argparse.Namespace, runs: Runs, cells: dict[tuple, int], settings: dict[str, Any],
                   command: str) -> dict[str, Any]:  # fmt: skip
-    """stress.json, claims.json or sample_efficiency.json: settings, summary (the claims table and the probe table;
-    sample efficiency's per configuration), provenance."""
-    made, records = provenance(runs, command, args.workers), runs.records
-    regimes: dict[str, dict[str, list]] = {}
-    for regime, value, config in cells:
-        regimes.setdefault(regime, {}).setdefault("values", []).append(value)
-        regimes[regime].setdefault("configs", []).append(config)
-    grid = {r: {"knob": REGIMES[r]["knob"], "values": sorted(set(g["values"])), "configs": list(dict.fromkeys(
-        g["configs"])), "micro_batches_per_step": REGIMES[r].get("micro_batches", 1), **({"learning_rate_scale":
-        REGIMES[r]["learning_rate_scale"]} if "probe" in REGIMES[r] else {})} for r, g in regimes.items()}  # fmt: skip
+    """stress.json, claims.json or sample_efficiency.json: the settings, the summary (and the claims and probe
+    tables), the failed runs and where the runs came from."""
+    made, records, configs = provenance(runs, command, args.workers), runs.records, [c for _, _, c in cells]
+    table = SE_CONFIGS if args.grid == "sample_efficiency" else CONFIGS
     device = next((r["device_info"] for r in records if "device_info" in r), None)
     payload: dict[str, Any] = {
         "benchmark": args.grid, "device": device or common.describe_device(settings["device"]),
         "command": made["command"], "smoke": args.smoke,
-        "settings": {"seeds": args.seeds, **{k: v for k, v in settings.items() if k != "device"},
-                     "workers": made["workers"], "regimes": grid, "policy": "trl_groupopt.offline.VARIANTS (the "
-                     "long regime: its long-chain policy and task)", "rewards": ["accuracy_reward", "format_reward"],
-                     "shared_config": "trl_groupopt.cli.DEMO_DEFAULTS with the regime's knob (see run_settings)"},
+        "settings": {"seeds": args.seeds, **settings, "workers": made["workers"], "regimes": sorted({r for r, _, _ in
+                     cells}), "configs": {c: asdict(table[c]) for c in dict.fromkeys(configs)}},
         "ci_definition": "mean ± t_{0.975, n-1} * s / sqrt(n) over seeds (Student t, sample std)",
     }  # fmt: skip
     if args.grid == "sample_efficiency":
-        present = [c for c in SE_CONFIGS if any(r["config"] == c for r in records)]
-        order = [c for c in dict.fromkeys(c for _, _, c in cells) if c in present]
         example = run_settings("sample_efficiency", 4, "grpo", 0, settings, "<tmp>")
-        payload["settings"].update(configs={c: {"method": SE_CONFIGS[c].method, "overrides": SE_CONFIGS[c].overrides}
-                                            for c in present}, shared_config={k: v for k, v in example.items() if k
-                                            not in ("output_dir", "seed", "model_init_kwargs")})  # fmt: skip
+        payload["settings"]["shared_config"] = {k: v for k, v in example.items() if k not in ("output_dir", "seed")}
         payload.update(jitter2_definition=common.JITTER2_CITATION,
-                       summary=se_summary(records, order + [c for c in present if c not in order]))  # fmt: skip
+                       summary=se_summary(records, list(dict.fromkeys([*configs, *SE_CONFIGS]))))  # fmt: skip
     else:
-        payload["settings"]["configs"] = {
-            n: {"method": c.method, "overrides": c.overrides} for n, c in CONFIGS.items()
-        }
         payload["summary"] = summarise(records)
     if args.grid == "claims":
         payload["settings"].update(seeds=None, claim_seeds=CLAIM_SEEDS, pilot_seeds=PILOT_SEEDS,
                                    probe_seeds=PROBE_SEEDS)  # fmt: skip
         payload.update(verdict_rule=VERDICT_RULE, stage_rule=STAGE_RULE, claims=claims_table(records),
                        probe=probe_table(records))  # fmt: skip
-    payload.update(
-        failed_runs=[{**dict(zip(GRID.key_fields, GRID.key(r))), "error": r["error"][-2000:]}
-                     for r in records if "error" in r],
-        runs_total=len(records), run_wall_s=common.mean_ci([r.get("wall_s") for r in records]),
-        run_cpu_s=common.mean_ci([r.get("cpu_s") for r in records]), wall_s=made["wall_s"],
-    )  # fmt: skip
+    payload.update(failed_runs=[{**dict(zip(GRID.key_fields, GRID.key(r))), "error": r["error"][-2000:]}
+                                for r in records if "error" in r], runs_total=len(records),
+                   run_wall_s=common.mean_ci([r.get("wall_s") for r in records]), wall_s=made["wall_s"])  # fmt: skip
     return payload | ({"invocations": made["invocations"]} if "invocations" in made else {})
 
 
@@ -759,54 +713,43 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--regimes", help="Comma-separated subset of " + ", ".join(REGIMES) + " (default: the grid's).")
     add("--configs", help="Comma-separated subset of configurations (default: each regime's).")
     add("--claim-ids", help="With --claims: only these claims' cells (with their seeds), no probe cell.")
-    add("--seeds", type=int, help="Seeds per configuration, 0..seeds-1 (stress 5, sample efficiency 3; claims: "
-        "CLAIM_SEEDS).")  # fmt: skip
-    add("--max-steps", type=int, help="Optimizer steps per run, the same for all (16; claims 64; sample efficiency "
-        "100).")  # fmt: skip
-    add("--grad-accum", type=int, help="Micro-batches (of 16 sequences) per optimizer step (1; sample efficiency 2).")
-    add("--num-train", type=int, help="Training prompts (1000; sample efficiency 2000).")
-    add("--num-eval", type=int, help="Held-out prompts, greedy accuracy (64; claims and sample efficiency 200).")
-    add("--eval-every", type=int, help="Sample efficiency: held-out accuracy every this many steps (10).")
-    add("--learning-rate", type=float, help="Sample efficiency: shared by all (default: the demo's).")
-    add("--long-completion-length", type=int, help="max_completion_length of the long regime (default: "
-        "trl_groupopt.offline.LONG_CHAIN_MAX_COMPLETION_LENGTH).")  # fmt: skip
+    add("--seeds", type=int, help="Seeds per configuration: 0..seeds-1 (`GRIDS`; claims: `CLAIM_SEEDS`).")
+    add("--max-steps", type=int, help="Optimizer steps per run, the same for all (default: `GRIDS`).")
     add("--long-learning-rate", type=float, default=1e-5, help="The long regime's learning rate: the long-chain "
         "policy degrades at the demo's 1e-4.")  # fmt: skip
     add("--workers", type=int, default=1, help="Parallel runs (processes, one torch thread each).")
     add("--fresh", action="store_true", help="Discard the runs file's records and run the whole grid again.")
     add("--from-runs", type=Path, help="Skip training: summarise, tabulate and plot this runs JSONL file.")
     args = parser.parse_args(argv)
-    defaults = GRIDS[args.grid]
-    args.claim_list = [c.strip() for c in args.claim_ids.split(",")] if args.claim_ids else None
+    grid = GRIDS[args.grid]
+    args.claim_list = args.claim_ids.split(",") if args.claim_ids else None
     if args.claim_list and (args.grid != "claims" or not set(args.claim_list) <= set(CLAIM_SEEDS)):
         parser.error(f"--claim-ids takes --claims and ids of {list(CLAIM_SEEDS)} (got {args.claim_ids!r})")
-    args.regime_list = args.regimes.split(",") if args.regimes else defaults["regimes"]
+    args.regime_list = args.regimes.split(",") if args.regimes else grid["regimes"]
     if not set(args.regime_list) <= set(REGIMES):
         parser.error(f"unknown regime(s) in {args.regimes!r}; choose from {list(REGIMES)}")
-    for key in ("seeds", "max_steps", "num_train", "num_eval", "grad_accum", "eval_every"):
-        setattr(args, key, getattr(args, key) or defaults.get(key))
-    args.smoke_cells = defaults.get("smoke", {}) if args.smoke else {}
+    args.seeds, args.max_steps = args.seeds or grid["seeds"], args.max_steps or grid["max_steps"]
+    args.smoke_cells = grid.get("smoke", {}) if args.smoke else {}
     if args.smoke:
-        args.seeds, args.max_steps, args.num_train, args.num_eval = 1, 2, 128, 8
-        args.eval_every, args.long_completion_length = args.eval_every and 2, 48
+        args.seeds, args.max_steps = 1, 2
     return args
 
 
 def main(argv=None) -> dict[str, Any]:
     args = parse_args(argv)
     common.setup_environment()
-    device = common.resolve_device(args.device)
-    settings = dict(device=device, max_steps=args.max_steps, num_train=args.num_train, num_eval=args.num_eval,
-                    grad_accum=args.grad_accum)  # fmt: skip
+    grid, device = GRIDS[args.grid], common.resolve_device(args.device)
+    settings = dict(device=device, max_steps=args.max_steps, num_train=grid["num_train"], num_eval=grid["num_eval"],
+                    grad_accum=grid["grad_accum"])  # fmt: skip
     if args.grid == "sample_efficiency":
-        settings.update(eval_every=args.eval_every, learning_rate=args.learning_rate)
+        settings["eval_every"] = 2 if args.smoke else grid["eval_every"]
     else:
         from trl_groupopt.offline import LONG_CHAIN_MAX_COMPLETION_LENGTH
 
-        settings.update(
-            long_learning_rate=args.long_learning_rate,
-            long_completion_length=args.long_completion_length or LONG_CHAIN_MAX_COMPLETION_LENGTH,
-        )
+        settings.update(long_learning_rate=args.long_learning_rate, long_completion_length=48 if args.smoke
+                        else LONG_CHAIN_MAX_COMPLETION_LENGTH)  # fmt: skip
+    if args.smoke:
+        settings.update(num_train=128, num_eval=8)
     stem = args.grid + ("_smoke" if args.smoke else "")
     runs_path, command = args.output_dir / f"{stem}_runs.jsonl", common.command_line("benchmarks.stress", argv)
     cells = cells_of(args)

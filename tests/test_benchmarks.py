@@ -375,9 +375,9 @@ def test_probe_regimes_scale_the_learning_rate_and_split_the_step(tmp_path):
     # the full grid leaves the probe out; --claims runs it, at the claims budget
     grid, claims = stress.parse_args([]), stress.parse_args(["--claims"])
     assert grid.regime_list == stress.GRID_REGIMES == ["staleness", "group_size", "long"]
-    assert (grid.max_steps, grid.num_eval) == (16, 64)
+    assert (grid.max_steps, stress.GRIDS["stress"]["num_eval"]) == (16, 64)
     assert set(claims.regime_list) == set(stress.REGIMES) - {"sample_efficiency"}
-    assert (claims.max_steps, claims.num_eval) == (64, 200)
+    assert (claims.max_steps, stress.GRIDS["claims"]["num_eval"]) == (64, 200)
 
 
 def test_claims_plan_runs_each_claims_cells_and_the_probe():
@@ -531,7 +531,7 @@ def test_report_splices_the_results_page_only_for_the_committed_tables(tmp_path,
     assert page.read_text() == page_text.replace("| old table |", "| new table |")  # stress.md absent: kept
     other = tmp_path / "other.md"
     other.write_text(page_text)
-    report.main(["--results-dir", str(results), "--readme", str(other)])  # --readme: the old name of --page
+    report.main(["--results-dir", str(results), "--page", str(other)])
     assert other.read_text() == page.read_text()
     with pytest.raises(SystemExit):
         report.main(["--page", str(tmp_path / "missing.md")])
