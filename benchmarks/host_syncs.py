@@ -1,23 +1,17 @@
 """Host syncs, counted: `SyncCounter` counts the ops that make the host wait for a CUDA device, on any device (a
-CPU trace counts what a GPU run would wait for). `tests/trainers/test_host_syncs.py` fails with it on a sync inside an
-objective or on a method that syncs more often than TRL's GRPOTrainer; `python -m benchmarks.host_syncs` counts each
-trainer of the overhead benchmark's workload (`benchmarks.overhead`) per micro-batch, in its loss and backward.
-
-    python -m benchmarks.host_syncs --shapes 0x24 --steps 2 --warmup 1 --json benchmarks/results/host_syncs_cpu.json
+CPU trace counts what a GPU run would wait for). `tests/trainers/test_host_syncs.py` counts with it each trainer's
+syncs per micro-batch (loss and backward; `pytest -s` prints them) and fails on a sync inside an objective or on a
+method that syncs more often than TRL's GRPOTrainer.
 """
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 import traceback
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-from . import common, overhead
 
 _REPO = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
 
@@ -160,70 +154,3 @@ class SyncCounter:
             for method, original in self._saved.items():
                 setattr(torch.Tensor, method, original)
             self._saved.clear()
-
-
-def count_syncs(variant, sargs, device: str, dtype, tokenizer, dataset, workdir: str) -> dict[str, Any]:
-    """Host syncs per micro-batch of one trainer: every `training_step` (loss, backward) of a short run, counted
-    without `_prepare_inputs` (generation, scoring, the behaviour forward: once per generation batch). Returns the
-    largest micro-batch's count, its breakdown and sites, and every micro-batch's total."""
-    trainer, _, _ = overhead.build_trainer(variant, sargs, device, dtype, tokenizer, dataset, workdir)
-    steps: list[Any] = []
-    active: list[Any] = []
-    training_step, prepare = trainer.training_step, trainer._prepare_inputs
-
-    def counted_step(*args, **kwargs):
-        with SyncCounter() as syncs:
-            active.append(syncs)
-            try:
-                return training_step(*args, **kwargs)
-            finally:
-                active.pop()
-                steps.append(syncs)
-
-    def uncounted_prepare(*args, **kwargs):
-        if not active:
-            return prepare(*args, **kwargs)
-        with active[-1].paused():
-            return prepare(*args, **kwargs)
-
-    trainer.training_step, trainer._prepare_inputs = counted_step, uncounted_prepare
-    trainer.train()
-    worst = max(steps, key=lambda syncs: syncs.total)
-    return {"per_micro_batch": worst.total, "counts": dict(worst.counts),
-            "sites": {f"{reason} at {site}": n for (reason, site), n in worst.sites.most_common()},
-            "all_micro_batches": [syncs.total for syncs in steps]}  # fmt: skip
-
-
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, help="Also write the per-trainer table here.")
-    own, rest = parser.parse_known_args(argv)
-    args = overhead.parse_args(["--device", "cpu", "--repeats", "1", *rest])  # the overhead benchmark's flags
-    common.setup_environment()
-    device = common.resolve_device("cpu")
-    import torch
-
-    from trl_groupopt.offline import build_tokenizer
-
-    wanted = set(args.trainers.split(",")) | {overhead.BASELINE} if args.trainers else None
-    vocab, length = args.shape_list[0]
-    sargs = argparse.Namespace(**{**vars(args), "vocab_size": vocab or None, "completion_length": length})
-    chosen = [v for v in overhead.variants() if v.name != overhead.CONTROL and (wanted is None or v.name in wanted)
-              and overhead.availability(v, sargs, device, torch.float32) is None]  # fmt: skip
-    tokenizer, dataset = build_tokenizer(), overhead.make_prompts(64, args.prompt_length, args.seed)
-    with tempfile.TemporaryDirectory(prefix="syncs-") as workdir:
-        syncs = {v.name: count_syncs(v, sargs, device, torch.float32, tokenizer, dataset, workdir) for v in chosen}
-    base = syncs[overhead.BASELINE]["per_micro_batch"]
-    print("Host syncs per micro-batch (loss + backward; a CPU trace counts what a CUDA run waits for):")
-    common.print_table(["trainer", "syncs", "vs TRL", "ops"], [
-        [name, e["per_micro_batch"], f"{e['per_micro_batch'] - base:+d}",
-         ", ".join(f"{reason} {n}" for reason, n in sorted(e["counts"].items()))] for name, e in syncs.items()])  # fmt: skip
-    if own.json:
-        common.write_json(own.json, {"benchmark": "host_syncs", "command": common.command_line(
-            "benchmarks.host_syncs", argv), "device": common.describe_device(device), "shape": overhead.shape_key(
-            vocab, length), "syncs": syncs})  # fmt: skip
-    return syncs
-
-
-if __name__ == "__main__":
-    main()

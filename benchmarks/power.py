@@ -20,6 +20,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from trl_groupopt.runs import read_runs
 from trl_groupopt.stats import half_width, seeds_needed
 
 from . import common, stress
@@ -172,11 +173,11 @@ def main(argv=None) -> dict[str, Any]:
         return str(path.relative_to(common.REPO)) if path.is_relative_to(common.REPO) else str(path)
 
     budget = "{max_steps} optimizer steps, {num_eval} held-out prompts"  # the grids' (`stress.GRIDS`)
-    settings = dict(committed=shown(args.committed), committed_budget=budget.format(**stress.GRIDS["stress"]),
-                    pilot=shown(args.pilot), pilot_budget=budget.format(**stress.GRIDS["claims"]),
+    settings = dict(committed=shown(args.committed), committed_budget=budget.format(**stress.GRIDS["stress"]["settings"]),
+                    pilot=shown(args.pilot), pilot_budget=budget.format(**stress.GRIDS["claims"]["settings"]),
                     pilot_seeds=stress.PILOT_SEEDS, target_half_width=TARGET_HALF_WIDTH, min_seeds=MIN_SEEDS,
                     max_seeds=MAX_SEEDS, stage2_factor=STAGE2_FACTOR, max_seeds_stage2=MAX_SEEDS_STAGE2)  # fmt: skip
-    records = [stress.read(path).records for path in (args.committed, args.pilot)]
+    records = [read_runs(path, stress.GRID).records for path in (args.committed, args.pilot)]
     payload = {"benchmark": "power", "command": common.command_line("benchmarks.power", argv), "settings": settings,
                **analyse(*records)}  # fmt: skip
     print(power_markdown(payload))

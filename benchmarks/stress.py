@@ -1,17 +1,13 @@
-"""The one runner of the training benchmarks: the stress grid, the claims grid and sample efficiency, on the task.
+"""The one runner of the training benchmarks: the stress grid, the claims grid and sample efficiency (`GRIDS`).
 
-Every run trains a configuration (`CONFIGS`: each registered method at its defaults and the `VARIANTS`; sample
-efficiency's `SE_CONFIGS` add TRL's own GRPOTrainer) from the demo's settings (`trl_groupopt.cli.DEMO_DEFAULTS`)
-with its regime's knob (`REGIMES`, `run_settings`) and records held-out greedy accuracy, the reward and every
-mechanism metric logged per optimizer step (`run_one`). Three grids (`GRIDS`), one command:
-
-- the stress grid (default): staleness, group size, long completions; 16 optimizer steps, 5 seeds;
-- the claims grid (`--claims`): each row of `claims.jsonl` in its regime with its planned seeds, and ECHO's
-  batch-clip probe, judged by the rule of `trl-groupopt compare` (`trl_groupopt.stats.compare_pair`, `claims_table`);
-- sample efficiency (`--sample-efficiency`): one mild regime, every method, accuracy curves, 100 steps, 3 seeds.
-
-Runs go through the library's runner (`trl_groupopt.runs`): keyed, appendable runs files, resumed by the same
-command; `--from-runs FILE` rebuilds the JSON, tables and plot without training. See benchmarks/README.md.
+Each run trains a configuration (`CONFIGS`: every registered method at its defaults, and `VARIANTS`; sample
+efficiency's `SE_CONFIGS` has TRL's own GRPOTrainer) on the synthetic task from the demo's settings with its regime's
+knob (`REGIMES`, `run_settings`), and records held-out greedy accuracy, the reward and every mechanism metric logged
+per optimizer step (`run_one`). The stress grid (default) runs staleness, group size and long completions; the claims
+grid (`--claims`) each row of `claims.jsonl` in its regime with its planned seeds, and ECHO's batch-clip probe, judged
+by the rule of `trl-groupopt compare` (`claims_table`); `--sample-efficiency` every method in one mild regime, with
+accuracy curves. Runs go through the library's runner (`trl_groupopt.runs`): keyed, appendable runs files that the
+same command resumes; `--from-runs FILE` rebuilds the JSON and the plot without training. See benchmarks/README.md.
 
     python -m benchmarks.stress --smoke --output-dir outputs/bench                     # seconds
     python -m benchmarks.stress --workers 2 --fresh                                    # the full grid (~20 min)
@@ -27,27 +23,27 @@ import os
 import tempfile
 import textwrap
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trl_groupopt import METHODS, stats
+from trl_groupopt.defaults import DEMO_DEFAULTS
 from trl_groupopt.methods import MECHANISM_ACTS
+from trl_groupopt.offline import VARIANTS as TASKS
 from trl_groupopt.runs import Grid, Runs, pending, read_runs, run_grid, settings_conflict
 
 from . import common
 
 GSPO = dict(importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4, loss_type="grpo")  # GSPO v2 5.1
-TRL = "trl"  # a configuration's method: TRL's own GRPOConfig / GRPOTrainer
+TRL = "trl"  # a configuration's method: TRL's own GRPOConfig and GRPOTrainer
 
 
-@dataclass(frozen=True)
-class Config:
-    """A registry method (or `TRL`) with config overrides, applied after the regime's settings."""
+class Config(NamedTuple):
+    """A registry method (or `TRL`) and its config overrides, applied after the regime's settings."""
 
     method: str
-    overrides: dict[str, Any] = field(default_factory=dict)
-    label: str = ""
+    overrides: dict[str, Any]
+    label: str
 
 
 #: Besides each registered method at its defaults. The paper's epsilon (0.2) left ECHO's R unclipped at staleness
@@ -65,17 +61,17 @@ VARIANTS: dict[str, Config] = {
                                        "DFPO orth_proj, unclipped"),
     "ctpo_otb": Config("ctpo", {"advantage_estimator": "otb"}, "CTPO with OTB's token baseline"),
 }  # fmt: skip
-CONFIGS: dict[str, Config] = {name: Config(name, {}, spec.display_name) for name, spec in METHODS.items()} | VARIANTS
-#: Sample efficiency: TRL's GRPOTrainer for GRPO and GSPO, every other registered method at its defaults, DFPO's two
+DEFAULTS = {name: Config(name, {}, spec.display_name) for name, spec in METHODS.items()}
+CONFIGS: dict[str, Config] = DEFAULTS | VARIANTS
+#: Sample efficiency: TRL's GRPOTrainer for GRPO and GSPO, the other registered methods at their defaults, DFPO's two
 #: transforms, and TRL's GRPO at N = 16 (4x the samples at equal prompts: OTB's claim of a small-N baseline).
 SE_CONFIGS: dict[str, Config] = {
-    "grpo": Config(TRL, {}, "TRL GRPO"),
-    "gspo": Config(TRL, GSPO, "TRL GSPO"),
-    **{name: Config(name, {}, spec.display_name) for name, spec in METHODS.items() if name not in ("grpo", "dfpo")},
+    "grpo": Config(TRL, {}, "TRL GRPO"), "gspo": Config(TRL, GSPO, "TRL GSPO"),
+    **{name: config for name, config in DEFAULTS.items() if name not in ("grpo", "dfpo")},
     "dfpo_min_replace": Config("dfpo", {"dfpo_transform": "min_replace"}, "DFPO min_replace"),
     "dfpo_orth_proj": Config("dfpo", {"dfpo_transform": "orth_proj"}, "DFPO orth_proj"),
     "grpo_n16": Config(TRL, {"num_generations": 16}, "TRL GRPO (N=16)"),
-}
+}  # fmt: skip
 
 
 def _probe(micro_batches: int, learning_rate_scale: int, configs: list[str]) -> dict[str, Any]:
@@ -106,40 +102,39 @@ REGIMES: dict[str, dict[str, Any]] = {
     "sample_efficiency": {"kind": "staleness", "knob": "4 optimizer steps per generation (2 micro-batches of 16)",
                           "values": [4], "configs": list(SE_CONFIGS), "table": SE_CONFIGS},
 }  # fmt: skip
-#: Per grid: its regimes, budget and task size, and its smoke (regime -> values and configurations).
+_LONG = dict(long_completion_length=TASKS["long"].max_new_tokens, long_learning_rate=1e-5)
+#: Per grid: its regimes, seeds, the settings every run records (budget, task size; the claims', where a claim is
+#: decided: 64 steps, 200 held-out prompts) and its smoke cells (regime -> values, configurations).
 GRIDS: dict[str, dict[str, Any]] = {
-    "stress": dict(regimes=["staleness", "group_size", "long"], seeds=5, max_steps=16, num_train=1000, num_eval=64,
-                   grad_accum=1, smoke={"staleness": ([1], ["grpo", "echo"]), "group_size": ([2], ["otb"]),
-                                        "long": ([1], ["ctpo"])}),
-    "claims": dict(regimes=list(REGIMES)[:-1], seeds=None, max_steps=64, num_train=1000, num_eval=200, grad_accum=1),
-    "sample_efficiency": dict(regimes=["sample_efficiency"], seeds=3, max_steps=100, num_train=2000, num_eval=200,
-                              grad_accum=2, eval_every=10, smoke={"sample_efficiency": ([4], ["grpo", "otb"])}),
+    "stress": dict(regimes=["staleness", "group_size", "long"], seeds=5,
+                   settings=dict(max_steps=16, num_train=1000, num_eval=64, grad_accum=1, **_LONG),
+                   smoke={"staleness": ([1], ["grpo", "echo"]), "group_size": ([2], ["otb"]), "long": ([1], ["ctpo"])}),
+    "claims": dict(regimes=list(REGIMES)[:-1], seeds=None,
+                   settings=dict(max_steps=64, num_train=1000, num_eval=200, grad_accum=1, **_LONG)),
+    "sample_efficiency": dict(regimes=["sample_efficiency"], seeds=3, smoke={"sample_efficiency": ([4], ["grpo", "otb"])},
+                              settings=dict(max_steps=100, num_train=2000, num_eval=200, grad_accum=2, eval_every=10)),
 }  # fmt: skip
+SMOKE = dict(max_steps=2, num_train=128, num_eval=8, long_completion_length=48, eval_every=2)  # where a grid has it
 GRID_REGIMES = GRIDS["stress"]["regimes"]
-SMOKE_CLAIMS = ("echo_off_policy", "ctpo_long")  # --claims --smoke: their cells and one probe cell, 1 seed
-SMOKE_PROBE = ("echo_probe_lr10", 16)
-
+SMOKE_CLAIMS, SMOKE_PROBE = ("echo_off_policy", "ctpo_long"), ("echo_probe_lr10", 16)  # --claims --smoke, 1 seed
 #: Logged keys kept per optimizer step (every key starting with one of these), besides reward, entropy and length.
 MECHANISM_PREFIXES = ("echo/", "dfpo/", "ctpo/", "otb/", "clip_ratio/")
-#: Per-micro-batch metrics whose min and max over each optimizer step's micro-batches a run also records.
-EXTREMES = ("echo/batch_ratio",)
+EXTREMES = ("echo/batch_ratio",)  # per-micro-batch metrics whose min and max over each step a run also records
 EXTRA_METRICS = {"echo": ("clip_ratio/region_mean",), "ctpo": ("ctpo/dual_clip",),
                  "dfpo": ("dfpo/cancellation_residual", "dfpo/asym_after", "dfpo/asym_before")}  # fmt: skip
 #: The metrics summarised per configuration: its `Mechanism`'s logged keys (those `MECHANISM_ACTS` reads), then
 #: `EXTRA_METRICS`.
-MECHANISM_METRICS: dict[str, tuple[str, ...]] = {
-    name: tuple(dict.fromkeys((*spec.mechanism.keys, *EXTRA_METRICS.get(name, ())))) for name, spec in METHODS.items()
-}
+MECHANISM_METRICS = {name: tuple(dict.fromkeys((*spec.mechanism.keys, *EXTRA_METRICS.get(name, ()))))
+                     for name, spec in METHODS.items()}  # fmt: skip
 
 # ------------------------------------------------------------------------------------------------ claims as data
 #: Each paper's claim, one row of data (`claims.jsonl`): id, paper, claim, regime, value, config, baseline (None: a
-#: within-run mechanism claim), outcome (`outcome_of`), better (+1: larger is the claim), probe, and seeds (its
-#: stage-1 and stage-2 seeds, `CLAIM_SEEDS`, planned by `benchmarks.power`).
+#: within-run mechanism claim), outcome (`outcome_of`), better (+1: larger is the claim), probe, and seeds: its stage-1
+#: and stage-2 seeds (`CLAIM_SEEDS`, planned by `benchmarks.power`).
 _ROWS = [json.loads(line) for line in Path(__file__).with_name("claims.jsonl").read_text().splitlines() if line]
 CLAIMS: tuple[dict[str, Any], ...] = tuple({k: v for k, v in row.items() if k != "seeds"} for row in _ROWS)
 CLAIM_SEEDS: dict[str, tuple[int, int | None]] = {row["id"]: tuple(row["seeds"]) for row in _ROWS}
-#: Seeds 0..PILOT_SEEDS-1 of every claim cell are the pilot whose paired sd sized each claim (`benchmarks.power`).
-PILOT_SEEDS = 8
+PILOT_SEEDS = 8  # seeds 0-7 of every claim cell: the pilot whose paired sd sized each claim (`benchmarks.power`)
 PROBE_SEEDS = 3  # per probe cell: the probe measures R's range, not accuracy
 #: A probed mechanism: the metric whose range the probe reports, and extra (regime, value) -> seeds cells where its
 #: configurations also run (ECHO's claims were first tested at staleness 16, where the clip never acted).
@@ -177,15 +172,13 @@ def run_settings(regime: str, value: int, config_name: str, seed: int, settings:
                  output_dir: str) -> dict[str, Any]:  # fmt: skip
     """The config kwargs of one run: the demo's with the run's budget, the regime's knob, then the configuration's
     overrides (`num_generations` grows the micro-batch: the same prompts per micro-batch)."""
-    from trl_groupopt.cli import DEMO_DEFAULTS
-
     spec, split = REGIMES[regime], REGIMES[regime].get("micro_batches", 1)
-    kwargs = dict(DEMO_DEFAULTS)
     accumulation = settings["grad_accum"] * split  # the same sequences per step in `split` micro-batches
-    kwargs.update(output_dir=output_dir, max_steps=settings["max_steps"], logging_steps=1, seed=seed,
-                  use_cpu=settings["device"] == "cpu", dataloader_num_workers=0, model_init_kwargs={"dtype": "float32"},
-                  per_device_train_batch_size=kwargs["per_device_train_batch_size"] // split,
-                  gradient_accumulation_steps=accumulation, steps_per_generation=value * accumulation)  # fmt: skip
+    kwargs = {**DEMO_DEFAULTS, "output_dir": output_dir, "max_steps": settings["max_steps"], "logging_steps": 1,
+              "seed": seed, "use_cpu": settings["device"] == "cpu", "dataloader_num_workers": 0,
+              "model_init_kwargs": {"dtype": "float32"}, "gradient_accumulation_steps": accumulation,
+              "per_device_train_batch_size": DEMO_DEFAULTS["per_device_train_batch_size"] // split,
+              "steps_per_generation": value * accumulation}  # fmt: skip
     if kind_of(regime) == "group_size":
         kwargs.update(num_generations=value, steps_per_generation=4 * accumulation)  # 16 / N prompts
     elif kind_of(regime) == "long":
@@ -201,15 +194,12 @@ def run_settings(regime: str, value: int, config_name: str, seed: int, settings:
 
 def regime_task(regime: str) -> tuple[str, dict[str, Any]]:
     """The policy a regime trains and its task's `make_arithmetic_dataset` kwargs (the long-chain variant for long)."""
-    from trl_groupopt.offline import VARIANTS as TASKS
-
     task = TASKS["long" if kind_of(regime) == "long" else "default"]
     return task.policy, dict(task.task)
 
 
 def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
-    """Train one configuration with one seed; return its accuracies (before, after and every `eval_every` steps) and
-    its logged curves (JSON-ready)."""
+    """Train one configuration with one seed; its accuracies (before, after, every `eval_every` steps) and curves."""
     common.setup_environment()
     started, cpu_started = time.perf_counter(), time.process_time()
     device = common.resolve_device(settings["device"])
@@ -220,17 +210,13 @@ def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict
     from trl_groupopt import get_method, offline, rewards
 
     transformers.logging.set_verbosity_error()
-    config = config_of(regime, config_name)
-    if config.method == TRL:
-        make_config, trainer_class = trl.GRPOConfig, trl.GRPOTrainer
-    else:
-        spec = get_method(config.method)
-        make_config, trainer_class = spec.make_config, recording_extremes(spec.trainer_class)
-    policy, task = regime_task(regime)
+    config, (policy, task), every = config_of(regime, config_name), regime_task(regime), settings.get("eval_every")
+    spec = None if config.method == TRL else get_method(config.method)
+    make_config, trainer_class = (trl.GRPOConfig, trl.GRPOTrainer) if spec is None else (
+        spec.make_config, recording_extremes(spec.trainer_class))  # fmt: skip
     train_set = offline.make_arithmetic_dataset(settings["num_train"], seed=0, split="train", **task)
     eval_set = offline.make_arithmetic_dataset(settings["num_eval"], seed=0, split="test", **task)
     accuracy: dict[str, list] = {"steps": [], "values": []}
-    every = settings.get("eval_every")
     with tempfile.TemporaryDirectory(prefix=f"stress-{config_name}-{seed}-") as workdir:
         args = make_config(**run_settings(regime, value, config_name, seed, settings, workdir))
         trainer = trainer_class(model=policy, reward_funcs=[rewards.accuracy_reward, rewards.format_reward],
@@ -276,57 +262,37 @@ def recording_extremes(trainer_class: type) -> type:
 
     class RecordingExtremes(trainer_class):
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-            if self.model.training:
-                for key in EXTREMES:
-                    values = [v for v in self._metrics["train"].get(key, []) if v == v]  # NaN: nothing measured
-                    if values:
-                        logs[f"{key}_min"], logs[f"{key}_max"] = min(values), max(values)
+            for key in EXTREMES if self.model.training else ():
+                values = [v for v in self._metrics["train"].get(key, []) if v == v]  # NaN: nothing measured
+                if values:
+                    logs[f"{key}_min"], logs[f"{key}_max"] = min(values), max(values)
             super().log(logs, start_time)
 
     RecordingExtremes.__name__ = RecordingExtremes.__qualname__ = trainer_class.__name__
     return RecordingExtremes
 
 
-def describe(run: dict[str, Any]) -> str:
-    return f"accuracy {run['initial_accuracy']:.1%} -> {run['final_accuracy']:.1%} ({run['wall_s']:.0f} s)"
-
-
-GRID = Grid(("regime", "value", "config", "seed"), run_one, describe)
-#: sample_efficiency_runs.jsonl before the one runner: keyed by method (the configuration) and seed.
-LEGACY_SE = Grid(("method", "seed"), run_one, describe)
-
-
-def read(path: Path) -> Runs:
-    """A runs file; the sample-efficiency runs made before the one runner as records of its regime."""
-    first = next((line for line in path.read_text().splitlines() if line.strip()), "{}") if path.exists() else "{}"
-    if "method" not in json.loads(first) or "regime" in json.loads(first):
-        return read_runs(path, GRID)
-    runs = read_runs(path, LEGACY_SE)
-    for r in runs.records:
-        r.update(regime="sample_efficiency", value=4, config=r["method"], mechanism=r.pop("extras", {}),
-                 initial_accuracy=r["accuracy"]["values"][0], final_accuracy=r["accuracy"]["values"][-1])  # fmt: skip
-    return runs
+GRID = Grid(("regime", "value", "config", "seed"), run_one,
+            lambda r: f"accuracy {r['initial_accuracy']:.1%} -> {r['final_accuracy']:.1%} ({r['wall_s']:.0f} s)")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ outcomes
 def outcome_of(run: dict[str, Any], outcome: str) -> float | None:
     """A run's scalar outcome: "final_accuracy", "accuracy_gain", "mean_reward", "mechanism:<key>" (mean over
     training), or "log_ratio:<a>:<b>" (mean over the logged steps of log(a / b): < 0 when a is smaller)."""
-    if outcome == "final_accuracy":
-        return run["final_accuracy"]
-    if outcome == "accuracy_gain":
-        return run["final_accuracy"] - run["initial_accuracy"]
+    if outcome in ("final_accuracy", "accuracy_gain"):
+        return run["final_accuracy"] - (run["initial_accuracy"] if outcome == "accuracy_gain" else 0)
     if outcome == "mean_reward":
         return common.mean(run["reward"]["values"])
     if outcome.startswith("mechanism:"):
-        return common.mean(run["mechanism"].get(outcome.split(":", 1)[1], {}).get("values", []))
+        return common.mean(_by_step(run, outcome.split(":", 1)[1]).values())
     _, top, bottom = outcome.split(":")  # log_ratio
     ours, theirs = _by_step(run, top), _by_step(run, bottom)
     return common.mean([math.log(a / theirs[s]) for s, a in ours.items() if theirs.get(s) and a > 0 and theirs[s] > 0])
 
 
 def _by_step(run: dict[str, Any], key: str) -> dict[int, float]:
-    series = run["mechanism"].get(key, {})
+    series = run["mechanism"].get(key) or {}
     return dict(zip(series.get("steps", []), series.get("values", [])))
 
 
@@ -339,62 +305,44 @@ def mechanism_acted(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     steps = acted = 0
     for run in runs:
         series = [_by_step(run, key) for key in keys]
-        for step in series[0]:
-            values = [s.get(step) for s in series]
+        for values in ([s.get(step) for s in series] for step in series[0]):
             if all(v is not None and v == v for v in values):  # NaN: nothing to measure on that step
-                steps += 1
-                acted += bool(acts(*values))
+                steps, acted = steps + 1, acted + bool(acts(*values))
     return {"what": what, "steps": steps, "acted": acted, "fraction": acted / steps if steps else None}
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """regime -> str(value) -> config -> mean/CI over seeds of the outcomes and of the mechanism metrics' means."""
+    """regime -> str(value) -> config -> mean/CI over seeds of the outcomes and of the mechanism metrics' means; with
+    learning curves (sample efficiency) also the seeds reaching GRPO's mean final accuracy in the cell and Jitter2 of
+    the reward curve (DFPO, arXiv:2604.13088, Eq. 20)."""
     cells: dict[tuple, list] = {}
     for run in sorted((r for r in runs if "error" not in r), key=lambda r: r["seed"]):
         cells.setdefault((run["regime"], str(run["value"]), run["config"]), []).append(run)
     summary: dict[str, Any] = {}
     for (regime, value, name), rs in cells.items():
-        entry: dict[str, Any] = {"label": CONFIGS[name].label if name in CONFIGS else name,
-                                 "seeds": [r["seed"] for r in rs]}  # fmt: skip
+        entry: dict[str, Any] = {"label": config_of(regime, name).label, "seeds": [r["seed"] for r in rs]}
         for outcome in ("final_accuracy", "accuracy_gain", "mean_reward"):
             per_seed = [outcome_of(r, outcome) for r in rs]
             entry[outcome] = {**common.mean_ci(per_seed), "per_seed": per_seed}
         entry["mechanism"] = {}
         for key in MECHANISM_METRICS.get(rs[0].get("method", ""), ()):
-            per_seed = [outcome_of(r, f"mechanism:{key}") for r in rs]
-            curve = common.mean_curve([r["mechanism"].get(key) for r in rs])
+            per_seed, curve = [outcome_of(r, f"mechanism:{key}") for r in rs], common.mean_curve(
+                [r["mechanism"].get(key) for r in rs])  # fmt: skip
             entry["mechanism"][key] = {**common.mean_ci(per_seed), "per_seed": per_seed,
                                        "mean_curve": {"steps": curve["steps"], "mean": curve["mean"]}}  # fmt: skip
         entry["train_s"] = common.mean_ci([r["train_s"] for r in rs])
+        if "accuracy" in rs[0]:
+            threshold = common.mean([r["final_accuracy"] for r in cells.get((regime, value, "grpo"), [])])
+            jitters = [common.jitter2(r["reward"]["values"]) for r in rs]
+            entry.update(num_generations=rs[0]["num_generations"], threshold_accuracy=threshold,
+                         initial_accuracy=common.mean_ci([r["initial_accuracy"] for r in rs]),
+                         jitter2_reward={**common.mean_ci(jitters), "per_seed": jitters},
+                         reached=[common.first_step_reaching(r["accuracy"]["steps"], r["accuracy"]["values"],
+                                  threshold) for r in rs if threshold is not None],
+                         final_train_reward=common.mean_ci([(r["reward"]["values"] or [None])[-1] for r in rs]),
+                         accuracy_curves=[r["accuracy"] for r in rs])  # fmt: skip
         summary.setdefault(regime, {}).setdefault(value, {})[name] = entry
     return summary
-
-
-def se_summary(runs: list[dict[str, Any]], order: list[str]) -> dict[str, Any]:
-    """Sample efficiency per configuration: final accuracy, the seeds reaching GRPO's mean final accuracy, Jitter2 of
-    the reward curve (DFPO, arXiv:2604.13088, Eq. 20) and the curves."""
-    ok = [r for r in runs if "error" not in r]
-    by = {c: sorted((r for r in ok if r["config"] == c), key=lambda r: r["seed"]) for c in order}
-    threshold = common.mean_ci([r["final_accuracy"] for r in by.get("grpo", [])])["mean"]
-    out: dict[str, Any] = {}
-    for name, rs in ((c, rs) for c, rs in by.items() if rs):
-        finals, jitters = [r["final_accuracy"] for r in rs], [common.jitter2(r["reward"]["values"]) for r in rs]
-        curve = common.mean_curve([r["accuracy"] for r in rs])
-        reached = [common.first_step_reaching(r["accuracy"]["steps"], r["accuracy"]["values"], threshold)
-                   for r in rs] if threshold is not None else []  # fmt: skip
-        out[name] = {"label": SE_CONFIGS[name].label, "seeds": [r["seed"] for r in rs],
-                     "num_generations": rs[0]["num_generations"], "final_accuracy": {**common.mean_ci(finals),
-                     "per_seed": finals}, "initial_accuracy": common.mean_ci([r["initial_accuracy"] for r in rs]),
-                     "jitter2_reward": {**common.mean_ci(jitters), "per_seed": jitters},
-                     "final_train_reward": common.mean_ci([(r["reward"]["values"] or [None])[-1] for r in rs]),
-                     "train_s": common.mean_ci([r["train_s"] for r in rs]), "curves": {k: [r[k] for r in rs] for k in
-                     ("reward", "entropy", "accuracy")}, "mean_accuracy_curve": curve}  # fmt: skip
-        if threshold is not None:
-            out[name]["steps_to_threshold"] = {
-                **common.mean_ci([s for s in reached if s is not None]), "per_seed": reached,
-                "reached": sum(s is not None for s in reached), "of": len(reached),
-                "on_mean_curve": common.first_step_reaching(curve["steps"], curve["mean"], threshold)}  # fmt: skip
-    return {"threshold_accuracy": threshold, "methods": out}
 
 
 # ------------------------------------------------------------------------------------------------ claims
@@ -411,23 +359,21 @@ def probe_cells() -> list[tuple[str, int, str, int]]:
 
 
 def _cell(ok: list[dict[str, Any]], regime: str, value: int, config: str) -> list[dict[str, Any]]:
-    return sorted((r for r in ok if (r["regime"], r["value"], r["config"]) == (regime, value, config)),
-                  key=lambda r: r["seed"])  # fmt: skip
+    """The runs of one cell, in file order (the order the committed tables summed them in)."""
+    return [r for r in ok if (r["regime"], r["value"], r["config"]) == (regime, value, config)]
 
 
 def probe_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per probed cell (each probe cell, and the claims' own cells of a probed method): seeds, logged optimizer steps,
     on how many the mechanism acted, and the probed metric's range (each step's extremes over its micro-batches)."""
-    ok = [r for r in runs if "error" not in r]
+    ok, order = [r for r in runs if "error" not in r], {name: i for i, name in enumerate(REGIMES)}
     claimed = [(c["regime"], c["value"], c["config"]) for c in CLAIMS if c.get("probe")]
     probed = [(r, v, c) for r, v, c, _ in probe_cells() if CONFIGS[c].method in PROBES]
-    order = {name: i for i, name in enumerate(REGIMES)}
     rows = []
     for regime, value, config in sorted(set(claimed + probed), key=lambda c: (order[c[0]], c[1], c[2])):
-        rs, metric = _cell(ok, regime, value, config), PROBES[CONFIGS[config].method]["metric"]
-        low = [v for r in rs for v in _extremes(r, metric, "min")]
-        high = [v for r in rs for v in _extremes(r, metric, "max")]
-        acted, spec = mechanism_acted(rs) or {"steps": 0, "acted": 0}, REGIMES[regime]
+        rs, metric, spec = _cell(ok, regime, value, config), PROBES[CONFIGS[config].method]["metric"], REGIMES[regime]
+        low, high = ([v for r in rs for v in _extremes(r, metric, which)] for which in ("min", "max"))
+        acted = mechanism_acted(rs) or {"steps": 0, "acted": 0}
         rows.append({"regime": regime, "value": value, "config": config, "seeds": len(rs),
                      "micro_batches": spec.get("micro_batches", 1),
                      "learning_rate_scale": spec.get("learning_rate_scale", 1), "metric": metric,
@@ -450,33 +396,25 @@ def acting_setting(runs: list[dict[str, Any]]) -> tuple[str, int] | None:
     ok = [r for r in runs if "error" not in r]
     acting = {(row["regime"], row["value"], row["config"]) for row in probe_table(ok)
               if row["steps"] and row["acted"] >= ACTING_FRACTION * row["steps"]}  # fmt: skip
-    candidates = sorted((spec["learning_rate_scale"], value, regime) for regime, spec in REGIMES.items()
-                        if spec.get("probe") == "echo" and {"echo", "echo_step"} <= set(spec["configs"])
-                        for value in spec["values"])  # fmt: skip
-    for _, value, regime in candidates:
-        levels = [common.mean([r["final_accuracy"] for r in _cell(ok, regime, value, c)])
-                  for c in ("echo", "echo_step", "grpo")]  # fmt: skip
-        if all((regime, value, c) in acting for c in ("echo", "echo_step")) and all(
+    for _, value, regime in sorted((spec["learning_rate_scale"], value, regime) for regime, spec in REGIMES.items()
+                                   if spec.get("probe") == "echo" and {"echo", "echo_step"} <= set(spec["configs"])
+                                   for value in spec["values"]):  # fmt: skip
+        levels = [common.mean([r["final_accuracy"] for r in _cell(ok, regime, value, c)]) for c in ("echo",
+                  "echo_step", "grpo")]  # fmt: skip
+        if {(regime, value, c) for c in ("echo", "echo_step")} <= acting and all(
             level is not None and level > stats.FLOOR for level in levels
         ):
             return regime, value
     return None
 
 
-def _claim_row(claim: dict[str, Any], ok: list[dict[str, Any]], seeds: int | None) -> dict[str, Any]:
-    """`claim` on the paired seeds below `seeds` (None: all): the difference, its verdict, the mechanism's steps."""
-
-    def outcomes(config: str) -> dict[int, Any]:
-        cell = (claim["regime"], claim["value"], config)  # in file order: the sums of the committed table
-        return {
-            r["seed"]: r for r in ok if (r["regime"], r["value"], r["config"]) == cell and r["seed"] < (seeds or 1e9)
-        }
-
-    ours = outcomes(claim["config"])
-    base = outcomes(claim["baseline"]) if claim["baseline"] else None
-    acted = mechanism_acted(list(ours.values()))
+def _claim_row(claim: dict[str, Any], ok: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
+    """`claim` on the paired seeds below `seeds`: the difference, its verdict, on how many steps the mechanism acted."""
+    ours, base = ({r["seed"]: r for r in _cell(ok, claim["regime"], claim["value"], config) if r["seed"] < seeds}
+                  for config in (claim["config"], claim["baseline"]))  # fmt: skip
     mine = {s: outcome_of(r, claim["outcome"]) for s, r in ours.items()}
-    theirs = None if base is None else {s: outcome_of(r, claim["outcome"]) for s, r in base.items()}
+    theirs = {s: outcome_of(r, claim["outcome"]) for s, r in base.items()} if claim["baseline"] else None
+    acted = mechanism_acted(list(ours.values()))
     compared = stats.compare_pair(mine, theirs, better=claim["better"], accuracy=claim["outcome"].endswith("accuracy"),
                                   acted=acted)  # fmt: skip
     row = {**claim, "n": compared["n"], "difference": compared["difference"],
@@ -492,8 +430,7 @@ def _claim_row(claim: dict[str, Any], ok: list[dict[str, Any]], seeds: int | Non
 
 def claims_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`CLAIMS` on the runs, paired by seed, with the verdict of `VERDICT_RULE` on the seeds `STAGE_RULE` takes."""
-    ok = [r for r in runs if "error" not in r]
-    rows = []
+    ok, rows = [r for r in runs if "error" not in r], []
     for claim in CLAIMS:
         stage1, stage2 = CLAIM_SEEDS[claim["id"]]
         row = {**_claim_row(claim, ok, stage1), "stage": 1, "planned_seeds": stage1}
@@ -502,7 +439,7 @@ def claims_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row = {**_claim_row(claim, ok, stage2), "stage": 2, "planned_seeds": stage2, "stage1": first}
         if 0 < row["n"] < row["planned_seeds"]:  # not decided before its planned seeds
             row["verdict"] = RUNNING
-            row["note"] = f"{row['n']} of {row['planned_seeds']} planned seeds" + (" (stage 2)" * (row["stage"] == 2))
+            row["note"] = f"{row['n']} of {row['planned_seeds']} planned seeds" + " (stage 2)" * (row["stage"] == 2)
         rows.append(row)
     return rows
 
@@ -511,8 +448,7 @@ def stage2_cells(rows: list[dict[str, Any]]) -> dict[tuple, int]:
     """The cells (regime, value, configuration) -> seeds that `STAGE_RULE` adds after stage 1."""
     cells: dict[tuple, int] = {}
     for row in (r for r in rows if r.get("stage") == 2):
-        for config in filter(None, (row["config"], row["baseline"])):
-            key = (row["regime"], row["value"], config)
+        for key in ((row["regime"], row["value"], c) for c in (row["config"], row["baseline"]) if c):
             cells[key] = max(cells.get(key, 0), row["planned_seeds"])
     return cells
 
@@ -522,35 +458,39 @@ def cells_of(args: argparse.Namespace) -> dict[tuple, int]:
     """The cells the flags select: (regime, value, configuration) -> seeds. The claims grid: each claim's
     configuration and baseline with its stage-1 seeds, and every probe cell (not with `--claim-ids`)."""
     cells: dict[tuple, int] = {}
-    if args.grid != "claims":
-        for regime in args.regime_list:
-            values, configs = args.smoke_cells.get(regime) or (REGIMES[regime]["values"], REGIMES[regime]["configs"])
-            cells.update({(regime, v, c): args.seeds for v in values for c in configs})
-    else:
-        for claim in (c for c in CLAIMS if args.claim_list is None or c["id"] in args.claim_list):
-            if args.smoke and claim["id"] not in SMOKE_CLAIMS:
-                continue
-            for config in filter(None, (claim["config"], claim["baseline"])):
-                key = (claim["regime"], claim["value"], config)
-                cells[key] = max(cells.get(key, 0), 1 if args.smoke else CLAIM_SEEDS[claim["id"]][0])
-        probes = [] if args.claim_list is not None else probe_cells()
-        if args.smoke:
-            probes = [(*SMOKE_PROBE, c, 1) for c in REGIMES[SMOKE_PROBE[0]]["configs"]]
-        for regime, value, config, n in probes:
-            cells[(regime, value, config)] = max(cells.get((regime, value, config), 0), n)
-    wanted = set(args.configs.split(",")) if args.configs else None
-    return {k: n for k, n in cells.items() if k[0] in args.regime_list and (wanted is None or k[2] in wanted)}
+
+    def add(regime: str, value: int, config: str, seeds: int) -> None:  # a cell two claims share: the larger plan
+        cells[(regime, value, config)] = max(cells.get((regime, value, config), 0), seeds)
+
+    for regime in args.regime_list if args.grid != "claims" else ():
+        values, configs = args.smoke_cells.get(regime) or (REGIMES[regime]["values"], REGIMES[regime]["configs"])
+        for value, config in ((v, c) for v in values for c in configs):
+            add(regime, value, config, args.seeds)
+    chosen = [c for c in args.claim_list or CLAIM_SEEDS if not args.smoke or c in SMOKE_CLAIMS]
+    for claim in (c for c in CLAIMS if args.grid == "claims" and c["id"] in chosen):
+        for config in (c for c in (claim["config"], claim["baseline"]) if c):
+            add(claim["regime"], claim["value"], config, 1 if args.smoke else CLAIM_SEEDS[claim["id"]][0])
+    if args.grid == "claims" and args.claim_list is None:  # the probe
+        for cell in (
+            [(*SMOKE_PROBE, c, 1) for c in REGIMES[SMOKE_PROBE[0]]["configs"]] if args.smoke else probe_cells()
+        ):
+            add(*cell)
+    return {key: n for key, n in cells.items() if selected(args, key)}
+
+
+def selected(args: argparse.Namespace, key: tuple) -> bool:
+    """Whether `--regimes` and `--configs` select this (regime, value, configuration) cell."""
+    return key[0] in args.regime_list and (not args.configs or key[2] in args.configs.split(","))
 
 
 def jobs_of(cells: dict[tuple, int]) -> list[tuple]:
     """Every (regime, value, configuration, seed), most expensive first (long completions, large groups, most updates
-    per rollout, N = 16) so that the pool ends together, and seed by seed within a cost class, so that a stopped grid
-    leaves configurations and baselines paired."""
+    per rollout, N = 16: the pool ends together), and seed by seed within a cost class (a stopped grid leaves
+    configurations and baselines paired)."""
 
     def cost(job: tuple) -> tuple:
-        kind = kind_of(job[0])
         size = config_of(job[0], job[2]).overrides.get("num_generations", 0)
-        return kind != "long", kind != "group_size", -size, -job[1], job[3]
+        return kind_of(job[0]) != "long", kind_of(job[0]) != "group_size", -size, -job[1], job[3]
 
     return sorted(((*key, seed) for key, n in cells.items() for seed in range(n)), key=cost)
 
@@ -560,42 +500,34 @@ def collect(args: argparse.Namespace, jobs: list[tuple], settings: dict[str, Any
     them with `--fresh`). Runs made with other settings are refused, never mixed."""
     if not args.from_runs and args.fresh and path.exists():
         path.unlink()
-    runs = read(args.from_runs or path)
-    unknown = sum("settings" not in r for r in runs.records)
-    if not args.from_runs and unknown:
-        raise SystemExit(f"{path} holds {unknown} run(s) written without their settings (before runs files were "
-                         "keyed): pass --fresh to run the grid again, or --output-dir for a new runs file "
-                         "(--from-runs still rebuilds the summary from this one).")  # fmt: skip
+    runs = read_runs(args.from_runs or path, GRID)
+    if not args.from_runs and any("settings" not in r for r in runs.records):
+        raise SystemExit(f"{path} holds runs written without their settings (before runs files were keyed): pass "
+                         "--fresh to run the grid again, or --output-dir for a new runs file (--from-runs rebuilds "
+                         "the summary from this one).")  # fmt: skip
     conflict = settings_conflict(GRID, runs, settings)
     if conflict:
         raise SystemExit(f"{conflict}. Pass the flags it was made with, or --output-dir for a new runs file, or "
                          "--fresh to discard its runs.")  # fmt: skip
-    if args.from_runs:
-        return runs
-    todo = pending(GRID, runs, jobs)
-    print(f"{len(todo)} of {len(jobs)} run(s) to do ({args.max_steps} steps each), {args.workers} worker(s)")
-    run_grid(GRID, todo, settings, path, command, workers=args.workers, initializer=init_worker)
-    return read(path)
-
-
-def init_worker() -> None:
-    """A spawned worker: one torch thread, set before torch is imported."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    common.setup_environment()
-    import torch
-
-    torch.set_num_threads(1)
+    if not args.from_runs:
+        todo = pending(GRID, runs, jobs)
+        print(
+            f"{len(todo)} of {len(jobs)} run(s) to do ({settings['max_steps']} steps each), {args.workers} worker(s)"
+        )
+        run_grid(GRID, todo, settings, path, command, workers=args.workers)
+        runs = read_runs(path, GRID)
+    return runs
 
 
 def provenance(runs: Runs, command: str, workers: int) -> dict[str, Any]:
     """What made the runs: the invocations' commands, workers and total wall time; a runs file written before
     invocation records takes them from the summary JSON written beside it, else from this command."""
+    beside = runs.path.with_name(runs.path.name.replace("_runs.jsonl", ".json"))
     if runs.invocations:
         return {"command": " ; ".join(dict.fromkeys(i["command"] for i in runs.invocations)),
                 "workers": max(i["workers"] for i in runs.invocations),
                 "wall_s": sum(i["wall_s"] for i in runs.invocations), "invocations": runs.invocations}  # fmt: skip
-    beside = runs.path.with_name(runs.path.name.removesuffix(".jsonl").removesuffix("_runs") + ".json")
-    if beside.exists():
+    if beside.exists() and beside != runs.path:
         old = json.loads(beside.read_text())
         return {"command": old["command"], "workers": old["settings"]["workers"], "wall_s": old["wall_s"]}
     return {"command": command, "workers": workers, "wall_s": sum(r.get("wall_s") or 0.0 for r in runs.records)}
@@ -605,23 +537,20 @@ def build_payload(args: argparse.Namespace, runs: Runs, cells: dict[tuple, int],
                   command: str) -> dict[str, Any]:  # fmt: skip
     """stress.json, claims.json or sample_efficiency.json: the settings, the summary (and the claims and probe
     tables), the failed runs and where the runs came from."""
-    made, records, configs = provenance(runs, command, args.workers), runs.records, [c for _, _, c in cells]
-    table = SE_CONFIGS if args.grid == "sample_efficiency" else CONFIGS
+    made, records = provenance(runs, command, args.workers), runs.records
     device = next((r["device_info"] for r in records if "device_info" in r), None)
     payload: dict[str, Any] = {
         "benchmark": args.grid, "device": device or common.describe_device(settings["device"]),
         "command": made["command"], "smoke": args.smoke,
         "settings": {"seeds": args.seeds, **settings, "workers": made["workers"], "regimes": sorted({r for r, _, _ in
-                     cells}), "configs": {c: asdict(table[c]) for c in dict.fromkeys(configs)}},
+                     cells}), "configs": {c: config_of(r, c)._asdict() for r, _, c in cells}},
         "ci_definition": "mean ± t_{0.975, n-1} * s / sqrt(n) over seeds (Student t, sample std)",
+        "summary": summarise(records),
     }  # fmt: skip
     if args.grid == "sample_efficiency":
         example = run_settings("sample_efficiency", 4, "grpo", 0, settings, "<tmp>")
         payload["settings"]["shared_config"] = {k: v for k, v in example.items() if k not in ("output_dir", "seed")}
-        payload.update(jitter2_definition=common.JITTER2_CITATION,
-                       summary=se_summary(records, list(dict.fromkeys([*configs, *SE_CONFIGS]))))  # fmt: skip
-    else:
-        payload["summary"] = summarise(records)
+        payload["jitter2_definition"] = common.JITTER2_CITATION
     if args.grid == "claims":
         payload["settings"].update(seeds=None, claim_seeds=CLAIM_SEEDS, pilot_seeds=PILOT_SEEDS,
                                    probe_seeds=PROBE_SEEDS)  # fmt: skip
@@ -633,74 +562,41 @@ def build_payload(args: argparse.Namespace, runs: Runs, cells: dict[tuple, int],
     return payload | ({"invocations": made["invocations"]} if "invocations" in made else {})
 
 
-# ------------------------------------------------------------------------------------------------ plots
 def plot(payload: dict[str, Any], path: Path) -> Path | None:
-    """Stress and claims grids, per regime: final accuracy vs the knob per configuration (mean, 95% CI) and the
-    mechanism metric's curve; sample efficiency: reward, accuracy and entropy curves (mean, 95% band)."""
-    plt = common.pyplot()
-    if plt is None:
+    """Per regime of the stress grid, final held-out accuracy against the knob per configuration (mean, 95% CI);
+    sample efficiency: each configuration's held-out accuracy over training (mean, 95% band)."""
+    plt, summary = common.pyplot(), payload["summary"]
+    regimes = [r for r in [*GRID_REGIMES, "sample_efficiency"] if r in summary]
+    if plt is None or not regimes:
         return None
-    if payload["benchmark"] == "sample_efficiency":
-        return _plot_curves(plt, payload, path)
-    summary = payload["summary"]
-    regimes = [r for r in GRID_REGIMES if r in summary]  # the probe's R range is a table (claims.md)
-    if not regimes:
-        return None
-    fig, axes = plt.subplots(2, len(regimes), figsize=(5.5 * len(regimes), 8), squeeze=False)
-    colors = {name: plt.get_cmap("tab20")(i % 20) for i, name in enumerate(CONFIGS)}
-    for col, regime in enumerate(regimes):
-        by_value = summary[regime]
-        values = sorted(by_value, key=float)
-        configs = [c for c in CONFIGS if any(c in by_value[v] for v in values)]
-        ax = axes[0][col]
-        for i, c in enumerate(configs):
-            points = [(j + (i - len(configs) / 2) * 0.04, by_value[v][c]["final_accuracy"])
-                      for j, v in enumerate(values) if c in by_value[v]]  # fmt: skip
-            ax.errorbar([x for x, _ in points], [s["mean"] for _, s in points], yerr=[s["ci95"] or 0.0 for _, s in
-                        points], marker="o", capsize=2, label=c, color=colors[c], linewidth=1)  # fmt: skip
-        ax.set_xticks(range(len(values)), values)
-        ax.set_xlabel(textwrap.fill(REGIMES[regime]["knob"], 70), fontsize=8)
-        ax.set_title(f"{regime}: final held-out accuracy (mean, 95% CI)", fontsize=9)
+    fig, axes = plt.subplots(1, len(regimes), figsize=(5.5 * len(regimes) + 2, 4.8), squeeze=False)
+    colors = {name: plt.get_cmap("tab20")(i % 20) for i, name in enumerate({**CONFIGS, **SE_CONFIGS})}
+    for ax, regime in zip(axes[0], regimes):
+        values = sorted(summary[regime], key=float)
+        if regime == "sample_efficiency":
+            for name, e in summary[regime][values[0]].items():
+                curve = common.mean_curve(e["accuracy_curves"])
+                ax.plot(curve["steps"], curve["mean"], color=colors[name], label=f"{name} (n={len(e['seeds'])})")
+                ax.fill_between(curve["steps"], curve["low"], curve["high"], color=colors[name], alpha=0.15)
+            ax.set(title="held-out greedy accuracy (mean, 95% CI over seeds)", xlabel="optimizer step")
+        for i, name in enumerate(c for c in CONFIGS if regime != "sample_efficiency" and any(
+                c in summary[regime][v] for v in values)):  # fmt: skip
+            points = [(j + i * 0.04, summary[regime][v][name]["final_accuracy"]) for j, v in enumerate(values)
+                      if name in summary[regime][v]]  # fmt: skip
+            ax.errorbar([x for x, _ in points], [p["mean"] for _, p in points], [p["ci95"] or 0 for _, p in points],
+                        marker="o", capsize=2, label=name, color=colors[name])  # fmt: skip
+            ax.set(title=f"{regime}: final held-out accuracy (mean, 95% CI)", xticks=range(len(values)),
+                   xticklabels=values, xlabel=textwrap.fill(REGIMES[regime]["knob"], 70))  # fmt: skip
         ax.legend(fontsize=6, ncol=2)
-        ax = axes[1][col]
-        for c, e in by_value[values[-1]].items():
-            for k, m in list(e["mechanism"].items())[:1]:
-                ax.plot(m["mean_curve"]["steps"], m["mean_curve"]["mean"], label=f"{c}: {k}", color=colors.get(c))
-        ax.set_title(f"{regime} = {values[-1]}: mechanism metric over training (seed mean)", fontsize=9)
-        ax.set_xlabel("optimizer step")
-        ax.set_yscale("symlog", linthresh=1e-3)
-        ax.legend(fontsize=6)
-    for ax in axes.flat:
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Stress regimes, embedded tiny policies ({payload['device']['description']})", fontsize=10)
+    fig.suptitle(f"{payload['benchmark']}, embedded tiny policies ({payload['device']['description']})", fontsize=10)
     return common.save_figure(fig, path, dpi=110)
-
-
-def _plot_curves(plt, payload: dict[str, Any], path: Path) -> Path:
-    methods = payload["summary"]["methods"]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    for i, (m, e) in enumerate(methods.items()):
-        for ax, key in zip(axes, ("reward", "accuracy", "entropy")):
-            mc = common.mean_curve(e["curves"][key])
-            ax.plot(mc["steps"], mc["mean"], color=plt.get_cmap("tab10")(i % 10), label=f"{m} (n={len(e['seeds'])})")
-            ax.fill_between(mc["steps"], mc["low"], mc["high"], color=plt.get_cmap("tab10")(i % 10), alpha=0.15)
-    if payload["summary"]["threshold_accuracy"] is not None:
-        axes[1].axhline(payload["summary"]["threshold_accuracy"], color="black", linestyle=":",
-                        label="GRPO final (threshold)")  # fmt: skip
-    for ax, title in zip(axes, ("training reward (accuracy + format)", "held-out greedy accuracy", "token entropy")):
-        ax.set(title=title, xlabel="optimizer step")
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7)
-    fig.suptitle(f"Sample efficiency, embedded tiny policy, mean and 95% CI over seeds "
-                 f"({payload['device']['description']})", fontsize=10)  # fmt: skip
-    return common.save_figure(fig, path, dpi=120)
 
 
 # ------------------------------------------------------------------------------------------------ main
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add = parser.add_argument
-    mode = parser.add_mutually_exclusive_group()
+    add, mode = parser.add_argument, parser.add_mutually_exclusive_group()
     mode.add_argument("--claims", dest="grid", action="store_const", const="claims", default="stress",
                       help="The claims grid: each claim's cells with its planned seeds (stage 2 included) and "
                       "ECHO's probe, at 64 steps and 200 held-out prompts.")  # fmt: skip
@@ -715,8 +611,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--claim-ids", help="With --claims: only these claims' cells (with their seeds), no probe cell.")
     add("--seeds", type=int, help="Seeds per configuration: 0..seeds-1 (`GRIDS`; claims: `CLAIM_SEEDS`).")
     add("--max-steps", type=int, help="Optimizer steps per run, the same for all (default: `GRIDS`).")
-    add("--long-learning-rate", type=float, default=1e-5, help="The long regime's learning rate: the long-chain "
-        "policy degrades at the demo's 1e-4.")  # fmt: skip
+    add("--long-learning-rate", type=float, help="The long regime's learning rate (1e-5: the long-chain policy "
+        "degrades at the demo's 1e-4).")  # fmt: skip
     add("--workers", type=int, default=1, help="Parallel runs (processes, one torch thread each).")
     add("--fresh", action="store_true", help="Discard the runs file's records and run the whole grid again.")
     add("--from-runs", type=Path, help="Skip training: summarise, tabulate and plot this runs JSONL file.")
@@ -728,36 +624,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.regime_list = args.regimes.split(",") if args.regimes else grid["regimes"]
     if not set(args.regime_list) <= set(REGIMES):
         parser.error(f"unknown regime(s) in {args.regimes!r}; choose from {list(REGIMES)}")
-    args.seeds, args.max_steps = args.seeds or grid["seeds"], args.max_steps or grid["max_steps"]
+    args.seeds = 1 if args.smoke else args.seeds or grid["seeds"]
     args.smoke_cells = grid.get("smoke", {}) if args.smoke else {}
-    if args.smoke:
-        args.seeds, args.max_steps = 1, 2
     return args
 
 
 def main(argv=None) -> dict[str, Any]:
     args = parse_args(argv)
     common.setup_environment()
-    grid, device = GRIDS[args.grid], common.resolve_device(args.device)
-    settings = dict(device=device, max_steps=args.max_steps, num_train=grid["num_train"], num_eval=grid["num_eval"],
-                    grad_accum=grid["grad_accum"])  # fmt: skip
-    if args.grid == "sample_efficiency":
-        settings["eval_every"] = 2 if args.smoke else grid["eval_every"]
-    else:
-        from trl_groupopt.offline import LONG_CHAIN_MAX_COMPLETION_LENGTH
-
-        settings.update(long_learning_rate=args.long_learning_rate, long_completion_length=48 if args.smoke
-                        else LONG_CHAIN_MAX_COMPLETION_LENGTH)  # fmt: skip
-    if args.smoke:
-        settings.update(num_train=128, num_eval=8)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the spawned workers: one thread each, as in this process
+    settings = {"device": common.resolve_device(args.device), **GRIDS[args.grid]["settings"]}
+    flags = {"max_steps": args.max_steps, "long_learning_rate": args.long_learning_rate} | (
+        SMOKE if args.smoke else {}
+    )
+    settings.update({k: v for k, v in flags.items() if k in settings and v is not None})
     stem = args.grid + ("_smoke" if args.smoke else "")
     runs_path, command = args.output_dir / f"{stem}_runs.jsonl", common.command_line("benchmarks.stress", argv)
     cells = cells_of(args)
     runs = collect(args, jobs_of(cells), settings, runs_path, command)
     if args.grid == "claims" and not args.from_runs and not args.smoke:  # stage 2, in the same invocation
         rows = [row for row in claims_table(runs.records) if args.claim_list is None or row["id"] in args.claim_list]
-        more = {k: n for k, n in stage2_cells(rows).items() if k[0] in args.regime_list and n > cells.get(k, 0)
-                and (not args.configs or k[2] in args.configs.split(","))}  # fmt: skip
+        more = {k: n for k, n in stage2_cells(rows).items() if selected(args, k) and n > cells.get(k, 0)}
         if more:
             cells.update(more)
             args.fresh = False  # stage 1's runs stay

@@ -21,6 +21,7 @@ import pytest
 
 from benchmarks import common, loss_overhead, overhead, power, report, stress
 from trl_groupopt import stats
+from trl_groupopt.runs import read_runs
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -375,9 +376,11 @@ def test_probe_regimes_scale_the_learning_rate_and_split_the_step(tmp_path):
     # the full grid leaves the probe out; --claims runs it, at the claims budget
     grid, claims = stress.parse_args([]), stress.parse_args(["--claims"])
     assert grid.regime_list == stress.GRID_REGIMES == ["staleness", "group_size", "long"]
-    assert (grid.max_steps, stress.GRIDS["stress"]["num_eval"]) == (16, 64)
     assert set(claims.regime_list) == set(stress.REGIMES) - {"sample_efficiency"}
-    assert (claims.max_steps, stress.GRIDS["claims"]["num_eval"]) == (64, 200)
+    budgets = {
+        name: (grid["settings"]["max_steps"], grid["settings"]["num_eval"]) for name, grid in stress.GRIDS.items()
+    }
+    assert budgets == {"stress": (16, 64), "claims": (64, 200), "sample_efficiency": (100, 200)}
 
 
 def test_claims_plan_runs_each_claims_cells_and_the_probe():
@@ -494,7 +497,7 @@ def test_power_analysis_reproduces_and_sized_the_claims_grid(tmp_path, capsys):
         assert common.jsonable(rebuilt[key]) == committed[key], key
     assert power.power_markdown(committed) == (results / "power.md").read_text()
     # the seeds the claims grid ran are the ones this analysis plans
-    runs = {name: stress.read(results / f"{name}_runs.jsonl").records for name in ("stress", "claims")}
+    runs = {name: read_runs(results / f"{name}_runs.jsonl", stress.GRID).records for name in ("stress", "claims")}
     assert power.plan(runs["stress"], runs["claims"]) == stress.CLAIM_SEEDS
     # ECHO's claims are where the declared rule puts them, on the committed probe
     echo = {(c["regime"], c["value"]) for c in stress.CLAIMS if c.get("probe") == "echo"}
@@ -542,9 +545,7 @@ HEAVY_MODULES = ("torch", "trl", "transformers", "accelerate", "datasets")  # tr
 
 
 @pytest.mark.slow  # launches a Python process per module
-@pytest.mark.parametrize(
-    "module", ["overhead", "loss_overhead", "stress", "report", "power", "host_syncs", "checkpoint_digest"]
-)
+@pytest.mark.parametrize("module", ["overhead", "loss_overhead", "stress", "report", "power", "checkpoint_digest"])
 def test_help_runs_as_module(module):
     # PYTHONPROFILEIMPORTTIME lists every module imported (in overhead's re-run under its allocator settings too)
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"], cwd=REPO, capture_output=True,
@@ -731,10 +732,13 @@ def test_sample_efficiency_smoke(tmp_path):
     assert all(r["wall_s"] > 0 and r["settings"]["max_steps"] == 2 for r in records)
     assert payload["benchmark"] == "sample_efficiency" and payload["smoke"] is True
     assert "Eq. 20" in payload["jitter2_definition"] and payload["failed_runs"] == []
-    methods = payload["summary"]["methods"]
-    assert list(methods) == ["grpo", "otb"]
+    methods = payload["summary"]["sample_efficiency"]["4"]
+    assert (
+        list(methods) == ["grpo", "otb"]
+        and methods["otb"]["threshold_accuracy"] == methods["grpo"]["final_accuracy"]["mean"]
+    )
     for name, entry in methods.items():
-        (accuracy,) = entry["curves"]["accuracy"]
+        (accuracy,) = entry["accuracy_curves"]
         assert accuracy["steps"] == [0, 2] and all(0.0 <= a <= 1.0 for a in accuracy["values"]), name
     assert _is_png(tmp_path / "sample_efficiency_smoke.png")
     markdown = report.sample_efficiency_markdown(payload)  # the results page's table, from the JSON alone
