@@ -18,17 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from trl_groupopt.runs import jsonable
-from trl_groupopt.stats import mean, mean_ci, paired_differences, t_quantile_975
+from trl_groupopt.stats import mean, mean_ci, paired_differences
 
-__all__ = ["jsonable", "mean", "mean_ci", "paired_differences", "t_quantile_975"]
+__all__ = ["jsonable", "mean", "mean_ci", "paired_differences"]
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT_DIR = REPO / "benchmarks" / "results"
-#: The Jitter2 metric's source, written into every JSON that reports it.
-JITTER2_CITATION = (
-    "Ding et al., 'Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient "
-    "Cancellation', arXiv:2604.13088, Eq. 20: Jitter2(m) = 1/(T-2) * sum_{t=1}^{T-2} |m_{t+2} - 2 m_{t+1} + m_t|"
-)
 _OFFLINE = dict(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                 WANDB_DISABLED="true", TRANSFORMERS_VERBOSITY="error", HF_HUB_DISABLE_PROGRESS_BARS="1",
                 HF_DATASETS_DISABLE_PROGRESS_BARS="1")  # fmt: skip
@@ -104,9 +99,9 @@ def mean_curve(curves: Sequence[dict[str, list] | None]) -> dict[str, list]:
 
 
 def jitter2(curve: Sequence[float]) -> float:
-    """Second-order jitter of a curve m_1..m_T, as printed in the DFPO paper (Ding et al., arXiv:2604.13088, Sec.
-    4.5, Eq. 20): Jitter2(m) = 1/(T-2) * sum_{t=1}^{T-2} |m_{t+2} - 2 m_{t+1} + m_t|. Lower is smoother; NaN for
-    T < 3."""
+    """Jitter2(m) = 1/(T-2) * sum_{t=1}^{T-2} |m_{t+2} - 2 m_{t+1} + m_t| of a curve m_1..m_T (lower: smoother; NaN
+    for T < 3), as printed in Ding et al., 'Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token
+    Gradient Cancellation', arXiv:2604.13088, Sec. 4.5, Eq. 20."""
     m = [float(x) for x in curve]
     if len(m) < 3:
         return float("nan")

@@ -550,7 +550,7 @@ def build_payload(args: argparse.Namespace, runs: Runs, cells: dict[tuple, int],
     if args.grid == "sample_efficiency":
         example = run_settings("sample_efficiency", 4, "grpo", 0, settings, "<tmp>")
         payload["settings"]["shared_config"] = {k: v for k, v in example.items() if k not in ("output_dir", "seed")}
-        payload["jitter2_definition"] = common.JITTER2_CITATION
+        payload["jitter2_definition"] = " ".join(common.jitter2.__doc__.split())
     if args.grid == "claims":
         payload["settings"].update(seeds=None, claim_seeds=CLAIM_SEEDS, pilot_seeds=PILOT_SEEDS,
                                    probe_seeds=PROBE_SEEDS)  # fmt: skip
