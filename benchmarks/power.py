@@ -33,25 +33,11 @@ STAGE2_FACTOR, MAX_SEEDS_STAGE2 = 2, 100
 PLANNED_WITHOUT_PILOT = ("otb_small_group", "otb_long", "otb_variance", "ctpo_otb_vs_ctpo", "ctpo_otb_vs_otb")
 
 
-def paired(records: list[dict[str, Any]], claim: dict[str, Any], seeds: int | None = None) -> list[float]:
-    """The claim's per-seed differences (paired by seed; a mechanism claim: its per-run outcome), seeds < `seeds`."""
-    ok = [r for r in records if "error" not in r and (seeds is None or r["seed"] < seeds)]
-
-    def pick(config):
-        return {r["seed"]: stress.outcome_of(r, claim["outcome"]) for r in ok
-                if (r["regime"], r["value"], r["config"]) == (claim["regime"], claim["value"], config)}  # fmt: skip
-
-    values = (list(pick(claim["config"]).values()) if claim["baseline"] is None
-              else common.paired_differences(pick(claim["config"]), pick(claim["baseline"])))  # fmt: skip
-    return [v for v in values if v is not None and v == v]
-
-
-def estimate(diffs: list[float]) -> dict[str, Any] | None:
-    """n, mean, sd and the 95% half-width of paired differences (None for fewer than 2)."""
-    if len(diffs) < 2:
-        return None
-    sd = statistics.stdev(diffs)
-    return {"n": len(diffs), "mean": statistics.fmean(diffs), "sd": sd, "half_width": half_width(sd, len(diffs))}
+def estimate(records: list[dict[str, Any]], claim: dict[str, Any], seeds: int = 10**9) -> dict[str, Any] | None:
+    """n, mean, sd and the 95% half-width of the claim's paired differences (a mechanism claim: its per-run outcome)
+    over the seeds below `seeds`, paired as the claims table pairs them; None for fewer than 2."""
+    d = stress.claim_row(claim, [r for r in records if "error" not in r], seeds)["difference"]
+    return None if d["std"] is None else {"n": d["n"], "mean": d["mean"], "sd": d["std"], "half_width": d["ci95"]}
 
 
 def analyse(committed: list[dict[str, Any]], pilot: list[dict[str, Any]]) -> dict[str, Any]:
@@ -64,8 +50,8 @@ def analyse(committed: list[dict[str, Any]], pilot: list[dict[str, Any]]) -> dic
         walls = [r["wall_s"] for r in pilot if "error" not in r and r["seed"] < stress.PILOT_SEEDS and r["regime"] ==
                  claim["regime"] and r["value"] == claim["value"] and r["config"] in (claim["config"],
                  claim["baseline"])]  # fmt: skip
-        row.update(accuracy=claim["outcome"].endswith("accuracy"), committed=estimate(paired(committed, claim)),
-                   pilot=estimate(paired(pilot, claim, stress.PILOT_SEEDS)) if piloted else None,
+        row.update(accuracy=claim["outcome"].endswith("accuracy"), committed=estimate(committed, claim),
+                   pilot=estimate(pilot, claim, stress.PILOT_SEEDS) if piloted else None,
                    run_wall_s=statistics.fmean(walls) if walls else None)  # fmt: skip
         rows.append(row)
     ratios = [r["pilot"]["sd"] / r["committed"]["sd"] for r in rows if r["accuracy"] and r["pilot"] and r["committed"]]

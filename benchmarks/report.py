@@ -122,15 +122,13 @@ def claims_markdown(payload: dict[str, Any]) -> str:
     """The claims table and ECHO's probe table, from claims.json alone."""
 
     def fmt(s: dict | None, outcome: str) -> str:
-        if not s or s.get("mean") is None:
-            return "n/a"
         f = (lambda x: f"{100 * x:+.1f} pt") if outcome.endswith("accuracy") else (lambda x: f"{x:+.3g}")
-        return f(s["mean"]) + (" (1 seed)" if s.get("low") is None else f" [{f(s['low'])}, {f(s['high'])}]")
+        return _ci(s, f) + (" (1 seed)" if s and s.get("mean") is not None and s.get("low") is None else "")
 
     def level(s: dict | None, outcome: str) -> str:
-        if not s or s.get("mean") is None:
-            return "n/a"
-        return f"{s['mean']:.1%}" if outcome.endswith("accuracy") else f"{s['mean']:.3g}"
+        return _ci(
+            s and {"mean": s["mean"]}, (lambda x: f"{x:.1%}") if outcome.endswith("accuracy") else "{:.3g}".format
+        )
 
     lines = [
         "| paper | claim | regime tested here | measured: config vs baseline | difference, mean [95% CI] | seeds | "
@@ -148,19 +146,12 @@ def claims_markdown(payload: dict[str, Any]) -> str:
         seeds = f"{row['n']}" + (f" of {row['planned_seeds']} planned" if row["n"] < row["planned_seeds"] else "")
         if row.get("stage") == 2:
             seeds += f" (stage 2; stage 1: {row['stage1']['n']} seeds, {fmt(row['stage1']['difference'], out)})"
-        lines.append(
-            f"| {row['paper']} | {row['claim']} | {row['regime']} = {row['value']} "
-            f"({stress.REGIMES[row['regime']]['knob']}) | {measured} | {fmt(row['difference'], out)} | {seeds} | "
-            f"{row.get('max_steps') or 'n/a'} | "
-            + (
-                "n/a"
-                if not acted or not acted["steps"]
-                else f"{acted['what']}: {acted['acted']}/{acted['steps']} steps"
-            )
-            + f" | **{row['verdict']}**"
-            + (f" ({row['note']})" if row.get("note") else "")
-            + " |"
-        )
+        acted = f"{acted['what']}: {acted['acted']}/{acted['steps']} steps" if acted and acted["steps"] else "n/a"
+        knob = stress.REGIMES[row["regime"]]["knob"]
+        lines.append(f"| {row['paper']} | {row['claim']} | {row['regime']} = {row['value']} ({knob}) | {measured} | "
+                     f"{fmt(row['difference'], out)} | {seeds} | "
+                     f"{row.get('max_steps') or 'n/a'} | {acted} | **{row['verdict']}**"
+                     + (f" ({row['note']})" if row.get("note") else "") + " |")  # fmt: skip
     lines += [
         "",
         "ECHO's batch clip at the paper's epsilon (batch bounds [0.8, 1.2]), in the claims' regime and in the "
@@ -173,10 +164,8 @@ def claims_markdown(payload: dict[str, Any]) -> str:
     ] * bool(payload.get("probe"))
     for p in payload.get("probe", []):
         ratio = ["n/a" if x is None else f"{x:.3f}" for x in (p["low"], p["high"])]
-        lines.append(
-            f"| {p['regime']} | {p['value']} | {p['micro_batches']} | x{p['learning_rate_scale']} | "
-            f"`{p['config']}` | {p['seeds']} | {p['steps']} | {p['acted']} | {ratio[0]} | {ratio[1]} |"
-        )
+        lines.append(f"| {p['regime']} | {p['value']} | {p['micro_batches']} | x{p['learning_rate_scale']} | "
+                     f"`{p['config']}` | {p['seeds']} | {p['steps']} | {p['acted']} | {ratio[0]} | {ratio[1]} |")  # fmt: skip
     s = payload["settings"]
     lines += [
         "",

@@ -139,7 +139,6 @@ PROBE_SEEDS = 3  # per probe cell: the probe measures R's range, not accuracy
 #: A probed mechanism: the metric whose range the probe reports, and extra (regime, value) -> seeds cells where its
 #: configurations also run (ECHO's claims were first tested at staleness 16, where the clip never acted).
 PROBES = {"echo": {"metric": "echo/batch_ratio", "what": "R", "cells": {("staleness", 16): PILOT_SEEDS}}}
-ACTING_FRACTION = 0.1  # `acting_setting`: the clip acted on at least this share of the optimizer steps
 CLAIM_VERDICTS = {stats.BETTER: "reproduced", stats.WORSE: "not reproduced", stats.NO_DIFFERENCE: "not reproduced",
                   stats.INCONCLUSIVE: "inconclusive", stats.NOT_RUN: "not run"}  # fmt: skip
 VERDICT_RULE = (
@@ -358,7 +357,7 @@ def probe_cells() -> list[tuple[str, int, str, int]]:
     return cells
 
 
-def _cell(ok: list[dict[str, Any]], regime: str, value: int, config: str) -> list[dict[str, Any]]:
+def cell_runs(ok: list[dict[str, Any]], regime: str, value: int, config: str) -> list[dict[str, Any]]:
     """The runs of one cell, in file order (the order the committed tables summed them in)."""
     return [r for r in ok if (r["regime"], r["value"], r["config"]) == (regime, value, config)]
 
@@ -371,7 +370,11 @@ def probe_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     probed = [(r, v, c) for r, v, c, _ in probe_cells() if CONFIGS[c].method in PROBES]
     rows = []
     for regime, value, config in sorted(set(claimed + probed), key=lambda c: (order[c[0]], c[1], c[2])):
-        rs, metric, spec = _cell(ok, regime, value, config), PROBES[CONFIGS[config].method]["metric"], REGIMES[regime]
+        rs, metric, spec = (
+            cell_runs(ok, regime, value, config),
+            PROBES[CONFIGS[config].method]["metric"],
+            REGIMES[regime],
+        )
         low, high = ([v for r in rs for v in _extremes(r, metric, which)] for which in ("min", "max"))
         acted = mechanism_acted(rs) or {"steps": 0, "acted": 0}
         rows.append({"regime": regime, "value": value, "config": config, "seeds": len(rs),
@@ -388,29 +391,9 @@ def _extremes(run: dict[str, Any], metric: str, which: str) -> list[float]:
     return [v for v in series["values"] if v == v]
 
 
-def acting_setting(runs: list[dict[str, Any]]) -> tuple[str, int] | None:
-    """Where ECHO's claims are tested (the rule declared before the probe ran): the mildest probe setting, by
-    learning-rate scale then updates per rollout, among those running both scopes, where the clip acted on >=
-    `ACTING_FRACTION` of each scope's optimizer steps and both scopes' and GRPO's mean final accuracies are above
-    the floor; None if there is none."""
-    ok = [r for r in runs if "error" not in r]
-    acting = {(row["regime"], row["value"], row["config"]) for row in probe_table(ok)
-              if row["steps"] and row["acted"] >= ACTING_FRACTION * row["steps"]}  # fmt: skip
-    for _, value, regime in sorted((spec["learning_rate_scale"], value, regime) for regime, spec in REGIMES.items()
-                                   if spec.get("probe") == "echo" and {"echo", "echo_step"} <= set(spec["configs"])
-                                   for value in spec["values"]):  # fmt: skip
-        levels = [common.mean([r["final_accuracy"] for r in _cell(ok, regime, value, c)]) for c in ("echo",
-                  "echo_step", "grpo")]  # fmt: skip
-        if {(regime, value, c) for c in ("echo", "echo_step")} <= acting and all(
-            level is not None and level > stats.FLOOR for level in levels
-        ):
-            return regime, value
-    return None
-
-
-def _claim_row(claim: dict[str, Any], ok: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
+def claim_row(claim: dict[str, Any], ok: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
     """`claim` on the paired seeds below `seeds`: the difference, its verdict, on how many steps the mechanism acted."""
-    ours, base = ({r["seed"]: r for r in _cell(ok, claim["regime"], claim["value"], config) if r["seed"] < seeds}
+    ours, base = ({r["seed"]: r for r in cell_runs(ok, claim["regime"], claim["value"], config) if r["seed"] < seeds}
                   for config in (claim["config"], claim["baseline"]))  # fmt: skip
     mine = {s: outcome_of(r, claim["outcome"]) for s, r in ours.items()}
     theirs = {s: outcome_of(r, claim["outcome"]) for s, r in base.items()} if claim["baseline"] else None
@@ -433,10 +416,10 @@ def claims_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ok, rows = [r for r in runs if "error" not in r], []
     for claim in CLAIMS:
         stage1, stage2 = CLAIM_SEEDS[claim["id"]]
-        row = {**_claim_row(claim, ok, stage1), "stage": 1, "planned_seeds": stage1}
+        row = {**claim_row(claim, ok, stage1), "stage": 1, "planned_seeds": stage1}
         if stage2 and row["verdict"] == "inconclusive" and "note" not in row and row["n"] >= stage1:
             first = {key: row[key] for key in ("n", "difference", "verdict")}
-            row = {**_claim_row(claim, ok, stage2), "stage": 2, "planned_seeds": stage2, "stage1": first}
+            row = {**claim_row(claim, ok, stage2), "stage": 2, "planned_seeds": stage2, "stage1": first}
         if 0 < row["n"] < row["planned_seeds"]:  # not decided before its planned seeds
             row["verdict"] = RUNNING
             row["note"] = f"{row['n']} of {row['planned_seeds']} planned seeds" + " (stage 2)" * (row["stage"] == 2)

@@ -261,6 +261,26 @@ def test_probe_table_reports_each_cells_range_and_the_claims_own_cells():
     assert rows[clipped]["acted"] == 2 and sum(r["acted"] for r in rows.values()) == 2
 
 
+def acting_setting(runs: list[dict]) -> tuple[str, int] | None:
+    """Where ECHO's claims are tested, by the rule declared before the probe ran (their rows of benchmarks/claims.jsonl
+    hold the result): the mildest probe setting, by learning-rate scale then updates per rollout, among those running
+    both scopes, where the clip acted on >= 10% of each scope's optimizer steps and both scopes' and GRPO's mean final
+    accuracies are above the floor; None if there is none."""
+    ok = [r for r in runs if "error" not in r]
+    acting = {(row["regime"], row["value"], row["config"]) for row in stress.probe_table(ok)
+              if row["steps"] and row["acted"] >= 0.1 * row["steps"]}  # fmt: skip
+    for _, value, regime in sorted((spec["learning_rate_scale"], value, regime) for regime, spec in stress.REGIMES.items()
+                                   if spec.get("probe") == "echo" and {"echo", "echo_step"} <= set(spec["configs"])
+                                   for value in spec["values"]):  # fmt: skip
+        levels = [common.mean([r["final_accuracy"] for r in stress.cell_runs(ok, regime, value, c)]) for c in ("echo",
+                  "echo_step", "grpo")]  # fmt: skip
+        if {(regime, value, c) for c in ("echo", "echo_step")} <= acting and all(
+            level is not None and level > stats.FLOOR for level in levels
+        ):
+            return regime, value
+    return None
+
+
 def test_echo_claims_move_to_the_mildest_probe_setting_where_the_clip_acts():
     def runs(acting: dict[tuple, tuple[float, float]]) -> list[dict]:  # (regime, value) -> (clipped share, accuracy)
         out = []
@@ -272,14 +292,14 @@ def test_echo_claims_move_to_the_mildest_probe_setting_where_the_clip_acts():
                             "regime": regime, "value": value})  # fmt: skip
         return out
 
-    assert stress.acting_setting(runs({})) is None  # never clipped: no setting (the inert verdict's case)
+    assert acting_setting(runs({})) is None  # never clipped: no setting (the inert verdict's case)
     acting = {("echo_probe_lr3", 32): (0.3, 0.05), ("echo_probe_lr10", 16): (0.5, 0.05)}
-    assert stress.acting_setting(runs(acting)) == ("echo_probe_lr3", 32)  # the lower learning rate first
+    assert acting_setting(runs(acting)) == ("echo_probe_lr3", 32)  # the lower learning rate first
     acting[("echo_probe_lr3", 16)] = (0.1, 0.05)
-    assert stress.acting_setting(runs(acting)) == ("echo_probe_lr3", 16)  # then fewer updates per rollout
+    assert acting_setting(runs(acting)) == ("echo_probe_lr3", 16)  # then fewer updates per rollout
     acting[("echo_probe_lr3", 16)] = (0.1, 0.01)  # at the floor
     acting[("echo_probe_mb8_lr1", 16)] = (0.5, 0.3)  # one scope only: not a candidate
-    assert stress.acting_setting(runs(acting)) == ("echo_probe_lr3", 32)
+    assert acting_setting(runs(acting)) == ("echo_probe_lr3", 32)
 
 
 def test_stage_two_runs_only_claims_left_inconclusive_by_stage_one(monkeypatch):
@@ -501,21 +521,25 @@ def test_power_analysis_reproduces_and_sized_the_claims_grid(tmp_path, capsys):
     assert power.plan(runs["stress"], runs["claims"]) == stress.CLAIM_SEEDS
     # ECHO's claims are where the declared rule puts them, on the committed probe
     echo = {(c["regime"], c["value"]) for c in stress.CLAIMS if c.get("probe") == "echo"}
-    assert echo == {stress.acting_setting(runs["claims"])}
+    assert echo == {acting_setting(runs["claims"])}
     for row in committed["claims"]:
         if row["accuracy"] and row["pilot"]:  # every claim with a pilot is planned to h <= 1.5 points or 60 seeds
             assert row["projected_half_width"] <= power.TARGET_HALF_WIDTH or row["planned_seeds"] == power.MAX_SEEDS
 
 
 def test_seeds_needed_is_the_smallest_n_reaching_the_half_width():
-    assert power.half_width(0.05, 20) == pytest.approx(2.093 * 0.05 / math.sqrt(20))
+    assert stats.half_width(0.05, 20) == pytest.approx(2.093 * 0.05 / math.sqrt(20))
     for sd, target in ((0.05, 0.015), (0.02, 0.02), (0.1, 0.01), (0.001, 0.02)):
-        n = power.seeds_needed(sd, target)
-        assert power.half_width(sd, n) <= target and (n == 2 or power.half_width(sd, n - 1) > target)
-    assert power.seeds_needed(0.001, 0.02, minimum=20) == 20
-    assert power.estimate([0.1]) is None
-    est = power.estimate([0.01, 0.03, 0.02])
+        n = stats.seeds_needed(sd, target)
+        assert stats.half_width(sd, n) <= target and (n == 2 or stats.half_width(sd, n - 1) > target)
+    assert stats.seeds_needed(0.001, 0.02, minimum=20) == 20
+    # a claim's estimate: its paired differences (GRPO-fix - GRPO per seed: 0.01, 0.03, 0.02), as the table pairs them
+    claim = next(c for c in stress.CLAIMS if c["id"] == "grpo_fix_off_policy")
+    runs = [_run("grpo", "grpo", {}, 0.3, seed) for seed in range(3)]
+    runs += [_run("grpo_fix", "grpo_fix", {}, 0.3 + d, seed) for seed, d in enumerate((0.01, 0.03, 0.02))]
+    est = power.estimate(runs, claim)
     assert (est["n"], est["mean"], est["sd"]) == (3, pytest.approx(0.02), pytest.approx(0.01))
+    assert est["half_width"] == pytest.approx(stats.half_width(0.01, 3)) and power.estimate(runs, claim, 1) is None
 
 
 def test_report_splices_the_results_page_only_for_the_committed_tables(tmp_path, monkeypatch):
