@@ -19,7 +19,8 @@ caching allocator uses expandable segments, and each trainer's activation peak i
 
 Defaults (`*_DEFAULTS`). CPU: a tiny Qwen2 with the vocabularies of Llama-2 (32,000; completions up to 128) and
 Qwen2.5 (151,936; up to 64), 2 + 32 steps per run, fp32, one thread. CUDA: Qwen2.5-0.5B's shapes with random
-weights, bf16, completions up to 512, 2 + 24 steps per run, one repeat in 4.1 min. `--smoke`: task-sized. Writes
+weights, bf16, completions up to 512, 32 sequences per micro-batch (at 8 the step time jittered 12-13% from step to
+step on an H200, at 32 1.6-2%: docs/gpu.md), 2 + 16 steps per run, one repeat in about 4.5 min. `--smoke`: task-sized. Writes
 `overhead_<device>.json` / `.png`; `python -m benchmarks.report` writes the markdown table.
 
     python -m benchmarks.overhead --smoke --output-dir outputs/bench     # CPU, about 1 min
@@ -110,8 +111,8 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
 _TINY_RUN = dict(batch_size=4, num_generations=4, grad_accum=1, steps_per_generation=2, model="tiny")
 CPU_DEFAULTS = dict(_TINY_RUN, steps=32, warmup=2, min_repeats=1, max_repeats=40, max_minutes=60.0, group_size=3,
                     shapes="32000x128,151936x64", prompt_length=32)  # fmt: skip
-GPU_DEFAULTS = dict(steps=24, warmup=2, min_repeats=1, max_repeats=4, max_minutes=4.1, group_size=3,
-                    shapes="151936x512", prompt_length=128, batch_size=8, num_generations=4, grad_accum=2,
+GPU_DEFAULTS = dict(steps=16, warmup=2, min_repeats=1, max_repeats=4, max_minutes=5.2, group_size=3,
+                    shapes="151936x512", prompt_length=128, batch_size=32, num_generations=4, grad_accum=2,
                     steps_per_generation=4, model="qwen2.5-0.5b")  # fmt: skip
 SMOKE_DEFAULTS = dict(_TINY_RUN, steps=4, warmup=2, min_repeats=1, max_repeats=1, max_minutes=5.0, group_size=4,
                       shapes="0x24", prompt_length=16)  # fmt: skip
@@ -322,7 +323,7 @@ def build_trainer(variant: Variant, args, device: str, dtype, tokenizer, dataset
                           train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
     trainer._generate_single_turn = make_fake_sampler(tokenizer, args.completion_length, args.seed)
     trainer.remove_callback(PrinterCallback)
-    return trainer, {"step_s": [], "activation_peak_bytes": None}, None
+    return trainer, {"step_s": [], "step_cpu_s": [], "activation_peak_bytes": None}, None
 
 
 def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, dataset, workdir: str,
@@ -376,14 +377,15 @@ def step_timer(turns: Lockstep, name: str, record: dict):
             if cuda:
                 self.start_bytes = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
-            self.t0 = clock()
+            self.t0, self.c0 = clock(), time.process_time()
 
         def on_step_end(self, _args, state, control, **kwargs):
             common.synchronize(turns.device)
-            elapsed = clock() - self.t0
+            elapsed, cpu = clock() - self.t0, time.process_time() - self.c0
             if state.global_step > turns.warmup:
                 record["step_s"].append(elapsed)
-                if cuda:
+                if cuda:  # the second clock: a host's CPU steal and preemption leave it, the spin-waiting syncs not
+                    record["step_cpu_s"].append(cpu)
                     peak = torch.cuda.max_memory_allocated() - self.start_bytes
                     record["activation_peak_bytes"] = max(record["activation_peak_bytes"] or 0, peak)
             elif state.global_step == turns.warmup and turns.profiler is not None:
@@ -461,12 +463,13 @@ def repeat_time_ms(record: dict) -> float:
     return 1e3 * sum(record["step_s"]) / len(record["step_s"])
 
 
-def cycle_log_ratios(runs: list[dict], cycle: int) -> list[float]:
+def cycle_log_ratios(runs: list[dict], cycle: int, clock: str = "step_s") -> list[float]:
     """log(a trainer's generation-cycle time / the baseline's same cycle in the same run), over every timed cycle
-    of every run (`run["baseline_step_s"]`). A cycle holds one scoring call, so its time is the whole cost."""
+    of every run (`run["baseline_step_s"]`; `clock="step_cpu_s"`: the process CPU times). A cycle holds one scoring
+    call, so its time is the whole cost."""
     out = []
     for run in runs:
-        a, b = run["step_s"], run["baseline_step_s"]
+        a, b = run[clock], run[f"baseline_{clock}"]
         for k in range(0, min(len(a), len(b)) - cycle + 1, cycle):
             out.append(math.log(sum(a[k : k + cycle]) / sum(b[k : k + cycle])))
     return out
@@ -479,9 +482,9 @@ def ratio_estimate(log_ratios: list[float]) -> dict[str, Any]:
     return {"n_cycles": s["n"], "ratio": None if s["mean"] is None else math.exp(s["mean"]), "low": low, "high": high}
 
 
-def noise_floor(control: dict[str, Any]) -> float | None:
+def noise_floor(control: dict[str, Any], interval: str = "time_ratio_ci95") -> float | None:
     """The larger distance from 1 of the bounds of the A/A control's 95% interval; None without one."""
-    low, high = control["time_ratio_ci95"]
+    low, high = control[interval]
     return None if low is None else max(high - 1.0, 1.0 - low)
 
 
@@ -503,6 +506,9 @@ def summarise(records: dict[str, list[dict]], targets: dict, labels: dict, cycle
             "target_time_ratio": target, "meets_time_target": None if target is None else est["ratio"] <= target,
             "target_cleared_at_95": None if target is None or est["high"] is None else est["high"] <= target,
         }  # fmt: skip
+        if runs[0].get("step_cpu_s"):  # CUDA: the same ratio on the process's CPU time (spin-waits included)
+            cpu = ratio_estimate(cycle_log_ratios(runs, cycle, "step_cpu_s"))
+            out[name] |= {"time_ratio_cpu_clock": cpu["ratio"], "time_ratio_cpu_clock_ci95": [cpu["low"], cpu["high"]]}
     return out
 
 
@@ -516,6 +522,9 @@ def build_payload(args, device: str, dtype, state: dict) -> dict:
             results = summarise({n: r for n, r in by_trainer.items() if r}, targets, labels, args.cycle_steps)
             shapes[key] = {"vocab_size": vocab or None, "completion_length": length, "repeats": state["repeats"][key],
                            "noise_floor": noise_floor(results[CONTROL]) if CONTROL in results else None,
+                           "noise_floor_cpu_clock": noise_floor(results[CONTROL], "time_ratio_cpu_clock_ci95")
+                           if "time_ratio_cpu_clock" in results.get(CONTROL, {}) else None,
+                           "cpu_steal_per_run": state["steal"][key],
                            "run_seconds": state["run_seconds"][key], "run_steps": state["run_steps"][key],
                            "results": results}  # fmt: skip
     names = ("model", "shapes", "prompt_length", "num_generations", "steps_per_generation", "gradient_checkpointing",
@@ -528,7 +537,8 @@ def build_payload(args, device: str, dtype, state: dict) -> dict:
         "timed": "Trainer.train() optimizer steps, generation replaced by fixed completions, a run's trainers in "
         "lockstep; time_ratio = exp(mean over paired generation cycles of log(cycle time / TRL GRPOTrainer's same "
         "cycle in the same run)), 95% Student-t interval; time_ms = mean step time, scoring included",
-        "clock": "wall time, synchronized" if device == "cuda" else "the trainer thread's CPU time (time.thread_time)",
+        "clock": "wall time, synchronized (also the process's CPU time: *_cpu_clock)" if device == "cuda"
+        else "the trainer thread's CPU time (time.thread_time)",
         "noise_floor": f"max distance from 1 of the 95% interval of {CONTROL} / {BASELINE}"}  # fmt: skip
     env = ("GLIBC_TUNABLES", "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF")
     return {"benchmark": "overhead", "device": common.describe_device(device), "smoke": args.smoke,
@@ -554,6 +564,19 @@ def fit_steps(args, state: dict, key: str, runs_left: list[list[Variant]]) -> in
     return steps if steps >= args.cycle_steps else None
 
 
+def cpu_steal(since: tuple[int, int] | None = None):
+    """(steal, total) jiffies of the machine's CPUs from /proc/stat, or with `since` the fraction stolen since then
+    (a virtual machine's host running others on its cores); None where /proc/stat is absent."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    now = (fields[7], sum(fields))
+    if since is None:
+        return now
+    return (now[0] - since[0]) / max(1, now[1] - since[1])
+
+
 def run_all(args, device: str, dtype, tokenizer, dataset, state: dict, workdir: str) -> None:
     """Repeats of every unresolved shape's runs until its floor is below the target (after --min-repeats),
     --max-repeats, or the budget is spent (`fit_steps`); the JSON is rewritten after every run."""
@@ -566,12 +589,16 @@ def run_all(args, device: str, dtype, tokenizer, dataset, state: dict, workdir: 
                 if (steps := fit_steps(args, state, key, groups[i:])) is None:
                     state["stop_reason"] = f"time budget: the next run would end past --max-minutes {args.max_minutes}"
                     return
-                t0 = time.perf_counter()
+                t0, steal0 = time.perf_counter(), cpu_steal()
                 sargs = argparse.Namespace(**{**vars(args), "vocab_size": vocab or None, "completion_length": length,
                                               "steps": steps})  # fmt: skip
                 by_name = run_trainers(group, sargs, device, dtype, tokenizer, dataset, workdir)
                 for name, record in by_name.items():
-                    state["records"][key][name].append(dict(record, baseline_step_s=by_name[BASELINE]["step_s"]))
+                    base = by_name[BASELINE]
+                    state["records"][key][name].append(
+                        dict(record, baseline_step_s=base["step_s"], baseline_step_cpu_s=base["step_cpu_s"])
+                    )
+                state["steal"][key].append(cpu_steal(steal0) if steal0 else None)
                 seconds, per_step = (
                     time.perf_counter() - t0,
                     common.median([s for r in by_name.values() for s in r["step_s"]]),
@@ -652,6 +679,7 @@ def main(argv=None) -> dict:
     state = {"runnable": runnable, "not_available": not_available, "started": time.perf_counter(),
              "records": {k: {v.name: [] for v in runnable} for k in keys}, "run_seconds": {k: [] for k in keys},
              "repeats": {k: 0 for k in keys}, "run_steps": {k: [] for k in keys}, "cost": {},
+             "steal": {k: [] for k in keys},
              "stop_reason": None}  # fmt: skip
     runs = [[v.name for v in g] for g in lockstep_groups(runnable, args.group_size)]
     print(f"{common.describe_device(device)['description']}; shapes {keys}; runs {runs}; {args.warmup} + "

@@ -66,7 +66,7 @@ else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # smoke: this environment's packages, as CI installs them
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
-stage versions 35 "$PY" scripts/gpu_check_stages.py versions "$OUT/versions.json"
+stage versions 20 "$PY" scripts/gpu_check_stages.py versions "$OUT/versions.json"
 cat "$OUT/versions.log"
 if ! tail -n 1 "$OUT/stages.tsv" | awk -F'\t' '$2 != 0 { exit 1 }'; then
   "$PY" scripts/gpu_check_stages.py summary "$OUT" || true
@@ -76,8 +76,8 @@ fi
 
 # ---- 1: the timed benchmarks, alone on the device
 if [ "$smoke" -eq 0 ]; then
-  stage overhead_cuda 270 "$PY" -m benchmarks.overhead --device cuda --max-minutes 4.1 --output-dir "$OUT"
-  stage loss_overhead_cuda 55 "$PY" -m benchmarks.loss_overhead --device cuda --max-seconds 20 --output-dir "$OUT"
+  stage overhead_cuda 330 "$PY" -m benchmarks.overhead --device cuda --max-minutes 5.0 --output-dir "$OUT"
+  stage loss_overhead_cuda 40 "$PY" -m benchmarks.loss_overhead --device cuda --max-seconds 20 --output-dir "$OUT"
 else
   stage overhead_smoke 300 "$PY" -m benchmarks.overhead --smoke --output-dir "$OUT"
   stage loss_overhead_smoke 120 "$PY" -m benchmarks.loss_overhead --smoke --output-dir "$OUT"
@@ -87,16 +87,16 @@ fi
 if [ "$smoke" -eq 0 ]; then
   launch_plain="$PY -m accelerate.commands.launch --num_processes 1 --num_machines 1"
   launch="$launch_plain --mixed_precision bf16"
-  stage train_bf16_gc 165 "$PY" scripts/gpu_check_stages.py train "$OUT/train_bf16_gc.json" --modes bf16_gc \
-    --max-seconds 150 &
-  stage train_lora 165 "$PY" scripts/gpu_check_stages.py train "$OUT/train_lora.json" --modes lora --max-seconds 150 &
-  stage deepspeed_zero2 165 $launch --main_process_port 29512 \
+  stage train_bf16_gc 150 "$PY" scripts/gpu_check_stages.py train "$OUT/train_bf16_gc.json" --modes bf16_gc \
+    --max-seconds 135 &
+  stage train_lora 150 "$PY" scripts/gpu_check_stages.py train "$OUT/train_lora.json" --modes lora --max-seconds 135 &
+  stage deepspeed_zero2 150 $launch --main_process_port 29512 \
     --config_file examples/accelerate_configs/deepspeed_zero2.yaml \
-    scripts/gpu_check_stages.py train "$OUT/deepspeed_zero2.json" --modes zero2 --max-seconds 150 &
-  stage deepspeed_zero3 165 $launch --main_process_port 29513 \
+    scripts/gpu_check_stages.py train "$OUT/deepspeed_zero2.json" --modes zero2 --max-seconds 135 &
+  stage deepspeed_zero3 150 $launch --main_process_port 29513 \
     --config_file examples/accelerate_configs/deepspeed_zero3.yaml \
-    scripts/gpu_check_stages.py train "$OUT/deepspeed_zero3.json" --modes zero3 --max-seconds 150 &
-  stage main_job 165 $launch_plain --main_process_port 29514 \
+    scripts/gpu_check_stages.py train "$OUT/deepspeed_zero3.json" --modes zero3 --max-seconds 135 &
+  stage main_job 150 $launch_plain --main_process_port 29514 \
     examples/train_echo.py --output_dir "$OUT/main_job_run" &
   wait
 else

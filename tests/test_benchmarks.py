@@ -91,6 +91,19 @@ def test_paired_cycle_ratio_and_noise_floor():
     assert overhead.ratio_estimate([])["ratio"] is None
 
 
+def test_cuda_second_clock_gives_its_own_ratio_and_floor():
+    # on CUDA each step also records the process CPU time: 10% slower on the wall clock, 3% on the CPU clock
+    base = [1.0, 2.0, 3.0, 1.0]
+    run = {"step_s": [1.1 * x for x in base], "baseline_step_s": base, "step_cpu_s": [1.03 * x for x in base],
+           "baseline_step_cpu_s": base, "activation_peak_bytes": 5, "num_parameters": 1, "off_policy": True,
+           "otb_energy_from_behaviour_forward": False}  # fmt: skip
+    out = overhead.summarise({"x": [run]}, {"x": 1.05}, {"x": "x"}, cycle=2)["x"]
+    assert out["time_ratio"] == pytest.approx(1.1) and out["time_ratio_cpu_clock"] == pytest.approx(1.03)
+    assert out["meets_time_target"] is False  # the target is judged on the wall clock
+    assert overhead.noise_floor(out, "time_ratio_cpu_clock_ci95") == pytest.approx(0.03)
+    assert overhead.cpu_steal() is None or 0 <= overhead.cpu_steal(overhead.cpu_steal()) <= 1
+
+
 def test_lockstep_groups_pack_whole_methods_with_the_baseline_and_the_control():
     order = overhead.variants()
     names = [v.name for v in order]
