@@ -1,7 +1,7 @@
 """Host syncs, counted: `SyncCounter` counts the ops that make the host wait for a CUDA device, on any device (a
 CPU trace counts what a GPU run would wait for). `tests/trainers/test_host_syncs.py` counts with it each trainer's
 syncs per micro-batch (loss and backward; `pytest -s` prints them) and fails on a sync inside an objective or on a
-method that syncs more often than TRL's GRPOTrainer.
+method that syncs more often than TRL's GRPOTrainer (its only user; it was `benchmarks/host_syncs.py`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _caller() -> str:
     relative to its root, installed packages relative to site-packages)."""
     for frame in reversed(traceback.extract_stack()[:-3]):
         path = frame.filename.replace("\\", "/")
-        if "/torch/" in path or path.endswith("host_syncs.py"):
+        if "/torch/" in path or path.endswith("sync_counter.py"):
             continue
         if path.startswith(_REPO):
             path = path[len(_REPO) :]
