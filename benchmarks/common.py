@@ -1,8 +1,5 @@
-"""Helpers shared by the benchmarks: environment and device, curve statistics, JSON, tables and plots.
-
-The paired statistics are the engine's (`trl-groupopt compare`, `trl_groupopt.stats`), re-exported here. Everything
-heavy (torch, TRL) is imported inside the functions, so the scripts' `--help` stays fast.
-"""
+"""Helpers shared by the benchmarks: environment and device, curve statistics, JSON, tables and plots. The paired
+statistics are the engine's (`trl_groupopt.stats`); torch and TRL are imported inside the functions (fast `--help`)."""
 
 from __future__ import annotations
 

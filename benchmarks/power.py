@@ -57,16 +57,12 @@ def analyse(committed: list[dict[str, Any]], pilot: list[dict[str, Any]]) -> dic
     ratios = [r["pilot"]["sd"] / r["committed"]["sd"] for r in rows if r["accuracy"] and r["pilot"] and r["committed"]]
     ratio = statistics.median(ratios) if ratios else None
     for row in rows:
-        row["planning_sd"], row["planning_source"] = None, None
-        if row["pilot"]:
-            row["planning_sd"], row["planning_source"] = row["pilot"]["sd"], "pilot"
-        elif row["committed"] and ratio:
-            row["planning_sd"] = row["committed"]["sd"] * ratio
-            row["planning_source"] = f"committed sd x {ratio:.2f} (median pilot/committed ratio)"
+        row["planning_sd"], row["planning_source"] = (
+            (row["pilot"]["sd"], "pilot") if row["pilot"] else (row["committed"]["sd"] * ratio,
+            f"committed sd x {ratio:.2f} (median pilot/committed ratio)") if row["committed"] and ratio else (None, None))  # fmt: skip
         if row["accuracy"] and row["planning_sd"] is not None:
-            row["seeds_h2"], row["seeds_h15"] = (
-                seeds_needed(row["planning_sd"], 0.02),
-                seeds_needed(row["planning_sd"], 0.015),
+            row.update(
+                seeds_h2=seeds_needed(row["planning_sd"], 0.02), seeds_h15=seeds_needed(row["planning_sd"], 0.015)
             )
     plan_of = plan_from(rows)
     for row in rows:
@@ -117,15 +113,11 @@ def power_markdown(payload: dict[str, Any]) -> str:
     for row in payload["claims"]:
         acc = row["accuracy"]
         versus = f"`{row['config']}` vs `{row['baseline']}`" if row["baseline"] else f"`{row['config']}` (within run)"
-        stage2 = row["stage2_seeds"] if row["stage2_seeds"] else "-"
-        projected = row.get("projected_half_width")
-        projected = f"{100 * projected:.2f}" if projected is not None else "-"
-        wall = f"{row['run_wall_s']:.0f}" if row["run_wall_s"] is not None else "-"
-        lines.append(
-            f"| {row['id']} | {versus} | {est(row['committed'], acc)} | {est(row['pilot'], acc)} | "
-            f"{row.get('seeds_h2', '-')} | {row.get('seeds_h15', '-')} | {row['planned_seeds']} / {stage2} | "
-            f"{projected} | {wall} |"
-        )
+        projected, wall = row.get("projected_half_width"), row["run_wall_s"]
+        lines.append(f"| {row['id']} | {versus} | {est(row['committed'], acc)} | {est(row['pilot'], acc)} | "
+                     f"{row.get('seeds_h2', '-')} | {row.get('seeds_h15', '-')} | {row['planned_seeds']} / "
+                     f"{row['stage2_seeds'] or '-'} | {'-' if projected is None else f'{100 * projected:.2f}'} | "
+                     f"{'-' if wall is None else f'{wall:.0f}'} |")  # fmt: skip
     s = payload["settings"]
     ratio = payload["sd_ratio_pilot_over_committed"]
     lines += [

@@ -1,7 +1,7 @@
-"""Markdown tables for the results page (docs/results.md), generated from the committed JSON results (no hand-typed
-numbers): each `NAME.md` from `NAME.json` where it exists (`TABLES`), then each block of the page between
-`<!-- BEGIN GENERATED: benchmarks/results/NAME.md -->` and `<!-- END GENERATED -->` replaced by that file. The page
-is `--page`, by default docs/results.md for the committed tables only, so a scratch run never overwrites it.
+"""Markdown tables for the results page (docs/results.md) from the committed JSON results (no hand-typed numbers):
+each `NAME.md` from `NAME.json` (`TABLES`), then each block of the page between `<!-- BEGIN GENERATED:
+benchmarks/results/NAME.md -->` and `<!-- END GENERATED -->` replaced by that file. The page is `--page`, by default
+docs/results.md for the committed tables only, so a scratch run never overwrites it.
 
     python -m benchmarks.report                                           # benchmarks/results/ -> docs/results.md
     python -m benchmarks.report --results-dir outputs/bench --page P.md   # scratch tables, spliced into P.md
@@ -210,13 +210,10 @@ def main(argv=None) -> list[Path]:
     args = parser.parse_args(argv)
     if args.page is not None and not args.page.is_file():
         parser.error(f"--page {args.page}: no such file")
-    written = []
-    for name, render in TABLES.items():
-        if (args.results_dir / f"{name}.json").exists():
-            table = render(json.loads((args.results_dir / f"{name}.json").read_text()))
-            written.append(args.results_dir / f"{name}.md")
-            written[-1].write_text(table)
-            print(f"wrote {written[-1]}")
+    written = [args.results_dir / f"{name}.md" for name in TABLES if (args.results_dir / f"{name}.json").exists()]
+    for path in written:
+        path.write_text(TABLES[path.stem](json.loads(path.with_suffix(".json").read_text())))
+        print(f"wrote {path}")
     committed = args.results_dir.resolve() == common.DEFAULT_OUTPUT_DIR.resolve() and DEFAULT_PAGE.is_file()
     page = args.page or (DEFAULT_PAGE if committed else None)
     if page is not None:

@@ -1,16 +1,13 @@
 """The one runner of the training benchmarks: the stress grid, the claims grid and sample efficiency (`GRIDS`).
 
-Each run trains a configuration (`CONFIGS`: every registered method at its defaults, and `VARIANTS`; sample
-efficiency's `SE_CONFIGS` has TRL's own GRPOTrainer) on the synthetic task from the demo's settings with its regime's
-knob (`REGIMES`, `run_settings`), and records held-out greedy accuracy, the reward and every mechanism metric logged
-per optimizer step (`run_one`). The stress grid (default) runs staleness, group size and long completions; the claims
-grid (`--claims`) each row of `claims.jsonl` in its regime with its planned seeds, and ECHO's batch-clip probe, judged
-by the rule of `trl-groupopt compare` (`claims_table`); `--sample-efficiency` every method in one mild regime, with
-accuracy curves. Runs go through the library's runner (`trl_groupopt.runs`): keyed, appendable runs files that the
-same command resumes; `--from-runs FILE` rebuilds the JSON and the plot without training. See benchmarks/README.md.
+Each run trains a configuration (`CONFIGS`; `SE_CONFIGS` has TRL's own GRPOTrainer) from the demo's settings with its
+regime's knob (`REGIMES`, `run_settings`) and records held-out greedy accuracy, the reward and every mechanism metric
+logged per optimizer step (`run_one`). The stress grid runs staleness, group size and long completions; `--claims`
+each row of `claims.jsonl` in its regime with its planned seeds, and ECHO's batch-clip probe, judged by the rule of
+`trl-groupopt compare` (`claims_table`); `--sample-efficiency` every method in one mild regime, with accuracy curves.
+Runs go through the library's runner (`trl_groupopt.runs`): keyed, appendable runs files that the same command
+resumes; `--from-runs FILE` rebuilds the JSON and the plot without training. See benchmarks/README.md.
 
-    python -m benchmarks.stress --smoke --output-dir outputs/bench                     # seconds
-    python -m benchmarks.stress --workers 2 --fresh                                    # the full grid (~20 min)
     python -m benchmarks.stress --claims --from-runs benchmarks/results/claims_runs.jsonl  # rebuild, no training
 """
 
@@ -212,7 +209,7 @@ def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict
     config, (policy, task), every = config_of(regime, config_name), regime_task(regime), settings.get("eval_every")
     spec = None if config.method == TRL else get_method(config.method)
     make_config, trainer_class = (trl.GRPOConfig, trl.GRPOTrainer) if spec is None else (
-        spec.make_config, recording_extremes(spec.trainer_class))  # fmt: skip
+        spec.make_config, spec.trainer_class)  # fmt: skip
     train_set = offline.make_arithmetic_dataset(settings["num_train"], seed=0, split="train", **task)
     eval_set = offline.make_arithmetic_dataset(settings["num_eval"], seed=0, split="test", **task)
     accuracy: dict[str, list] = {"steps": [], "values": []}
@@ -227,12 +224,15 @@ def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict
             accuracy["values"].append(offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_set,
                                       max_new_tokens=args.max_completion_length)["accuracy"])  # fmt: skip
 
-        class Evaluator(TrainerCallback):
+        class Recorder(TrainerCallback):
             def on_step_end(self, _args, state, control, **kwargs):
                 if every and state.global_step % every == 0 and state.global_step < _args.max_steps:
                     evaluate(state.global_step)
 
-        trainer.add_callback(Evaluator())
+            def on_log(self, _args, state, control, **kwargs):  # before TRL's log clears `_metrics`
+                record_extremes(trainer, state.log_history[-1])
+
+        trainer.add_callback(Recorder())
         evaluate(0)
         train_started = time.perf_counter()
         trainer.train()
@@ -254,21 +254,13 @@ def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict
             "wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu_started}  # fmt: skip
 
 
-def recording_extremes(trainer_class: type) -> type:
-    """`trainer_class` whose training log entries also hold each `EXTREMES` key's min and max over the optimizer
-    step's micro-batches (TRL's `log` averages them; with `logging_steps=1` those are the step's). Training is
-    unchanged."""
-
-    class RecordingExtremes(trainer_class):
-        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-            for key in EXTREMES if self.model.training else ():
-                values = [v for v in self._metrics["train"].get(key, []) if v == v]  # NaN: nothing measured
-                if values:
-                    logs[f"{key}_min"], logs[f"{key}_max"] = min(values), max(values)
-            super().log(logs, start_time)
-
-    RecordingExtremes.__name__ = RecordingExtremes.__qualname__ = trainer_class.__name__
-    return RecordingExtremes
+def record_extremes(trainer: Any, entry: dict[str, Any]) -> None:
+    """Add to a training log entry each `EXTREMES` key's min and max over the optimizer step's micro-batches: TRL's
+    `log` averages what `_metrics` collected since the last entry, with `logging_steps=1` the step's micro-batches."""
+    for key in EXTREMES if trainer.model.training else ():
+        values = [v for v in trainer._metrics["train"].get(key, []) if v == v]  # NaN: nothing measured
+        if values:
+            entry.update({f"{key}_min": min(values), f"{key}_max": max(values)})
 
 
 GRID = Grid(("regime", "value", "config", "seed"), run_one,
@@ -587,8 +579,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="Every method in one mild regime: accuracy curves, 100 steps, 3 seeds.")  # fmt: skip
     add("--output-dir", type=Path, default=common.DEFAULT_OUTPUT_DIR)
     add("--smoke", action="store_true", help="A few cells, 1 seed, 2 steps, a small task: seconds.")
-    add("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="The 1M-parameter policy trains fastest on "
-        "one CPU core per run (--workers).")  # fmt: skip
+    add("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="cpu: one core per run is the fastest.")
     add("--regimes", help="Comma-separated subset of " + ", ".join(REGIMES) + " (default: the grid's).")
     add("--configs", help="Comma-separated subset of configurations (default: each regime's).")
     add("--claim-ids", help="With --claims: only these claims' cells (with their seeds), no probe cell.")
@@ -617,9 +608,7 @@ def main(argv=None) -> dict[str, Any]:
     common.setup_environment()
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the spawned workers: one thread each, as in this process
     settings = {"device": common.resolve_device(args.device), **GRIDS[args.grid]["settings"]}
-    flags = {"max_steps": args.max_steps, "long_learning_rate": args.long_learning_rate} | (
-        SMOKE if args.smoke else {}
-    )
+    flags = dict(max_steps=args.max_steps, long_learning_rate=args.long_learning_rate) | (SMOKE if args.smoke else {})
     settings.update({k: v for k, v in flags.items() if k in settings and v is not None})
     stem = args.grid + ("_smoke" if args.smoke else "")
     runs_path, command = args.output_dir / f"{stem}_runs.jsonl", common.command_line("benchmarks.stress", argv)
