@@ -60,10 +60,8 @@ def analyse(committed: list[dict[str, Any]], pilot: list[dict[str, Any]]) -> dic
         row["planning_sd"], row["planning_source"] = (
             (row["pilot"]["sd"], "pilot") if row["pilot"] else (row["committed"]["sd"] * ratio,
             f"committed sd x {ratio:.2f} (median pilot/committed ratio)") if row["committed"] and ratio else (None, None))  # fmt: skip
-        if row["accuracy"] and row["planning_sd"] is not None:
-            row.update(
-                seeds_h2=seeds_needed(row["planning_sd"], 0.02), seeds_h15=seeds_needed(row["planning_sd"], 0.015)
-            )
+        if row["accuracy"] and (sd := row["planning_sd"]) is not None:
+            row.update(seeds_h2=seeds_needed(sd, 0.02), seeds_h15=seeds_needed(sd, 0.015))
     plan_of = plan_from(rows)
     for row in rows:
         row["planned_seeds"], row["stage2_seeds"] = plan_of[row["id"]]

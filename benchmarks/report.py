@@ -130,9 +130,8 @@ def claims_markdown(payload: dict[str, Any]) -> str:
         return _ci(s, f) + (" (1 seed)" if s and s.get("mean") is not None and s.get("low") is None else "")
 
     def level(s: dict | None, outcome: str) -> str:
-        return _ci(
-            s and {"mean": s["mean"]}, (lambda x: f"{x:.1%}") if outcome.endswith("accuracy") else "{:.3g}".format
-        )
+        f = (lambda x: f"{x:.1%}") if outcome.endswith("accuracy") else "{:.3g}".format
+        return _ci(s and {"mean": s["mean"]}, f)
 
     lines = [
         "| paper | claim | regime tested here | measured: config vs baseline | difference, mean [95% CI] | seeds | "

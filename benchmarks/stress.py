@@ -99,6 +99,9 @@ REGIMES: dict[str, dict[str, Any]] = {
     "sample_efficiency": {"kind": "staleness", "knob": "4 optimizer steps per generation (2 micro-batches of 16)",
                           "values": [4], "configs": list(SE_CONFIGS), "table": SE_CONFIGS},
 }  # fmt: skip
+_NAMED = {CONFIGS[c].method for spec in REGIMES.values() if "table" not in spec for c in spec["configs"]}
+for _regime in ("staleness", "group_size", "long"):  # a method no regime names (a new one): in each, at its defaults
+    REGIMES[_regime]["configs"] += [name for name in METHODS if name not in _NAMED]
 _LONG = dict(long_completion_length=TASKS["long"].max_new_tokens, long_learning_rate=1e-5)
 #: Per grid: its regimes, seeds, the settings every run records (budget, task size; the claims', where a claim is
 #: decided: 64 steps, 200 held-out prompts) and its smoke cells (regime -> values, configurations).
@@ -362,11 +365,8 @@ def probe_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     probed = [(r, v, c) for r, v, c, _ in probe_cells() if CONFIGS[c].method in PROBES]
     rows = []
     for regime, value, config in sorted(set(claimed + probed), key=lambda c: (order[c[0]], c[1], c[2])):
-        rs, metric, spec = (
-            cell_runs(ok, regime, value, config),
-            PROBES[CONFIGS[config].method]["metric"],
-            REGIMES[regime],
-        )
+        rs, spec = cell_runs(ok, regime, value, config), REGIMES[regime]
+        metric = PROBES[CONFIGS[config].method]["metric"]
         low, high = ([v for r in rs for v in _extremes(r, metric, which)] for which in ("min", "max"))
         acted = mechanism_acted(rs) or {"steps": 0, "acted": 0}
         rows.append({"regime": regime, "value": value, "config": config, "seeds": len(rs),
@@ -446,9 +446,8 @@ def cells_of(args: argparse.Namespace) -> dict[tuple, int]:
         for config in (c for c in (claim["config"], claim["baseline"]) if c):
             add(claim["regime"], claim["value"], config, 1 if args.smoke else CLAIM_SEEDS[claim["id"]][0])
     if args.grid == "claims" and args.claim_list is None:  # the probe
-        for cell in (
-            [(*SMOKE_PROBE, c, 1) for c in REGIMES[SMOKE_PROBE[0]]["configs"]] if args.smoke else probe_cells()
-        ):
+        smoke = [(*SMOKE_PROBE, c, 1) for c in REGIMES[SMOKE_PROBE[0]]["configs"]]
+        for cell in smoke if args.smoke else probe_cells():
             add(*cell)
     return {key: n for key, n in cells.items() if selected(args, key)}
 
@@ -486,9 +485,7 @@ def collect(args: argparse.Namespace, jobs: list[tuple], settings: dict[str, Any
                          "--fresh to discard its runs.")  # fmt: skip
     if not args.from_runs:
         todo = pending(GRID, runs, jobs)
-        print(
-            f"{len(todo)} of {len(jobs)} run(s) to do ({settings['max_steps']} steps each), {args.workers} worker(s)"
-        )
+        print(f"{len(todo)} of {len(jobs)} run(s) to do, {args.workers} worker(s)", flush=True)
         run_grid(GRID, todo, settings, path, command, workers=args.workers)
         runs = read_runs(path, GRID)
     return runs

@@ -193,6 +193,29 @@ def test_claim_verdict_rule():
         assert claim["baseline"] is None or claim["baseline"] in regime["configs"], claim["id"]
 
 
+def test_a_method_no_regime_names_runs_in_every_regime_at_its_defaults(monkeypatch):
+    import importlib
+
+    import trl_groupopt
+
+    # today every registered method has its own cells: the rule adds nothing
+    assert {stress.CONFIGS[c].method for r in stress.GRID_REGIMES for c in stress.REGIMES[r]["configs"]} == set(
+        trl_groupopt.METHODS
+    )
+    monkeypatch.setattr(trl_groupopt, "METHODS", {**trl_groupopt.METHODS, "new_method": trl_groupopt.METHODS["otb"]})
+    try:
+        fresh = importlib.reload(stress)  # a method registered without an entry in any of the benchmark's tables
+        assert all(fresh.REGIMES[r]["configs"][-1] == "new_method" for r in fresh.GRID_REGIMES)
+        assert (
+            fresh.CONFIGS["new_method"].overrides == {}
+            and "new_method" in fresh.REGIMES["sample_efficiency"]["configs"]
+        )
+        assert fresh.MECHANISM_METRICS["new_method"][0] == "otb/grad_second_moment"
+    finally:
+        monkeypatch.undo()
+        importlib.reload(stress)
+
+
 def test_staleness_regime_splits_each_step_so_echo_scopes_differ(tmp_path):
     # With one micro-batch per optimizer step ECHO's "step" and "micro_batch" scopes are one computation; the
     # staleness regime keeps 16 sequences per step in 2 micro-batches, the other regimes keep one.
@@ -416,7 +439,7 @@ def test_probe_regimes_scale_the_learning_rate_and_split_the_step(tmp_path):
     assert budgets == {"stress": (16, 64), "claims": (64, 200), "sample_efficiency": (100, 200)}
 
 
-def test_claims_plan_runs_each_claims_cells_and_the_probe():
+def test_claims_grid_runs_each_claims_cells_and_the_probe():
     cells = stress.cells_of(stress.parse_args(["--claims"]))
     for claim in stress.CLAIMS:
         for config in filter(None, (claim["config"], claim["baseline"])):
