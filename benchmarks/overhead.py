@@ -11,8 +11,8 @@ optimizer step per turn, the order rotated every round), so step k of each sees 
 the others and a drift of the machine cancels in the paired ratio. Every run holds the baseline and the control; the
 others are packed by method (`lockstep_groups`). After `--warmup` untimed steps, `--steps` are timed (fewer in a
 later run that would not fit the budget, `fit_steps`): wall time on CUDA, the trainer thread's CPU time on a CPU
-(`step_clock`). A trainer's ratio is exp(mean log(generation-cycle time / the baseline's same cycle in the same run))
-with its 95% Student-t interval, pooled over runs and per run; the *noise floor* is how far from 1 the control's
+(`step_clock`). A trainer's ratio is exp(20%-trimmed mean log(generation-cycle time / the baseline's same cycle in the
+same run)) with Yuen's 95% interval (`ratio_estimate`), pooled over runs and per run; the *noise floor* is how far from 1 the control's
 interval reaches. Repeats (order reversed every other one) go on after `--min-repeats` until every shape's floor is
 below `--noise-target`, `--max-repeats`, or `--max-minutes`; the JSON is rewritten after every run. On CUDA the
 caching allocator uses expandable segments, and each trainer's activation peak is recorded.
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import os
 import tempfile
@@ -140,6 +141,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--noise-target", type=float, default=0.02, help="Stop once the A/A interval is within 1 +- this.")
     p.add_argument("--max-minutes", type=float, help="No run starts that would end past this budget.")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--from-json", type=Path, help="Recompute the ratios of an earlier run's JSON (in place), no training."
+    )
     args = p.parse_args(argv)
     args.argv = None if argv is None else list(argv)  # recorded as the command when main() is called in-process
     if args.device == "auto" and not args.smoke:
@@ -475,11 +479,27 @@ def cycle_log_ratios(runs: list[dict], cycle: int, clock: str = "step_s") -> lis
     return out
 
 
+TRIM = 0.2  # fraction of cycles dropped at each end
+TIMED = ("Trainer.train() optimizer steps, generation replaced by fixed completions, a run's trainers in lockstep; "
+         "time_ratio = exp(20%-trimmed mean over paired generation cycles of log(cycle time / TRL GRPOTrainer's same "
+         "cycle in the same run)), Yuen's 95% interval; time_ms = mean step time, scoring included")  # fmt: skip
+
+
 def ratio_estimate(log_ratios: list[float]) -> dict[str, Any]:
-    """exp of the mean log ratio with its 95% Student-t interval: a geometric-mean time ratio."""
-    s = common.mean_ci(log_ratios)
-    low, high = (None, None) if s["low"] is None else (math.exp(s["low"]), math.exp(s["high"]))
-    return {"n_cycles": s["n"], "ratio": None if s["mean"] is None else math.exp(s["mean"]), "low": low, "high": high}
+    """exp of the 20%-trimmed mean log ratio with Yuen's 95% interval (winsorized variance, n - 2g - 1 degrees of
+    freedom). Trimmed because one step that the OS made twice as long moved a plain mean by log(2) / n: dfpo's CPU
+    ratio by 4% (a 679 ms step among ~350 ms ones, 16 cycles); the A/A control is estimated the same way."""
+    xs, n = sorted(log_ratios), len(log_ratios)
+    g = int(TRIM * n)
+    kept = xs[g : n - g]
+    out = {"n_cycles": n, "ratio": math.exp(sum(kept) / len(kept)) if kept else None, "low": None, "high": None}
+    if len(kept) >= 2:
+        wins = [xs[g]] * g + kept + [xs[n - g - 1]] * g  # winsorized: the trimmed ends set to the nearest kept value
+        centre = sum(wins) / n
+        se = math.sqrt(sum((x - centre) ** 2 for x in wins) / (n - 1)) / ((1 - 2 * TRIM) * math.sqrt(n))
+        half = common.t_quantile_975(len(kept) - 1) * se
+        out["low"], out["high"] = out["ratio"] * math.exp(-half), out["ratio"] * math.exp(half)
+    return out
 
 
 def noise_floor(control: dict[str, Any], interval: str = "time_ratio_ci95") -> float | None:
@@ -499,7 +519,8 @@ def summarise(records: dict[str, list[dict]], targets: dict, labels: dict, cycle
             "label": labels[name], "time_ms": 1e3 * sum(steps) / len(steps), "timed_steps": len(steps),
             "time_ratio": est["ratio"], "time_ratio_ci95": [est["low"], est["high"]], "paired_cycles": est["n_cycles"],
             "time_ratio_per_run": [ratio_estimate(cycle_log_ratios([r], cycle))["ratio"] for r in runs],
-            "step_s_per_run": [r["step_s"] for r in runs],  # the raw timings, for a look at the noise
+            "step_s_per_run": [r["step_s"] for r in runs],  # the raw timings: for a look at the noise, `resummarise`
+            "step_cpu_s_per_run": [r["step_cpu_s"] for r in runs], "run_index": [r.get("run") for r in runs],
             "activation_peak_bytes": max(peaks) if peaks else None, "num_parameters": runs[0]["num_parameters"],
             "off_policy": runs[0]["off_policy"],
             "otb_energy_from_behaviour_forward": runs[0]["otb_energy_from_behaviour_forward"],
@@ -534,9 +555,7 @@ def build_payload(args, device: str, dtype, state: dict) -> dict:
         "dtype": str(dtype).replace("torch.", ""), "per_device_train_batch_size": args.batch_size,
         "gradient_accumulation_steps": args.grad_accum, "warmup_steps": args.warmup, "timed_steps": args.steps,
         "runs": [[v.name for v in g] for g in lockstep_groups(state["runnable"], args.group_size)],
-        "timed": "Trainer.train() optimizer steps, generation replaced by fixed completions, a run's trainers in "
-        "lockstep; time_ratio = exp(mean over paired generation cycles of log(cycle time / TRL GRPOTrainer's same "
-        "cycle in the same run)), 95% Student-t interval; time_ms = mean step time, scoring included",
+        "timed": TIMED,
         "clock": "wall time, synchronized (also the process's CPU time: *_cpu_clock)" if device == "cuda"
         else "the trainer thread's CPU time (time.thread_time)",
         "noise_floor": f"max distance from 1 of the 95% interval of {CONTROL} / {BASELINE}"}  # fmt: skip
@@ -550,6 +569,38 @@ def build_payload(args, device: str, dtype, state: dict) -> dict:
             "wall_s": time.perf_counter() - state["started"], "shapes": shapes,
             "memory_kind": "cuda activation peak per timed step" if device == "cuda" else "not measured on CPU",
             }  # fmt: skip
+
+
+def resummarise(payload: dict, command: str) -> dict:
+    """`payload` (an earlier run's JSON) with every ratio, interval and floor recomputed from its raw step times by
+    this checkout's estimator (`ratio_estimate`); nothing is trained."""
+    for shape in payload["shapes"].values():
+        res = shape["results"]
+        base = res[BASELINE]
+        groups, repeats = payload["settings"]["runs"], payload["repeats_done"]
+        if repeats > 1 and len(groups) > 1 and "run_index" not in base:  # a later repeat may pack its runs otherwise
+            raise SystemExit("--from-json: this JSON predates run_index and holds several repeats of several runs")
+        records = {}
+        for name, e in res.items():  # each of the trainer's runs, paired with the baseline's run of the same index
+            runs = e.get("run_index") or [r * len(groups) + i for r in range(repeats)
+                                          for i, g in enumerate(groups) if name in g]  # fmt: skip
+            cpu = e.get("step_cpu_s_per_run") or [[] for _ in runs]
+            base_cpu = base.get("step_cpu_s_per_run") or [[] for _ in base["step_s_per_run"]]
+            records[name] = [dict(step_s=s, baseline_step_s=base["step_s_per_run"][i], step_cpu_s=c,
+                                  baseline_step_cpu_s=base_cpu[i], run=i,
+                                  **{k: e[k] for k in ("activation_peak_bytes", "num_parameters", "off_policy",
+                                                       "otb_energy_from_behaviour_forward")})
+                             for s, c, i in zip(e["step_s_per_run"], cpu, runs)]  # fmt: skip
+        targets, labels = {n: e["target_time_ratio"] for n, e in res.items()}, {n: e["label"] for n, e in res.items()}
+        shape["results"] = res = summarise(records, targets, labels, payload["settings"]["cycle_steps"])
+        shape["noise_floor"] = noise_floor(res[CONTROL])
+        cpu_clock = "time_ratio_cpu_clock" in res[CONTROL]
+        shape["noise_floor_cpu_clock"] = noise_floor(res[CONTROL], "time_ratio_cpu_clock_ci95") if cpu_clock else None
+    from .report import overhead_markdown
+
+    payload["summarised_by"], payload["settings"]["timed"] = command, TIMED
+    payload["table"] = overhead_markdown(payload)
+    return payload
 
 
 def fit_steps(args, state: dict, key: str, runs_left: list[list[Variant]]) -> int | None:
@@ -596,7 +647,12 @@ def run_all(args, device: str, dtype, tokenizer, dataset, state: dict, workdir: 
                 for name, record in by_name.items():
                     base = by_name[BASELINE]
                     state["records"][key][name].append(
-                        dict(record, baseline_step_s=base["step_s"], baseline_step_cpu_s=base["step_cpu_s"])
+                        dict(
+                            record,
+                            baseline_step_s=base["step_s"],
+                            baseline_step_cpu_s=base["step_cpu_s"],
+                            run=len(state["run_seconds"][key]),
+                        )
                     )
                 state["steal"][key].append(cpu_steal(steal0) if steal0 else None)
                 seconds, per_step = (
@@ -653,6 +709,13 @@ def plot(payload: dict, path: Path) -> Path | None:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.from_json:
+        payload = resummarise(json.loads(args.from_json.read_text()), common.command_line("benchmarks.overhead", argv))
+        print(payload["table"])
+        print(
+            f"wrote {common.write_json(args.from_json, payload)} and {plot(payload, args.from_json.with_suffix('.png'))}"
+        )
+        return payload
     common.setup_environment()
     if args.device == "cuda":  # read at the first CUDA allocation
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

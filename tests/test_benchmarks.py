@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,23 @@ def test_paired_cycle_ratio_and_noise_floor():
     assert floor == pytest.approx(max(control["high"] - 1, 1 - control["low"])) and 0.01 < floor < 0.05
     assert overhead.noise_floor({"time_ratio_ci95": [None, None]}) is None
     assert overhead.ratio_estimate([])["ratio"] is None
+
+
+def test_ratio_is_a_trimmed_mean_that_one_spiking_step_cannot_move():
+    from scipy.stats import mstats
+
+    # 15 cycles exactly 2% slower, one cycle in which the OS doubled a step: the plain mean moves by log(2) / 16
+    logs = [math.log(1.02)] * 15 + [math.log(2.0)]
+    assert math.exp(sum(logs) / len(logs)) > 1.06
+    assert overhead.ratio_estimate(logs)["ratio"] == pytest.approx(1.02)
+    # Yuen's interval of the 20%-trimmed mean, as scipy computes it (df <= 30, where the t table is exact)
+    rng = random.Random(0)
+    for n in (5, 12, 24):
+        logs = [rng.gauss(0.01, 0.05) for _ in range(n - 1)] + [0.7]
+        estimate = overhead.ratio_estimate(logs)
+        low, high = mstats.trimmed_mean_ci(logs, limits=(0.2, 0.2))
+        assert math.log(estimate["ratio"]) == pytest.approx(mstats.trimmed_mean(logs, limits=(0.2, 0.2)))
+        assert [math.log(estimate["low"]), math.log(estimate["high"])] == pytest.approx([low, high], abs=1e-4)
 
 
 def test_cuda_second_clock_gives_its_own_ratio_and_floor():
@@ -643,6 +661,13 @@ def test_overhead_smoke(tmp_path, capsys):
     assert "x TRL GRPO" in capsys.readouterr().out  # the printed table
     markdown = report.overhead_markdown(payload)
     assert "| `otb` " in markdown and "noise floor" in markdown
+    # --from-json recomputes the same ratios from the raw step times the JSON keeps, in place, training nothing
+    again = overhead.main(["--from-json", str(tmp_path / "overhead_smoke.json")])
+    (shape_again,) = again["shapes"].values()
+    assert shape_again["noise_floor"] == pytest.approx(shape["noise_floor"])
+    for name, entry in results.items():
+        assert shape_again["results"][name]["time_ratio_ci95"] == pytest.approx(entry["time_ratio_ci95"]), name
+    assert "--from-json" in json.loads((tmp_path / "overhead_smoke.json").read_text())["summarised_by"]
 
 
 @pytest.mark.slow

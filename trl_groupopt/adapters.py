@@ -1,7 +1,6 @@
 """The data door: user data read, checked row by row and turned into TRL's prompt format before any model loads
 (:func:`load_datasets`; what it checks: docs/getting-started.md, "Your data, checked before the model loads"), and
-the row adapters usable with ``Dataset.map``.
-"""
+the row adapters usable with ``Dataset.map``."""
 
 from __future__ import annotations
 
@@ -144,15 +143,12 @@ def load_raw_dataset(name: str, config: str | None = None, split: str = "train")
             if problem is None:
                 return datasets.load_dataset(builder, data_files=name, split="train")
         except Exception as err:  # datasets' own errors name neither the file nor the line
-            problem = (
-                _unreadable_line(name, name.lower().endswith(".jsonl"))
-                or f"no rows could be read as {builder} ({err})."
-            )
+            line = _unreadable_line(name, as_json=name.lower().endswith(".jsonl"))
+            problem = line or f"no rows could be read as {builder} ({err})."
         raise ValueError(f"--dataset_name {name}: {problem}")
-    if os.path.isdir(name) and os.path.exists(os.path.join(name, "dataset_info.json")):
-        return datasets.load_from_disk(name)
-    if os.path.isdir(name) and os.path.exists(os.path.join(name, "dataset_dict.json")):
-        return datasets.load_from_disk(name)[split]
+    if os.path.isdir(name) and {"dataset_info.json", "dataset_dict.json"} & set(os.listdir(name)):  # save_to_disk
+        saved = datasets.load_from_disk(name)
+        return saved[split] if isinstance(saved, datasets.DatasetDict) else saved
     return datasets.load_dataset(name, config, split=split)
 
 
@@ -273,8 +269,7 @@ def check_prompt_lengths(data, name: str, tokenizer, context: int | None, comple
 
 
 def prepare_prompts(data, name: str, tokenizer, mode: str):
-    """Plain-string prompts for a tokenizer with a chat template as one user message each (``raw`` keeps them, and
-    warns); conversational prompts, prompts holding its special tokens, or no template: as they are."""
+    """``--string_prompts`` applied to plain strings a chat template would not see (docs/getting-started.md)."""
     sample = data[:100]["prompt"]
     special = [t for t in tokenizer.all_special_tokens if t]
     templated = any(t in p for p in sample for t in special if isinstance(p, str))
@@ -282,10 +277,8 @@ def prepare_prompts(data, name: str, tokenizer, mode: str):
         return data
     if mode == "raw":
         warnings.warn(
-            f"--dataset_name {name}: 'prompt' holds plain strings and the tokenizer has a chat template, "
-            "which they bypass: the model continues the raw text, which often earns no reward. Use "
-            "--string_prompts user_message, or write prompts as [{'role': 'user', 'content': ...}].",
-            UserWarning,
+            f"--dataset_name {name}: 'prompt' holds plain strings that bypass the tokenizer's chat template: the model"
+            " continues the raw text (no reward). Use --string_prompts user_message or write prompts as messages.",
             stacklevel=2,
         )
         return data
@@ -297,9 +290,9 @@ def prepare_prompts(data, name: str, tokenizer, mode: str):
     return data.map(string_prompt_to_conversational)
 
 
-def load_datasets(script_args, model_args=None, training_args=None):
-    """(train, held-out) datasets: the synthetic task's splits, or ``--dataset_name`` checked (held-out None); with
-    `model_args` its tokenizer (never the model) wraps the prompts for its chat template and measures them."""
+def load_datasets(script_args, model_args, training_args=None):
+    """(train, held-out) datasets: the synthetic task's splits, or ``--dataset_name`` checked (held-out None), its
+    prompts wrapped for the chat template and measured (with `training_args`) by the tokenizer, never the model."""
     if script_args.dataset_name is None:
         train = offline.make_arithmetic_dataset(script_args.num_train_examples, seed=0, split="train")
         return train, offline.make_arithmetic_dataset(script_args.num_eval_examples, seed=0, split="test")
@@ -312,8 +305,6 @@ def load_datasets(script_args, model_args=None, training_args=None):
     check_prompts(raw[column], column, f"--dataset_name {name}", messages_allowed=form == "prompt-answer")
     data = to_prompt_solution(raw, form)
     check_answers(raw, data, form, name, script_args.max_unusable_answer_fraction)
-    if model_args is None:
-        return data, None
     from transformers import AutoConfig, AutoTokenizer
 
     model, remote = model_args.model_name_or_path, bool(training_args and training_args.trust_remote_code)

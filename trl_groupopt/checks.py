@@ -1,7 +1,6 @@
 """Checks of the training data and the reward functions that raise naming the fix, instead of a bare ``KeyError`` or
 ``TypeError`` from inside TRL after the model has loaded: docs/reliability.md ("Errors at the door", "No reward is an
-error", "Rewards as `GRPOTrainer` takes them").
-"""
+error", "Rewards as `GRPOTrainer` takes them")."""
 
 from __future__ import annotations
 
@@ -28,13 +27,9 @@ PROMPT_SAMPLE = 100
 
 
 def _column_names(dataset: Any) -> list[str] | None:
-    names = getattr(dataset, "column_names", None)
-    if names is None and getattr(dataset, "features", None) is not None:  # IterableDataset with known features
-        names = list(dataset.features)
+    names = getattr(dataset, "column_names", None)  # an IterableDataset's: its features', None if unknown
     if isinstance(names, dict):  # a DatasetDict: the caller passed the whole dict, not a split
-        raise ValueError(
-            f"train_dataset is a DatasetDict with splits {sorted(names)}; pass one split, e.g. dataset['train']."
-        )
+        raise ValueError(f"train_dataset is a DatasetDict ({sorted(names)}): pass one split, e.g. dataset['train'].")
     return None if names is None else list(names)
 
 
@@ -54,44 +49,33 @@ def _check_reward_signature(func: Callable, columns: list[str], has_environments
                 "reward functions with keyword arguments only (completions=..., prompts=..., <column>=...)."
             )
         if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in supplied:
-            hint = (
-                " GRPOTrainer passes the prompt as `prompts` (plural), not as a column."
-                if p.name in _NOT_FORWARDED
-                else f" Add a {p.name!r} column to the dataset (e.g. dataset.map or rename_column), or give the "
-                "parameter a default."
-            )
+            hint = f" Add a {p.name!r} column (dataset.map or rename_column), or give the parameter a default."
+            if p.name in _NOT_FORWARDED:
+                hint = " GRPOTrainer passes the prompt as `prompts` (plural), not as a column."
             raise ValueError(
-                f"Reward function {name!r} needs the argument {p.name!r}, which the training data does not "
-                f"provide: train_dataset has columns {columns}, and GRPOTrainer also passes "
-                f"{sorted(TRL_REWARD_KWARGS)}.{hint}"
+                f"Reward function {name!r} needs the argument {p.name!r}, which the training data does not provide: "
+                f"train_dataset has columns {columns}, and GRPOTrainer also passes {sorted(TRL_REWARD_KWARGS)}.{hint}"
             )
     extra = sorted(supplied - {p.name for p in params})
     if extra and not any(p.kind is p.VAR_KEYWORD for p in params):
         raise ValueError(
-            f"Reward function {name!r} does not accept **kwargs, but GRPOTrainer passes it every dataset "
-            f"column and its own arguments as keywords; it would fail on {extra}. Add **kwargs to its "
-            f"signature: def {name}(completions, **kwargs)."
+            f"Reward function {name!r} does not accept **kwargs, but GRPOTrainer passes every dataset column and its "
+            f"own arguments as keywords (it would fail on {extra}): def {name}(completions, **kwargs)."
         )
 
 
 def check_train_dataset(train_dataset: Any, reward_funcs: Any = None, *, has_environments: bool = False) -> None:
-    """Raise a ``ValueError`` naming the fix if GRPOTrainer could not train on ``train_dataset`` with ``reward_funcs``:
-    a ``prompt`` column (optional with environments, whose ``reset()`` supplies it) whose first :data:`PROMPT_SAMPLE`
-    rows are prompts (:func:`check_prompts`), reward functions that accept what GRPOTrainer passes. ``None`` arguments,
-    and the columns of a streaming dataset without features, are skipped."""
+    """Raise a ``ValueError`` naming the fix if GRPOTrainer could not train on ``train_dataset`` with ``reward_funcs``
+    (docs/reliability.md, "Errors at the door"); ``None`` arguments and unknown columns are skipped."""
     columns = _column_names(train_dataset) if train_dataset is not None else None
     if columns is not None and "prompt" not in columns and not has_environments:
-        source = next(((c, a) for c, a in (("question", "gsm8k"), ("problem", "math")) if c in columns), None)
-        hint = (
-            f" It has {source[0]!r}: map it with trl_groupopt.adapters.{source[1]}_to_conversational (or rename "
-            "it to 'prompt')."
-            if source
-            else " Rename your prompt column with dataset.rename_column(<name>, 'prompt')."
-        )
+        hint = " Rename your prompt column with dataset.rename_column(<name>, 'prompt')."
+        for column, form in (("problem", "math"), ("question", "gsm8k")):  # the last one found names the fix
+            if column in columns:
+                hint = f" It has {column!r}: map it with trl_groupopt.adapters.{form}_to_conversational, or rename it."
         raise ValueError(
-            f"train_dataset has no 'prompt' column (columns: {columns}). GRPOTrainer reads the prompts "
-            "from 'prompt': a string (standard format) or a list of {'role', 'content'} messages "
-            f"(conversational).{hint}"
+            f"train_dataset has no 'prompt' column (columns: {columns}). GRPOTrainer reads the prompts from 'prompt': "
+            f"a string (standard format) or a list of {{'role', 'content'}} messages (conversational).{hint}"
         )
     if columns is not None and hasattr(train_dataset, "__getitem__") and hasattr(train_dataset, "__len__"):
         if len(train_dataset) == 0:
@@ -135,9 +119,8 @@ def check_reward_output(name: str, output: Any, num_expected: int | None = None)
         problem = _reward_value_problem(value)
         if problem is not None:
             raise TypeError(
-                f"Reward function {name!r} returned {type(value).__name__} {str(value)[:60]!r} for "
-                f"completion {i} ({problem}); reward functions return one float (or None to skip the "
-                "completion) per completion."
+                f"Reward function {name!r} returned {type(value).__name__} {str(value)[:60]!r} for completion {i} "
+                f"({problem}); reward functions return one float (or None to skip the completion) per completion."
             )
     if num_expected is not None and len(output) != num_expected:
         raise ValueError(
@@ -147,9 +130,8 @@ def check_reward_output(name: str, output: Any, num_expected: int | None = None)
 
 
 def check_finite_rewards(rewards_per_func: torch.Tensor, func_names: Sequence[str]) -> None:
-    """Raise naming the reward function and the completion if a reward of the (N, F) generation batch is +-inf (it
-    would make its group's advantages NaN or zero without a word; NaN is TRL's mark of an unscorable completion and
-    passes). The matrix is gathered over processes, so every rank raises together."""
+    """Raise naming the function and the completion if a reward of the (N, F) generation batch, gathered over
+    processes (every rank raises), is +-inf; NaN is TRL's mark of an unscorable completion and passes."""
     infinite = torch.isinf(rewards_per_func)
     if not bool(infinite.any()):
         return
@@ -175,9 +157,6 @@ class CheckedRewardFunc:
         completions = kwargs.get("completions")
         check_reward_output(self.__name__, output, None if completions is None else len(completions))
         return output
-
-    def __repr__(self) -> str:
-        return f"CheckedRewardFunc({self.__wrapped__!r})"
 
 
 def checked_reward_func(func: Any) -> Any:
@@ -212,9 +191,8 @@ class AllNoneRewardWatch:
         stops = "" if self.limit is None else f"; the run stops at {self.limit}"
         message = (
             f"Every reward function ({', '.join(func_names) or 'none'}) returned None or NaN for every completion of a "
-            f"generation batch ({self.consecutive} such batch(es) in a row{stops}). They received the dataset "
-            f"columns {sorted(columns)}. A reward function returns None (or NaN) when it cannot score a completion "
-            "(e.g. an unparseable gold answer): check that the column it reads holds what it expects."
+            f"generation batch ({self.consecutive} such batch(es) in a row{stops}). They received the dataset columns "
+            f"{sorted(columns)}: check that the column each reads holds what it expects (a gold answer it parses)."
         )
         if self.limit is not None and self.consecutive >= self.limit:
             raise RuntimeError(
@@ -226,14 +204,11 @@ class AllNoneRewardWatch:
 
 def all_none_limit(args: Any) -> int | None:
     """The config's ``max_all_none_reward_batches``; None (warn only, as GRPOTrainer does) for configs without it."""
-    value = getattr(args, "max_all_none_reward_batches", None)
-    return None if value is None else int(value)
+    return getattr(args, "max_all_none_reward_batches", None)
 
 
 def watch_all_none_rewards(trainer: Any, rewards_per_func: torch.Tensor, inputs: Sequence[dict[str, Any]]) -> None:
     """Feed one generation batch's gathered (N, F) rewards to the trainer's :class:`AllNoneRewardWatch`."""
-    watch = trainer.__dict__.get("_all_none_reward_watch")
-    if watch is None:
-        watch = trainer._all_none_reward_watch = AllNoneRewardWatch(all_none_limit(trainer.args))
+    watch = trainer.__dict__.setdefault("_all_none_reward_watch", AllNoneRewardWatch(all_none_limit(trainer.args)))
     columns = [key for key in inputs[0] if key not in _NOT_FORWARDED] if len(inputs) else []
     watch.update(rewards_per_func, list(getattr(trainer, "reward_func_names", [])), columns)

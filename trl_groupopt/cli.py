@@ -1,8 +1,6 @@
-"""The `trl-groupopt` command (`train`, `methods`, `compare`) and the example scripts' entry point (:func:`command`).
-
-See docs/getting-started.md ("The command line: help and errors"); the defaults' layers: `trl_groupopt.defaults`.
-This module imports no TRL: `--help`, `methods`, `train --help` and an unknown `--method` answer without it.
-"""
+"""The `trl-groupopt` command (`train`, `methods`, `compare`) and the example scripts' entry point (:func:`command`):
+docs/getting-started.md ("The command line: help and errors"); the defaults' layers: `trl_groupopt.defaults`.
+This module imports no TRL: `--help`, `methods`, `train --help` and an unknown `--method` answer without it."""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ def die(prog: str, message: str, status: int = 2) -> NoReturn:
 
 
 def parse(method: str, argv: Sequence[str] | None = None, *, prog: str | None = None):
-    """(script_args, training_args, model_args, demo) for `method` from argv (default: sys.argv[1:]), parsed once by
-    `trl_groupopt.script.MethodParser`. ``demo``: the embedded policy on the synthetic task."""
+    """(script_args, training_args, model_args, demo: the embedded policy on the synthetic task), parsed once."""
     get_method(method)  # an unknown name fails here, before TRL is imported
     from .script import parse as parse_with_trl
 
@@ -52,9 +49,7 @@ def prepare_output_dir(
     """The checkpoint to resume from (None: a fresh run), after the resume rules of `trl_groupopt.resume` (a finished
     run: printed, exit 0). ``overwrite`` (a fresh run only) deletes the earlier checkpoints (on the main process)."""
     if resume_from_checkpoint is not None and overwrite:
-        raise ValueError(
-            "--overwrite_output_dir starts a fresh run; it cannot be combined with --resume_from_checkpoint."
-        )
+        raise ValueError("--overwrite_output_dir (a fresh run) cannot be combined with --resume_from_checkpoint.")
     if resume_from_checkpoint is not None:
         checkpoint = resolve_resume(output_dir, resume_from_checkpoint)
         if method is not None and args is not None:  # the trainer checks again, and warns on changed settings
@@ -103,8 +98,7 @@ def take_debug_flag(argv: Sequence[str]) -> tuple[list[str], bool]:
 
 def _raised_while_training(error: BaseException) -> bool:
     """Whether `error` came from inside `Trainer.train` (a failure mid-run keeps its traceback)."""
-    trainer_module = sys.modules.get("transformers.trainer")
-    if trainer_module is None:
+    if (trainer_module := sys.modules.get("transformers.trainer")) is None:  # not imported: nothing was trained
         return False
     code = inspect.unwrap(trainer_module.Trainer.train).__code__
     return any(frame.f_code is code for frame, _ in traceback.walk_tb(error.__traceback__))

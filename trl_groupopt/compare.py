@@ -1,8 +1,6 @@
 """`trl-groupopt compare`: does a method beat the baseline on your model and task? Paired seeds, 95% intervals.
 
-Each (method, seed) is one `train` run in DIR/runs/M-S, scored on a held-out split every run shares. See
-docs/compare.md.
-"""
+Each (method, seed) is one `train` run in DIR/runs/M-S, scored on a held-out split they share (docs/compare.md)."""
 
 from __future__ import annotations
 
@@ -27,9 +25,9 @@ from .compare_report import describe, markdown, write_plot
 from .registry import METHODS
 
 #: Options `compare` sets on each run itself.
-OWN_OPTIONS = ("--method", "--seed", "--output_dir")
+OWN_OPTIONS = ("method", "output_dir", "seed")
 #: Options naming the user's data: replaced, for the runs, by the training part of the carved split.
-DATA_OPTIONS = ("--dataset_name", "--dataset_config", "--dataset_format", "--dataset_train_split")
+DATA_OPTIONS = ("dataset_name", "dataset_config", "dataset_format", "dataset_train_split")
 #: Rows held out of a user's dataset (the synthetic task: prompts of its test split), unless --eval_examples says.
 DEFAULT_EVAL_EXAMPLES = 200
 CARVE_SEED = 0  # the held-out rows of a user's dataset: the first --eval_examples of a shuffle with this seed
@@ -58,13 +56,13 @@ class Options:
         return {"train_args": list(self.train_args), "eval_examples": self.eval_examples}
 
 
-def _parser() -> argparse.ArgumentParser:
+def parse_options(argv: Sequence[str]) -> Options:
+    """`Options` from the command line; the options `compare` does not know are train options."""
     epilog = ("Any other option is a `train` option, passed to every run (trl-groupopt train --method NAME --help "
               "lists them). See docs/compare.md.")  # fmt: skip
     # no abbreviations: `--seed 3`, a train option, must not be read as `--seeds 3`
-    parser = argparse.ArgumentParser(
-        prog=PROG, allow_abbrev=False, description=__doc__.split("\n\n")[0], epilog=epilog
-    )
+    description = __doc__.split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog=PROG, allow_abbrev=False, description=description, epilog=epilog)
     parser.add_argument("--methods", required=True, help="comma-separated methods, the baseline among them")
     parser.add_argument("--seeds", type=int, required=True, help="seeds 0..N-1 per method (at least 2)")
     parser.add_argument("--output_dir", required=True, help="runs.jsonl, compare.json/.md/.png and the runs")
@@ -72,18 +70,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=1, help="runs at once, on the CPU (default 1)")
     parser.add_argument("--eval_examples", type=int, default=DEFAULT_EVAL_EXAMPLES,
                         help="held-out prompts every run is scored on, before and after training")  # fmt: skip
-    return parser
-
-
-def parse_options(argv: Sequence[str]) -> Options:
-    """`Options` from the command line; the options `compare` does not know are train options."""
-    known, rest = _parser().parse_known_args(list(argv))
+    known, rest = parser.parse_known_args(list(argv))
     methods = [m.strip() for m in known.methods.split(",") if m.strip()]
     return Options(methods, known.seeds, known.output_dir, known.baseline, known.workers, known.eval_examples, rest)
 
 
-def _flag(arg: str) -> str:
-    return arg.split("=", 1)[0].replace("-", "_").replace("__", "--", 1) if arg.startswith("--") else arg
+def _scan(args: Sequence[str], *names: str) -> tuple[dict[str, str | None], list[str]]:
+    """The values of the options `names` in `args` (`--a_b V`, `--a-b=V`; the last wins; "" without a value, None
+    when absent) and the other args, in order."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in names:
+        parser.add_argument(*{f"--{name}", f"--{name.replace('_', '-')}"}, dest=name, nargs="?", const="")
+    known, rest = parser.parse_known_args(list(args))
+    return vars(known), rest
 
 
 def check(options: Options) -> None:
@@ -106,13 +105,13 @@ def check(options: Options) -> None:
                            "more (docs/compare.md: 8 for a first look, the power note says how many to decide).")  # fmt: skip
     if options.workers < 1 or options.eval_examples < 1:
         raise CompareError("--workers and --eval_examples must be at least 1.")
-    flags = {_flag(a) for a in options.train_args}
-    if "--num_eval_examples" in flags:
+    given, _ = _scan(options.train_args, "num_eval_examples", "use_cpu", *OWN_OPTIONS)
+    if given["num_eval_examples"] is not None:
         raise CompareError("--num_eval_examples: compare sets the held-out size of every run; use --eval_examples.")
-    if own := sorted(flags & set(OWN_OPTIONS)):
+    if own := [f"--{name}" for name in OWN_OPTIONS if given[name] is not None]:
         raise CompareError(f"{', '.join(own)}: compare sets these for each run (DIR/runs/METHOD-SEED); use "
                            "--methods, --seeds and --output_dir.")  # fmt: skip
-    if options.workers > 1 and "--use_cpu" not in flags:
+    if options.workers > 1 and given["use_cpu"] is None:
         from .device import has_accelerator
 
         if has_accelerator():
@@ -120,55 +119,27 @@ def check(options: Options) -> None:
                                "--workers, or add --use_cpu true to train them on the CPU.")  # fmt: skip
 
 
-def _given(args: Sequence[str], flag: str) -> str | None:
-    """The value of `flag` in `args` (`--flag V` or `--flag=V`; the last one wins), else None."""
-    value = None
-    for i, arg in enumerate(args):
-        name, sep, inline = arg.partition("=")
-        if _flag(name) == flag:
-            value = inline if sep else (args[i + 1] if i + 1 < len(args) else None)
-    return value
-
-
-def _without(args: Sequence[str], flags: Sequence[str]) -> list[str]:
-    """`args` without the options `flags` (and their values)."""
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        name, sep, _ = arg.partition("=")
-        if _flag(name) in flags:
-            skip = not sep
-            continue
-        out.append(arg)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------- data
 def carve_heldout(options: Options, data_dir: Path) -> tuple[list[str], bool]:
     """(every run's train options, whether compare scores DATA/heldout.jsonl itself): the held-out split every run
-    shares, carved once from `--dataset_name` (the first `eval_examples` of a shuffle with `CARVE_SEED`; the rest in
-    DATA/train.jsonl). See docs/compare.md."""
-    from .offline import EMBEDDED_POLICY_PATH, make_arithmetic_dataset
+    shares, carved once from `--dataset_name` (`CARVE_SEED`; the rest in DATA/train.jsonl). See docs/compare.md."""
+    from .defaults import uses_embedded_policy
+    from .offline import make_arithmetic_dataset
 
-    name, heldout_path = _given(options.train_args, "--dataset_name"), data_dir / "heldout.jsonl"
+    given, rest = _scan(options.train_args, *DATA_OPTIONS)
+    name, heldout_path, train_path = given["dataset_name"], data_dir / "heldout.jsonl", data_dir / "train.jsonl"
     if name is None:
-        model = _given(options.train_args, "--model_name_or_path") or EMBEDDED_POLICY_PATH
-        if os.path.realpath(model) == os.path.realpath(EMBEDDED_POLICY_PATH):
+        if uses_embedded_policy(_scan(options.train_args, "model_name_or_path")[0]["model_name_or_path"]):
             return [*options.train_args, "--num_eval_examples", str(options.eval_examples)], False
         if not heldout_path.exists():
             data_dir.mkdir(parents=True, exist_ok=True)
             test = make_arithmetic_dataset(options.eval_examples, seed=0, split="test")
             test.select_columns(["prompt", "solution"]).to_json(str(heldout_path), lines=True)
         return list(options.train_args), True
-    train_path = data_dir / "train.jsonl"
     if not (train_path.exists() and heldout_path.exists()):
         from .adapters import load_raw_dataset, to_prompt_solution
 
-        fmt = _given(options.train_args, "--dataset_format") or "prompt-answer"
-        split = _given(options.train_args, "--dataset_train_split") or "train"
-        data = to_prompt_solution(load_raw_dataset(name, _given(options.train_args, "--dataset_config"), split), fmt)
+        raw = load_raw_dataset(name, given["dataset_config"], given["dataset_train_split"] or "train")
+        data = to_prompt_solution(raw, given["dataset_format"] or "prompt-answer")
         if len(data) <= options.eval_examples:
             raise CompareError(f"--dataset_name {name} has {len(data)} rows, not more than --eval_examples "
                                f"{options.eval_examples}: lower --eval_examples so rows are left to train on.")  # fmt: skip
@@ -176,8 +147,7 @@ def carve_heldout(options: Options, data_dir: Path) -> tuple[list[str], bool]:
         data_dir.mkdir(parents=True, exist_ok=True)
         data.select(range(options.eval_examples)).to_json(str(heldout_path), lines=True)
         data.select(range(options.eval_examples, len(data))).to_json(str(train_path), lines=True)
-    return [*_without(options.train_args, DATA_OPTIONS), "--dataset_name", str(train_path),
-            "--dataset_format", "prompt-answer"], True  # fmt: skip
+    return [*rest, "--dataset_name", str(train_path), "--dataset_format", "prompt-answer"], True
 
 
 def heldout_accuracy(model_path: str, heldout_path: Path, max_new_tokens: int) -> dict[str, Any]:
@@ -198,7 +168,6 @@ def heldout_accuracy(model_path: str, heldout_path: Path, max_new_tokens: int) -
     return greedy_accuracy(model, tokenizer, heldout, max_new_tokens=max_new_tokens)
 
 
-# ---------------------------------------------------------------------------------------------------- one run
 class Trainer:
     """Runs one (method, seed) as `python -m trl_groupopt.cli train ...` and reads back its record."""
 
@@ -226,18 +195,12 @@ class Trainer:
                                     start_new_session=True)  # fmt: skip
             with self.lock:
                 self.live.add(proc)
-            try:
-                _, status, usage = os.wait4(proc.pid, 0)
-                proc.returncode = os.waitstatus_to_exitcode(status)
-            except BaseException:  # Ctrl-C while it trains: the run is lost, not left behind
-                proc.kill()
-                proc.wait()
-                raise
-            finally:
-                with self.lock:
-                    self.live.discard(proc)
+            _, status, usage = os.wait4(proc.pid, 0)  # Ctrl-C meanwhile: `run` kills it (the run is lost)
+            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+            with self.lock:
+                self.live.discard(proc)
         wall, cpu = time.perf_counter() - started, usage.ru_utime + usage.ru_stime
-        if proc.returncode != 0:
+        if proc.returncode:
             tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] or ["?"]
             raise RuntimeError(f"exit status {proc.returncode}; {log}: {tail[0][-300:]}")
         return self.record(method, seed, folder, wall, cpu)
@@ -247,12 +210,13 @@ class Trainer:
         before, after = results.get("accuracy_before"), results.get("accuracy_after")
         if self.score_here:
             heldout = self.dir / "data" / "heldout.jsonl"
-            max_new = int(_given(self.run_args, "--max_completion_length") or 256)  # TRL's default
+            given, _ = _scan(self.run_args, "max_completion_length", "model_name_or_path")
+            max_new = int(given["max_completion_length"] or 256)  # TRL's default
             with self.lock:  # the base model's, the same for every run: measured once
                 if self._before is None:
                     from .offline import EMBEDDED_POLICY_PATH
 
-                    model = _given(self.options.train_args, "--model_name_or_path") or EMBEDDED_POLICY_PATH
+                    model = given["model_name_or_path"] or EMBEDDED_POLICY_PATH
                     self._before = heldout_accuracy(model, heldout, max_new)["accuracy"]
             before, after = self._before, heldout_accuracy(str(folder), heldout, max_new)["accuracy"]
         mechanisms = (results.get("mechanism") or {}).get("mechanisms") or []
@@ -269,7 +233,6 @@ class Trainer:
                 proc.kill()
 
 
-# ---------------------------------------------------------------------------------------------------- the comparison
 def comparisons(records: list[dict[str, Any]], methods: Sequence[str], baseline: str) -> list[dict[str, Any]]:
     """Each method against the baseline, paired by seed (`stats.compare_pair`) on the held-out accuracy after."""
     ok = [r for r in records if "error" not in r]
@@ -279,11 +242,10 @@ def comparisons(records: list[dict[str, Any]], methods: Sequence[str], baseline:
 
     out = []
     for method in (m for m in methods if m != baseline):
-        runs = [r for r in ok if r["method"] == method and r.get("acted")]
-        acted = {"what": runs[0]["acted"]["what"], "steps": sum(r["acted"]["steps"] for r in runs),
-                 "acted": sum(r["acted"]["acted"] for r in runs)} if runs else None  # fmt: skip
-        if acted:
-            acted["fraction"] = acted["acted"] / acted["steps"] if acted["steps"] else None
+        acts = [r["acted"] for r in ok if r["method"] == method and r.get("acted")]
+        steps, count = sum(a["steps"] for a in acts), sum(a["acted"] for a in acts)
+        fraction = count / steps if steps else None
+        acted = {"what": acts[0]["what"], "steps": steps, "acted": count, "fraction": fraction} if acts else None
         row = stats.compare_pair(after(method), after(baseline), acted=acted)
         d = row["difference"]
         out.append({"method": method, "baseline": baseline, "n": row["n"], "difference": d["mean"],
@@ -296,7 +258,7 @@ def payload(options: Options, runs: runfile.Runs) -> dict[str, Any]:
     """compare.json: the settings, every run of DIR and the comparisons."""
     ok = [r for r in runs.records if "error" not in r]
     return {
-        "command": shlex.join(["trl-groupopt", "compare", *options_argv(options)]),
+        "command": command_line(options),
         "settings": asdict(options),
         "verdict_rule": stats.VERDICT_RULE,
         "runs": runs.records,
@@ -308,10 +270,11 @@ def payload(options: Options, runs: runfile.Runs) -> dict[str, Any]:
     }
 
 
-def options_argv(options: Options) -> list[str]:
-    return ["--methods", ",".join(options.methods), "--seeds", str(options.seeds), "--output_dir",
-            options.output_dir, "--baseline", options.baseline, "--workers", str(options.workers),
-            "--eval_examples", str(options.eval_examples), *options.train_args]  # fmt: skip
+def command_line(options: Options) -> str:
+    return shlex.join(["trl-groupopt", "compare", "--methods", ",".join(options.methods), "--seeds",
+                       str(options.seeds), "--output_dir", options.output_dir, "--baseline", options.baseline,
+                       "--workers", str(options.workers), "--eval_examples", str(options.eval_examples),
+                       *options.train_args])  # fmt: skip
 
 
 def run(options: Options) -> dict[str, Any]:
@@ -330,7 +293,7 @@ def run(options: Options) -> dict[str, Any]:
     print(f"{PROG}: {total - len(jobs)} of {total} runs done in {out / 'runs.jsonl'}; {len(jobs)} to run "
           f"({options.workers} at a time)", flush=True)  # fmt: skip
     try:
-        runfile.run_grid(grid, jobs, options.settings, out / "runs.jsonl", shlex.join([PROG, *options_argv(options)]),
+        runfile.run_grid(grid, jobs, options.settings, out / "runs.jsonl", command_line(options),
                          workers=options.workers, pool="thread", on_record=lambda r: "error" in r)  # fmt: skip
     except KeyboardInterrupt:
         trainer.kill()

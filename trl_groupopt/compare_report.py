@@ -8,8 +8,8 @@ from typing import Any
 from . import stats
 
 
-def _points(x: float | None, signed: bool = True) -> str:
-    return "n/a" if x is None else (f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}")
+def _points(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}"
 
 
 def _percent(x: float | None) -> str:
@@ -71,16 +71,14 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_plot(result: dict[str, Any], path: Path) -> Path | None:
+def write_plot(result: dict[str, Any], path: Path) -> Path:
     """One row per method: each seed's paired difference (dots), the mean and its 95% interval (bar), the +-2-point
-    band of "no difference". None when matplotlib is missing."""
-    try:
-        import matplotlib
+    band of "no difference"."""
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     rows = result["comparisons"]
     fig, ax = plt.subplots(figsize=(7.5, 1.0 + 0.7 * max(1, len(rows))))
     margin = 100 * stats.EQUIVALENCE_MARGIN

@@ -40,13 +40,7 @@ EMBEDDED_POLICY_DEFAULTS = dict(
 )
 
 #: Everything the embedded-policy demo sets; the benchmarks start from it (they save no checkpoints).
-DEMO_DEFAULTS = {
-    **RUN_DEFAULTS,
-    **EMBEDDED_POLICY_DEFAULTS,
-    "bf16": False,
-    "disable_tqdm": True,
-    "save_strategy": "no",
-}
+DEMO_DEFAULTS = RUN_DEFAULTS | EMBEDDED_POLICY_DEFAULTS | {"bf16": False, "disable_tqdm": True, "save_strategy": "no"}
 
 
 def uses_embedded_policy(model_name_or_path: str | None) -> bool:

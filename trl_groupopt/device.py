@@ -11,16 +11,11 @@ NATIVE_BF16_MIN_CAPABILITY = 8
 def has_accelerator() -> bool:
     import torch
 
-    if torch.cuda.is_available():
-        return True
-    if getattr(torch, "xpu", None) is not None and torch.xpu.is_available():
-        return True
-    return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+    return torch.cuda.is_available() or torch.xpu.is_available() or torch.backends.mps.is_available()
 
 
 def device_supports_bf16(use_cpu: bool = False) -> bool:
-    """Whether training will use an accelerator that runs bf16 in hardware (emulated bf16, CPU or pre-Ampere, is
-    slower than fp32)."""
+    """Whether training uses an accelerator with native bf16 (emulated bf16, CPU or pre-Ampere: slower than fp32)."""
     if use_cpu:
         return False
     import torch

@@ -77,17 +77,14 @@ class MechanismOutcome:
     def never_acted(self) -> bool:
         return self.steps > 0 and self.acted == 0
 
-    def _observed_text(self) -> str:
-        values = [(item.label, self.observed.get(item.label)) for item in self.mechanism.observed]
-        return "; ".join(f"{label} within [{v[0]:.4f}, {v[1]:.4f}]" if isinstance(v, tuple) else
-                         f"{label}: mean {v:.3g}" for label, v in values if v is not None)  # fmt: skip
-
     @property
     def text(self) -> str:
         m = self.mechanism
         if not self.steps:
             return f"{m.name}: not measured (no optimizer step logged {', '.join(m.keys)})."
-        observed = self._observed_text()
+        values = [(item.label, self.observed.get(item.label)) for item in m.observed]
+        observed = "; ".join(f"{label} within [{v[0]:.4f}, {v[1]:.4f}]" if isinstance(v, tuple) else
+                             f"{label}: mean {v:.3g}" for label, v in values if v is not None)  # fmt: skip
         head = f"{m.name} acted on {self.acted} of {self.steps} optimizer steps" + (f" ({observed})" * bool(observed))
         if self.acted:
             text = f"{head}: {m.what} on {self.acted / self.steps:.0%} of them."
@@ -123,9 +120,8 @@ class MechanismReport:
         return self.text
 
     def to_dict(self) -> dict[str, Any]:
-        outcomes = [outcome.to_dict() for outcome in self.outcomes]
-        return {"method": self.method, "advantage_estimator": self.advantage_estimator, "mechanisms": outcomes,
-                "text": self.text}  # fmt: skip
+        return {"method": self.method, "advantage_estimator": self.advantage_estimator,
+                "mechanisms": [outcome.to_dict() for outcome in self.outcomes], "text": self.text}  # fmt: skip
 
 
 class MechanismTracker:
@@ -159,11 +155,9 @@ class MechanismTracker:
     def end_step(self) -> dict[str, float]:
         """Close an optimizer step; returns ``{acted/<method>: 1.0 or 0.0}`` for the mechanisms it measured."""
         means = {key: sum(values) / len(values) for key, values in self._step.items()}
-        self._step = {}
-        logged = {}
+        self._step, logged = {}, {}
         for m in self.mechanisms:
-            acted = m.acted_on(means)
-            if acted is not None:
+            if (acted := m.acted_on(means)) is not None:
                 self._counts[m.method][0] += 1
                 self._counts[m.method][1] += acted
                 logged[m.metric] = float(acted)
@@ -172,11 +166,7 @@ class MechanismTracker:
     def report(self, method: str, advantage_estimator: str) -> MechanismReport:
         outcomes = []
         for m in self.mechanisms:
-            observed: dict[str, tuple[float, float] | float] = {}
-            for item in m.observed:
-                stats = self._values.get(item.key)
-                if stats:
-                    observed[item.label] = (stats[0], stats[1]) if item.stat == "range" else stats[2] / stats[3]
-            steps, acted = self._counts[m.method]
-            outcomes.append(MechanismOutcome(m, steps=steps, acted=acted, observed=observed))
-        return MechanismReport(method=method, advantage_estimator=advantage_estimator, outcomes=outcomes)
+            found = [(item, self._values[item.key]) for item in m.observed if self._values.get(item.key)]
+            observed = {item.label: (v[0], v[1]) if item.stat == "range" else v[2] / v[3] for item, v in found}
+            outcomes.append(MechanismOutcome(m, *self._counts[m.method], observed=observed))
+        return MechanismReport(method, advantage_estimator, outcomes)

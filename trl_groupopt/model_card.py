@@ -40,7 +40,7 @@ REPORTED_GRPO_FIELDS = tuple("""learning_rate lr_scheduler_type warmup_ratio wei
 #: Fields whose declared default (None) `GRPOConfig.__post_init__` derives: compared against the derived value.
 DERIVED_DEFAULTS = {"steps_per_generation": lambda args: args.gradient_accumulation_steps}
 SUMMARY_FRACTION = 0.1  # the share of the logged steps each end of the reward summary averages (at least one)
-#: Quick-start (question, max_new_tokens): the synthetic task's (`offline/task.py`), GSM8K/MATH-style, TRL's own.
+#: Quick-start (question, max_new_tokens): the synthetic task's (`offline.py`), GSM8K/MATH-style, TRL's own.
 ARITHMETIC_QUESTION = ("Compute 12+7-3", 48)
 MATH_QUESTION = ("A baker puts 24 muffins into boxes of 4 and sells each box for $3. How much money does the baker "
                  "make by selling all the boxes?", 256)  # fmt: skip
@@ -139,12 +139,6 @@ def _is_hub_id(name: str | None) -> bool:
         return False
 
 
-def _is_embedded_policy(name: str | None) -> bool:
-    from .offline import EMBEDDED_POLICY_PATH
-
-    return bool(name) and os.path.realpath(name) == os.path.realpath(EMBEDDED_POLICY_PATH)
-
-
 def _question(dataset_name: str | None, base_kind: str) -> tuple[str, int]:
     """(question, max_new_tokens) of the synthetic task (or the embedded policy's), GSM8K/MATH-style data, or TRL's."""
     name = (dataset_name or "").lower()
@@ -196,11 +190,13 @@ def render_model_card(trainer, model_name: str | None = None, dataset_name: str 
     from trl.trainer.utils import get_config_model_id
 
     from . import __version__
+    from .defaults import uses_embedded_policy
     from .objectives.estimators import estimator_of
 
     args, base, adapter = trainer.args, get_config_model_id(trainer.model.config), _adapter(trainer.model)
     base_id = base if _is_hub_id(base) else None  # a local path never reaches the card
-    base_kind = "hub" if base_id else "embedded" if _is_embedded_policy(base) else "local" if base else "config"
+    embedded = bool(base) and uses_embedded_policy(base)
+    base_kind = "hub" if base_id else "embedded" if embedded else "local" if base else "config"
     dataset_id = dataset_name if dataset_name and "/" in dataset_name and _is_hub_id(dataset_name) else None
     model_name = model_name or (args.hub_model_id or os.path.normpath(args.output_dir)).split("/")[-1]
     user_tags = [tags] if isinstance(tags, str) else list(tags or [])
@@ -240,18 +236,19 @@ def create_model_card(trainer, output_dir: str | os.PathLike | None = None, **ca
         return None
     folder = Path(output_dir if output_dir is not None else trainer.args.output_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    text = render_model_card(trainer, output_dir=folder, **card)
-    (folder / "README.md").write_text(text, encoding="utf-8")
+    (folder / "README.md").write_text(render_model_card(trainer, output_dir=folder, **card), encoding="utf-8")
     return str(folder / "README.md")
 
 
 def portable_adapter_config(output_dir: str | os.PathLike) -> bool:
     """After an adapter save: `adapter_config.json` names the embedded policy as `EMBEDDED_POLICY_REFERENCE`, not by
     PEFT's absolute path, which breaks when the installation moves (docs/hub.md). Returns whether the file changed."""
+    from .defaults import uses_embedded_policy
+
     path = Path(output_dir) / "adapter_config.json"
     config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     base = config.get("base_model_name_or_path")
-    if base == EMBEDDED_POLICY_REFERENCE or not _is_embedded_policy(base):
+    if not base or base == EMBEDDED_POLICY_REFERENCE or not uses_embedded_policy(base):
         return False
     path.write_text(json.dumps({**config, "base_model_name_or_path": EMBEDDED_POLICY_REFERENCE}, indent=2), "utf-8")
     return True

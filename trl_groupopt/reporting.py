@@ -12,6 +12,8 @@ from typing import Any
 
 from transformers.trainer_callback import ProgressCallback, TrainerCallback
 
+from .runs import jsonable
+
 __all__ = ["HeldOutAccuracyCallback", "ReadableProgressCallback", "distinct_series", "format_log_line",
            "logged_points", "plot_reward_accuracy", "write_results"]  # fmt: skip
 
@@ -74,9 +76,8 @@ class ReadableProgressCallback(ProgressCallback):
 def write_results(output_dir: str, **results: Any) -> str:
     """Write ``results`` to ``output_dir/results.json`` (NaN as null); returns the path."""
     os.makedirs(output_dir, exist_ok=True)
-    clean = {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in results.items()}
     with open(os.path.join(output_dir, "results.json"), "w") as handle:
-        handle.write(json.dumps(clean, indent=2) + "\n")
+        handle.write(json.dumps(jsonable(results), indent=2) + "\n")
     return handle.name
 
 
@@ -85,9 +86,9 @@ class HeldOutAccuracyCallback(TrainerCallback):
     (greedy decoding draws no random numbers: the training samples do not change). Kept in :attr:`points`
     (``[(step, accuracy)]``) and logged as ``heldout/accuracy`` through ``trainer.log_step_metric`` when it has one."""
 
-    def __init__(self, trainer, dataset, every: int, *, max_new_tokens: int | None = None) -> None:
+    def __init__(self, trainer, dataset, every: int) -> None:
         self.trainer, self.dataset, self.every = trainer, dataset, every
-        self.max_new_tokens = max_new_tokens or getattr(trainer.args, "max_completion_length", None) or 48
+        self.max_new_tokens = getattr(trainer.args, "max_completion_length", None) or 48
         self.points: list[tuple[int, float]] = []
 
     def _measure(self, state) -> float | None:
@@ -155,17 +156,15 @@ def plot_reward_accuracy(log_history: Sequence[dict[str, Any]], path: str, *,
                          heldout: Sequence[tuple[int, float]] = (), heldout_curve: Sequence[tuple[int, float]] = (),
                          heldout_label: str = "accuracy (held-out, greedy)",
                          curve_label: str = "accuracy (held-out slice, greedy)", mechanism_report=None,
-                         title: str = "") -> str | None:  # fmt: skip
-    """Plot a run to ``path`` (PNG); returns the path, or None without matplotlib. Top: each distinct training series
+                         title: str = "") -> str:  # fmt: skip
+    """Plot a run to ``path`` (PNG); returns the path. Top: each distinct training series
     (:func:`distinct_series`), ``heldout_curve`` (a line) and the full evaluations ``heldout`` (points: nothing was
     measured in between). Bottom, with a ``mechanism_report``: its mechanisms' metrics and ``acted/<method>``."""
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     rows = 2 if mechanism_report is not None and mechanism_report.outcomes else 1
     fig, axes = plt.subplots(rows, 1, figsize=(6.5, 3.6 * rows), dpi=100, squeeze=False)
     ax = axes[0][0]

@@ -1,7 +1,6 @@
 """Resume rules, one story for the command line and the Python API: docs/reliability.md, "Resume is one story".
 `trl_groupopt.run_folder` decides which checkpoints are complete. Imports neither TRL nor torch at module level (the
-CLI reads it first).
-"""
+CLI reads it first)."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ RESUME_SETTINGS = ("learning_rate", "per_device_train_batch_size", "gradient_acc
 
 
 def earlier_run(output_dir: str | os.PathLike) -> str | None:
-    """What an earlier run left in `output_dir` ("checkpoints (checkpoint-8, checkpoint-6)", "a finished run
-    (model.safetensors, results.json)"), or None."""
+    """What an earlier run left in `output_dir` ("checkpoints (checkpoint-8)", "a finished run (...)"), or None."""
     found = checkpoints(output_dir)
     if found:
         return "checkpoints (" + ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "") + ")"
@@ -53,8 +51,7 @@ def refuse_fresh_run(output_dir: str | os.PathLike, overwrite: bool, *, cli: boo
 
 
 def run_record(trainer: Any) -> dict[str, Any]:
-    """What a checkpoint's completion record keeps for the resume rules: the trainer's method, `RESUME_SETTINGS`, and
-    the epochs (a `max_steps=-1` run is finished by them)."""
+    """The record's "run": the trainer's method, `RESUME_SETTINGS` and the epochs (which end a `max_steps=-1` run)."""
     names = (*RESUME_SETTINGS, "num_train_epochs", "max_steps")
     return {"method": _method_name(trainer), "settings": {name: getattr(trainer.args, name, None) for name in names}}
 
@@ -82,19 +79,15 @@ def check_resume(checkpoint: str, method: str, args: Any, *, warn: bool = True) 
     if not changed or not warn:
         return
     said = ", ".join(f"{name} {was} -> {now}" for name, (was, now) in changed.items())
-    note = ""
     if "learning_rate" in changed:
         args.learning_rate = changed["learning_rate"][0]
-        note = (
-            f" The restored optimizer and scheduler keep the checkpoint's learning rate "
-            f"({changed['learning_rate'][0]}), which is recorded as used; to change it, start a new run from the "
-            f"checkpoint's weights (--model_name_or_path {checkpoint})."
+        said += (
+            f". The restored optimizer and scheduler keep the checkpoint's learning rate ({args.learning_rate}), "
+            f"recorded as used; to change it, start a new run from its weights (--model_name_or_path {checkpoint})"
         )
     if changed.keys() - {"learning_rate"}:
-        note += (
-            " The batch and group settings given now are used: the resumed run is not the one the checkpoint began."
-        )
-    warnings.warn(f"Resuming {checkpoint} with changed settings: {said}.{note}", UserWarning, stacklevel=3)
+        said += ". The batch and group settings given now are used: the resumed run is not the checkpoint's run"
+    warnings.warn(f"Resuming {checkpoint} with changed settings: {said}.", UserWarning, stacklevel=3)
 
 
 def finished_message(checkpoint: str, args: Any) -> str | None:

@@ -4,7 +4,7 @@ plain-string completions; dataset columns and TRL's extra keywords arrive as key
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["accuracy_reward", "closing_brace", "completion_text", "extract_last_boxed", "format_reward"]
@@ -27,10 +27,7 @@ def completion_text(completion: str | Sequence[dict[str, Any]]) -> str:
 
 
 def accuracy_reward(
-    completions: Sequence[str | Sequence[dict[str, Any]]],
-    solution: Sequence[str | None],
-    log_extra: Callable[[str, list], None] | None = None,
-    **kwargs: Any,
+    completions: Sequence[str | Sequence[dict[str, Any]]], solution: Sequence[str | None], **kwargs: Any
 ) -> list[float | None]:
     r"""``trl.rewards.accuracy_reward`` (math-verify; the answer must be boxed: ``"... -11"`` scores 0) for any
     completion shape (TRL's reads ``completion[0]["content"]`` only); a ``None`` solution gives reward ``None``."""
@@ -40,7 +37,7 @@ def accuracy_reward(
         raise ValueError(f"got {len(completions)} completions but {len(solution)} solutions")
     messages = [[{"role": "assistant", "content": completion_text(c)}] for c in completions]
     gold = ["" if s is None else str(s) for s in solution]
-    return trl_accuracy_reward(messages, gold, log_extra=log_extra, **kwargs)
+    return trl_accuracy_reward(messages, gold, **kwargs)  # TRL's log_extra among them
 
 
 def closing_brace(text: str, start: int) -> int | None:
@@ -71,18 +68,15 @@ def extract_last_boxed(text: str) -> str | None:
     return None if end is None else text[m.end() : end]
 
 
+def _formatted(text: str) -> bool:
+    if text.count(BOXED) != 1:
+        return False
+    start = text.index(BOXED) + len(BOXED)
+    end = closing_brace(text, start)
+    return end is not None and text[start:end].strip() != "" and all(ch in _TRAILING_OK for ch in text[end + 1 :])
+
+
 def format_reward(completions: Sequence[str | Sequence[dict[str, Any]]], **kwargs: Any) -> list[float]:
     r"""1.0 iff ``\boxed{`` occurs exactly once (two answers are ambiguous), its braces balance around non-blank
     content, and only ``_TRAILING_OK`` follows (it ends the completion); else 0.0. Correctness is not checked."""
-    rewards: list[float] = []
-    for completion in completions:
-        text = completion_text(completion)
-        ok = text.count(BOXED) == 1
-        if ok:
-            start = text.index(BOXED) + len(BOXED)
-            end = closing_brace(text, start)
-            ok = (
-                end is not None and text[start:end].strip() != "" and all(ch in _TRAILING_OK for ch in text[end + 1 :])
-            )
-        rewards.append(1.0 if ok else 0.0)
-    return rewards
+    return [1.0 if _formatted(completion_text(completion)) else 0.0 for completion in completions]

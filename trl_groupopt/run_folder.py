@@ -1,7 +1,6 @@
 """A run's output folder: which checkpoints are complete and intact (`CHECKPOINT_RECORD`), which one to resume from,
 and the lock of the run using it (`RunLock`): docs/reliability.md, "Runs that survive". Imports neither TRL nor torch
-(the CLI reads it before choosing a trainer).
-"""
+(the CLI reads it before choosing a trainer)."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def _files(folder: Path) -> list[Path]:
-    return [p for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(f".{CHECKPOINT_RECORD}")
-            and p.name != CHECKPOINT_RECORD]  # fmt: skip
+    return [p for p in sorted(folder.rglob("*")) if p.is_file() and CHECKPOINT_RECORD not in p.name]  # and its .tmp
 
 
 def write_checkpoint_record(folder: str | os.PathLike, run: dict | None = None) -> None:
@@ -130,22 +128,18 @@ def _verify_files(folder: Path, recorded: dict) -> str | None:
 
 
 def checkpoint_problem(folder: str | os.PathLike) -> str | None:
-    """What makes `folder` an incomplete or damaged checkpoint (e.g. "model.safetensors is 3,145,728 bytes, 8,519,224
-    recorded"), or None if it is complete."""
+    """What makes `folder` an incomplete or damaged checkpoint ("x.pt is 40 bytes, 128 recorded"), or None."""
     folder = Path(folder)
     if not folder.is_dir():
         return "it is not a folder"
     if not (folder / CHECKPOINT_RECORD).is_file():
         if not _CHECKPOINT.match(folder.name) and not any(any(folder.glob(g)) for g in _TRAINING_STATE_FILES):
             return NOT_A_CHECKPOINT
-        state = folder / TRAINER_STATE
-        if not state.is_file():
+        if read_json(folder / TRAINER_STATE) is not None:
+            return None
+        if not (folder / TRAINER_STATE).is_file():
             return f"no {CHECKPOINT_RECORD} and no {TRAINER_STATE} (the save was cut short)"
-        try:
-            json.loads(state.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return f"no {CHECKPOINT_RECORD}, and {TRAINER_STATE} is cut short"
-        return None
+        return f"no {CHECKPOINT_RECORD}, and {TRAINER_STATE} is cut short"
     record = read_checkpoint_record(folder)
     if record is None:
         return f"{CHECKPOINT_RECORD} is unreadable"
@@ -162,7 +156,6 @@ def newest_complete_checkpoint(output_dir: str | os.PathLike, *, warn: bool = Tr
             warnings.warn(
                 f"Skipping the incomplete or damaged checkpoint {folder}: {problem}. Resuming from an earlier one; "
                 "this folder is overwritten when training reaches its step again.",
-                UserWarning,
                 stacklevel=2,
             )
     return None
@@ -185,10 +178,9 @@ def resolve_resume(output_dir: str | os.PathLike, resume_from_checkpoint: str | 
     problem = checkpoint_problem(resume_from_checkpoint)
     if problem == NOT_A_CHECKPOINT:
         raise ValueError(
-            f"Cannot resume from {resume_from_checkpoint}: {problem}. Resume from one of its checkpoints "
-            f"(--resume_from_checkpoint last --output_dir {resume_from_checkpoint}), or start a new run from its "
-            f"weights: --model_name_or_path {resume_from_checkpoint} (model_name_or_path in Python) with another "
-            "--output_dir."
+            f"Cannot resume from {resume_from_checkpoint}: {problem}. Resume one of its checkpoints "
+            f"(--resume_from_checkpoint last --output_dir {resume_from_checkpoint}) or start anew from its weights"
+            f" (--model_name_or_path {resume_from_checkpoint}, model_name_or_path in Python) and another --output_dir."
         )
     if problem is not None:
         parent = Path(resume_from_checkpoint).parent
@@ -209,7 +201,7 @@ def _process_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by another user
-        return True
+        pass
     return True
 
 
@@ -255,7 +247,6 @@ class RunLock:
             warnings.warn(
                 f"Taking over the lock of {self.folder}: it was left by process {pid}, which no longer exists (a "
                 "run that was killed). Its checkpoints are kept.",
-                UserWarning,
                 stacklevel=2,
             )
             self.path.unlink(missing_ok=True)
@@ -264,9 +255,8 @@ class RunLock:
             holder = self._holder()
         who = f"process {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
         raise OutputFolderInUseError(
-            f"{self.folder} is in use by another run ({who}): two runs into one folder overwrite each other's "
-            f"checkpoints and model. Choose another output_dir (--output_dir), or wait for that run to end. If no "
-            f"such run exists, delete {self.path}."
+            f"{self.folder} is in use by another run ({who}): two runs into one folder overwrite each other's files. "
+            f"Choose another output_dir (--output_dir), wait for that run to end, or delete {self.path} if it is gone."
         )
 
     def __exit__(self, *exc_info) -> None:

@@ -1,9 +1,5 @@
-"""The runner of `trl-groupopt compare` and of the benchmarks' grids: a keyed, appendable JSONL runs file (a record
-per finished run, keyed by `Grid.key_fields`, with its `settings`, `wall_s`, or `error`; an `{"invocation": ...}`
-line per invocation that ran something), a pool of workers, a progress line per run. Running again runs only the
-keys the file lacks; other settings are refused, never mixed. SIGTERM stops after the runs in flight; Ctrl-C at once
-(those are lost). Standard library only. See docs/compare.md.
-"""
+"""The runner of `trl-groupopt compare` and of the benchmarks' grids: a keyed, appendable JSONL runs file, a pool of
+workers, a progress line per run. Standard library only. See benchmarks/README.md (the grid runner), docs/compare.md."""
 
 from __future__ import annotations
 
@@ -108,11 +104,8 @@ def run_safely(run_one: Callable[..., dict[str, Any]], key_fields: Sequence[str]
     try:
         record = run_one(*job, settings)
     except Exception:  # noqa: BLE001 - reported in the record and the log
-        record = {
-            **dict(zip(key_fields, job)),
-            "error": traceback.format_exc(),
-            "wall_s": time.perf_counter() - started,
-        }
+        error = traceback.format_exc()
+        record = {**dict(zip(key_fields, job)), "error": error, "wall_s": time.perf_counter() - started}
     record["settings"] = settings
     return record
 
@@ -124,37 +117,15 @@ def _worker_start(initializer: Callable[[], None] | None) -> None:
         initializer()
 
 
-class Stop:
-    """SIGTERM, while installed (main thread only): no further run starts; the runs in flight finish."""
-
-    requested = False
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        print(f"signal {signum}: stopping after the run(s) in flight", file=sys.stderr, flush=True)
-
-    def __enter__(self) -> Stop:
-        self._main = threading.current_thread() is threading.main_thread()
-        self._previous = signal.signal(signal.SIGTERM, self._handle) if self._main else None
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._main:
-            signal.signal(signal.SIGTERM, self._previous)
-
-
 def _finished(grid: Grid, jobs: list[tuple], settings: dict[str, Any], pool: Executor | None,
-              workers: int, stop: Stop) -> Iterator[dict[str, Any]]:  # fmt: skip
+              workers: int, stop: threading.Event) -> Iterator[dict[str, Any]]:  # fmt: skip
     """Each job's record as it finishes, in this process one after the other or `workers` at a time in `pool`."""
-    if pool is None:
-        for job in jobs:
-            if stop.requested:
-                return
-            yield run_safely(grid.run_one, grid.key_fields, job, settings)
+    if pool is None:  # the condition is read before each job: a stop starts no further one
+        yield from (run_safely(grid.run_one, grid.key_fields, job, settings) for job in jobs if not stop.is_set())
         return
     queue, running = list(jobs), set()  # Ctrl-C: `run_grid` shuts the pool down, starting nothing more
     while queue or running:
-        while queue and len(running) < workers and not stop.requested:
+        while queue and len(running) < workers and not stop.is_set():
             running.add(pool.submit(run_safely, grid.run_one, grid.key_fields, queue.pop(0), settings))
         if not running:
             return
@@ -193,17 +164,26 @@ def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], path: Path
 
         executor = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                        initializer=functools.partial(_worker_start, initializer))  # fmt: skip
+    stop = threading.Event()  # SIGTERM (heard in the main thread only): no further run starts; those in flight finish
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        stop.set()
+        print(f"signal {signum}: stopping after the run(s) in flight", file=sys.stderr, flush=True)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main else None
     try:
-        with Stop() as stop:
-            for record in _finished(grid, jobs, settings, executor, workers, stop):
-                done += 1
-                append_line(path, record)
-                head = f"  {progress_line(done, len(jobs), time.perf_counter() - started)} {grid.tag(record)}"
-                tail = f"FAILED\n{record['error']}" if "error" in record else grid.describe(record)
-                print(f"{head}: {tail}", flush=True)
-                if on_record is not None and on_record(record):
-                    stop.requested = True
+        for record in _finished(grid, jobs, settings, executor, workers, stop):
+            done += 1
+            append_line(path, record)
+            head = f"  {progress_line(done, len(jobs), time.perf_counter() - started)} {grid.tag(record)}"
+            tail = f"FAILED\n{record['error']}" if "error" in record else grid.describe(record)
+            print(f"{head}: {tail}", flush=True)
+            if on_record is not None and on_record(record):
+                stop.set()
     finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
         if done:

@@ -1,8 +1,5 @@
-"""The TRL half of the training command (`trl_groupopt.cli`): :class:`MethodParser`, TRL's own parser for a method
-(docs/getting-started.md, "The command line: help and errors"), and the run. Public argparse hooks only shape it:
-`add_argument` routes each option to a help group, :class:`Deferred` defaults (`trl_groupopt.defaults`' layers that
-depend on the model) resolve in `parse_known_args`, and `error` prints one line.
-"""
+"""The TRL half of the training command (`trl_groupopt.cli`): :class:`MethodParser`, TRL's own parser for a method,
+shaped by public argparse hooks only (docs/getting-started.md, "The command line: help and errors"), and the run."""
 
 from __future__ import annotations
 
@@ -48,14 +45,10 @@ class DemoScriptArguments(ScriptArguments):
     dataset_format: str = _option("prompt-answer", "How to read --dataset_name.", choices=adapters.DATASET_FORMATS)
     reward_funcs: list[str] = _option(["accuracy_reward"], "From trl_groupopt.rewards.", choices=list(REWARD_FUNCS))
     max_unusable_answer_fraction: float = _option(
-        0.1,
-        "Rows whose gold answer the accuracy reward cannot read, counted before the model loads: above this "
-        "fraction the run stops, below it warns.",
+        0.1, "Rows whose gold answer the reward cannot read: above this fraction the run stops, below it warns."
     )
     max_overlong_prompt_fraction: float = _option(
-        0.1,
-        "Prompts longer than the model's context leaves room for (max_position_embeddings minus "
-        "--max_completion_length), counted before the model loads: above this fraction the run stops, below it warns.",
+        0.1, "Prompts over the context minus --max_completion_length: above this fraction stop, below it warn."
     )
     string_prompts: str = _option(
         "user_message",
@@ -225,10 +218,8 @@ def unknown_option(unknown: Sequence[str], known: Sequence[str], what: str = "op
 
 def parse(method: str, argv: Sequence[str], prog: str):
     """(script_args, training_args, model_args, demo) for `method` from argv, parsed once."""
-    argv = list(argv)
-    if any(a.startswith("--config=") for a in argv):  # TRL reads `--config PATH` only
-        i = next(i for i, a in enumerate(argv) if a.startswith("--config="))
-        argv[i : i + 1] = ["--config", argv[i].partition("=")[2]]
+    # TRL reads `--config PATH` only
+    argv = [part for arg in argv for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
     script_args, training_args, model_args = MethodParser(method, prog).parse_args_and_config(argv)
     if not hasattr(training_args, "max_all_none_reward_batches"):  # plain GRPOConfig (grpo): stop on no reward too
         training_args.max_all_none_reward_batches = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
@@ -238,8 +229,7 @@ def parse(method: str, argv: Sequence[str], prog: str):
 
 
 def set_cpu_threads(training_args, embedded: bool) -> None:
-    """One torch thread per process for the tiny policy (its matrices are too small to split: more threads only add
-    synchronisation, ~30x slower on 2 cores); for larger models the cores divided among local processes."""
+    """One thread per process for the tiny policy, else the cores shared: docs/getting-started.md, "Threads on CPU"."""
     if not training_args.use_cpu and torch.cuda.is_available():
         return
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

@@ -20,6 +20,7 @@ _T975 = (
 EQUIVALENCE_MARGIN = 0.02
 #: Accuracy outcomes where method and baseline both end at or below this: inconclusive (nothing left to lose).
 FLOOR = 0.02
+Outcomes = Mapping[Any, float | None]  # seed -> outcome (None: not measured)
 BETTER, WORSE, NO_DIFFERENCE, INCONCLUSIVE, NOT_RUN = "better", "worse", "no difference", "inconclusive", "not run"
 VERDICT_RULE = (
     "paired by seed, d = method - baseline; better: the 95% interval of mean d lies above 0; worse: below 0; no "
@@ -59,11 +60,10 @@ def mean_ci(values: Sequence[float | None]) -> dict[str, Any]:
     return {"mean": average, "ci95": half, "low": average - half, "high": average + half, "n": n, "std": std}
 
 
-def paired_differences(ours: Mapping[Any, float | None], theirs: Mapping[Any, float | None]) -> list[float | None]:
+def paired_differences(ours: Outcomes, theirs: Outcomes) -> list[float | None]:
     """`ours[k] - theirs[k]` for every key both hold (seeds), in key order; None where either value is missing."""
-    return [
-        None if ours[k] is None or theirs[k] is None else ours[k] - theirs[k] for k in sorted(set(ours) & set(theirs))
-    ]
+    keys = sorted(set(ours) & set(theirs))
+    return [None if ours[k] is None or theirs[k] is None else ours[k] - theirs[k] for k in keys]
 
 
 def half_width(sd: float, n: int) -> float:
@@ -96,12 +96,7 @@ def verdict(stats: Mapping[str, Any], better: int = +1, margin: float | None = E
 
 
 def compare_pair(
-    ours: Mapping[Any, float | None],
-    theirs: Mapping[Any, float | None] | None,
-    *,
-    better: int = +1,
-    accuracy: bool = True,
-    acted: Mapping[str, Any] | None = None,
+    ours: Outcomes, theirs: Outcomes | None, *, better: int = +1, accuracy: bool = True, acted: Mapping | None = None
 ) -> dict[str, Any]:
     """One comparison by :data:`VERDICT_RULE` of seed -> outcome maps (`theirs` None: `ours` are already the paired
     differences); `accuracy` applies the band and the floor; `acted` ({"steps", "acted", "what"}) is how often the
