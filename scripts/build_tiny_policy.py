@@ -46,7 +46,9 @@ torch.set_num_threads(1)  # 2 threads on a 2-core shared machine ran 50x slower
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trl_groupopt.offline import (  # noqa: E402
+from trl_groupopt.offline import (  # noqa: E402  # noqa: E402
+    CHAT_TEMPLATE,
+    ROLE_TOKENS,
     VARIANTS,
     arithmetic_chain_of_thought,
     arithmetic_problems,
@@ -54,8 +56,36 @@ from trl_groupopt.offline import (  # noqa: E402
     greedy_accuracy,
     load_embedded_policy,
     make_arithmetic_dataset,
-    save_tokenizer,
 )
+
+
+def save_tokenizer(tokenizer, path: str | os.PathLike) -> None:
+    """Save ``tokenizer`` so it loads on transformers 5.x and 4.57: 5.x writes ``tokenizer_class:
+    TokenizersBackend``, a ``backend`` key and ``extra_special_tokens`` as a list, none of which 4.57 reads; 4.57 would
+    also return ``token_type_ids``, which GRPOTrainer passes on to ``generate()``."""
+    path = Path(path)
+    tokenizer.save_pretrained(str(path))
+    cfg_path = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg.pop("backend", None)
+    extra = cfg.pop("extra_special_tokens", None)
+    if isinstance(extra, dict):  # the 4.x meaning of the key (named specials): keep as is
+        cfg["extra_special_tokens"] = extra
+    cfg["additional_special_tokens"] = list(ROLE_TOKENS)
+    cfg["model_input_names"] = ["input_ids", "attention_mask"]
+    cfg["padding_side"] = "left"
+    cfg["clean_up_tokenization_spaces"] = False
+    specials = {name: getattr(tokenizer, name) for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    cfg.update(specials)
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    # Both versions read chat_template.jinja; keep the template inline too for older readers.
+    if not (path / "chat_template.jinja").exists():
+        (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    # 4.x also reads special_tokens_map.json; keep it consistent with the config.
+    special_map = {**specials, "additional_special_tokens": list(ROLE_TOKENS)}
+    (path / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
+
 
 # `--variant long` defaults (the long-chain policy's build, see its asset card): continue the shipped default policy
 # on long chains, every target boxed (the long regime tests the chain, not the format), no unbox stage, and stop near

@@ -128,6 +128,7 @@ def train_unit(method: str, mode: str, smoke: bool, workdir: str) -> dict[str, A
         GradientState._reset_state()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    held = torch.cuda.memory_allocated() if device == "cuda" else None  # what earlier units left allocated
     t0 = time.perf_counter()
     trainer = trainer_cls(model=overhead.build_model(args, tokenizer, device, dtype), args=config,
                           reward_funcs=overhead.synthetic_reward, processing_class=tokenizer, peft_config=peft_config,
@@ -144,6 +145,7 @@ def train_unit(method: str, mode: str, smoke: bool, workdir: str) -> dict[str, A
         "losses": losses,
         "loss_finite": bool(losses) and all(abs(x) < float("inf") for x in losses),
         "peak_memory_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
+        "allocated_at_start_bytes": held,  # on an H200 ZeRO-3 units left ~7.4 GiB each (docs/gpu.md)
         "deepspeed": trainer.is_deepspeed_enabled,
         "zero_stage": getattr(trainer.accelerator.state.deepspeed_plugin, "zero_stage", None),
         "settings": {

@@ -6,7 +6,6 @@ task, one for the long-chain variant."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 import re
@@ -174,34 +173,6 @@ def build_tokenizer():
         clean_up_tokenization_spaces=False,  # would rewrite " ." and break exact decoding
         model_max_length=256,
     )
-
-
-def save_tokenizer(tokenizer, path: str | os.PathLike) -> None:
-    """Save ``tokenizer`` so it loads on transformers 5.x and 4.57: 5.x writes ``tokenizer_class:
-    TokenizersBackend``, a ``backend`` key and ``extra_special_tokens`` as a list, none of which 4.57 reads; 4.57 would
-    also return ``token_type_ids``, which GRPOTrainer passes on to ``generate()``."""
-    path = Path(path)
-    tokenizer.save_pretrained(str(path))
-    cfg_path = path / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    cfg.pop("backend", None)
-    extra = cfg.pop("extra_special_tokens", None)
-    if isinstance(extra, dict):  # the 4.x meaning of the key (named specials): keep as is
-        cfg["extra_special_tokens"] = extra
-    cfg["additional_special_tokens"] = list(ROLE_TOKENS)
-    cfg["model_input_names"] = ["input_ids", "attention_mask"]
-    cfg["padding_side"] = "left"
-    cfg["clean_up_tokenization_spaces"] = False
-    specials = {name: getattr(tokenizer, name) for name in ("bos_token", "eos_token", "pad_token", "unk_token")}
-    cfg.update(specials)
-    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
-    # Both versions read chat_template.jinja; keep the template inline too for older readers.
-    if not (path / "chat_template.jinja").exists():
-        (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    # 4.x also reads special_tokens_map.json; keep it consistent with the config.
-    special_map = {**specials, "additional_special_tokens": list(ROLE_TOKENS)}
-    (path / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------ the policies

@@ -266,7 +266,7 @@ def _save_outputs(trainer, method, training_args, model_args, dataset_name, curv
     heldout = trainer.heldout_accuracy or {}
     before, after = heldout.get("before", float("nan")), heldout.get("after", float("nan"))
     report = trainer.mechanism_report
-    plot = plot_reward_accuracy(
+    plot_reward_accuracy(
         trainer.state.log_history,
         os.path.join(training_args.output_dir, "reward_accuracy.png"),
         heldout=[(0, before), (trainer.state.global_step, after)] if heldout else [],
@@ -276,8 +276,6 @@ def _save_outputs(trainer, method, training_args, model_args, dataset_name, curv
         mechanism_report=report,
         title=f"{method}: {os.path.basename(os.path.normpath(model_args.model_name_or_path))}",
     )
-    if plot is None:
-        say("matplotlib is not installed: no reward_accuracy.png (pip install matplotlib)")
     write_results(
         training_args.output_dir,
         method=method,
