@@ -1,5 +1,4 @@
-"""Benchmarks of trl-groupopt: step-time overhead against TRL's GRPOTrainer (`benchmarks.overhead`), the regimes
-where each paper claims its advantage (`benchmarks.stress`), sample efficiency (`benchmarks.sample_efficiency`), both
-on the shared grid runner (`benchmarks.runner`), and the markdown tables of the results page, docs/results.md
-(`benchmarks.report`). Run them as modules from the repo root, e.g. ``python -m benchmarks.overhead --smoke``; see
-benchmarks/README.md."""
+"""Benchmarks of trl-groupopt: step-time overhead against TRL's GRPOTrainer (`benchmarks.overhead`), the one runner of
+the training benchmarks (`benchmarks.stress`: the stress grid, the claims grid, sample efficiency), the power analysis
+of the claims (`benchmarks.power`) and the results page's tables (`benchmarks.report`). Run them as modules from the
+repo root, e.g. ``python -m benchmarks.stress --smoke``; see benchmarks/README.md."""

@@ -1,110 +1,67 @@
-"""Power analysis of the claims grid: how many seeds each claim needs to be decided.
+"""Power analysis of the claims grid: how many seeds each claim needs to be decided (`benchmarks.stress.CLAIM_SEEDS`
+holds the plan; a test checks they agree).
 
-A claim's verdict (`benchmarks.stress.VERDICT_RULE`) reads the 95% Student-t interval of the mean paired difference
-d = configuration - baseline over n seeds, of half-width h(n) = t_{0.975, n-1} * sd / sqrt(n), sd the standard
-deviation of d over seeds. An accuracy claim is decided when the interval excludes 0 or lies inside +-2 points, so
-with h <= 2 points every outcome but a mean difference between 0 and 2 points (in size) is decided, and a smaller h
-narrows that band. Two estimates of sd per claim:
+A claim's 95% interval of the mean paired difference over n seeds has half-width h(n) = t_{0.975, n-1} sd / sqrt(n)
+(`trl_groupopt.stats.half_width`). Two estimates of sd per claim: the full grid's runs (`stress_runs.jsonl`, 16 steps,
+64 held-out prompts, 5 seeds) and the pilot, the first `PILOT_SEEDS` seeds of the claims grid (`claims_runs.jsonl`,
+at the claims' own budget), which the plan reads where it exists. Plan (`plan_from`): stage 1 = the fewest n >=
+`MIN_SEEDS` with h(n) <= `TARGET_HALF_WIDTH` at the pilot's sd, at most `MAX_SEEDS`; a claim without a pilot when
+the plan was fixed (`PLANNED_WITHOUT_PILOT`) takes its committed sd x the median pilot/committed ratio (the
+composition, with no run at all, the largest plan of its regime); a mechanism claim rides on the accuracy claim of
+its cell; stage 2 = `STAGE2_FACTOR` x stage 1 (at most `MAX_SEEDS_STAGE2`) for a claim inconclusive at stage 1.
 
-- committed: the full grid's runs (`stress_runs.jsonl`: 16 optimizer steps, 64 held-out prompts, 5 seeds);
-- pilot: the first `PILOT_SEEDS` seeds of the claims grid (`claims_runs.jsonl`, at `CLAIMS_BUDGET`: 64 steps, 200
-  prompts), which is the budget the claims are decided at, so the plan reads this one where it exists.
-
-Plan (`plan`): stage-1 seeds = the smallest n >= `MIN_SEEDS` with h(n) <= `TARGET_HALF_WIDTH` at the pilot's sd,
-capped at `MAX_SEEDS`; a claim without a pilot (OTB, the CTPO+OTB composition: not run yet) takes its committed sd
-times the median pilot/committed sd ratio of the claims that have both (the composition, with no run at all, the
-largest plan of its regime's claims); a mechanism claim (no baseline: a within-run log ratio) rides on the seeds of
-the accuracy claim that runs the same cell; the claims without a pilot when the plan was fixed
-(`PLANNED_WITHOUT_PILOT`) keep that plan once their first seeds have run. Stage 2 (`STAGE_RULE` in `benchmarks.stress`): a claim inconclusive at
-stage 1 runs `STAGE2_FACTOR` x its stage-1 seeds (capped at `MAX_SEEDS_STAGE2`). `benchmarks.stress.CLAIM_SEEDS`
-holds this plan (a test checks they agree).
-
-    python -m benchmarks.power        # benchmarks/results/{stress,claims}_runs.jsonl -> power.json, power.md
-
-`python -m benchmarks.report` splices power.md into docs/results.md.
+    python -m benchmarks.power        # benchmarks/results/{stress,claims}_runs.jsonl -> power.json (and the table)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from trl_groupopt import stats
+from trl_groupopt.runs import read_runs
+from trl_groupopt.stats import half_width, seeds_needed
 
-from . import common, runner, stress
+from . import common, stress
 
 TARGET_HALF_WIDTH = 0.015  # accuracy: 1.5 points, comfortably inside the +-2-point band of the verdict rule
-MIN_SEEDS = 20
-MAX_SEEDS = 60  # stage 1, compute: ~25 s per run (~90 s in the long regime) on one core
-STAGE2_FACTOR = 2
-MAX_SEEDS_STAGE2 = 100
-#: The claims that had no pilot when the plan was fixed (OTB's, before its zero-energy fallback landed, and the
-#: composition's): planned from their committed sd, and kept so once their first seeds run (a plan fixed before
-#: running is not revised on the runs it plans; their early seeds are not a pilot).
+MIN_SEEDS, MAX_SEEDS = 20, 60  # stage 1; ~25 s per run (~90 s in the long regime) on one core
+STAGE2_FACTOR, MAX_SEEDS_STAGE2 = 2, 100
+#: The claims without a pilot when the plan was fixed (OTB's, before its zero-energy fallback, and the
+#: composition's): planned from their committed sd and kept so (their first seeds are not a pilot).
 PLANNED_WITHOUT_PILOT = ("otb_small_group", "otb_long", "otb_variance", "ctpo_otb_vs_ctpo", "ctpo_otb_vs_otb")
 
 
-# The engine's (`trl-groupopt compare`'s power note): one implementation of the half-width and the seeds for it.
-half_width, seeds_needed = stats.half_width, stats.seeds_needed
-
-
-def paired(records: list[dict[str, Any]], claim: dict[str, Any], seeds: int | None = None) -> list[float]:
-    """The claim's per-seed differences (paired by seed; a mechanism claim: its per-run outcome), seeds < `seeds`."""
-    ok = [r for r in records if "error" not in r and (seeds is None or r["seed"] < seeds)]
-
-    def pick(config):
-        return {r["seed"]: stress.outcome_of(r, claim["outcome"]) for r in ok
-                if (r["regime"], r["value"], r["config"]) == (claim["regime"], claim["value"], config)}  # fmt: skip
-
-    values = (list(pick(claim["config"]).values()) if claim["baseline"] is None
-              else common.paired_differences(pick(claim["config"]), pick(claim["baseline"])))  # fmt: skip
-    return [v for v in values if v is not None and v == v]
-
-
-def estimate(diffs: list[float]) -> dict[str, Any] | None:
-    """n, mean, sd and the 95% half-width of paired differences (None for fewer than 2)."""
-    if len(diffs) < 2:
-        return None
-    sd = statistics.stdev(diffs)
-    return {"n": len(diffs), "mean": statistics.fmean(diffs), "sd": sd, "half_width": half_width(sd, len(diffs))}
-
-
-def cell_wall_s(records: list[dict[str, Any]], claim: dict[str, Any]) -> float | None:
-    """Mean wall time of one pilot run (seeds < `PILOT_SEEDS`) of the claim's configuration and baseline cells."""
-    walls = [r["wall_s"] for r in records if "error" not in r and r["seed"] < stress.PILOT_SEEDS
-             and r["regime"] == claim["regime"] and r["value"] == claim["value"]
-             and r["config"] in (claim["config"], claim["baseline"])]  # fmt: skip
-    return statistics.fmean(walls) if walls else None
+def estimate(records: list[dict[str, Any]], claim: dict[str, Any], seeds: int = 10**9) -> dict[str, Any] | None:
+    """n, mean, sd and the 95% half-width of the claim's paired differences (a mechanism claim: its per-run outcome)
+    over the seeds below `seeds`, paired as the claims table pairs them; None for fewer than 2."""
+    d = stress.claim_row(claim, [r for r in records if "error" not in r], seeds)["difference"]
+    return None if d["std"] is None else {"n": d["n"], "mean": d["mean"], "sd": d["std"], "half_width": d["ci95"]}
 
 
 def analyse(committed: list[dict[str, Any]], pilot: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per claim: the committed and pilot estimates, the seeds for h <= 2 and <= 1.5 points, and the plan."""
+    """Per claim: the committed and pilot estimates, the seeds for h <= 2 and <= 1.5 points, the plan, and the mean
+    wall time of one pilot run of its cells."""
     rows = []
     for claim in stress.CLAIMS:
         row = {key: claim[key] for key in ("id", "paper", "claim", "regime", "value", "config", "baseline")}
-        row["accuracy"] = claim["outcome"].endswith("accuracy")
-        row["committed"] = estimate(paired(committed, claim))
         piloted = claim["id"] not in PLANNED_WITHOUT_PILOT
-        row["pilot"] = estimate(paired(pilot, claim, stress.PILOT_SEEDS)) if piloted else None
-        row["run_wall_s"] = cell_wall_s(pilot, claim)
+        walls = [r["wall_s"] for r in pilot if "error" not in r and r["seed"] < stress.PILOT_SEEDS and r["regime"] ==
+                 claim["regime"] and r["value"] == claim["value"] and r["config"] in (claim["config"],
+                 claim["baseline"])]  # fmt: skip
+        row.update(accuracy=claim["outcome"].endswith("accuracy"), committed=estimate(committed, claim),
+                   pilot=estimate(pilot, claim, stress.PILOT_SEEDS) if piloted else None,
+                   run_wall_s=statistics.fmean(walls) if walls else None)  # fmt: skip
         rows.append(row)
-    ratios = [r["pilot"]["sd"] / r["committed"]["sd"] for r in rows
-              if r["accuracy"] and r["pilot"] and r["committed"]]  # fmt: skip
+    ratios = [r["pilot"]["sd"] / r["committed"]["sd"] for r in rows if r["accuracy"] and r["pilot"] and r["committed"]]
     ratio = statistics.median(ratios) if ratios else None
     for row in rows:
-        if row["pilot"]:
-            row["planning_sd"], row["planning_source"] = row["pilot"]["sd"], "pilot"
-        elif row["committed"] and ratio:
-            row["planning_sd"] = row["committed"]["sd"] * ratio
-            row["planning_source"] = f"committed sd x {ratio:.2f} (median pilot/committed ratio)"
-        else:
-            row["planning_sd"], row["planning_source"] = None, None
-        if row["accuracy"] and row["planning_sd"] is not None:
-            sd = row["planning_sd"]
-            row["seeds_h2"], row["seeds_h15"] = seeds_needed(sd, 0.02), seeds_needed(sd, 0.015)
+        row["planning_sd"], row["planning_source"] = (
+            (row["pilot"]["sd"], "pilot") if row["pilot"] else (row["committed"]["sd"] * ratio,
+            f"committed sd x {ratio:.2f} (median pilot/committed ratio)") if row["committed"] and ratio else (None, None))  # fmt: skip
+        if row["accuracy"] and (sd := row["planning_sd"]) is not None:
+            row.update(seeds_h2=seeds_needed(sd, 0.02), seeds_h15=seeds_needed(sd, 0.015))
     plan_of = plan_from(rows)
     for row in rows:
         row["planned_seeds"], row["stage2_seeds"] = plan_of[row["id"]]
@@ -154,15 +111,11 @@ def power_markdown(payload: dict[str, Any]) -> str:
     for row in payload["claims"]:
         acc = row["accuracy"]
         versus = f"`{row['config']}` vs `{row['baseline']}`" if row["baseline"] else f"`{row['config']}` (within run)"
-        stage2 = row["stage2_seeds"] if row["stage2_seeds"] else "-"
-        projected = row.get("projected_half_width")
-        projected = f"{100 * projected:.2f}" if projected is not None else "-"
-        wall = f"{row['run_wall_s']:.0f}" if row["run_wall_s"] is not None else "-"
-        lines.append(
-            f"| {row['id']} | {versus} | {est(row['committed'], acc)} | {est(row['pilot'], acc)} | "
-            f"{row.get('seeds_h2', '-')} | {row.get('seeds_h15', '-')} | {row['planned_seeds']} / {stage2} | "
-            f"{projected} | {wall} |"
-        )
+        projected, wall = row.get("projected_half_width"), row["run_wall_s"]
+        lines.append(f"| {row['id']} | {versus} | {est(row['committed'], acc)} | {est(row['pilot'], acc)} | "
+                     f"{row.get('seeds_h2', '-')} | {row.get('seeds_h15', '-')} | {row['planned_seeds']} / "
+                     f"{row['stage2_seeds'] or '-'} | {'-' if projected is None else f'{100 * projected:.2f}'} | "
+                     f"{'-' if wall is None else f'{wall:.0f}'} |")  # fmt: skip
     s = payload["settings"]
     ratio = payload["sd_ratio_pilot_over_committed"]
     lines += [
@@ -184,47 +137,27 @@ def power_markdown(payload: dict[str, Any]) -> str:
 
 
 def main(argv=None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description="Power analysis of the claims grid (see the module docstring).")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     results = common.DEFAULT_OUTPUT_DIR
     parser.add_argument("--committed", type=Path, default=results / "stress_runs.jsonl")
     parser.add_argument("--pilot", type=Path, default=results / "claims_runs.jsonl")
     parser.add_argument("--output-dir", type=Path, default=results)
     args = parser.parse_args(argv)
-    committed = runner.read_runs(args.committed, stress.GRID).records
-    pilot = runner.read_runs(args.pilot, stress.GRID).records
 
-    def budget(records, path):
-        """The runs' budget: their recorded settings, else (runs files before keys) the summary written with them."""
-        made = next((r["settings"] for r in records if "settings" in r), None)
-        if made is None and runner.summary_beside(path).exists():
-            made = json.loads(runner.summary_beside(path).read_text())["settings"]
-        return f"{made['max_steps']} optimizer steps, {made['num_eval']} held-out prompts" if made else "unknown"
-
-    def shown(path):
+    def shown(path: Path) -> str:
         path = path.resolve()
         return str(path.relative_to(common.REPO)) if path.is_relative_to(common.REPO) else str(path)
 
-    payload = {
-        "benchmark": "power",
-        "command": common.command_line("benchmarks.power", argv),
-        "settings": {
-            "committed": shown(args.committed),
-            "committed_budget": budget(committed, args.committed),
-            "pilot": shown(args.pilot),
-            "pilot_budget": budget(pilot, args.pilot),
-            "pilot_seeds": stress.PILOT_SEEDS,
-            "target_half_width": TARGET_HALF_WIDTH,
-            "min_seeds": MIN_SEEDS,
-            "max_seeds": MAX_SEEDS,
-            "stage2_factor": STAGE2_FACTOR,
-            "max_seeds_stage2": MAX_SEEDS_STAGE2,
-        },  # fmt: skip
-        **analyse(committed, pilot),
-    }
-    markdown = power_markdown(payload)
-    print(markdown)
-    common.write_json(args.output_dir / "power.json", payload)
-    print(f"wrote {args.output_dir / 'power.json'}")
+    budget = "{max_steps} optimizer steps, {num_eval} held-out prompts"  # the grids' (`stress.GRIDS`)
+    settings = dict(committed=shown(args.committed), committed_budget=budget.format(**stress.GRIDS["stress"]["settings"]),
+                    pilot=shown(args.pilot), pilot_budget=budget.format(**stress.GRIDS["claims"]["settings"]),
+                    pilot_seeds=stress.PILOT_SEEDS, target_half_width=TARGET_HALF_WIDTH, min_seeds=MIN_SEEDS,
+                    max_seeds=MAX_SEEDS, stage2_factor=STAGE2_FACTOR, max_seeds_stage2=MAX_SEEDS_STAGE2)  # fmt: skip
+    records = [read_runs(path, stress.GRID).records for path in (args.committed, args.pilot)]
+    payload = {"benchmark": "power", "command": common.command_line("benchmarks.power", argv), "settings": settings,
+               **analyse(*records)}  # fmt: skip
+    print(power_markdown(payload))
+    print(f"wrote {common.write_json(args.output_dir / 'power.json', payload)}")
     return payload
 
 

@@ -1,17 +1,10 @@
-"""Markdown tables for the results page, generated from the committed JSON results (no hand-typed numbers).
+"""Markdown tables for the results page (docs/results.md) from the committed JSON results (no hand-typed numbers):
+each `NAME.md` from `NAME.json` (`TABLES`), then each block of the page between `<!-- BEGIN GENERATED:
+benchmarks/results/NAME.md -->` and `<!-- END GENERATED -->` replaced by that file. The page is `--page`, by default
+docs/results.md for the committed tables only, so a scratch run never overwrites it.
 
-    python -m benchmarks.report                      # benchmarks/results/*.json -> *.md, spliced into docs/results.md
-    python -m benchmarks.report --results-dir outputs/bench               # tables only, into that folder
-    python -m benchmarks.report --results-dir outputs/bench --page P.md   # and spliced into P.md
-
-Writes, for each input that exists: `overhead_cpu.md` (from `overhead_cpu.json`), `overhead_cuda.md` (from
-`overhead_cuda.json`), `overhead_cpu_estimators.md` (from `overhead_cpu_estimators.json`, the estimator rows),
-`sample_efficiency.md` (from `sample_efficiency.json`), `claims.md` (from `claims.json`), `power.md` (from
-`power.json`) and `stress.md` (from `stress.json`). Then each block of the page between
-`<!-- BEGIN GENERATED: benchmarks/results/NAME.md -->` and `<!-- END GENERATED -->` is replaced by that file. The
-page is `--page` (`--readme` is an alias), by default `docs/results.md` when the tables are the committed ones
-(`--results-dir` is `benchmarks/results/`); tables written elsewhere are spliced nowhere unless `--page` names a
-page, so a scratch run never overwrites the committed page.
+    python -m benchmarks.report                                           # benchmarks/results/ -> docs/results.md
+    python -m benchmarks.report --results-dir outputs/bench --page P.md   # scratch tables, spliced into P.md
 """
 
 from __future__ import annotations
@@ -22,78 +15,67 @@ import re
 from pathlib import Path
 from typing import Any
 
-from . import common
+from . import common, stress
 from .power import power_markdown
-from .stress import claims_markdown
 
-#: The page whose generated blocks hold the committed tables.
 DEFAULT_PAGE = common.REPO / "docs" / "results.md"
+GENERATED = re.compile(
+    r"(<!-- BEGIN GENERATED: benchmarks/results/([\w.]+\.md) -->\n)(.*?)(<!-- END GENERATED -->)", re.S
+)
+
+
+def _ci(s: dict | None, f=lambda x: f"{x:.1%}", plus_minus: bool = False) -> str:
+    """mean [low, high] (or mean ± half-width) of a `mean_ci` dict; n/a when unmeasured."""
+    if not s or s.get("mean") is None:
+        return "n/a"
+    if plus_minus:
+        return f(s["mean"]) + (f" ± {f(s['ci95'])}" if s.get("ci95") is not None else "")
+    return f(s["mean"]) + (f" [{f(s['low'])}, {f(s['high'])}]" if s.get("low") is not None else "")
 
 
 def overhead_markdown(payload: dict[str, Any]) -> str:
     """One table per shape: each trainer's step time and paired ratio to TRL's GRPOTrainer, its target and verdict."""
-    s = payload["settings"]
-    tunables = payload.get("environment", {}).get("GLIBC_TUNABLES")
+    s, d = payload["settings"], payload["device"]
     lines = [
-        f"Device: {payload['device']['description']} (torch {payload['device'].get('torch')}, "
-        f"trl {payload['device'].get('trl')}); model `{s['model']}` ({s['dtype']}), prompts of {s['prompt_length']} "
-        f"tokens, {s['per_device_train_batch_size']} sequences per micro-batch (groups of {s['num_generations']}), "
-        f"{s['gradient_accumulation_steps']} micro-batches per step, {s['steps_per_generation']} per generation "
-        f"(off-policy); every trainer in lockstep, {s['warmup_steps']} warm-up + {s['timed_steps']} timed steps per "
-        f"run; {payload['repeats_done']} repeats ({payload['stop_reason']}); total {payload['wall_s'] / 60:.1f} min.",
+        f"Device: {d['description']} (torch {d.get('torch')}, trl {d.get('trl')}); model `{s['model']}` "
+        f"({s['dtype']}), prompts of {s['prompt_length']} tokens, {s['per_device_train_batch_size']} sequences per "
+        f"micro-batch (groups of {s['num_generations']}), {s['gradient_accumulation_steps']} micro-batches per step, "
+        f"{s['steps_per_generation']} per generation (off-policy); every trainer in lockstep, {s['warmup_steps']} "
+        f"warm-up + {s['timed_steps']} timed steps per run; {payload['repeats_done']} repeats "
+        f"({payload['stop_reason']}); total {payload['wall_s'] / 60:.1f} min.",
         "",
         "Ratio: geometric mean over paired generation cycles of (trainer's cycle time / TRL GRPOTrainer's same "
-        + (
-            "cycle), 20%-trimmed, with Yuen's 95% interval."
-            if "trimmed" in s.get("timed", "")
-            else "cycle), with its 95% interval."
-        )
-        + " Noise floor: how far from 1 the interval of `trl_grpo_again` (TRL's "
-        "GRPOTrainer a second time, the A/A control) reaches.",
+        + ("cycle), 20%-trimmed, with Yuen's 95% interval." if "trimmed" in s.get("timed", "")
+           else "cycle), with its 95% interval.")
+        + " Noise floor: how far from 1 the interval of `trl_grpo_again` (TRL's GRPOTrainer a second time, the A/A "
+        "control) reaches.",
         "",
-    ]
+    ]  # fmt: skip
     for shape in payload["shapes"].values():
         nf = shape["noise_floor"]
-        vocab = shape["vocab_size"] or "task (~70)"
-        lines += [
-            f"**Vocabulary {vocab}, completions up to {shape['completion_length']} tokens** — noise floor: "
-            + (f"±{nf:.1%}" if nf is not None else "n/a (too few cycles)")
-            + (f"; {shape['repeats']} repeat(s)" if "repeats" in shape else "")
-            + (
-                f"; on the process's CPU time ±{shape['noise_floor_cpu_clock']:.1%}"
-                if shape.get("noise_floor_cpu_clock") is not None
-                else ""
-            ),
-            "",
-            "| trainer | step time (ms) | x TRL GRPOTrainer [95% CI] | paired cycles | target | |",
-            "|---|---:|---|---:|---:|---|",
-        ]
+        cpu_floor = shape.get("noise_floor_cpu_clock")
+        lines += [f"**Vocabulary {shape['vocab_size'] or 'task (~70)'}, completions up to {shape['completion_length']} "
+                  "tokens** — noise floor: " + (f"±{nf:.1%}" if nf is not None else "n/a (too few cycles)")
+                  + (f"; {shape['repeats']} repeat(s)" if "repeats" in shape else "")
+                  + (f"; on the process's CPU time ±{cpu_floor:.1%}" if cpu_floor is not None else ""), "",
+                  "| trainer | step time (ms) | x TRL GRPOTrainer [95% CI] | paired cycles | target | |",
+                  "|---|---:|---|---:|---:|---|"]  # fmt: skip
         for name, e in shape["results"].items():
-            low, high = e["time_ratio_ci95"]
+            (low, high), target = e["time_ratio_ci95"], e["target_time_ratio"]
+            verdict = "" if target is None else "within" if e["meets_time_target"] else "**over**"
+            if target is not None and e["meets_time_target"] and not e["target_cleared_at_95"]:
+                verdict += " (point estimate; interval reaches above)"
             ratio = f"{e['time_ratio']:.3f}" + (f" [{low:.3f}, {high:.3f}]" if low is not None else "")
             if e.get("time_ratio_cpu_clock") is not None:  # CUDA: the same ratio on the process's CPU time
                 ratio += f"; CPU time {e['time_ratio_cpu_clock']:.3f}"
-            target = e["target_time_ratio"]
-            verdict = ""
-            if target is not None:
-                verdict = "within" if e["meets_time_target"] else "**over**"
-                if e["meets_time_target"] and not e["target_cleared_at_95"]:
-                    verdict += " (point estimate; interval reaches above)"
-            lines.append(
-                f"| `{name}` {e['label']} | {e['time_ms']:.1f} | {ratio} | {e['paired_cycles']} | "
-                + (f"<= {target:.2f}" if target else "reported")
-                + f" | {verdict} |"
-            )
+            lines.append(f"| `{name}` {e['label']} | {e['time_ms']:.1f} | {ratio} | {e['paired_cycles']} | "
+                         + (f"<= {target:.2f}" if target else "reported") + f" | {verdict} |")  # fmt: skip
         lines.append("")
     if payload.get("not_available"):
-        lines.append(
-            "Not available in the measured checkout: "
-            + "; ".join(f"`{k}` ({v.removeprefix('not available: ')})" for k, v in payload["not_available"].items())
-        )
-        lines.append("")
-    command = payload["command"]
-    if tunables:
-        command = f"GLIBC_TUNABLES={tunables} {command}"
+        lines += ["Not available in the measured checkout: " + "; ".join(f"`{k}` ({v.removeprefix('not available: ')})"
+                  for k, v in payload["not_available"].items()), ""]  # fmt: skip
+    tunables = payload.get("environment", {}).get("GLIBC_TUNABLES")
+    command = f"GLIBC_TUNABLES={tunables} {payload['command']}" if tunables else payload["command"]
     lines.append(f"Command: `{command}`. Generated by `python -m benchmarks.report`.")
     if payload.get("summarised_by"):  # the ratios recomputed from the raw step times by a later estimator
         lines.append(f"Ratios recomputed from its raw step times by `{payload['summarised_by']}`.")
@@ -102,13 +84,6 @@ def overhead_markdown(payload: dict[str, Any]) -> str:
 
 def stress_markdown(payload: dict[str, Any]) -> str:
     """Per regime x value x configuration: final accuracy, gain and the mechanism metric (mean [95% CI])."""
-
-    def ci(stats, pct=True):
-        if not stats or stats.get("mean") is None:
-            return "n/a"
-        f = (lambda x: f"{x:.1%}") if pct else (lambda x: f"{x:.3g}")
-        return f(stats["mean"]) + (f" [{f(stats['low'])}, {f(stats['high'])}]" if stats.get("low") is not None else "")
-
     lines = [
         "| regime | value | configuration | seeds | final accuracy | accuracy gain | mechanism metric (mean over training) |",
         "|---|---:|---|---:|---|---|---|",
@@ -116,53 +91,104 @@ def stress_markdown(payload: dict[str, Any]) -> str:
     for regime, by_value in payload["summary"].items():
         for value, by_config in sorted(by_value.items(), key=lambda kv: float(kv[0])):
             for name, e in by_config.items():
-                mech = "; ".join(f"`{k}` {ci(m, pct=False)}" for k, m in e["mechanism"].items())
-                lines.append(
-                    f"| {regime} | {value} | `{name}` | {len(e['seeds'])} | {ci(e['final_accuracy'])} | "
-                    f"{ci(e['accuracy_gain'])} | {mech or 'n/a'} |"
-                )
+                mech = "; ".join(f"`{k}` {_ci(m, lambda x: f'{x:.3g}')}" for k, m in e["mechanism"].items())
+                lines.append(f"| {regime} | {value} | `{name}` | {len(e['seeds'])} | {_ci(e['final_accuracy'])} | "
+                             f"{_ci(e['accuracy_gain'])} | {mech or 'n/a'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def sample_efficiency_markdown(payload: dict[str, Any]) -> str:
     """Per method: initial and final held-out accuracy, seeds reaching GRPO's final accuracy, Jitter2, reward."""
-
-    def ci(stats, fmt="{:.1%}"):
-        if not stats or stats.get("mean") is None:
-            return "n/a"
-        return fmt.format(stats["mean"]) + (f" ± {fmt.format(stats['ci95'])}" if stats.get("ci95") is not None else "")
-
-    summary, s = payload["summary"], payload["settings"]
-    threshold = summary["threshold_accuracy"]
-    shared = s["shared_config"]
+    s, d, shared = payload["settings"], payload["device"], payload["settings"]["shared_config"]
+    cell = {name: e for by_value in payload["summary"].values() for by_config in by_value.values()
+            for name, e in by_config.items()}  # fmt: skip
+    threshold = next(iter(cell.values()))["threshold_accuracy"] if cell else None
     lines = [
-        f"Device: {payload['device']['description']} (torch {payload['device'].get('torch')}, trl "
-        f"{payload['device'].get('trl')}); {s['max_steps']} optimizer steps per run, {s['seeds']} seeds, "
-        f"{shared['per_device_train_batch_size']} sequences per micro-batch x {shared['gradient_accumulation_steps']} "
-        f"micro-batches per step, {shared['steps_per_generation']} micro-batches per generation (off-policy), "
-        f"learning rate {shared['learning_rate']:g} ({shared['lr_scheduler_type']}); held-out greedy accuracy on "
-        f"{s['num_eval']} prompts; ± is the 95% Student-t interval over seeds; {payload['wall_s'] / 60:.0f} min with "
-        f"{s['workers']} workers.",
+        f"Device: {d['description']} (torch {d.get('torch')}, trl {d.get('trl')}); {s['max_steps']} optimizer steps "
+        f"per run, {s['seeds']} seeds, {shared['per_device_train_batch_size']} sequences per micro-batch x "
+        f"{shared['gradient_accumulation_steps']} micro-batches per step, {shared['steps_per_generation']} "
+        f"micro-batches per generation (off-policy), learning rate {shared['learning_rate']:g} "
+        f"({shared['lr_scheduler_type']}); held-out greedy accuracy on {s['num_eval']} prompts; ± is the 95% "
+        f"Student-t interval over seeds; {payload['wall_s'] / 60:.0f} min with {s['workers']} workers.",
         "",
         "| method | N | accuracy at step 0 | final accuracy | runs reaching GRPO's final accuracy"
         + (f" ({threshold:.1%})" if threshold is not None else "")
         + " | Jitter2 of the reward curve (DFPO Eq. 20) | final train reward |",
         "|---|---:|---|---|---|---|---|",
-    ]
-    for e in summary["methods"].values():
-        reached = e.get("steps_to_threshold")
-        lines.append(
-            f"| {e['label']} | {e['num_generations']} | {ci(e['initial_accuracy'])} | {ci(e['final_accuracy'])} | "
-            + (f"{reached['reached']}/{reached['of']}" if reached else "n/a")
-            + f" | {ci(e['jitter2_reward'], '{:.3f}')} | {ci(e['final_train_reward'], '{:.2f}')} |"
-        )
+    ]  # fmt: skip
+    for e in (cell[name] for name in stress.SE_CONFIGS if name in cell):
+        reached = e["reached"]
+        lines.append(f"| {e['label']} | {e['num_generations']} | {_ci(e['initial_accuracy'], plus_minus=True)} | "
+                     f"{_ci(e['final_accuracy'], plus_minus=True)} | "
+                     + (f"{sum(r is not None for r in reached)}/{len(reached)}" if reached else "n/a")
+                     + f" | {_ci(e['jitter2_reward'], lambda x: f'{x:.3f}', True)} | "
+                     f"{_ci(e['final_train_reward'], lambda x: f'{x:.2f}', True)} |")  # fmt: skip
     lines += ["", f"Command: `{payload['command']}`. Generated by `python -m benchmarks.report`."]
     return "\n".join(lines) + "\n"
 
 
-_GENERATED = re.compile(
-    r"(<!-- BEGIN GENERATED: benchmarks/results/([\w.]+\.md) -->\n)(.*?)(<!-- END GENERATED -->)", re.S
-)
+def claims_markdown(payload: dict[str, Any]) -> str:
+    """The claims table and ECHO's probe table, from claims.json alone."""
+
+    def fmt(s: dict | None, outcome: str) -> str:
+        f = (lambda x: f"{100 * x:+.1f} pt") if outcome.endswith("accuracy") else (lambda x: f"{x:+.3g}")
+        return _ci(s, f) + (" (1 seed)" if s and s.get("mean") is not None and s.get("low") is None else "")
+
+    def level(s: dict | None, outcome: str) -> str:
+        f = (lambda x: f"{x:.1%}") if outcome.endswith("accuracy") else "{:.3g}".format
+        return _ci(s and {"mean": s["mean"]}, f)
+
+    lines = [
+        "| paper | claim | regime tested here | measured: config vs baseline | difference, mean [95% CI] | seeds | "
+        "steps | mechanism acted (optimizer steps, all seeds) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in payload["claims"]:
+        out, acted = row["outcome"], row.get("mechanism_acted")
+        what = out.replace("mechanism:", "")
+        if what.startswith("log_ratio:"):
+            what = "log({} / {})".format(*what.split(":")[1:])
+        measured = (f"{what}: `{row['config']}` {level(row['config_outcome'], out)} vs `{row['baseline']}` "
+                    f"{level(row['baseline_outcome'], out)}" if row["baseline"]
+                    else f"`{row['config']}`: {what}, mean over training (< 0: lower)")  # fmt: skip
+        seeds = f"{row['n']}" + (f" of {row['planned_seeds']} planned" if row["n"] < row["planned_seeds"] else "")
+        if row.get("stage") == 2:
+            seeds += f" (stage 2; stage 1: {row['stage1']['n']} seeds, {fmt(row['stage1']['difference'], out)})"
+        acted = f"{acted['what']}: {acted['acted']}/{acted['steps']} steps" if acted and acted["steps"] else "n/a"
+        knob = stress.REGIMES[row["regime"]]["knob"]
+        lines.append(f"| {row['paper']} | {row['claim']} | {row['regime']} = {row['value']} ({knob}) | {measured} | "
+                     f"{fmt(row['difference'], out)} | {seeds} | "
+                     f"{row.get('max_steps') or 'n/a'} | {acted} | **{row['verdict']}**"
+                     + (f" ({row['note']})" if row.get("note") else "") + " |")  # fmt: skip
+    lines += [
+        "",
+        "ECHO's batch clip at the paper's epsilon (batch bounds [0.8, 1.2]), in the claims' regime and in the "
+        "probe regimes (`echo_probe_*`): R's range over every optimizer step of every seed (each step's extremes "
+        "over its micro-batches).",
+        "",
+        "| regime | updates per rollout | micro-batches per step | learning rate | configuration | seeds | "
+        "optimizer steps | R clipped (steps) | R min | R max |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ] * bool(payload.get("probe"))
+    for p in payload.get("probe", []):
+        ratio = ["n/a" if x is None else f"{x:.3f}" for x in (p["low"], p["high"])]
+        lines.append(f"| {p['regime']} | {p['value']} | {p['micro_batches']} | x{p['learning_rate_scale']} | "
+                     f"`{p['config']}` | {p['seeds']} | {p['steps']} | {p['acted']} | {ratio[0]} | {ratio[1]} |")  # fmt: skip
+    s = payload["settings"]
+    lines += [
+        "",
+        f"Verdict rule: {stress.VERDICT_RULE}. Seeds: {stress.STAGE_RULE}. Budget per run: {s['max_steps']} "
+        f"optimizer steps, held-out greedy accuracy on {s['num_eval']} prompts; the seeds column counts the seeds "
+        "paired. Generated by `python -m benchmarks.report` from `benchmarks/results/claims.json` "
+        f"(`{payload['command']}`; {payload['runs_total']} runs, {payload['wall_s'] / 3600:.1f} h of wall time with "
+        f"{s['workers']} workers).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+TABLES = {"overhead_cpu": overhead_markdown, "overhead_cuda": overhead_markdown,
+          "overhead_cpu_estimators": overhead_markdown, "sample_efficiency": sample_efficiency_markdown,
+          "claims": claims_markdown, "power": power_markdown, "stress": stress_markdown}  # fmt: skip
 
 
 def splice_page(page: Path, results_dir: Path) -> list[str]:
@@ -176,50 +202,24 @@ def splice_page(page: Path, results_dir: Path) -> list[str]:
         replaced.append(match.group(2))
         return match.group(1) + source.read_text().rstrip() + "\n" + match.group(4)
 
-    page.write_text(_GENERATED.sub(fill, page.read_text()))
+    page.write_text(GENERATED.sub(fill, page.read_text()))
     return replaced
 
 
-def write_tables(results_dir: Path) -> list[Path]:
-    """Each markdown table whose JSON is in `results_dir`, written beside it."""
-    tables = [
-        ("overhead_cpu.json", "overhead_cpu.md", overhead_markdown),
-        ("overhead_cuda.json", "overhead_cuda.md", overhead_markdown),
-        ("overhead_cpu_estimators.json", "overhead_cpu_estimators.md", overhead_markdown),
-        ("sample_efficiency.json", "sample_efficiency.md", sample_efficiency_markdown),
-        ("claims.json", "claims.md", claims_markdown),
-        ("power.json", "power.md", power_markdown),
-        ("stress.json", "stress.md", stress_markdown),
-    ]
-    written = []
-    for source, target, render in tables:
-        if (results_dir / source).exists():
-            (results_dir / target).write_text(render(json.loads((results_dir / source).read_text())))
-            written.append(results_dir / target)
-    return written
-
-
 def main(argv=None) -> list[Path]:
-    parser = argparse.ArgumentParser(description="Markdown tables from the benchmark JSON files, spliced into the "
-                                     "results page's generated blocks.")  # fmt: skip
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results-dir", type=Path, default=common.DEFAULT_OUTPUT_DIR)
-    parser.add_argument("--page", "--readme", dest="page", type=Path, default=None,
-                        help="Splice the tables into this page's generated blocks (default: docs/results.md for the "
-                        "committed benchmarks/results/, no page for another --results-dir).")  # fmt: skip
+    parser.add_argument("--page", type=Path, help="Splice the tables into this page (default: docs/results.md for "
+                        "the committed benchmarks/results/, no page for another --results-dir).")  # fmt: skip
     args = parser.parse_args(argv)
     if args.page is not None and not args.page.is_file():
         parser.error(f"--page {args.page}: no such file")
-    written = write_tables(args.results_dir)
+    written = [args.results_dir / f"{name}.md" for name in TABLES if (args.results_dir / f"{name}.json").exists()]
     for path in written:
+        path.write_text(TABLES[path.stem](json.loads(path.with_suffix(".json").read_text())))
         print(f"wrote {path}")
-    if not written:
-        print(f"nothing to do: no overhead_cpu.json, overhead_cuda.json, sample_efficiency.json, claims.json, "
-              f"power.json or stress.json in {args.results_dir}")  # fmt: skip
-    page = args.page
-    if page is None and args.results_dir.resolve() == common.DEFAULT_OUTPUT_DIR.resolve():
-        page = DEFAULT_PAGE if DEFAULT_PAGE.is_file() else None
-        if page is None:
-            print(f"no {DEFAULT_PAGE.relative_to(common.REPO)}: no page spliced")
+    committed = args.results_dir.resolve() == common.DEFAULT_OUTPUT_DIR.resolve() and DEFAULT_PAGE.is_file()
+    page = args.page or (DEFAULT_PAGE if committed else None)
     if page is not None:
         print(f"{page}: replaced {splice_page(page, args.results_dir) or 'no block'}")
     return written

@@ -30,8 +30,9 @@ Your data, from a local file (.jsonl .json .parquet .csv) or the Hub, read as an
         --dataset_name my_data.jsonl --dataset_format prompt-answer --max_completion_length 256
 
 The paper's claim: OTB with N=4 completions per prompt matches a group-mean baseline with N=32.
-`benchmarks/sample_efficiency.py` tests it here (OTB N=4 against GRPO N=4 and N=16 at equal prompts). OTB needs
-whole groups in each micro-batch: per_device_train_batch_size must be a multiple of num_generations.
+`python -m benchmarks.stress --sample-efficiency` tests it here (OTB N=4 against GRPO N=4 and N=16 at equal
+prompts). OTB needs whole groups in each micro-batch: per_device_train_batch_size must be a multiple of
+num_generations.
 
 Single GPU, Qwen2.5-0.5B-Instruct on GSM8K:
 

@@ -1,6 +1,7 @@
 """The benchmarks package: statistics helpers against independent values, the variant and claim tables, the long
-task, the keyed runs file of the grid runner, `--from-runs` against the committed results, and every script's
-`--smoke` mode end to end (JSON schema, PNG, markdown tables, a second invocation that skips the runs done).
+task, the one runner's runs files (the engine itself: tests/test_compare.py), `--from-runs` against the committed
+results, and every script's `--smoke` mode end to end (JSON schema, PNG, markdown tables, a second invocation that
+skips the runs done).
 
 Smoke outputs go to pytest's tmp_path, never to benchmarks/results/. The smokes run in this process (no interpreter
 start-up per script): about 45 s on an idle 2-core machine.
@@ -13,15 +14,15 @@ import json
 import math
 import os
 import random
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import common, loss_overhead, overhead, power, report, runner, sample_efficiency, stress
+from benchmarks import common, loss_overhead, overhead, power, report, stress
 from trl_groupopt import stats
+from trl_groupopt.runs import read_runs
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -194,22 +195,43 @@ def test_lockstep_runs_one_thread_at_a_time_in_rotated_rounds():
 
 
 def test_claim_verdict_rule():
-    def stats(values):
-        return common.mean_ci(values)
+    def verdict(values, better, margin=stats.EQUIVALENCE_MARGIN):
+        return stress.CLAIM_VERDICTS[stats.verdict(common.mean_ci(values), better, margin)]
 
-    assert stress.verdict(stats([0.10, 0.12, 0.08, 0.11, 0.09]), +1, "final_accuracy") == "reproduced"
-    assert stress.verdict(stats([-0.10, -0.12, -0.08, -0.11, -0.09]), +1, "final_accuracy") == "not reproduced"
-    # lower is better (a mechanism claim): negative differences reproduce it
-    assert stress.verdict(stats([-0.5, -0.4, -0.6]), -1, "log_ratio:a:b") == "reproduced"
+    assert verdict([0.10, 0.12, 0.08, 0.11, 0.09], +1) == "reproduced"
+    assert verdict([-0.10, -0.12, -0.08, -0.11, -0.09], +1) == "not reproduced"
+    assert verdict([-0.5, -0.4, -0.6], -1, None) == "reproduced"  # lower is better (a mechanism claim)
     # an interval inside +-2 points: no effect of practical size
-    assert stress.verdict(stats([0.001, -0.002, 0.0, 0.002, -0.001]), +1, "final_accuracy") == "not reproduced"
-    assert stress.verdict(stats([0.2, -0.2, 0.1, -0.1, 0.0]), +1, "final_accuracy") == "inconclusive"
-    assert stress.verdict(stats([0.1]), +1, "final_accuracy") == "inconclusive"
-    assert stress.verdict(stats([]), +1, "final_accuracy") == "not run"
+    assert verdict([0.001, -0.002, 0.0, 0.002, -0.001], +1) == "not reproduced"
+    assert verdict([0.2, -0.2, 0.1, -0.1, 0.0], +1) == "inconclusive"
+    assert verdict([0.1], +1) == "inconclusive" and verdict([], +1) == "not run"
     for claim in stress.CLAIMS:  # every claim points at a configuration its regime runs, at a value it runs
         regime = stress.REGIMES[claim["regime"]]
         assert claim["value"] in regime["values"] and claim["config"] in regime["configs"], claim["id"]
         assert claim["baseline"] is None or claim["baseline"] in regime["configs"], claim["id"]
+
+
+def test_a_method_no_regime_names_runs_in_every_regime_at_its_defaults(monkeypatch):
+    import importlib
+
+    import trl_groupopt
+
+    # today every registered method has its own cells: the rule adds nothing
+    assert {stress.CONFIGS[c].method for r in stress.GRID_REGIMES for c in stress.REGIMES[r]["configs"]} == set(
+        trl_groupopt.METHODS
+    )
+    monkeypatch.setattr(trl_groupopt, "METHODS", {**trl_groupopt.METHODS, "new_method": trl_groupopt.METHODS["otb"]})
+    try:
+        fresh = importlib.reload(stress)  # a method registered without an entry in any of the benchmark's tables
+        assert all(fresh.REGIMES[r]["configs"][-1] == "new_method" for r in fresh.GRID_REGIMES)
+        assert (
+            fresh.CONFIGS["new_method"].overrides == {}
+            and "new_method" in fresh.REGIMES["sample_efficiency"]["configs"]
+        )
+        assert fresh.MECHANISM_METRICS["new_method"][0] == "otb/grad_second_moment"
+    finally:
+        monkeypatch.undo()
+        importlib.reload(stress)
 
 
 def test_staleness_regime_splits_each_step_so_echo_scopes_differ(tmp_path):
@@ -227,7 +249,6 @@ def test_long_regime_trains_the_long_chain_policy_on_the_long_chain_task(tmp_pat
 
     assert stress.regime_task("long") == (offline.EMBEDDED_LONG_POLICY_PATH, offline.LONG_CHAIN)
     assert stress.regime_task("staleness") == (offline.EMBEDDED_POLICY_PATH, {})
-    assert stress.parse_args([]).long_completion_length == offline.LONG_CHAIN_MAX_COMPLETION_LENGTH
     long = stress.run_settings("long", 4, "otb", 0, RUN_SETTINGS, str(tmp_path))
     assert (long["max_completion_length"], long["learning_rate"]) == (160, 1e-5)  # the long policy's own lr
     assert stress.run_settings("staleness", 4, "otb", 0, RUN_SETTINGS, str(tmp_path))["learning_rate"] == 1e-4
@@ -263,13 +284,11 @@ def test_claim_whose_mechanism_never_acted_is_not_tested(monkeypatch):
         assert set(keys) <= set(stress.MECHANISM_METRICS[method]), method
 
 
-def _echo_probe_runs(clipped_cell: tuple | None = None, missing_cell: tuple | None = None) -> list[dict]:
+def _echo_probe_runs(clipped_cell: tuple | None = None) -> list[dict]:
     """ECHO runs (2 seeds, 2 logged steps each) in every probed cell: R never clipped except in `clipped_cell`."""
     runs = []
     for row in stress.probe_table([]):
         cell = (row["regime"], row["value"], row["config"])
-        if cell == missing_cell:
-            continue
         for seed in range(2):
             clipped = [0.0, 0.5] if cell == clipped_cell else [0.0, 0.0]
             series = {
@@ -282,36 +301,38 @@ def _echo_probe_runs(clipped_cell: tuple | None = None, missing_cell: tuple | No
     return runs  # fmt: skip
 
 
-def test_echo_claims_are_decided_inert_only_when_the_probe_never_clipped(monkeypatch):
+def test_probe_table_reports_each_cells_range_and_the_claims_own_cells():
     claims = [c for c in stress.CLAIMS if c.get("probe")]
-    for claim in claims:  # the 2 seeds below are their whole plan
-        monkeypatch.setitem(stress.CLAIM_SEEDS, claim["id"], (2, 4))
     assert {c["config"] for c in claims} == {"echo", "echo_step"}
     probed = {(row["regime"], row["value"], row["config"]) for row in stress.probe_table([])}
     assert {(c["regime"], c["value"], c["config"]) for c in claims} <= probed  # the claims' own cells are probed
     assert {r for r, _, _ in probed} >= {r for r, spec in stress.REGIMES.items() if "probe" in spec}
-    grpo = [{**_run("grpo", "grpo", {"clip_ratio/region_mean": [0.0, 0.1]}, 0.2, s), "regime": c["regime"],
-             "value": c["value"]} for c in claims for s in range(2)]  # fmt: skip
-
-    def rows(runs):
-        return {row["id"]: row for row in stress.claims_table(grpo + runs)}
-
-    inert = rows(_echo_probe_runs())
-    for claim in claims:
-        row = inert[claim["id"]]
-        assert row["verdict"] == stress.INERT, row
-        # the range covers every step's micro-batch extremes over every probed cell and seed
-        assert row["note"].startswith("R within [0.940, 1.030] on all ") and "never clipped" in row["note"]
+    # the range covers every step's micro-batch extremes over every seed; the clip acted on no step
     for probe in stress.probe_table(_echo_probe_runs()):
         assert (probe["steps"], probe["acted"], probe["low"], probe["high"]) == (4, 0, 0.94, 1.03)
-    # clipped in one probe cell, or one cell not run: the claim stays untested here, not decided
     clipped = next(cell for cell in sorted(probed) if cell[0].startswith("echo_probe"))
-    for runs in (_echo_probe_runs(clipped_cell=clipped), _echo_probe_runs(missing_cell=clipped)):
-        for claim in claims:
-            row = rows(runs)[claim["id"]]
-            assert row["verdict"] == "inconclusive" and row["note"].endswith("does not test the claim"), row
-    # other claims never get the inert verdict, whatever their mechanism did
-    assert all(row["verdict"] != stress.INERT for cid, row in inert.items() if cid not in {c["id"] for c in claims})
+    rows = {(r["regime"], r["value"], r["config"]): r for r in stress.probe_table(_echo_probe_runs(clipped))}
+    assert rows[clipped]["acted"] == 2 and sum(r["acted"] for r in rows.values()) == 2
+
+
+def acting_setting(runs: list[dict]) -> tuple[str, int] | None:
+    """Where ECHO's claims are tested, by the rule declared before the probe ran (their rows of benchmarks/claims.jsonl
+    hold the result): the mildest probe setting, by learning-rate scale then updates per rollout, among those running
+    both scopes, where the clip acted on >= 10% of each scope's optimizer steps and both scopes' and GRPO's mean final
+    accuracies are above the floor; None if there is none."""
+    ok = [r for r in runs if "error" not in r]
+    acting = {(row["regime"], row["value"], row["config"]) for row in stress.probe_table(ok)
+              if row["steps"] and row["acted"] >= 0.1 * row["steps"]}  # fmt: skip
+    for _, value, regime in sorted((spec["learning_rate_scale"], value, regime) for regime, spec in stress.REGIMES.items()
+                                   if spec.get("probe") == "echo" and {"echo", "echo_step"} <= set(spec["configs"])
+                                   for value in spec["values"]):  # fmt: skip
+        levels = [common.mean([r["final_accuracy"] for r in stress.cell_runs(ok, regime, value, c)]) for c in ("echo",
+                  "echo_step", "grpo")]  # fmt: skip
+        if {(regime, value, c) for c in ("echo", "echo_step")} <= acting and all(
+            level is not None and level > stats.FLOOR for level in levels
+        ):
+            return regime, value
+    return None
 
 
 def test_echo_claims_move_to_the_mildest_probe_setting_where_the_clip_acts():
@@ -325,14 +346,14 @@ def test_echo_claims_move_to_the_mildest_probe_setting_where_the_clip_acts():
                             "regime": regime, "value": value})  # fmt: skip
         return out
 
-    assert stress.acting_setting(runs({})) is None  # never clipped: no setting (the inert verdict's case)
+    assert acting_setting(runs({})) is None  # never clipped: no setting (the inert verdict's case)
     acting = {("echo_probe_lr3", 32): (0.3, 0.05), ("echo_probe_lr10", 16): (0.5, 0.05)}
-    assert stress.acting_setting(runs(acting)) == ("echo_probe_lr3", 32)  # the lower learning rate first
+    assert acting_setting(runs(acting)) == ("echo_probe_lr3", 32)  # the lower learning rate first
     acting[("echo_probe_lr3", 16)] = (0.1, 0.05)
-    assert stress.acting_setting(runs(acting)) == ("echo_probe_lr3", 16)  # then fewer updates per rollout
+    assert acting_setting(runs(acting)) == ("echo_probe_lr3", 16)  # then fewer updates per rollout
     acting[("echo_probe_lr3", 16)] = (0.1, 0.01)  # at the floor
     acting[("echo_probe_mb8_lr1", 16)] = (0.5, 0.3)  # one scope only: not a candidate
-    assert stress.acting_setting(runs(acting)) == ("echo_probe_lr3", 32)
+    assert acting_setting(runs(acting)) == ("echo_probe_lr3", 32)
 
 
 def test_stage_two_runs_only_claims_left_inconclusive_by_stage_one(monkeypatch):
@@ -358,7 +379,7 @@ def test_stage_two_runs_only_claims_left_inconclusive_by_stage_one(monkeypatch):
     assert stress.stage2_cells([row]) == {("staleness", 16, "grpo_fix"): 8, ("staleness", 16, "grpo"): 8}
     row = row_of(runs(wide + [-0.10, -0.12, -0.11, -0.10]))
     assert (row["stage"], row["n"]) == (2, 8) and row["stage1"]["n"] == 4
-    assert "stage 2" in stress.claims_markdown(_claims_payload([row]))
+    assert "stage 2" in report.claims_markdown(_claims_payload([row]))
     assert row_of(runs(wide[:3]))["stage"] == 1  # stage 1 not complete: no stage 2 yet
 
 
@@ -376,22 +397,20 @@ def test_claims_before_their_planned_seeds_have_no_verdict(monkeypatch):
     row = row_of(clear[:4])
     assert (row["verdict"], row["n"], row["note"]) == (stress.RUNNING, 4, "4 of 6 planned seeds")
     assert row["difference"]["n"] == 4 and row["difference"]["high"] < 0  # the interval so far is still reported
-    table = stress.claims_markdown(_claims_payload([row]))
+    table = report.claims_markdown(_claims_payload([row]))
     assert "| 4 of 6 planned |" in table and "**running** (4 of 6 planned seeds)" in table
     assert row_of(clear)["verdict"] == "not reproduced"
     wide = [0.05, -0.04, 0.06, -0.03, 0.04, -0.05]  # stage 1 inconclusive: stage 2 runs, and is not decided early
     row = row_of(wide + [0.01, 0.02])
     assert (row["stage"], row["verdict"], row["note"]) == (2, stress.RUNNING, "8 of 12 planned seeds (stage 2)")
-    assert "8 of 12 planned (stage 2; stage 1: 6 seeds" in stress.claims_markdown(_claims_payload([row]))
+    assert "8 of 12 planned (stage 2; stage 1: 6 seeds" in report.claims_markdown(_claims_payload([row]))
 
 
-def test_claim_ids_select_those_claims_cells_with_their_own_seeds(monkeypatch):
-    monkeypatch.setattr(stress, "availability", lambda name, settings, regime=None: None)
-    args = stress.parse_args(["--claims", "--claim-ids", "ctpo_off_policy"])
-    cells, _ = stress.claims_plan(args, RUN_SETTINGS)  # GRPO at staleness 16 also serves GRPO-fix (more seeds)
+def test_claim_ids_select_those_claims_cells_with_their_own_seeds():
+    cells = stress.cells_of(stress.parse_args(["--claims", "--claim-ids", "ctpo_off_policy"]))  # no probe cell
     n = stress.CLAIM_SEEDS["ctpo_off_policy"][0]
     assert cells == {("staleness", 16, "ctpo"): n, ("staleness", 16, "grpo"): n}
-    jobs = stress.cell_jobs(cells)  # seed by seed, so that an interrupted grid leaves pairs
+    jobs = stress.jobs_of(cells)  # seed by seed, so that an interrupted grid leaves pairs
     assert [job[3] for job in jobs[:4]] == [0, 0, 1, 1] and {job[2] for job in jobs[:2]} == {"ctpo", "grpo"}
     with pytest.raises(SystemExit):
         stress.parse_args(["--claims", "--claim-ids", "no_such_claim"])
@@ -408,16 +427,14 @@ def _claims_payload(rows: list[dict], probe: list[dict] | None = None) -> dict:
         command="cmd",
         runs_total=1,
         wall_s=3600.0,
-        skipped={"ctpo_otb": "skipped, not available in this checkout: TypeError: no advantage_estimator"},
     )
 
 
 def test_claims_not_run_render_gracefully():
     rows = stress.claims_table([])  # nothing run: every claim "not run", no crash
     assert {row["verdict"] for row in rows} == {"not run"}
-    table = stress.claims_markdown(_claims_payload(rows, stress.probe_table([])))
+    table = report.claims_markdown(_claims_payload(rows, stress.probe_table([])))
     assert table.count("**not run**") == len(stress.CLAIMS)
-    assert "`ctpo_otb`: skipped, not available in this checkout" in table  # why the composition has no runs
     assert "0 of " in table  # the seeds column says how many were planned
 
 
@@ -433,14 +450,15 @@ def test_probe_regimes_scale_the_learning_rate_and_split_the_step(tmp_path):
     # the full grid leaves the probe out; --claims runs it, at the claims budget
     grid, claims = stress.parse_args([]), stress.parse_args(["--claims"])
     assert grid.regime_list == stress.GRID_REGIMES == ["staleness", "group_size", "long"]
-    assert (grid.max_steps, grid.num_eval) == (16, 64)
-    assert set(claims.regime_list) == set(stress.REGIMES) and (claims.max_steps, claims.num_eval) == (64, 200)
+    assert set(claims.regime_list) == set(stress.REGIMES) - {"sample_efficiency"}
+    budgets = {
+        name: (grid["settings"]["max_steps"], grid["settings"]["num_eval"]) for name, grid in stress.GRIDS.items()
+    }
+    assert budgets == {"stress": (16, 64), "claims": (64, 200), "sample_efficiency": (100, 200)}
 
 
-def test_claims_plan_runs_each_claims_cells_and_the_probe(monkeypatch):
-    monkeypatch.setattr(stress, "availability", lambda name, settings, regime=None: None)
-    cells, skipped = stress.claims_plan(stress.parse_args(["--claims"]), RUN_SETTINGS)
-    assert skipped == {}
+def test_claims_grid_runs_each_claims_cells_and_the_probe():
+    cells = stress.cells_of(stress.parse_args(["--claims"]))
     for claim in stress.CLAIMS:
         for config in filter(None, (claim["config"], claim["baseline"])):
             assert cells[(claim["regime"], claim["value"], config)] >= stress.CLAIM_SEEDS[claim["id"]][0]
@@ -453,28 +471,21 @@ def test_claims_plan_runs_each_claims_cells_and_the_probe(monkeypatch):
         assert cells[(regime, value, config)] >= n
     assert cells[("echo_probe_lr3", 32, "echo")] == stress.CLAIM_SEEDS["echo_off_policy"][0]
     # the OTB keys the lead runs later: only otb and the composition's cells, with their claims' seeds
-    later, _ = stress.claims_plan(stress.parse_args(["--claims", "--configs", "otb,ctpo_otb"]), RUN_SETTINGS)
+    later = stress.cells_of(stress.parse_args(["--claims", "--configs", "otb,ctpo_otb"]))
     assert set(later) == {("group_size", 2, "otb"), ("long", 4, "otb"), ("long", 4, "ctpo_otb")}
-    jobs = stress.cell_jobs(later)
+    jobs = stress.jobs_of(later)
     assert len(jobs) == sum(later.values()) and jobs[0][0] == "long"  # the most expensive first
 
 
 def test_runs_record_each_steps_extremes_over_micro_batches():
-    class FakeTrainer:
-        def __init__(self):
-            self.model = type("Model", (), {"training": True})()
-            self._metrics = {"train": {"echo/batch_ratio": [0.9, float("nan"), 1.1], "reward": [1.0]}}
-
-        def log(self, logs, start_time=None):
-            self.logged = logs
-
-    trainer = stress.recording_extremes(FakeTrainer)()
-    trainer.log({"loss": 0.5})
-    assert trainer.logged == {"loss": 0.5, "echo/batch_ratio_min": 0.9, "echo/batch_ratio_max": 1.1}
-    trainer.model.training = False  # evaluation logs are left alone
-    trainer.log({"eval_loss": 0.5})
-    assert trainer.logged == {"eval_loss": 0.5}
-    assert type(trainer).__name__ == "FakeTrainer"
+    trainer = argparse.Namespace(model=argparse.Namespace(training=True),
+                                 _metrics={"train": {"echo/batch_ratio": [0.9, float("nan"), 1.1], "reward": [1.0]}})  # fmt: skip
+    entry = {"loss": 0.5}
+    stress.record_extremes(trainer, entry)
+    assert entry == {"loss": 0.5, "echo/batch_ratio_min": 0.9, "echo/batch_ratio_max": 1.1}
+    trainer.model.training, entry = False, {"eval_loss": 0.5}  # evaluation logs are left alone
+    stress.record_extremes(trainer, entry)
+    assert entry == {"eval_loss": 0.5}
 
 
 def test_paired_differences_pair_by_key():
@@ -488,100 +499,28 @@ def test_paired_differences_pair_by_key():
 
 
 # ------------------------------------------------------------------------------------------------ the runs file
-FAKE_FAILS: set[tuple] = set()  # keys whose next fake run raises (once)
-FAKE_CALLS: list[tuple] = []
-
-
-def _fake_run(name: str, seed: int, settings: dict) -> dict:
-    FAKE_CALLS.append((name, seed))
-    if (name, seed) in FAKE_FAILS:
-        FAKE_FAILS.discard((name, seed))
-        raise RuntimeError("fake failure")
-    return {"name": name, "seed": seed, "score": 10 * seed + len(name), "wall_s": 1.5}
-
-
-FAKE_GRID = runner.Grid(("name", "seed"), _fake_run, lambda run: f"score {run['score']}")
-
-
-def _terminated_run(name: str, seed: int, settings: dict) -> dict:
-    if seed == 1:  # as `kill -TERM` on the grid would, while this run trains
-        os.kill(os.getpid(), signal.SIGTERM)
-    return _fake_run(name, seed, settings)
-
-
-def test_sigterm_stops_a_grid_after_the_run_in_flight(tmp_path):
-    path = tmp_path / "fake_runs.jsonl"
-    FAKE_CALLS.clear()
-    before = signal.getsignal(signal.SIGTERM)
-    grid = runner.Grid(("name", "seed"), _terminated_run, FAKE_GRID.describe)
-    assert runner.run_grid(grid, [("a", 0), ("a", 1), ("a", 2)], {"steps": 4}, 1, path, "stopped grid") == 2
-    assert FAKE_CALLS == [("a", 0), ("a", 1)] and signal.getsignal(signal.SIGTERM) == before  # none after; restored
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [line.get("seed") for line in lines[:2]] == [0, 1] and lines[2]["invocation"]["runs"] == 2  # kept
-
-
-def _collect(path: Path, jobs, settings=None, from_runs=None, fresh=False) -> runner.Runs:
-    args = argparse.Namespace(from_runs=from_runs, fresh=fresh, workers=1)
-    return runner.collect(FAKE_GRID, args, jobs, settings or {"steps": 4}, path, f"fake {len(jobs)} jobs")
-
-
-def test_runs_file_is_keyed_and_appendable(tmp_path):
-    path = tmp_path / "fake_runs.jsonl"
-    FAKE_CALLS.clear()
-    FAKE_FAILS.add(("b", 0))
-    first = _collect(path, [("a", 0), ("a", 1), ("b", 0)])
-    assert FAKE_CALLS == [("a", 0), ("a", 1), ("b", 0)]
-    assert "fake failure" in first.records[2]["error"] and first.records[2]["settings"] == {"steps": 4}
-    lines = path.read_text().splitlines()
-    assert len(lines) == 4 and json.loads(lines[3])["invocation"]["runs"] == 3  # 3 runs, then the invocation
-
-    # The same grid, grown: only the keys not done yet run (the failed one again), appended after the others.
-    FAKE_CALLS.clear()
-    second = _collect(path, [("a", 0), ("a", 1), ("b", 0), ("b", 1)])
-    assert FAKE_CALLS == [("b", 0), ("b", 1)]
-    assert path.read_text().splitlines()[:4] == lines  # nothing written before is rewritten
-    assert [(r["name"], r["seed"]) for r in second.records] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
-    assert not any("error" in r for r in second.records)  # the retry superseded the failure
-    assert [i["command"] for i in second.invocations] == ["fake 3 jobs", "fake 4 jobs"]
-    made = runner.provenance(second, "this command", workers=1)
-    assert made["wall_s"] == pytest.approx(sum(i["wall_s"] for i in second.invocations))
-    assert made["command"] == "fake 3 jobs ; fake 4 jobs" and made["invocations"] == second.invocations
-
-    FAKE_CALLS.clear()  # everything done: nothing runs, nothing is appended
-    assert _collect(path, [("a", 0), ("b", 1)]).records == second.records and FAKE_CALLS == []
-    assert len(path.read_text().splitlines()) == 4 + 3
-
-    with pytest.raises(SystemExit, match="steps 4 there, 8 here"):  # runs made with other settings are not mixed
-        _collect(path, [("c", 0)], settings={"steps": 8})
-    with pytest.raises(SystemExit, match="steps 4 there, 8 here"):
-        _collect(path, [], settings={"steps": 8}, from_runs=path)
-    assert FAKE_CALLS == []
-    fresh = _collect(path, [("c", 0)], settings={"steps": 8}, fresh=True)
-    assert [(r["name"], r["seed"]) for r in fresh.records] == [("c", 0)] and len(fresh.invocations) == 1
-
-
-def test_runs_file_without_settings_is_rebuilt_not_resumed(tmp_path):
-    # A runs file of the format before keyed runs (no settings, no invocation records), as committed.
-    path = tmp_path / "fake_runs.jsonl"
-    path.write_text("".join(json.dumps({"name": "a", "seed": s, "score": s, "wall_s": 2.0}) + "\n" for s in (0, 1)))
+def test_runs_made_with_other_settings_are_refused_not_mixed(tmp_path):
+    path = tmp_path / "stress_runs.jsonl"
+    record = {"regime": "long", "value": 4, "config": "otb", "seed": 0, "final_accuracy": 0.5}
+    path.write_text(json.dumps(record) + "\n")  # a runs file written before runs were keyed: no settings
+    args = argparse.Namespace(from_runs=None, fresh=False, workers=1, max_steps=2)
     with pytest.raises(SystemExit, match="without their settings.*--fresh"):
-        _collect(path, [("a", 0), ("a", 2)])
-    runs = _collect(path, [], from_runs=path)
-    assert len(runs.records) == 2 and runs.invocations == []
-    # provenance: the summary JSON written with the runs, else this command and the runs' summed wall time
-    assert runner.provenance(runs, "this command", workers=2) == {"command": "this command", "workers": 2,
-                                                                   "wall_s": 4.0}  # fmt: skip
-    assert runner.summary_beside(path) == tmp_path / "fake.json"
-    common.write_json(tmp_path / "fake.json", {"command": "the grid", "settings": {"workers": 3}, "wall_s": 60.0})
-    assert runner.provenance(runs, "this command", workers=2) == {"command": "the grid", "workers": 3, "wall_s": 60.0}
+        stress.collect(args, [("long", 4, "otb", 1)], {"steps": 4}, path, "cmd")
+    path.write_text(json.dumps({**record, "settings": {"steps": 4}}) + "\n")
+    with pytest.raises(SystemExit, match="steps 4 there, 8 here"):
+        stress.collect(args, [("long", 4, "otb", 1)], {"steps": 8}, path, "cmd")
+    args.from_runs = path  # rebuilding checks them too
+    with pytest.raises(SystemExit, match="steps 4 there, 8 here"):
+        stress.collect(args, [], {"steps": 8}, path, "cmd")
+    assert stress.collect(args, [], {"steps": 4}, path, "cmd").records[0]["final_accuracy"] == 0.5
 
 
 @pytest.mark.parametrize(
     ("module", "stem", "flags", "compared"),
-    [(stress, "stress", [], ("summary", "skipped", "settings", "failed_runs", "runs_total", "wall_s", "command")),
-     (stress, "claims", ["--claims"], ("summary", "claims", "probe", "skipped", "settings", "failed_runs",
+    [(stress, "stress", [], ("summary", "settings", "failed_runs", "runs_total", "wall_s", "command")),
+     (stress, "claims", ["--claims"], ("summary", "claims", "probe", "settings", "failed_runs",
                                        "runs_total", "wall_s", "command")),
-     (sample_efficiency, "sample_efficiency", [], ("summary", "otb_claim", "failed_runs", "wall_s", "command"))],
+     (stress, "sample_efficiency", ["--sample-efficiency"], ("summary", "failed_runs", "wall_s", "command"))],
 )  # fmt: skip
 def test_from_runs_reproduces_the_committed_summary(tmp_path, module, stem, flags, compared, capsys):
     committed = json.loads((REPO / "benchmarks" / "results" / f"{stem}.json").read_text())
@@ -591,7 +530,11 @@ def test_from_runs_reproduces_the_committed_summary(tmp_path, module, stem, flag
     for key in compared:
         assert rebuilt[key] == committed[key], key
     # the tables the results page includes, from the rebuilt JSON
-    tables = {"stress": [("stress.md", report.stress_markdown)], "claims": [("claims.md", stress.claims_markdown)]}
+    tables = {
+        "stress": [("stress.md", report.stress_markdown)],
+        "claims": [("claims.md", report.claims_markdown)],
+        "sample_efficiency": [("sample_efficiency.md", report.sample_efficiency_markdown)],
+    }
     for name, render in tables.get(stem, []):
         assert render(rebuilt) == (REPO / "benchmarks" / "results" / name).read_text(), name
 
@@ -621,27 +564,29 @@ def test_power_analysis_reproduces_and_sized_the_claims_grid(tmp_path, capsys):
         assert common.jsonable(rebuilt[key]) == committed[key], key
     assert power.power_markdown(committed) == (results / "power.md").read_text()
     # the seeds the claims grid ran are the ones this analysis plans
-    runs = {
-        name: runner.read_runs(results / f"{name}_runs.jsonl", stress.GRID).records for name in ("stress", "claims")
-    }
+    runs = {name: read_runs(results / f"{name}_runs.jsonl", stress.GRID).records for name in ("stress", "claims")}
     assert power.plan(runs["stress"], runs["claims"]) == stress.CLAIM_SEEDS
     # ECHO's claims are where the declared rule puts them, on the committed probe
     echo = {(c["regime"], c["value"]) for c in stress.CLAIMS if c.get("probe") == "echo"}
-    assert echo == {stress.acting_setting(runs["claims"])}
+    assert echo == {acting_setting(runs["claims"])}
     for row in committed["claims"]:
         if row["accuracy"] and row["pilot"]:  # every claim with a pilot is planned to h <= 1.5 points or 60 seeds
             assert row["projected_half_width"] <= power.TARGET_HALF_WIDTH or row["planned_seeds"] == power.MAX_SEEDS
 
 
 def test_seeds_needed_is_the_smallest_n_reaching_the_half_width():
-    assert power.half_width(0.05, 20) == pytest.approx(2.093 * 0.05 / math.sqrt(20))
+    assert stats.half_width(0.05, 20) == pytest.approx(2.093 * 0.05 / math.sqrt(20))
     for sd, target in ((0.05, 0.015), (0.02, 0.02), (0.1, 0.01), (0.001, 0.02)):
-        n = power.seeds_needed(sd, target)
-        assert power.half_width(sd, n) <= target and (n == 2 or power.half_width(sd, n - 1) > target)
-    assert power.seeds_needed(0.001, 0.02, minimum=20) == 20
-    assert power.estimate([0.1]) is None
-    est = power.estimate([0.01, 0.03, 0.02])
+        n = stats.seeds_needed(sd, target)
+        assert stats.half_width(sd, n) <= target and (n == 2 or stats.half_width(sd, n - 1) > target)
+    assert stats.seeds_needed(0.001, 0.02, minimum=20) == 20
+    # a claim's estimate: its paired differences (GRPO-fix - GRPO per seed: 0.01, 0.03, 0.02), as the table pairs them
+    claim = next(c for c in stress.CLAIMS if c["id"] == "grpo_fix_off_policy")
+    runs = [_run("grpo", "grpo", {}, 0.3, seed) for seed in range(3)]
+    runs += [_run("grpo_fix", "grpo_fix", {}, 0.3 + d, seed) for seed, d in enumerate((0.01, 0.03, 0.02))]
+    est = power.estimate(runs, claim)
     assert (est["n"], est["mean"], est["sd"]) == (3, pytest.approx(0.02), pytest.approx(0.01))
+    assert est["half_width"] == pytest.approx(stats.half_width(0.01, 3)) and power.estimate(runs, claim, 1) is None
 
 
 def test_report_splices_the_results_page_only_for_the_committed_tables(tmp_path, monkeypatch):
@@ -660,7 +605,7 @@ def test_report_splices_the_results_page_only_for_the_committed_tables(tmp_path,
     assert page.read_text() == page_text.replace("| old table |", "| new table |")  # stress.md absent: kept
     other = tmp_path / "other.md"
     other.write_text(page_text)
-    report.main(["--results-dir", str(results), "--readme", str(other)])  # --readme: the old name of --page
+    report.main(["--results-dir", str(results), "--page", str(other)])
     assert other.read_text() == page.read_text()
     with pytest.raises(SystemExit):
         report.main(["--page", str(tmp_path / "missing.md")])
@@ -671,9 +616,7 @@ HEAVY_MODULES = ("torch", "trl", "transformers", "accelerate", "datasets")  # tr
 
 
 @pytest.mark.slow  # launches a Python process per module
-@pytest.mark.parametrize(
-    "module", ["overhead", "loss_overhead", "stress", "sample_efficiency", "report", "profile_step"]
-)
+@pytest.mark.parametrize("module", ["overhead", "loss_overhead", "stress", "report", "power", "checkpoint_digest"])
 def test_help_runs_as_module(module):
     # PYTHONPROFILEIMPORTTIME lists every module imported (in overhead's re-run under its allocator settings too)
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"], cwd=REPO, capture_output=True,
@@ -854,22 +797,27 @@ def test_claims_smoke(tmp_path):
 @pytest.mark.slow
 def test_sample_efficiency_smoke(tmp_path):
     # The grid in two invocations with one runs file: GRPO first, then the whole smoke grid, which runs OTB only.
-    sample_efficiency.main(["--smoke", "--methods", "grpo", "--output-dir", str(tmp_path)])
-    grpo_line = (tmp_path / "sample_efficiency_runs.jsonl").read_text().splitlines()[0]
-    payload = sample_efficiency.main(["--smoke", "--output-dir", str(tmp_path)])
-    lines = (tmp_path / "sample_efficiency_runs.jsonl").read_text().splitlines()
+    stress.main(["--sample-efficiency", "--smoke", "--configs", "grpo", "--output-dir", str(tmp_path)])
+    runs_file = tmp_path / "sample_efficiency_smoke_runs.jsonl"
+    grpo_line = runs_file.read_text().splitlines()[0]
+    payload = stress.main(["--sample-efficiency", "--smoke", "--output-dir", str(tmp_path)])
+    lines = runs_file.read_text().splitlines()
     records = [json.loads(line) for line in lines if "invocation" not in json.loads(line)]
-    assert lines[0] == grpo_line and [r["method"] for r in records] == ["grpo", "otb"]
+    assert lines[0] == grpo_line and [r["config"] for r in records] == ["grpo", "otb"]
+    assert [r["method"] for r in records] == ["trl", "otb"]  # GRPO is TRL's own GRPOTrainer here
     assert [i["runs"] for i in payload["invocations"]] == [1, 1]
     assert payload["wall_s"] == pytest.approx(sum(i["wall_s"] for i in payload["invocations"]))
-    assert all(r["wall_s"] > 0 and r["settings"]["max_steps"] == 3 for r in records)
+    assert all(r["wall_s"] > 0 and r["settings"]["max_steps"] == 2 for r in records)
     assert payload["benchmark"] == "sample_efficiency" and payload["smoke"] is True
     assert "Eq. 20" in payload["jitter2_definition"] and payload["failed_runs"] == []
-    methods = payload["summary"]["methods"]
-    assert set(methods) == set(sample_efficiency.SMOKE_METHODS)
+    methods = payload["summary"]["sample_efficiency"]["4"]
+    assert (
+        list(methods) == ["grpo", "otb"]
+        and methods["otb"]["threshold_accuracy"] == methods["grpo"]["final_accuracy"]["mean"]
+    )
     for name, entry in methods.items():
-        (accuracy,) = entry["curves"]["accuracy"]
-        assert accuracy["steps"] == [0, 3] and all(0.0 <= a <= 1.0 for a in accuracy["values"]), name
-    assert _is_png(tmp_path / "sample_efficiency.png")
+        (accuracy,) = entry["accuracy_curves"]
+        assert accuracy["steps"] == [0, 2] and all(0.0 <= a <= 1.0 for a in accuracy["values"]), name
+    assert _is_png(tmp_path / "sample_efficiency_smoke.png")
     markdown = report.sample_efficiency_markdown(payload)  # the results page's table, from the JSON alone
     assert markdown.count("\n| ") == 1 + len(methods) and "| TRL GRPO | 4 |" in markdown

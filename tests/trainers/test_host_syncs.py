@@ -1,4 +1,4 @@
-"""No objective stalls a GPU: host syncs per micro-batch, counted on CPU with `benchmarks.host_syncs.SyncCounter`.
+"""No objective stalls a GPU: host syncs per micro-batch, counted on CPU with `tests.sync_counter.SyncCounter`.
 
 A host sync (a value read on the host: `.item()`, `bool(tensor)`, `unique`, `nonzero`, boolean indexing, a copy to
 the CPU) makes the CPU wait for every queued CUDA kernel. The counter sees the ops a CUDA run would wait for on any
@@ -19,7 +19,6 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from benchmarks.host_syncs import SyncCounter
 from tests.distributed import batches
 from tests.helpers import (
     clone_model,
@@ -30,6 +29,7 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
+from tests.sync_counter import SyncCounter
 from trl_groupopt import METHODS, get_method
 from trl_groupopt.objectives.common import Groups, clipped_surrogate_loss
 from trl_groupopt.objectives.ctpo import ctpo_loss

@@ -18,7 +18,7 @@ class OTBConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig)
     advantages change, `A_it = G_i - b_t` (`advantage_estimator="otb"`, fixed here and offered by every method
     config), on raw rewards (`scale_rewards="none"`, as the reference). The defaults reproduce verl's single-turn
     and tool-use estimators, each in its setting (docs/otb.md); the paper's N=4-matches-N=32 claim is tested by
-    `benchmarks/sample_efficiency.py`.
+    `benchmarks/stress.py` (the claims grid's `otb_small_group`, and `--sample-efficiency`).
     """
 
     advantage_estimator: str = field(default="otb", metadata={"help": "Fixed: 'otb' (OTB's advantages)."})

@@ -1,9 +1,7 @@
-"""Host syncs, counted: `SyncCounter`, a `TorchDispatchMode` that counts the ops that make the host wait for a CUDA
-device, on any device (a CPU trace counts what a GPU run would wait for).
-
-The one counter of the repository: `benchmarks.profile_step` reports each trainer's syncs per micro-batch with it, and
-`tests/trainers/test_host_syncs.py` fails on a sync inside an objective or on a method that syncs more often than TRL's
-GRPOTrainer. It imports torch, so the benchmarks' `--help` imports it only when counting.
+"""Host syncs, counted: `SyncCounter` counts the ops that make the host wait for a CUDA device, on any device (a
+CPU trace counts what a GPU run would wait for). `tests/trainers/test_host_syncs.py` counts with it each trainer's
+syncs per micro-batch (loss and backward; `pytest -s` prints them) and fails on a sync inside an objective or on a
+method that syncs more often than TRL's GRPOTrainer (its only user; it was `benchmarks/host_syncs.py`).
 """
 
 from __future__ import annotations
@@ -14,11 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-__all__ = ["SYNC_OPS", "SyncCounter", "sync_reason"]
 
 _REPO = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
 
@@ -41,6 +34,8 @@ def _is_cpu(value: Any) -> bool:
 
 def sync_reason(func, args: tuple, kwargs: dict) -> str | None:
     """The name under which a dispatched op counts as a host sync on CUDA, or None (see `SyncCounter`)."""
+    import torch
+
     name = func.overloadpacket.__name__
     if name in SYNC_OPS:
         return name
@@ -64,7 +59,7 @@ def _caller() -> str:
     relative to its root, installed packages relative to site-packages)."""
     for frame in reversed(traceback.extract_stack()[:-3]):
         path = frame.filename.replace("\\", "/")
-        if "/torch/" in path or path.endswith("host_syncs.py"):
+        if "/torch/" in path or path.endswith("sync_counter.py"):
             continue
         if path.startswith(_REPO):
             path = path[len(_REPO) :]
@@ -74,28 +69,23 @@ def _caller() -> str:
     return "?"
 
 
-class SyncCounter(TorchDispatchMode):
-    """Counts the ops that force a host sync on CUDA, on any device (a CPU trace counts what a GPU would wait for).
-
-    Counted: `SYNC_OPS`; `index`/`index_put` with a boolean index; `repeat_interleave` with tensor repeats and no
-    `output_size`; copies to the CPU from another device; and the Tensor methods `tolist`, `cpu`, `numpy`
-    (`_HOST_COPY_METHODS`, patched while the counter is active). `counts`: reason -> calls; `sites`: (reason, the
-    caller's file:line) -> calls. `scope(name)` tallies what happens inside it in `scoped[name]` too.
+class SyncCounter:
+    """Counts the ops that force a host sync on CUDA, on any device (a CPU trace counts what a GPU would wait for):
+    `SYNC_OPS`; `index`/`index_put` with a boolean index; `repeat_interleave` with tensor repeats and no
+    `output_size`; copies to the CPU from another device; and the Tensor methods `_HOST_COPY_METHODS` (patched while
+    active). `counts`: reason -> calls; `sites`: (reason, the caller's file:line) -> calls; `scope(name, f)` tallies
+    the syncs inside `f` in `scoped[name]` too. Torch is imported on entering, so `--help` imports none.
 
         with SyncCounter() as syncs:
             loss = trainer._compute_loss(model, inputs); loss.backward()
         syncs.total
     """
 
-    def __init__(self, sites: bool = True) -> None:
-        super().__init__()
+    def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.sites: Counter[tuple[str, str]] = Counter()
         self.scoped: dict[str, Counter[str]] = {}
-        self._paused = 0
-        self._scopes: list[str] = []
-        self._record_sites = sites
-        self._saved: dict[str, Any] = {}
+        self._paused, self._scopes, self._saved, self._mode = 0, [], {}, None
 
     @property
     def total(self) -> int:
@@ -105,16 +95,7 @@ class SyncCounter(TorchDispatchMode):
         self.counts[reason] += 1
         for scope in self._scopes:
             self.scoped.setdefault(scope, Counter())[reason] += 1
-        if self._record_sites:
-            self.sites[(reason, _caller())] += 1
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if not self._paused:
-            reason = sync_reason(func, args, kwargs)
-            if reason is not None:
-                self._count(reason)
-        return func(*args, **kwargs)
+        self.sites[(reason, _caller())] += 1
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -137,10 +118,21 @@ class SyncCounter(TorchDispatchMode):
 
         return scoped
 
-    def __enter__(self):
+    def __enter__(self) -> SyncCounter:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                reason = None if counter._paused else sync_reason(func, args, kwargs or {})
+                if reason is not None:
+                    counter._count(reason)
+                return func(*args, **(kwargs or {}))
+
         for method in _HOST_COPY_METHODS:
-            original = getattr(torch.Tensor, method)
-            self._saved[method] = original
+            self._saved[method] = original = getattr(torch.Tensor, method)
 
             def counted(tensor, *args, _original=original, _method=method, **kwargs):
                 if not self._paused:
@@ -149,11 +141,15 @@ class SyncCounter(TorchDispatchMode):
                     return _original(tensor, *args, **kwargs)
 
             setattr(torch.Tensor, method, counted)
-        return super().__enter__()
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
         try:
-            return super().__exit__(*exc)
+            self._mode.__exit__(*exc)
         finally:
             for method, original in self._saved.items():
                 setattr(torch.Tensor, method, original)
