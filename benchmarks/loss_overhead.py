@@ -106,8 +106,8 @@ def make_call(trainer, inputs: dict[str, Any], drift):
     return call
 
 
-def build_calls(args, device: str) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
-    """name -> call for the baseline, every available variant and the control; their labels; the unavailable."""
+def build_calls(args, device: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """name -> call for the baseline, every variant and the control; their labels."""
     import torch
 
     from trl_groupopt.offline import build_tokenizer
@@ -117,15 +117,12 @@ def build_calls(args, device: str) -> tuple[dict[str, Any], dict[str, str], dict
                           num_generations=args.num_generations, grad_accum=1, steps_per_generation=2)  # fmt: skip
     tokenizer, dataset = build_tokenizer(), overhead.make_prompts(64, oargs.prompt_length, args.seed)
     drift = 0.05 * torch.randn((args.batch_size, args.length), generator=torch.Generator().manual_seed(args.seed))
-    calls, labels, not_available = {}, {}, {}
+    calls, labels = {}, {}
     with tempfile.TemporaryDirectory(prefix="loss-overhead-") as workdir:
         for v in overhead.variants()[:-1]:  # the control is the baseline's function, timed again
             if args.trainers and v.name not in args.trainers.split(",") + [BASELINE]:
                 continue
-            if why := overhead.availability(v, oargs, device, torch.float32):
-                not_available[v.name] = why
-                continue
-            trainer = overhead.build_trainer(v, oargs, device, torch.float32, tokenizer, dataset, workdir)[0]
+            trainer = overhead.build_trainer(v, oargs, device, torch.float32, tokenizer, dataset, workdir)
             inputs = scored_batch(trainer, dataset, args)
             width = inputs["completion_mask"].shape[1]
             calls[v.name] = make_call(None if v.method is None else trainer, inputs, drift[:, :width].to(device))
@@ -134,7 +131,7 @@ def build_calls(args, device: str) -> tuple[dict[str, Any], dict[str, str], dict
                 calls[CONTROL] = make_call(None, inputs, drift[:, :width].to(device))
     labels[BASELINE] = "TRL's clipped surrogate (GRPOTrainer._compute_loss)"
     labels[CONTROL] = "TRL's clipped surrogate again (A/A control: the noise floor)"
-    return calls, labels, not_available
+    return calls, labels
 
 
 def sampler(device: str, reps: int, blocks: int):
@@ -212,7 +209,7 @@ def main(argv=None) -> dict:
     )
     __import__("torch").set_num_threads(1)  # as on CPU: the launching thread alone
     load = {"loadavg_before": os.getloadavg(), "niceness": os.nice(0)}
-    calls, labels, not_available = build_calls(args, device)
+    calls, labels = build_calls(args, device)
     print(f"loss overhead, {common.describe_device(device)['description']}: {len(calls)} losses, batch "
           f"{args.batch_size} x {args.length}, samples of {args.blocks} x {args.reps} calls", flush=True)  # fmt: skip
     times, stop_reason = run_rounds(calls, args, device)
@@ -225,7 +222,7 @@ def main(argv=None) -> dict:
     settings = {k: getattr(args, k) for k in names + ("seed",)}
     payload = {"benchmark": "loss_overhead", "device": common.describe_device(device), "smoke": args.smoke,
                "command": common.command_line("benchmarks.loss_overhead", args.argv), "machine_load": load,
-               "settings": settings, "stop_reason": stop_reason, "not_available": not_available,
+               "settings": settings, "stop_reason": stop_reason,
                "timed": "per call: compute_advantages + objective hook + TRL's dapo aggregation + backward to the "
                "log-probs (model in eval mode); ratio = exp(mean over rounds of log(sample / trl_grpo's))",
                "clock": "CUDA events" if device == "cuda" else "this thread's CPU time (time.thread_time)",

@@ -1,31 +1,18 @@
 """Optimizer-step time (on CUDA also activation memory) of every trl-groupopt trainer against TRL's GRPOTrainer.
 
-Generation is replaced by fixed, seeded random completions (`make_fake_sampler`, the same for every trainer);
-everything after sampling runs unchanged: decoding, a cheap reward, advantages, our scoring hooks, the off-policy
-behaviour forward (OTB's energy capture), then `Trainer.train()`'s optimizer steps. Trainers: TRL's `GRPOTrainer`
-(`trl_grpo`, the baseline), every registry method's defaults (`base`: our trainer with TRL's objective),
-`EXTRA_VARIANTS`, and `trl_grpo_again`, TRL's trainer again: the A/A control.
-
-A *run* trains a few trainers on copies of one random model, each in its own thread, in lockstep (`Lockstep`: one
-optimizer step per turn, the order rotated every round), so step k of each sees the same batch within one round of
-the others and a drift of the machine cancels in the paired ratio. Every run holds the baseline and the control; the
-others are packed by method (`lockstep_groups`). After `--warmup` untimed steps, `--steps` are timed (fewer in a
-later run that would not fit the budget, `fit_steps`): wall time on CUDA, the trainer thread's CPU time on a CPU
-(`step_clock`). A trainer's ratio is exp(20%-trimmed mean log(generation-cycle time / the baseline's same cycle in the
-same run)) with Yuen's 95% interval (`ratio_estimate`), pooled over runs and per run; the *noise floor* is how far from 1 the control's
-interval reaches. Repeats (order reversed every other one) go on after `--min-repeats` until every shape's floor is
-below `--noise-target`, `--max-repeats`, or `--max-minutes`; the JSON is rewritten after every run. On CUDA the
-caching allocator uses expandable segments, and each trainer's activation peak is recorded.
-
-Defaults (`*_DEFAULTS`). CPU: a tiny Qwen2 with the vocabularies of Llama-2 (32,000; completions up to 128) and
-Qwen2.5 (151,936; up to 64), 2 + 32 steps per run, fp32, one thread. CUDA: Qwen2.5-0.5B's shapes with random
-weights, bf16, completions up to 512, 32 sequences per micro-batch (at 8 the step time jittered 12-13% from step to
-step on an H200, at 32 1.6-2%: docs/gpu.md), 2 + 16 steps per run, one repeat in about 4.5 min. `--smoke`: task-sized. Writes
-`overhead_<device>.json` / `.png`; `python -m benchmarks.report` writes the markdown table.
+Generation is replaced by fixed random completions (`make_fake_sampler`); everything after sampling runs unchanged.
+Trainers: TRL's `GRPOTrainer` (`trl_grpo`, the baseline), every registry method's defaults (`base`: our trainer with
+TRL's objective), `EXTRA_VARIANTS`, and TRL's trainer again (`trl_grpo_again`, the A/A control). A *run* trains a few
+of them on copies of one random model, each in its own thread, one optimizer step per turn (`Lockstep`), so a drift of
+the machine cancels in the paired ratio; every run holds the baseline and the control, the others packed by method.
+Clock: wall time on CUDA, the trainer thread's CPU time on a CPU. Ratio: `ratio_estimate` over paired generation
+cycles; noise floor: how far from 1 the control's interval reaches. Repeats go on until every shape's floor is below
+`--noise-target` (or `--max-repeats`, `--max-minutes`). Settings, defaults and measured noise: benchmarks/README.md
+and docs/gpu.md.
 
     python -m benchmarks.overhead --smoke --output-dir outputs/bench     # CPU, about 1 min
-    python -m benchmarks.overhead --device cpu                            # the CPU table: 15-20 min, shared ok
-    python -m benchmarks.overhead --device cuda                           # GPU
+    python -m benchmarks.overhead --device cpu                            # the CPU table: 12-20 min, shared ok
+    python -m benchmarks.overhead --device cuda                           # GPU, about 4.5 min
 """
 
 from __future__ import annotations
@@ -65,7 +52,7 @@ class Variant:
     target: Any = None  # None: the method's target; NO_TARGET: reported only
 
 
-#: Configurations beside each method's defaults (a knob this checkout lacks is reported "not available").
+#: Configurations beside each method's defaults.
 EXTRA_VARIANTS: tuple[Variant, ...] = (
     Variant("echo_micro_batch", "echo", {"batch_ratio_scope": "micro_batch"}, "ECHO, batch ratio per micro-batch"),
     Variant("dfpo_orth_proj", "dfpo", {"dfpo_transform": "orth_proj"}, "DFPO orth_proj"),
@@ -264,26 +251,16 @@ def config_kwargs_for(variant: Variant, args, device: str, dtype, workdir: str) 
     return {**kwargs, **variant.overrides}
 
 
-def availability(variant: Variant, args, device: str, dtype) -> str | None:
-    """None if this checkout can build the variant's config, else why not (unknown field, rejected value)."""
-    try:
-        classes(variant)[0](**config_kwargs_for(variant, args, device, dtype, tempfile.gettempdir()))
-    except (TypeError, ValueError) as error:  # dataclass: unexpected keyword; __post_init__: rejected value
-        return f"not available: {type(error).__name__}: {error}".splitlines()[0][:300]
-    return None
-
-
 # ------------------------------------------------------------------------------------------------ lockstep runs
 class Lockstep:
     """Turns for the trainers' threads: one at a time, one optimizer step per turn, in `order`, rotated by one after
     every round (not reversed: that lets the end trainers run two steps in a row, the second with warm caches,
-    measured as a 3-5% bias between identical trainers). Also what a run's threads share: a ready flag per trainer,
-    the device, the warm-up steps and the profiler (started after the warm-up; None: no profile)."""
+    measured as a 3-5% bias between identical trainers); a ready flag per trainer, the device, the warm-up steps."""
 
-    def __init__(self, names: list[str], on_round=None, device: str = "cpu", warmup: int = 0, profiler=None):
+    def __init__(self, names: list[str], on_round=None, device: str = "cpu", warmup: int = 0):
         self.order, self.pos, self.started, self.on_round = list(names), 0, False, on_round
         self.ready = {name: threading.Event() for name in names}
-        self.device, self.warmup, self.profiler = device, warmup, profiler
+        self.device, self.warmup = device, warmup
         self.cond = threading.Condition()
 
     def start(self) -> None:
@@ -317,8 +294,7 @@ class Lockstep:
 
 
 def build_trainer(variant: Variant, args, device: str, dtype, tokenizer, dataset, workdir: str):
-    """(trainer, its empty timing record, None): a trainer on a fresh model copy with the fake sampler. The third
-    element keeps the shape of the earlier (trainer, record, scoring clock) return for its callers."""
+    """A trainer on a fresh model copy with the fake sampler."""
     from transformers import PrinterCallback
 
     make_config, trainer_cls = classes(variant)
@@ -327,35 +303,25 @@ def build_trainer(variant: Variant, args, device: str, dtype, tokenizer, dataset
                           train_dataset=dataset, processing_class=tokenizer)  # fmt: skip
     trainer._generate_single_turn = make_fake_sampler(tokenizer, args.completion_length, args.seed)
     trainer.remove_callback(PrinterCallback)
-    return trainer, {"step_s": [], "step_cpu_s": [], "activation_peak_bytes": None}, None
+    return trainer
 
 
-def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, dataset, workdir: str,
-                 profile: bool = False) -> dict[str, dict]:  # fmt: skip
+def run_trainers(variants: list[Variant], args, device: str, dtype, tokenizer, dataset, workdir: str) -> dict:
     """Train the variants for warmup + steps optimizer steps in lockstep; per trainer `step_s` per timed step and,
-    on CUDA, the activation peak. `profile` (one variant): the timed steps run under torch.profiler and
-    `record["ops"]` maps each op to its count and CPU times (`benchmarks.profile_step`)."""
+    on CUDA, the activation peak."""
     import torch
 
-    if profile and len(variants) != 1:
-        raise ValueError("profile one variant at a time")
     built = {v.name: build_trainer(v, args, device, dtype, tokenizer, dataset, workdir) for v in variants}
-    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
-    turns = Lockstep(list(built), lambda: gc.collect(1), device, args.warmup, profiler)  # young objects: fast
-    for name, (trainer, record, _) in built.items():
-        trainer.add_callback(step_timer(turns, name, record))
-    train_in_lockstep({name: trainer for name, (trainer, _, _) in built.items()}, turns)
-    if profiler is not None:
-        profiler.__exit__(None, None, None)
-        ops = {e.key: {"count": e.count, "self_cpu_us": e.self_cpu_time_total, "cpu_us": e.cpu_time_total}
-               for e in profiler.key_averages()}  # fmt: skip
-    records = {}
-    for name, (trainer, record, _) in built.items():
+    records = {name: {"step_s": [], "activation_peak_bytes": None} for name in built}
+    turns = Lockstep(list(built), lambda: gc.collect(1), device, args.warmup)  # young objects: fast
+    for name, trainer in built.items():
+        trainer.add_callback(step_timer(turns, name, records[name]))
+    train_in_lockstep(built, turns)
+    for name, trainer in built.items():
         buffered = trainer._buffered_inputs[0] if trainer._buffered_inputs else {}
-        records[name] = dict(record, off_policy=buffered.get("old_per_token_logps") is not None,
+        records[name].update(off_policy=buffered.get("old_per_token_logps") is not None,
                              otb_energy_from_behaviour_forward="old_per_token_energy" in buffered,
-                             num_parameters=sum(p.numel() for p in trainer.model.parameters()),
-                             **({"ops": ops} if profiler is not None else {}))  # fmt: skip
+                             num_parameters=sum(p.numel() for p in trainer.model.parameters()))  # fmt: skip
     del built, trainer  # the trainers and their callbacks form cycles: gc.collect() frees them
     gc.collect()
     if device == "cuda":
@@ -381,19 +347,16 @@ def step_timer(turns: Lockstep, name: str, record: dict):
             if cuda:
                 self.start_bytes = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
-            self.t0, self.c0 = clock(), time.process_time()
+            self.t0 = clock()
 
         def on_step_end(self, _args, state, control, **kwargs):
             common.synchronize(turns.device)
-            elapsed, cpu = clock() - self.t0, time.process_time() - self.c0
+            elapsed = clock() - self.t0
             if state.global_step > turns.warmup:
                 record["step_s"].append(elapsed)
-                if cuda:  # the second clock: a host's CPU steal and preemption leave it, the spin-waiting syncs not
-                    record["step_cpu_s"].append(cpu)
+                if cuda:
                     peak = torch.cuda.max_memory_allocated() - self.start_bytes
                     record["activation_peak_bytes"] = max(record["activation_peak_bytes"] or 0, peak)
-            elif state.global_step == turns.warmup and turns.profiler is not None:
-                turns.profiler.__enter__()
             if state.global_step < state.max_steps:  # the last turn ends in on_train_end, after train()'s wrap-up
                 turns.release(name)
                 turns.acquire(name)
@@ -411,8 +374,8 @@ def step_clock(device: str):
 
 
 def train_in_lockstep(trainers: dict[str, Any], turns: Lockstep) -> None:
-    """Train every trainer in its own thread, one step per turn (one trainer: in this thread, as torch.profiler
-    needs), garbage collection between rounds only; re-raises the first failure here."""
+    """Train every trainer in its own thread (one trainer: in this thread), one step per turn, garbage collection
+    between rounds only; re-raises the first failure here."""
     errors: dict[str, BaseException] = {}
 
     def train(name: str, trainer) -> None:
@@ -462,18 +425,12 @@ def lockstep_groups(order: list[Variant], group_size: int) -> list[list[Variant]
 
 
 # ------------------------------------------------------------------------------------------------ statistics
-def repeat_time_ms(record: dict) -> float:
-    """One run's mean time per optimizer step (scoring included), for reading."""
-    return 1e3 * sum(record["step_s"]) / len(record["step_s"])
-
-
-def cycle_log_ratios(runs: list[dict], cycle: int, clock: str = "step_s") -> list[float]:
+def cycle_log_ratios(runs: list[dict], cycle: int) -> list[float]:
     """log(a trainer's generation-cycle time / the baseline's same cycle in the same run), over every timed cycle
-    of every run (`run["baseline_step_s"]`; `clock="step_cpu_s"`: the process CPU times). A cycle holds one scoring
-    call, so its time is the whole cost."""
+    of every run (`run["baseline_step_s"]`). A cycle holds one scoring call, so its time is the whole cost."""
     out = []
     for run in runs:
-        a, b = run[clock], run[f"baseline_{clock}"]
+        a, b = run["step_s"], run["baseline_step_s"]
         for k in range(0, min(len(a), len(b)) - cycle + 1, cycle):
             out.append(math.log(sum(a[k : k + cycle]) / sum(b[k : k + cycle])))
     return out
@@ -502,9 +459,9 @@ def ratio_estimate(log_ratios: list[float]) -> dict[str, Any]:
     return out
 
 
-def noise_floor(control: dict[str, Any], interval: str = "time_ratio_ci95") -> float | None:
+def noise_floor(control: dict[str, Any]) -> float | None:
     """The larger distance from 1 of the bounds of the A/A control's 95% interval; None without one."""
-    low, high = control[interval]
+    low, high = control["time_ratio_ci95"]
     return None if low is None else max(high - 1.0, 1.0 - low)
 
 
@@ -520,16 +477,13 @@ def summarise(records: dict[str, list[dict]], targets: dict, labels: dict, cycle
             "time_ratio": est["ratio"], "time_ratio_ci95": [est["low"], est["high"]], "paired_cycles": est["n_cycles"],
             "time_ratio_per_run": [ratio_estimate(cycle_log_ratios([r], cycle))["ratio"] for r in runs],
             "step_s_per_run": [r["step_s"] for r in runs],  # the raw timings: for a look at the noise, `resummarise`
-            "step_cpu_s_per_run": [r["step_cpu_s"] for r in runs], "run_index": [r.get("run") for r in runs],
+            "run_index": [r.get("run") for r in runs],
             "activation_peak_bytes": max(peaks) if peaks else None, "num_parameters": runs[0]["num_parameters"],
             "off_policy": runs[0]["off_policy"],
             "otb_energy_from_behaviour_forward": runs[0]["otb_energy_from_behaviour_forward"],
             "target_time_ratio": target, "meets_time_target": None if target is None else est["ratio"] <= target,
             "target_cleared_at_95": None if target is None or est["high"] is None else est["high"] <= target,
         }  # fmt: skip
-        if runs[0].get("step_cpu_s"):  # CUDA: the same ratio on the process's CPU time (spin-waits included)
-            cpu = ratio_estimate(cycle_log_ratios(runs, cycle, "step_cpu_s"))
-            out[name] |= {"time_ratio_cpu_clock": cpu["ratio"], "time_ratio_cpu_clock_ci95": [cpu["low"], cpu["high"]]}
     return out
 
 
@@ -543,9 +497,6 @@ def build_payload(args, device: str, dtype, state: dict) -> dict:
             results = summarise({n: r for n, r in by_trainer.items() if r}, targets, labels, args.cycle_steps)
             shapes[key] = {"vocab_size": vocab or None, "completion_length": length, "repeats": state["repeats"][key],
                            "noise_floor": noise_floor(results[CONTROL]) if CONTROL in results else None,
-                           "noise_floor_cpu_clock": noise_floor(results[CONTROL], "time_ratio_cpu_clock_ci95")
-                           if "time_ratio_cpu_clock" in results.get(CONTROL, {}) else None,
-                           "cpu_steal_per_run": state["steal"][key],
                            "run_seconds": state["run_seconds"][key], "run_steps": state["run_steps"][key],
                            "results": results}  # fmt: skip
     names = ("model", "shapes", "prompt_length", "num_generations", "steps_per_generation", "gradient_checkpointing",
@@ -556,14 +507,13 @@ def build_payload(args, device: str, dtype, state: dict) -> dict:
         "gradient_accumulation_steps": args.grad_accum, "warmup_steps": args.warmup, "timed_steps": args.steps,
         "runs": [[v.name for v in g] for g in lockstep_groups(state["runnable"], args.group_size)],
         "timed": TIMED,
-        "clock": "wall time, synchronized (also the process's CPU time: *_cpu_clock)" if device == "cuda"
-        else "the trainer thread's CPU time (time.thread_time)",
+        "clock": "wall time, synchronized" if device == "cuda" else "the trainer thread's CPU time (time.thread_time)",
         "noise_floor": f"max distance from 1 of the 95% interval of {CONTROL} / {BASELINE}"}  # fmt: skip
     env = ("GLIBC_TUNABLES", "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF")
     return {"benchmark": "overhead", "device": common.describe_device(device), "smoke": args.smoke,
             "command": common.command_line("benchmarks.overhead", args.argv),
             "environment": {k: os.environ[k] for k in env if k in os.environ}, "settings": settings,
-            "baseline": BASELINE, "control": CONTROL, "not_available": state["not_available"],
+            "baseline": BASELINE, "control": CONTROL,
             "variants": {v.name: {"method": v.method, "overrides": v.overrides} for v in state["runnable"]},
             "repeats_done": max(state["repeats"].values()), "stop_reason": state["stop_reason"],
             "wall_s": time.perf_counter() - state["started"], "shapes": shapes,
@@ -584,18 +534,13 @@ def resummarise(payload: dict, command: str) -> dict:
         for name, e in res.items():  # each of the trainer's runs, paired with the baseline's run of the same index
             runs = e.get("run_index") or [r * len(groups) + i for r in range(repeats)
                                           for i, g in enumerate(groups) if name in g]  # fmt: skip
-            cpu = e.get("step_cpu_s_per_run") or [[] for _ in runs]
-            base_cpu = base.get("step_cpu_s_per_run") or [[] for _ in base["step_s_per_run"]]
-            records[name] = [dict(step_s=s, baseline_step_s=base["step_s_per_run"][i], step_cpu_s=c,
-                                  baseline_step_cpu_s=base_cpu[i], run=i,
+            records[name] = [dict(step_s=s, baseline_step_s=base["step_s_per_run"][i], run=i,
                                   **{k: e[k] for k in ("activation_peak_bytes", "num_parameters", "off_policy",
                                                        "otb_energy_from_behaviour_forward")})
-                             for s, c, i in zip(e["step_s_per_run"], cpu, runs)]  # fmt: skip
+                             for s, i in zip(e["step_s_per_run"], runs)]  # fmt: skip
         targets, labels = {n: e["target_time_ratio"] for n, e in res.items()}, {n: e["label"] for n, e in res.items()}
         shape["results"] = res = summarise(records, targets, labels, payload["settings"]["cycle_steps"])
         shape["noise_floor"] = noise_floor(res[CONTROL])
-        cpu_clock = "time_ratio_cpu_clock" in res[CONTROL]
-        shape["noise_floor_cpu_clock"] = noise_floor(res[CONTROL], "time_ratio_cpu_clock_ci95") if cpu_clock else None
     from .report import overhead_markdown
 
     payload["summarised_by"], payload["settings"]["timed"] = command, TIMED
@@ -615,19 +560,6 @@ def fit_steps(args, state: dict, key: str, runs_left: list[list[Variant]]) -> in
     return steps if steps >= args.cycle_steps else None
 
 
-def cpu_steal(since: tuple[int, int] | None = None):
-    """(steal, total) jiffies of the machine's CPUs from /proc/stat, or with `since` the fraction stolen since then
-    (a virtual machine's host running others on its cores); None where /proc/stat is absent."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    now = (fields[7], sum(fields))
-    if since is None:
-        return now
-    return (now[0] - since[0]) / max(1, now[1] - since[1])
-
-
 def run_all(args, device: str, dtype, tokenizer, dataset, state: dict, workdir: str) -> None:
     """Repeats of every unresolved shape's runs until its floor is below the target (after --min-repeats),
     --max-repeats, or the budget is spent (`fit_steps`); the JSON is rewritten after every run."""
@@ -640,21 +572,15 @@ def run_all(args, device: str, dtype, tokenizer, dataset, state: dict, workdir: 
                 if (steps := fit_steps(args, state, key, groups[i:])) is None:
                     state["stop_reason"] = f"time budget: the next run would end past --max-minutes {args.max_minutes}"
                     return
-                t0, steal0 = time.perf_counter(), cpu_steal()
+                t0 = time.perf_counter()
                 sargs = argparse.Namespace(**{**vars(args), "vocab_size": vocab or None, "completion_length": length,
                                               "steps": steps})  # fmt: skip
                 by_name = run_trainers(group, sargs, device, dtype, tokenizer, dataset, workdir)
                 for name, record in by_name.items():
-                    base = by_name[BASELINE]
+                    run = len(state["run_seconds"][key])
                     state["records"][key][name].append(
-                        dict(
-                            record,
-                            baseline_step_s=base["step_s"],
-                            baseline_step_cpu_s=base["step_cpu_s"],
-                            run=len(state["run_seconds"][key]),
-                        )
+                        dict(record, baseline_step_s=by_name[BASELINE]["step_s"], run=run)
                     )
-                state["steal"][key].append(cpu_steal(steal0) if steal0 else None)
                 seconds, per_step = (
                     time.perf_counter() - t0,
                     common.median([s for r in by_name.values() for s in r["step_s"]]),
@@ -735,18 +661,15 @@ def main(argv=None) -> dict:
         if unknown := wanted - {v.name for v in chosen}:
             raise SystemExit(f"unknown trainer(s) {sorted(unknown)}; choose from {[v.name for v in chosen]}")
         chosen = [v for v in chosen if v.name in wanted]
-    first = argparse.Namespace(**{**vars(args), "completion_length": args.shape_list[0][1]})
-    not_available = {v.name: why for v in chosen if (why := availability(v, first, device, dtype))}
-    runnable = [v for v in chosen if v.name not in not_available]
+    runnable = chosen
     keys = [shape_key(v, t) for v, t in args.shape_list]
-    state = {"runnable": runnable, "not_available": not_available, "started": time.perf_counter(),
+    state = {"runnable": runnable, "started": time.perf_counter(),
              "records": {k: {v.name: [] for v in runnable} for k in keys}, "run_seconds": {k: [] for k in keys},
              "repeats": {k: 0 for k in keys}, "run_steps": {k: [] for k in keys}, "cost": {},
-             "steal": {k: [] for k in keys},
              "stop_reason": None}  # fmt: skip
     runs = [[v.name for v in g] for g in lockstep_groups(runnable, args.group_size)]
     print(f"{common.describe_device(device)['description']}; shapes {keys}; runs {runs}; {args.warmup} + "
-          f"{args.steps} steps per run; not available: {not_available}", flush=True)  # fmt: skip
+          f"{args.steps} steps per run", flush=True)  # fmt: skip
     cycles = -(-(args.warmup + args.steps) // args.cycle_steps)
     num_prompts = args.batch_size * args.steps_per_generation // args.num_generations * cycles + 64
     with tempfile.TemporaryDirectory(prefix="overhead-") as workdir:
