@@ -576,8 +576,8 @@ def run_all(args, device: str, dtype, tokenizer, dataset, state: dict, workdir: 
                 sargs = argparse.Namespace(**{**vars(args), "vocab_size": vocab or None, "completion_length": length,
                                               "steps": steps})  # fmt: skip
                 by_name = run_trainers(group, sargs, device, dtype, tokenizer, dataset, workdir)
+                run = len(state["run_seconds"][key])  # this run's index among the shape's runs
                 for name, record in by_name.items():
-                    run = len(state["run_seconds"][key])
                     state["records"][key][name].append(
                         dict(record, baseline_step_s=by_name[BASELINE]["step_s"], run=run)
                     )
