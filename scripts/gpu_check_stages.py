@@ -173,8 +173,19 @@ def train_unit(method: str, mode: str, smoke: bool, workdir: str) -> dict[str, A
     return record
 
 
-def train(out: Path, modes: list[str], smoke: bool, max_seconds: float, methods: list[str] | None) -> int:
-    """Every registered method in every mode, one unit at a time, until `max_seconds`."""
+def shard_of(names: list[str], shard: str) -> list[str]:
+    """The K-th (from 0, shard "K/N") of N interleaved parts of `names`; together the N parts are `names`, once each."""
+    k, n = map(int, shard.split("/"))
+    if not 0 <= k < n:
+        raise ValueError(f"--shard {shard!r}: K/N needs 0 <= K < N")
+    return names[k::n]
+
+
+def train(
+    out: Path, modes: list[str], smoke: bool, max_seconds: float, methods: list[str] | None, shard: str = "0/1"
+) -> int:
+    """Every registered method (or `methods`; shard "K/N": the K-th of N interleaved parts of them) in every mode, one
+    unit at a time, until `max_seconds`."""
     from benchmarks import common
 
     common.setup_environment()
@@ -197,7 +208,7 @@ def train(out: Path, modes: list[str], smoke: bool, max_seconds: float, methods:
         return 0
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as workdir:
         for mode in modes:
-            for method in methods or list(METHODS):
+            for method in shard_of(methods or list(METHODS), shard):
                 key = f"{method}/{mode}"
                 if time.perf_counter() - started > max_seconds:
                     payload["units"][key] = {"ok": None, "not_run": f"time cap of {max_seconds:.0f} s reached"}
@@ -260,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--modes", default="bf16_gc,lora", help=f"Comma-separated, of {list(MODES)}.")
     p.add_argument("--methods", help="Comma-separated registry names (default: all).")
+    p.add_argument("--shard", default="0/1", help="K/N: the K-th (from 0) of N interleaved parts of the methods.")
     p.add_argument("--smoke", action="store_true", help="The task-sized model on CPU.")
     p.add_argument("--max-seconds", type=float, default=120.0, help="No unit starts after this.")
     p = sub.add_parser("main-job")
@@ -271,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         return versions(args.out)
     if args.stage == "train":
         methods = args.methods.split(",") if args.methods else None
-        return train(args.out, args.modes.split(","), args.smoke, args.max_seconds, methods)
+        return train(args.out, args.modes.split(","), args.smoke, args.max_seconds, methods, args.shard)
     if args.stage == "main-job":
         return main_job(args.out, args.run_dir)
     return summary(args.out_dir)

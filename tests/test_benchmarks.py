@@ -705,6 +705,12 @@ def test_gpu_check_summary_and_deepspeed_skip_start_no_process(tmp_path):
     train = summary["stages"]["train"]
     assert train["rc"] == 1 and train["units_ok"] == 1 and train["units_failed"] == ["otb/lora"]
     assert summary["stages"]["deepspeed_zero2"]["skipped"].startswith("DeepSpeed needs a GPU")
+    # ZeRO-3 runs as two processes (scripts/gpu_check.sh): their shards cover every method once
+    names = ["grpo", "ctpo", "dfpo", "grpo_fix", "echo", "otb", "new"]
+    parts = [stages.shard_of(names, f"{k}/2") for k in (0, 1)]
+    assert sorted(parts[0] + parts[1]) == sorted(names) and not set(parts[0]) & set(parts[1])
+    with pytest.raises(ValueError, match="0 <= K < N"):
+        stages.shard_of(names, "2/2")
 
 
 @pytest.mark.slow
