@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from . import resume
-from .defaults import DEMO_DEFAULTS, EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS  # noqa: F401  (read here by benchmarks)
+from .defaults import DEMO_DEFAULTS, EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS, uses_embedded_policy  # noqa: F401  (read here by benchmarks)
 from .registry import METHODS, get_method
 from .run_folder import RunLock, checkpoints, resolve_resume
 
@@ -38,9 +38,17 @@ def die(prog: str, message: str, status: int = 2) -> NoReturn:
 def parse(method: str, argv: Sequence[str] | None = None, *, prog: str | None = None):
     """(script_args, training_args, model_args, demo: the embedded policy on the synthetic task), parsed once."""
     get_method(method)  # an unknown name fails here, before TRL is imported
-    from .script import parse as parse_with_trl
+    from .adapters import check_model_path
+    from .checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
+    from .script import MethodParser
 
-    return parse_with_trl(method, sys.argv[1:] if argv is None else argv, prog or os.path.basename(sys.argv[0]))
+    parser = MethodParser(method, prog or os.path.basename(sys.argv[0]))
+    script_args, training_args, model_args = parser.parse_args_and_config(sys.argv[1:] if argv is None else argv)
+    if not hasattr(training_args, "max_all_none_reward_batches"):  # plain GRPOConfig (grpo): stop on no reward too
+        training_args.max_all_none_reward_batches = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
+    check_model_path(model_args.model_name_or_path)
+    demo = uses_embedded_policy(model_args.model_name_or_path) and script_args.dataset_name is None
+    return script_args, training_args, model_args, demo
 
 
 def prepare_output_dir(

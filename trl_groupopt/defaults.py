@@ -48,10 +48,3 @@ def uses_embedded_policy(model_name_or_path: str | None) -> bool:
     if model_name_or_path is None:
         return True
     return os.path.realpath(model_name_or_path) == os.path.realpath(offline.EMBEDDED_POLICY_PATH)
-
-
-def default_output_dir(method: str, model_name_or_path: str | None) -> str:
-    """``outputs/<method>-demo`` for the embedded policy, else ``outputs/<method>-<model basename>``."""
-    if uses_embedded_policy(model_name_or_path):
-        return os.path.join("outputs", f"{method}-demo")
-    return os.path.join("outputs", f"{method}-{os.path.basename(os.path.normpath(model_name_or_path))}")

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["NATIVE_BF16_MIN_CAPABILITY", "device_supports_bf16", "has_accelerator"]
-
-#: Compute capability of native bf16 (Ampere). Below it torch emulates bf16 (slow) and vLLM refuses the dtype.
-NATIVE_BF16_MIN_CAPABILITY = 8
+__all__ = ["device_supports_bf16", "has_accelerator"]
 
 
 def has_accelerator() -> bool:
@@ -23,7 +20,8 @@ def device_supports_bf16(use_cpu: bool = False) -> bool:
     if torch.cuda.is_available():
         if torch.version.hip is not None:  # ROCm: torch answers for the hardware itself
             return torch.cuda.is_bf16_supported(including_emulation=False)
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).major >= NATIVE_BF16_MIN_CAPABILITY
+        # native bf16 from Ampere (8.0): below it torch emulates bf16 (slow) and vLLM refuses the dtype
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).major >= 8
     from transformers.utils import is_torch_bf16_gpu_available
 
     return is_torch_bf16_gpu_available()

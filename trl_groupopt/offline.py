@@ -136,13 +136,6 @@ CHAT_TEMPLATE = (
 )
 
 
-def _vocabulary() -> dict[str, int]:
-    tokens = CONTROL_TOKENS + ROLE_TOKENS + WORD_TOKENS + CHAR_TOKENS
-    if len(set(tokens)) != len(tokens):  # a duplicate would silently alias two ids
-        raise ValueError("duplicate token in the tiny vocabulary")
-    return {tok: i for i, tok in enumerate(tokens)}
-
-
 def build_tokenizer():
     """The task's ``PreTrainedTokenizerFast``: a ``WordLevel`` model over ~70 symbols; ``decode(encode(s)) == s`` for
     text inside the vocabulary, any other character is one ``<unk>``. No post-processor: the chat template writes
@@ -150,9 +143,9 @@ def build_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = _vocabulary()
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     words = CONTROL_TOKENS + ROLE_TOKENS + WORD_TOKENS
+    vocab = {token: i for i, token in enumerate(words + CHAR_TOKENS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     # `[\s\S]`: oniguruma has no `(?s:.)`
     pattern = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r"|[\s\S]"
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")

@@ -20,14 +20,13 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
 from . import adapters, offline, rewards
-from .checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
-from .defaults import EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS, default_output_dir, uses_embedded_policy
+from .defaults import EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS, uses_embedded_policy
 from .device import device_supports_bf16, has_accelerator
 from .model_card import SYNTHETIC_DATASET_NAME
 from .registry import get_method
 from .reporting import HeldOutAccuracyCallback, ReadableProgressCallback, plot_reward_accuracy, write_results
 
-__all__ = ["Deferred", "DemoScriptArguments", "MethodParser", "parse", "run"]
+__all__ = ["Deferred", "DemoScriptArguments", "MethodParser", "run"]
 
 #: The reward functions the command can use, by name (``--reward_funcs``).
 REWARD_FUNCS = {"accuracy_reward": rewards.accuracy_reward, "format_reward": rewards.format_reward}
@@ -96,7 +95,8 @@ def deferred_defaults(method: str) -> dict[str, Any]:
     defaults.update({name: by_model(value, defaults[name]) for name, value in embedded.items()})
 
     def output_dir(namespace: argparse.Namespace, tiny: bool) -> str:
-        return default_output_dir(method, None if tiny else namespace.model_name_or_path)
+        name = "demo" if tiny else os.path.basename(os.path.normpath(namespace.model_name_or_path))
+        return os.path.join("outputs", f"{method}-{name}")
 
     def bf16(namespace: argparse.Namespace, tiny: bool) -> bool:  # the tiny policy trains in fp32 everywhere
         return not tiny and not namespace.fp16 and device_supports_bf16(namespace.use_cpu)
@@ -193,6 +193,8 @@ class MethodParser(TrlParser):
         return namespace, rest
 
     def parse_args_and_config(self, args: Sequence[str], *rest: Any, **kwargs: Any):
+        # TRL reads `--config PATH` only
+        args = [part for arg in args for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
         self._config = args[args.index("--config") + 1] if "--config" in args[:-1] else None
         if "--config" in args and (self._config is None or not os.path.isfile(self._config)):
             self.error(f"--config {self._config or ''}: no such file.")
@@ -214,26 +216,6 @@ def unknown_option(unknown: Sequence[str], known: Sequence[str], what: str = "op
     names = [u for u in unknown if u.startswith("-")] or list(unknown)
     close = difflib.get_close_matches(names[0], known, n=1)
     return f"unknown {what} {' '.join(names)}{f' (did you mean {close[0]}?)' if close else ''}; --help lists them"
-
-
-def parse(method: str, argv: Sequence[str], prog: str):
-    """(script_args, training_args, model_args, demo) for `method` from argv, parsed once."""
-    # TRL reads `--config PATH` only
-    argv = [part for arg in argv for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
-    script_args, training_args, model_args = MethodParser(method, prog).parse_args_and_config(argv)
-    if not hasattr(training_args, "max_all_none_reward_batches"):  # plain GRPOConfig (grpo): stop on no reward too
-        training_args.max_all_none_reward_batches = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
-    adapters.check_model_path(model_args.model_name_or_path)
-    demo = uses_embedded_policy(model_args.model_name_or_path) and script_args.dataset_name is None
-    return script_args, training_args, model_args, demo
-
-
-def set_cpu_threads(training_args, embedded: bool) -> None:
-    """One thread per process for the tiny policy, else the cores shared: docs/getting-started.md, "Threads on CPU"."""
-    if not training_args.use_cpu and torch.cuda.is_available():
-        return
-    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    torch.set_num_threads(1 if embedded else max(1, (os.cpu_count() or 1) // local_processes))
 
 
 def _build_trainer(method, script_args, training_args, model_args, train_dataset):
@@ -294,7 +276,10 @@ def _save_outputs(trainer, method, training_args, model_args, dataset_name, curv
 
 def run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset=None):
     """Train `method` on the datasets the door checked; save the model, card, state and results; returns the trainer."""
-    set_cpu_threads(training_args, uses_embedded_policy(model_args.model_name_or_path))
+    if training_args.use_cpu or not torch.cuda.is_available():  # docs/getting-started.md, "Threads on CPU"
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        tiny = uses_embedded_policy(model_args.model_name_or_path)  # one thread per process, else the cores shared
+        torch.set_num_threads(1 if tiny else max(1, (os.cpu_count() or 1) // local_processes))
     start = time.perf_counter()
     trainer = _build_trainer(method, script_args, training_args, model_args, train_dataset)
     main = trainer.accelerator.is_main_process
