@@ -89,32 +89,6 @@ def check_model_path(name: str | None) -> None:
     )
 
 
-def check_data_path(name: str) -> None:
-    """A local ``--dataset_name`` exists, has a supported extension, is not empty, and (a folder) holds one kind."""
-    if os.path.isdir(name) and not os.path.exists(os.path.join(name, "dataset_info.json")):
-        files = sorted(f for f in os.listdir(name) if f.lower().endswith(tuple(LOCAL_DATA_BUILDERS)))
-        kinds = {os.path.splitext(f)[1].lower(): f for f in files}
-        if len(kinds) > 1:
-            raise ValueError(
-                f"--dataset_name {name} holds data files of {len(kinds)} kinds ({', '.join(kinds.values())}); only "
-                "one kind would be read. Keep one kind in the folder, or name one file."
-            )
-    elif os.path.isfile(name):
-        if not name.lower().endswith(tuple(LOCAL_DATA_BUILDERS)):
-            raise ValueError(
-                f"--dataset_name {name!r} is a file with an unsupported extension; use one of "
-                f"{sorted(LOCAL_DATA_BUILDERS)} (or a folder, or a Hub dataset name)."
-            )
-        with open(name, "rb") as handle:
-            if not any(block.strip() for block in iter(lambda: handle.read(1 << 16), b"")):
-                row = json.dumps(EXAMPLE_ROWS["prompt-answer"])
-                raise ValueError(
-                    f"--dataset_name {name} is empty: there is nothing to train on. Give one row per line, e.g. {row}"
-                )
-    elif _looks_local(name) or name.lower().endswith(tuple(LOCAL_DATA_BUILDERS)):
-        raise FileNotFoundError(f"--dataset_name {name!r}: no such file or folder.")
-
-
 def _unreadable_line(path: str, as_json: bool) -> str | None:
     """The first line of a local text file that is not UTF-8 or (`as_json`, JSON Lines) not one JSON object."""
     with open(path, "rb") as handle:
@@ -132,12 +106,23 @@ def _unreadable_line(path: str, as_json: bool) -> str | None:
 
 
 def load_raw_dataset(name: str, config: str | None = None, split: str = "train"):
-    """One split of a Hub dataset, a local data file or a local folder; errors name the file and the line."""
+    """One split of a Hub dataset, a local data file or a local folder, checked first (a supported, non-empty file; a
+    folder of one kind of data file); errors name the file and the line."""
     import datasets
 
-    check_data_path(name)
     if os.path.isfile(name):
-        builder = next(b for e, b in LOCAL_DATA_BUILDERS.items() if name.lower().endswith(e))
+        builder = next((b for e, b in LOCAL_DATA_BUILDERS.items() if name.lower().endswith(e)), None)
+        if builder is None:
+            raise ValueError(
+                f"--dataset_name {name!r} is a file with an unsupported extension; use one of "
+                f"{sorted(LOCAL_DATA_BUILDERS)} (or a folder, or a Hub dataset name)."
+            )
+        with open(name, "rb") as handle:
+            if not any(block.strip() for block in iter(lambda: handle.read(1 << 16), b"")):
+                row = json.dumps(EXAMPLE_ROWS["prompt-answer"])
+                raise ValueError(
+                    f"--dataset_name {name} is empty: there is nothing to train on. Give one row per line, e.g. {row}"
+                )
         problem = None if builder == "parquet" else _unreadable_line(name, as_json=False)
         try:
             if problem is None:
@@ -149,6 +134,16 @@ def load_raw_dataset(name: str, config: str | None = None, split: str = "train")
     if os.path.isdir(name) and {"dataset_info.json", "dataset_dict.json"} & set(os.listdir(name)):  # save_to_disk
         saved = datasets.load_from_disk(name)
         return saved[split] if isinstance(saved, datasets.DatasetDict) else saved
+    if os.path.isdir(name):
+        files = sorted(f for f in os.listdir(name) if f.lower().endswith(tuple(LOCAL_DATA_BUILDERS)))
+        kinds = {os.path.splitext(f)[1].lower(): f for f in files}
+        if len(kinds) > 1:
+            raise ValueError(
+                f"--dataset_name {name} holds data files of {len(kinds)} kinds ({', '.join(kinds.values())}); only "
+                "one kind would be read. Keep one kind in the folder, or name one file."
+            )
+    elif _looks_local(name) or name.lower().endswith(tuple(LOCAL_DATA_BUILDERS)):
+        raise FileNotFoundError(f"--dataset_name {name!r}: no such file or folder.")
     return datasets.load_dataset(name, config, split=split)
 
 
