@@ -9,7 +9,6 @@ import hashlib
 import os
 import random
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -103,15 +102,6 @@ def make_arithmetic_dataset(num_examples: int, seed: int = 0, split: str = "trai
     answers = [evaluate_expression(e) for e in exprs]
     prompts = [[{"role": "user", "content": f"Compute {e}"}] for e in exprs]
     return Dataset.from_dict({"prompt": prompts, "solution": [f"\\boxed{{{a}}}" for a in answers], "answer": answers})
-
-
-def expression_of_prompt(prompt: str | Sequence[dict[str, Any]]) -> str:
-    """Recover ``"12+7-30"`` from a task prompt (string or conversational)."""
-    if not isinstance(prompt, str):
-        prompt = prompt[-1]["content"]
-    if not prompt.startswith("Compute "):
-        raise ValueError(f"not an arithmetic task prompt: {prompt!r}")
-    return prompt[len("Compute ") :].strip()
 
 
 # ------------------------------------------------------------------------------------------------ the tokenizer

@@ -145,10 +145,11 @@ def test_base_model_and_dataset_metadata(untrained, tmp_path, monkeypatch):
 
 
 def test_arithmetic_question_is_in_the_task_format():
-    from trl_groupopt.offline import evaluate_expression, expression_of_prompt
+    from trl_groupopt.offline import evaluate_expression
 
     question, max_new_tokens = ARITHMETIC_QUESTION
-    assert evaluate_expression(expression_of_prompt(question)) == 16 and max_new_tokens >= 43
+    assert question.startswith("Compute ")
+    assert evaluate_expression(question.removeprefix("Compute ")) == 16 and max_new_tokens >= 43
 
 
 def test_model_card_redacts_token_shaped_values():
