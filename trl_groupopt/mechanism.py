@@ -10,6 +10,9 @@ from typing import Any
 
 __all__ = ["Mechanism", "MechanismOutcome", "MechanismReport", "MechanismTracker", "Observed"]
 
+#: How most hints start: ratios leave 1, and clips can act, only off-policy.
+OFF_POLICY = "train further off-policy (more steps_per_generation per gradient_accumulation_steps)"
+
 
 @dataclass(frozen=True)
 class Observed:

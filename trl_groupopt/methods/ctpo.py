@@ -1,10 +1,8 @@
 """CTPO: cumulative prefix ratio with position-adaptive log-space clipping (`trl_groupopt/objectives/ctpo.py`)."""
 
-from __future__ import annotations
-
 import textwrap
 
-from ..mechanism import Mechanism, Observed
+from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
 
 PAPER = Paper(
@@ -35,7 +33,6 @@ METHOD = MethodSpec(
         acts=lambda rate: rate > 0,
         observed=(Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),),
         inert="this run trained with CTPO's cumulative ratio, never clipped",
-        hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower epsilon / "
-        "epsilon_high (log-space bounds per unit of t**p)",
+        hint=f"{OFF_POLICY} or lower epsilon / epsilon_high (log-space bounds per unit of t**p)",
     ),
 )

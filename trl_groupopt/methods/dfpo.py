@@ -1,11 +1,9 @@
 """DFPO (in-group re-weighting on GSPO) and its GRPO-fix mode (equations: `trl_groupopt/objectives/dfpo.py`)."""
 
-from __future__ import annotations
-
 import textwrap
 from dataclasses import replace
 
-from ..mechanism import Mechanism, Observed
+from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
 
 PAPER = Paper(
@@ -83,7 +81,6 @@ GRPO_FIX_METHOD = MethodSpec(
         acts=lambda rate: rate > 0,
         observed=(Observed("share of tokens removed", "dfpo/sym_clip_ratio", "mean"),),
         inert="this run trained with the unclipped surrogate -A * r",
-        hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower "
-        "epsilon_high",
+        hint=f"{OFF_POLICY} or lower epsilon_high",
     ),
 )

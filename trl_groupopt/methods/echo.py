@@ -1,10 +1,8 @@
 """ECHO: batch-level clipping with token-level importance sampling (equations: `trl_groupopt/objectives/echo.py`)."""
 
-from __future__ import annotations
-
 import textwrap
 
-from ..mechanism import Mechanism, Observed
+from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
 
 PAPER = Paper(
@@ -35,7 +33,6 @@ METHOD = MethodSpec(
         acts=lambda clipped: clipped > 0,
         observed=(Observed("R", "echo/batch_ratio"),),
         inert="this run trained as token-clipped DAPO plus the coupling term (Eq. 34)",
-        hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or narrow the "
-        "batch clip (batch_epsilon, batch_epsilon_high) to inside the range R took",
+        hint=f"{OFF_POLICY} or narrow the batch clip (batch_epsilon, batch_epsilon_high) to inside the range R took",
     ),
 )

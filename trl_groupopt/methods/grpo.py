@@ -1,10 +1,8 @@
 """GRPO, TRL's objective through the shared loss path: the baseline every method is compared with."""
 
-from __future__ import annotations
-
 import textwrap
 
-from ..mechanism import Mechanism, Observed
+from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
 
 PAPER = Paper(
@@ -34,7 +32,6 @@ METHOD = MethodSpec(
         acts=lambda rate: rate > 0,
         observed=(Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),),
         inert="this run trained as the unclipped policy gradient",
-        hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower epsilon / "
-        "epsilon_high",
+        hint=f"{OFF_POLICY} or lower epsilon / epsilon_high",
     ),
 )

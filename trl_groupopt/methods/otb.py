@@ -1,7 +1,5 @@
 """OTB: advantages from the optimal token baseline (equations: `trl_groupopt/objectives/otb.py`)."""
 
-from __future__ import annotations
-
 import textwrap
 
 from ..mechanism import Mechanism, Observed
