@@ -1,21 +1,15 @@
 """CTPO: cumulative prefix ratio with position-adaptive log-space clipping (`trl_groupopt/objectives/ctpo.py`)."""
 
-import textwrap
-
 from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
 
-PAPER = Paper(
-    title="Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token Perspective",
-    arxiv_id="2605.07331",
-    bibtex=textwrap.dedent("""\
-        @article{zhang2026ctpo,
-            title        = {{Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token Perspective}},
-            author       = {Zhang and Ye and Jin and Yu and Xiong and Sahu and Jiang},
-            year         = 2026,
-            eprint       = {arXiv:2605.07331},
-            howpublished = {\\url{https://github.com/horizon-llm/CTPO}},
-        }"""),
+PAPER = Paper.arxiv(
+    "zhang2026ctpo",
+    "Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token Perspective",
+    "2605.07331",
+    author="Zhang and Ye and Jin and Yu and Xiong and Sahu and Jiang",
+    year=2026,
+    howpublished=r"{\url{https://github.com/horizon-llm/CTPO}}",
 )
 
 METHOD = MethodSpec(

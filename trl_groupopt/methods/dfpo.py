@@ -1,21 +1,16 @@
 """DFPO (in-group re-weighting on GSPO) and its GRPO-fix mode (equations: `trl_groupopt/objectives/dfpo.py`)."""
 
-import textwrap
 from dataclasses import replace
 
 from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
 
-PAPER = Paper(
-    title="Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation",
-    arxiv_id="2604.13088",
-    bibtex=textwrap.dedent("""\
-        @article{ding2026design,
-            title        = {{Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation}},
-            author       = {Fei Ding and Yongkang Zhang and Youwei Wang and Zijian Zeng},
-            year         = 2026,
-            eprint       = {arXiv:2604.13088},
-        }"""),
+PAPER = Paper.arxiv(
+    "ding2026design",
+    "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation",
+    "2604.13088",
+    author="Fei Ding and Yongkang Zhang and Youwei Wang and Zijian Zeng",
+    year=2026,
 )
 
 #: The `dfpo_transform` that selects GRPO-fix (App. H): a mode of the DFPO trainer.

@@ -1,20 +1,14 @@
 """GRPO, TRL's objective through the shared loss path: the baseline every method is compared with."""
 
-import textwrap
-
 from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
 
-PAPER = Paper(
-    title="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
-    arxiv_id="2402.03300",
-    bibtex=textwrap.dedent("""\
-        @article{shao2024deepseekmath,
-            title        = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
-            author       = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},
-            year         = 2024,
-            eprint       = {arXiv:2402.03300},
-        }"""),
+PAPER = Paper.arxiv(
+    "shao2024deepseekmath",
+    "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+    "2402.03300",
+    author="Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo",
+    year=2024,
 )
 
 METHOD = MethodSpec(
