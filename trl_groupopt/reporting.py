@@ -54,7 +54,6 @@ class ReadableProgressCallback(ProgressCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self.show_bar:
             super().on_train_begin(args, state, control, **kwargs)
-        self.current_step = 0
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.training_bar is not None:

@@ -49,8 +49,7 @@ def mean(values: Sequence[float | None]) -> float | None:
 
 
 def mean_ci(values: Sequence[float | None]) -> dict[str, Any]:
-    """Mean and 95% Student-t interval over seeds, ignoring None/NaN: {"mean", "ci95" (half-width), "low", "high",
-    "n", "std"}; the interval fields are None for fewer than 2 values."""
+    """Mean and 95% Student-t interval (`ci95`: its half-width) over seeds, ignoring None/NaN; None for fewer than 2."""
     xs, average = present(values), mean(values)
     n = len(xs)
     if n < 2:
