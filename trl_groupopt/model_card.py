@@ -228,8 +228,7 @@ def render_model_card(trainer, model_name: str | None = None, dataset_name: str 
 
 
 def create_model_card(trainer, output_dir: str | os.PathLike | None = None, **card: Any) -> str | None:
-    """Write `render_model_card` to `<output_dir>/README.md` (default `args.output_dir`) on the main process; returns
-    its path."""
+    """On the main process: `render_model_card` written to `<output_dir or args.output_dir>/README.md`, its path."""
     if not trainer.is_world_process_zero():
         return None
     folder = Path(output_dir if output_dir is not None else trainer.args.output_dir)

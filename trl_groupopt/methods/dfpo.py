@@ -21,8 +21,7 @@ CLIPPING_DOMINATED = 0.1
 
 
 def clipping_verdict(observed: dict[str, float]) -> str | None:
-    """DFPO's end-of-run verdict: a cancellation residual within `CLIPPING_DOMINATED` of GSPO's on the same batches
-    means the run is clipping-dominated (docs/dfpo.md, "Reading `dfpo/cancellation_residual`")."""
+    """DFPO's end-of-run verdict, on `CLIPPING_DOMINATED` (docs/dfpo.md, "Reading `dfpo/cancellation_residual`")."""
     ours, gspo = observed.get("cancellation residual"), observed.get("GSPO's weights on the same batches")
     if not isinstance(ours, float) or not isinstance(gspo, float) or gspo <= 0:
         return None
