@@ -3,20 +3,18 @@
 from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
 
-PAPER = Paper.arxiv(
-    "zhang2026ctpo",
-    "Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token Perspective",
-    "2605.07331",
-    author="Zhang and Ye and Jin and Yu and Xiong and Sahu and Jiang",
-    year=2026,
-    howpublished=r"{\url{https://github.com/horizon-llm/CTPO}}",
-)
-
 METHOD = MethodSpec(
     name="ctpo",
     trainer_class="trl_groupopt.trainers.ctpo:CTPOTrainer",
     config_class="trl_groupopt.trainers.ctpo:CTPOConfig",
-    paper=PAPER,
+    paper=Paper.arxiv(
+        "zhang2026ctpo",
+        "Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token Perspective",
+        "2605.07331",
+        author="Zhang and Ye and Jin and Yu and Xiong and Sahu and Jiang",
+        year=2026,
+        howpublished=r"{\url{https://github.com/horizon-llm/CTPO}}",
+    ),
     headline_metric="ctpo/dual_clip",
     summary="cumulative-prefix token ratio with position-adaptive log-space clipping",
     # CTPO acted on a step when a cumulative prefix ratio hit its position-scaled log-space clip.

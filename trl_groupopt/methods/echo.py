@@ -5,23 +5,21 @@ import textwrap
 from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
 
-PAPER = Paper(
-    title="ECHO: Efficient Coarse-grained Hybrid Optimization - Clip at Batch, Learn at Token",
-    arxiv_id=None,  # a preprint under double-blind review
-    bibtex=textwrap.dedent("""\
-        @misc{echo2025,
-            title        = {{ECHO: Efficient Coarse-grained Hybrid Optimization - Clip at Batch, Learn at Token}},
-            author       = {Anonymous},
-            year         = 2025,
-            note         = {Paper under double-blind review},
-        }"""),
-)
-
 METHOD = MethodSpec(
     name="echo",
     trainer_class="trl_groupopt.trainers.echo:ECHOTrainer",
     config_class="trl_groupopt.trainers.echo:ECHOConfig",
-    paper=PAPER,
+    paper=Paper(
+        title="ECHO: Efficient Coarse-grained Hybrid Optimization - Clip at Batch, Learn at Token",
+        arxiv_id=None,  # a preprint under double-blind review
+        bibtex=textwrap.dedent("""\
+            @misc{echo2025,
+                title        = {{ECHO: Efficient Coarse-grained Hybrid Optimization - Clip at Batch, Learn at Token}},
+                author       = {Anonymous},
+                year         = 2025,
+                note         = {Paper under double-blind review},
+            }"""),
+    ),
     headline_metric="echo/batch_clipped",
     summary="token ratios times clip(R)/sg(R), R the geometric batch ratio",
     # ECHO acted on a step when its batch ratio R left the batch clip range (Eq. 7): only then does clip(R) / sg(R)

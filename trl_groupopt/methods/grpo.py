@@ -3,18 +3,16 @@
 from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
 
-PAPER = Paper.arxiv(
-    "shao2024deepseekmath",
-    "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
-    "2402.03300",
-    author="Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo",
-    year=2024,
-)
-
 METHOD = MethodSpec(
     name="grpo",
     trainer_class="trl_groupopt.trainers.base:GroupOptTrainer",
-    paper=PAPER,
+    paper=Paper.arxiv(
+        "shao2024deepseekmath",
+        "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+        "2402.03300",
+        author="Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo",
+        year=2024,
+    ),
     headline_metric="clip_ratio/region_mean",
     summary="TRL's GRPO objective through the shared loss path (the baseline)",
     display_name="GRPO (trl-groupopt base)",
