@@ -336,8 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class _CallableModule(types.ModuleType):
-    """Importing this module binds `trl_groupopt.compare` to it, over the lazily exported function of the same
-    name: calling the module calls the function, so `trl_groupopt.compare(...)` works either way."""
+    """`trl_groupopt.compare(...)` calls the function even once importing this module has bound the name to it."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return compare(*args, **kwargs)

@@ -10,6 +10,9 @@ from typing import Any
 
 __all__ = ["Mechanism", "MechanismOutcome", "MechanismReport", "MechanismTracker", "Observed"]
 
+#: How most hints start: ratios leave 1, and clips can act, only off-policy.
+OFF_POLICY = "train further off-policy (more steps_per_generation per gradient_accumulation_steps)"
+
 
 @dataclass(frozen=True)
 class Observed:
@@ -27,8 +30,7 @@ class Observed:
 @dataclass(frozen=True)
 class Mechanism:
     """What "the mechanism acted on this optimizer step" means for one method: ``acts`` receives the step's mean of
-    each of ``keys`` (a missing or NaN key: not measured). ``verdict`` may add a sentence from the observed values;
-    ``method`` is set by the :class:`~trl_groupopt.spec.MethodSpec` that holds the definition."""
+    each of ``keys`` (a missing or NaN key: not measured). ``verdict`` may add a sentence from the observed values."""
 
     name: str  # the report's subject, e.g. "ECHO's batch clip"
     what: str  # what acting means on one step, e.g. "the batch ratio R was clipped"
@@ -38,7 +40,7 @@ class Mechanism:
     hint: str  # completes "to make it act, ..."
     observed: tuple[Observed, ...] = ()
     verdict: Callable[[Mapping[str, Any]], str | None] | None = None
-    method: str = ""  # the registry name; the per-step metric is `acted/<method>`
+    method: str = ""  # the registry name, set by the MethodSpec holding it; the per-step metric is `acted/<method>`
 
     def __post_init__(self) -> None:
         if not (self.inert and self.hint):

@@ -37,8 +37,6 @@ REPORTED_GRPO_FIELDS = tuple("""learning_rate lr_scheduler_type warmup_ratio wei
     mask_truncated_completions top_entropy_quantile entropy_coef use_adaptive_entropy off_policy_mask_threshold
     use_vllm vllm_mode vllm_importance_sampling_correction vllm_importance_sampling_mode
     vllm_importance_sampling_clip_min vllm_importance_sampling_clip_max""".split())  # fmt: skip
-#: Fields whose declared default (None) `GRPOConfig.__post_init__` derives: compared against the derived value.
-DERIVED_DEFAULTS = {"steps_per_generation": lambda args: args.gradient_accumulation_steps}
 SUMMARY_FRACTION = 0.1  # the share of the logged steps each end of the reward summary averages (at least one)
 #: Quick-start (question, max_new_tokens): the synthetic task's (`offline.py`), GSM8K/MATH-style, TRL's own.
 ARITHMETIC_QUESTION = ("Compute 12+7-3", 48)
@@ -82,7 +80,7 @@ def method_knobs(args) -> list[dict[str, str | None]]:
     from trl import GRPOConfig
 
     defaults = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(GRPOConfig)}
-    defaults.update({name: derive(args) for name, derive in DERIVED_DEFAULTS.items() if hasattr(args, name)})
+    defaults["steps_per_generation"] = args.gradient_accumulation_steps  # `GRPOConfig.__post_init__` derives it
     rows: list[dict[str, str | None]] = [
         {"name": f.name, "value": _redact(_format(getattr(args, f.name))), "default": None}
         for f in fields(args)
@@ -230,8 +228,7 @@ def render_model_card(trainer, model_name: str | None = None, dataset_name: str 
 
 
 def create_model_card(trainer, output_dir: str | os.PathLike | None = None, **card: Any) -> str | None:
-    """Write `render_model_card` to `<output_dir>/README.md` (default `args.output_dir`) on the main process; returns
-    its path."""
+    """On the main process: `render_model_card` written to `<output_dir or args.output_dir>/README.md`, its path."""
     if not trainer.is_world_process_zero():
         return None
     folder = Path(output_dir if output_dir is not None else trainer.args.output_dir)

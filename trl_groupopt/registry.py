@@ -57,7 +57,8 @@ class Registry(Mapping[str, T], Generic[T]):
 
 #: The registered methods, name -> :class:`MethodSpec`, in registration order.
 METHODS: Registry[MethodSpec] = Registry("method", "Unknown method {name!r}; registered methods: {names}.")
-_METHODS = METHODS._entries  # the dict behind it (tests swap an entry with `monkeypatch.setitem`)
+get_method = METHODS.lookup  # a name's spec; an unknown name is a ValueError listing the registered ones
+unregister_method = METHODS.unregister
 
 
 def register_method(name: str, *, config_class: type, trainer_class: type, **fields: Any) -> MethodSpec:
@@ -69,14 +70,6 @@ def register_method(name: str, *, config_class: type, trainer_class: type, **fie
             f"registers config_class={config_class.__name__}; register the trainer's own config class."
         )
     return METHODS.register(name, MethodSpec(name, trainer_class, config_class=config_class, **fields))
-
-
-def unregister_method(name: str) -> None:
-    METHODS.unregister(name)
-
-
-def get_method(name: str) -> MethodSpec:
-    return METHODS.lookup(name)
 
 
 def spec_for(trainer_class: type, config: Any) -> MethodSpec | None:

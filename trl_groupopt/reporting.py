@@ -1,6 +1,5 @@
-"""What a training run shows while it runs and leaves behind: readable log lines, a progress bar, the held-out
-accuracy measured while training, ``results.json`` and a plot of the run (reward and accuracy; the mechanism's
-metrics). Used by the example scripts (:mod:`trl_groupopt.cli`) and the notebook; usable with any trainer."""
+"""What a training run shows while it runs and leaves behind: log lines, a progress bar, the held-out accuracy,
+``results.json`` and a plot. Used by :mod:`trl_groupopt.cli` and the notebook; usable with any trainer."""
 
 from __future__ import annotations
 
@@ -54,7 +53,6 @@ class ReadableProgressCallback(ProgressCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self.show_bar:
             super().on_train_begin(args, state, control, **kwargs)
-        self.current_step = 0
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.training_bar is not None:

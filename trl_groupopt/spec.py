@@ -27,16 +27,17 @@ class Paper:
         reference = f"arXiv:{self.arxiv_id}" if self.arxiv_id else self.title
         return f"{reference} ({self.section})" if self.section else reference
 
+    @classmethod
+    def arxiv(cls, key: str, title: str, arxiv_id: str, author: str, year: int, **more: str) -> Paper:
+        """A paper on arXiv, its BibTeX ``@article`` built from the same title and id (``more``: further fields)."""
+        entry = dict(
+            title=f"{{{{{title}}}}}", author=f"{{{author}}}", year=year, eprint=f"{{arXiv:{arxiv_id}}}", **more
+        )
+        body = "".join(f"\n    {name:<12} = {value}," for name, value in entry.items())
+        return cls(title, f"@article{{{key},{body}\n}}", arxiv_id)
+
     def trl_fields(self) -> dict[str, str | None]:
         return {"title": self.title, "id": self.arxiv_id, "citation": self.bibtex}
-
-
-def resolve(target: str | type) -> type:
-    """A class, or the class an import path ``"package.module:ClassName"`` names."""
-    if not isinstance(target, str):
-        return target
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 class _ClassField:
@@ -54,7 +55,12 @@ class _ClassField:
                 raise AttributeError(self.stored)
             return self.default
         target = spec.__dict__[self.stored]
-        return self.fallback(spec) if target is None and self.fallback else resolve(target)
+        if target is None and self.fallback:
+            return self.fallback(spec)
+        if isinstance(target, str):  # an import path, "package.module:ClassName"
+            module, _, name = target.partition(":")
+            return getattr(importlib.import_module(module), name)
+        return target
 
     def __set__(self, spec: MethodSpec, value: str | type | None) -> None:
         spec.__dict__[self.stored] = value

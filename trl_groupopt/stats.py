@@ -8,8 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (standard tables; scipy.stats.t.ppf agrees to 3
-# decimals, checked in tests/test_compare.py). Above 30 degrees of freedom the normal quantile is used.
+# t_{0.975, df} for df = 1..30 from the standard tables (scipy.stats.t.ppf agrees to 3 decimals: tests/test_compare.py)
 _T975 = (
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
     2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
@@ -49,8 +48,7 @@ def mean(values: Sequence[float | None]) -> float | None:
 
 
 def mean_ci(values: Sequence[float | None]) -> dict[str, Any]:
-    """Mean and 95% Student-t interval over seeds, ignoring None/NaN: {"mean", "ci95" (half-width), "low", "high",
-    "n", "std"}; the interval fields are None for fewer than 2 values."""
+    """Mean and 95% Student-t interval (`ci95`: half-width) of the measured values; no interval for fewer than 2."""
     xs, average = present(values), mean(values)
     n = len(xs)
     if n < 2:

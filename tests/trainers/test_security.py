@@ -73,7 +73,7 @@ def test_example_script_passes_trust_remote_code_false_to_the_model_loader(monke
         raise Stop
 
     spec = dataclasses.replace(registry.get_method("echo"), trainer_class=fake_trainer)
-    monkeypatch.setitem(registry._METHODS, "echo", spec)
+    monkeypatch.setitem(registry.METHODS._entries, "echo", spec)
     with pytest.raises(Stop):
         cli.train("echo", ["--model_name_or_path", "some-org/some-model", "--output_dir", "unused", "--use_cpu",
                            "--bf16", "false", "--num_train_examples", "8"])  # fmt: skip

@@ -1,30 +1,20 @@
 """CTPO: cumulative prefix ratio with position-adaptive log-space clipping (`trl_groupopt/objectives/ctpo.py`)."""
 
-from __future__ import annotations
-
-import textwrap
-
-from ..mechanism import Mechanism, Observed
+from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
-
-PAPER = Paper(
-    title="Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token Perspective",
-    arxiv_id="2605.07331",
-    bibtex=textwrap.dedent("""\
-        @article{zhang2026ctpo,
-            title        = {{Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token Perspective}},
-            author       = {Zhang and Ye and Jin and Yu and Xiong and Sahu and Jiang},
-            year         = 2026,
-            eprint       = {arXiv:2605.07331},
-            howpublished = {\\url{https://github.com/horizon-llm/CTPO}},
-        }"""),
-)
 
 METHOD = MethodSpec(
     name="ctpo",
     trainer_class="trl_groupopt.trainers.ctpo:CTPOTrainer",
     config_class="trl_groupopt.trainers.ctpo:CTPOConfig",
-    paper=PAPER,
+    paper=Paper.arxiv(
+        "zhang2026ctpo",
+        "Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token Perspective",
+        "2605.07331",
+        author="Zhang and Ye and Jin and Yu and Xiong and Sahu and Jiang",
+        year=2026,
+        howpublished=r"{\url{https://github.com/horizon-llm/CTPO}}",
+    ),
     headline_metric="ctpo/dual_clip",
     summary="cumulative-prefix token ratio with position-adaptive log-space clipping",
     # CTPO acted on a step when a cumulative prefix ratio hit its position-scaled log-space clip.
@@ -35,7 +25,6 @@ METHOD = MethodSpec(
         acts=lambda rate: rate > 0,
         observed=(Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),),
         inert="this run trained with CTPO's cumulative ratio, never clipped",
-        hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower epsilon / "
-        "epsilon_high (log-space bounds per unit of t**p)",
+        hint=f"{OFF_POLICY} or lower epsilon / epsilon_high (log-space bounds per unit of t**p)",
     ),
 )

@@ -1,23 +1,16 @@
 """DFPO (in-group re-weighting on GSPO) and its GRPO-fix mode (equations: `trl_groupopt/objectives/dfpo.py`)."""
 
-from __future__ import annotations
-
-import textwrap
 from dataclasses import replace
 
-from ..mechanism import Mechanism, Observed
+from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
 
-PAPER = Paper(
-    title="Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation",
-    arxiv_id="2604.13088",
-    bibtex=textwrap.dedent("""\
-        @article{ding2026design,
-            title        = {{Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation}},
-            author       = {Fei Ding and Yongkang Zhang and Youwei Wang and Zijian Zeng},
-            year         = 2026,
-            eprint       = {arXiv:2604.13088},
-        }"""),
+PAPER = Paper.arxiv(
+    "ding2026design",
+    "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation",
+    "2604.13088",
+    author="Fei Ding and Yongkang Zhang and Youwei Wang and Zijian Zeng",
+    year=2026,
 )
 
 #: The `dfpo_transform` that selects GRPO-fix (App. H): a mode of the DFPO trainer.
@@ -28,8 +21,7 @@ CLIPPING_DOMINATED = 0.1
 
 
 def clipping_verdict(observed: dict[str, float]) -> str | None:
-    """DFPO's end-of-run verdict: a cancellation residual within `CLIPPING_DOMINATED` of GSPO's on the same batches
-    means the run is clipping-dominated (docs/dfpo.md, "Reading `dfpo/cancellation_residual`")."""
+    """DFPO's end-of-run verdict, on `CLIPPING_DOMINATED` (docs/dfpo.md, "Reading `dfpo/cancellation_residual`")."""
     ours, gspo = observed.get("cancellation residual"), observed.get("GSPO's weights on the same batches")
     if not isinstance(ours, float) or not isinstance(gspo, float) or gspo <= 0:
         return None
@@ -83,7 +75,6 @@ GRPO_FIX_METHOD = MethodSpec(
         acts=lambda rate: rate > 0,
         observed=(Observed("share of tokens removed", "dfpo/sym_clip_ratio", "mean"),),
         inert="this run trained with the unclipped surrogate -A * r",
-        hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower "
-        "epsilon_high",
+        hint=f"{OFF_POLICY} or lower epsilon_high",
     ),
 )

@@ -1,29 +1,25 @@
 """ECHO: batch-level clipping with token-level importance sampling (equations: `trl_groupopt/objectives/echo.py`)."""
 
-from __future__ import annotations
-
 import textwrap
 
-from ..mechanism import Mechanism, Observed
+from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
-
-PAPER = Paper(
-    title="ECHO: Efficient Coarse-grained Hybrid Optimization - Clip at Batch, Learn at Token",
-    arxiv_id=None,  # a preprint under double-blind review
-    bibtex=textwrap.dedent("""\
-        @misc{echo2025,
-            title        = {{ECHO: Efficient Coarse-grained Hybrid Optimization - Clip at Batch, Learn at Token}},
-            author       = {Anonymous},
-            year         = 2025,
-            note         = {Paper under double-blind review},
-        }"""),
-)
 
 METHOD = MethodSpec(
     name="echo",
     trainer_class="trl_groupopt.trainers.echo:ECHOTrainer",
     config_class="trl_groupopt.trainers.echo:ECHOConfig",
-    paper=PAPER,
+    paper=Paper(
+        title="ECHO: Efficient Coarse-grained Hybrid Optimization - Clip at Batch, Learn at Token",
+        arxiv_id=None,  # a preprint under double-blind review
+        bibtex=textwrap.dedent("""\
+            @misc{echo2025,
+                title        = {{ECHO: Efficient Coarse-grained Hybrid Optimization - Clip at Batch, Learn at Token}},
+                author       = {Anonymous},
+                year         = 2025,
+                note         = {Paper under double-blind review},
+            }"""),
+    ),
     headline_metric="echo/batch_clipped",
     summary="token ratios times clip(R)/sg(R), R the geometric batch ratio",
     # ECHO acted on a step when its batch ratio R left the batch clip range (Eq. 7): only then does clip(R) / sg(R)
@@ -35,7 +31,6 @@ METHOD = MethodSpec(
         acts=lambda clipped: clipped > 0,
         observed=(Observed("R", "echo/batch_ratio"),),
         inert="this run trained as token-clipped DAPO plus the coupling term (Eq. 34)",
-        hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or narrow the "
-        "batch clip (batch_epsilon, batch_epsilon_high) to inside the range R took",
+        hint=f"{OFF_POLICY} or narrow the batch clip (batch_epsilon, batch_epsilon_high) to inside the range R took",
     ),
 )

@@ -1,28 +1,18 @@
 """GRPO, TRL's objective through the shared loss path: the baseline every method is compared with."""
 
-from __future__ import annotations
-
-import textwrap
-
-from ..mechanism import Mechanism, Observed
+from ..mechanism import OFF_POLICY, Mechanism, Observed
 from ..spec import MethodSpec, Paper
-
-PAPER = Paper(
-    title="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
-    arxiv_id="2402.03300",
-    bibtex=textwrap.dedent("""\
-        @article{shao2024deepseekmath,
-            title        = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
-            author       = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},
-            year         = 2024,
-            eprint       = {arXiv:2402.03300},
-        }"""),
-)
 
 METHOD = MethodSpec(
     name="grpo",
     trainer_class="trl_groupopt.trainers.base:GroupOptTrainer",
-    paper=PAPER,
+    paper=Paper.arxiv(
+        "shao2024deepseekmath",
+        "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models",
+        "2402.03300",
+        author="Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo",
+        year=2024,
+    ),
     headline_metric="clip_ratio/region_mean",
     summary="TRL's GRPO objective through the shared loss path (the baseline)",
     display_name="GRPO (trl-groupopt base)",
@@ -34,7 +24,6 @@ METHOD = MethodSpec(
         acts=lambda rate: rate > 0,
         observed=(Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),),
         inert="this run trained as the unclipped policy gradient",
-        hint="train further off-policy (more steps_per_generation per gradient_accumulation_steps) or lower epsilon / "
-        "epsilon_high",
+        hint=f"{OFF_POLICY} or lower epsilon / epsilon_high",
     ),
 )
