@@ -248,7 +248,7 @@ class GroupOptTrainer(GRPOTrainer):
             self._metrics_queue.add(dict(out.metrics), out.metrics_mask, mode)
         return out.advantages
 
-    # What a method's extra forward reuses (ECHO's step totals): the loss's forward, weights and metric queue.
+    # What a method's extra forward reuses (ECHO's step totals): the loss's forward and metric queue.
     def _forward_logps_and_entropies(self, model, inputs: dict[str, Any]):
         if self._energy is None:
             return loss.forward_logps_and_entropies(self, model, inputs)
