@@ -89,15 +89,13 @@ def policy_loss(trainer, model, inputs: dict[str, Any]) -> Tensor:
     # (the rest in `objective_inputs`); only the surrogate and advantages are pluggable
     t = trainer
     mode = "train" if t.model.training else "eval"
-    parts, weights, entropies, aux_loss = objective_inputs(t, model, inputs)
-    per_token_logps, old_per_token_logps, advantages, mask = parts
+    objective_args, weights, entropies, aux_loss = objective_inputs(t, model, inputs)
+    per_token_logps, old_per_token_logps, _, mask = objective_args
     if t.objective_applies_loss_weights:
-        out = t.objective(
-            per_token_logps, old_per_token_logps, advantages, mask, inputs, loss_weights=weights.product()
-        )
+        out = t.objective(*objective_args, inputs, loss_weights=weights.product())
         per_token_loss = out.per_token_loss
     else:
-        out = t.objective(per_token_logps, old_per_token_logps, advantages, mask, inputs)
+        out = t.objective(*objective_args, inputs)
         per_token_loss = weights.apply(out.per_token_loss)
     if t.beta != 0.0:
         per_token_kl = _per_token_kl(t, per_token_logps, old_per_token_logps, inputs["ref_per_token_logps"], mask)
