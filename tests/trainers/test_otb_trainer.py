@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from trl.trainer.utils import FusedCausalLMOutput
@@ -274,7 +272,7 @@ def test_off_policy_training_forward_runs_trl_head_without_the_energy(tmp_path, 
     with_energy.clear()
     loss, grads, metrics = compute_loss_and_grads(trainer, batch)
     assert with_energy == [False] and trainer._energy.training_energy is None
-    trainer._energy._trl_head = contextlib.nullcontext  # the energy computed in the training forward too
+    trainer._energy.trl_forward = trainer._energy.fused_forward  # the energy computed in the training forward too
     loss_e, grads_e, metrics_e = compute_loss_and_grads(trainer, batch)
     assert with_energy == [False, True]
     torch.testing.assert_close(loss, loss_e, rtol=0, atol=0)

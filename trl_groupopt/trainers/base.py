@@ -248,7 +248,7 @@ class GroupOptTrainer(GRPOTrainer):
             self._metrics_queue.add(dict(out.metrics), out.metrics_mask, mode)
         return out.advantages
 
-    # What a method's extra forward reuses (ECHO's step totals): the loss's forward, weights and metric queue.
+    # What a method's extra forward reuses (ECHO's step totals): the loss's forward and metric queue.
     def _forward_logps_and_entropies(self, model, inputs: dict[str, Any]):
         if self._energy is None:
             return loss.forward_logps_and_entropies(self, model, inputs)
@@ -318,10 +318,8 @@ class GroupOptTrainer(GRPOTrainer):
 
     def _issue_warnings_after_load(self, load_result) -> None:
         """transformers' warnings, less a tied weight reported missing (restored by the tie)."""
-        if hasattr(load_result, "_replace"):
-            load_result = load_result._replace(
-                missing_keys=missing_keys_to_report(self.model, load_result.missing_keys)
-            )
+        # every caller in transformers 5.24 passes torch's `_IncompatibleKeys`, a named tuple
+        load_result = load_result._replace(missing_keys=missing_keys_to_report(self.model, load_result.missing_keys))
         super()._issue_warnings_after_load(load_result)
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:

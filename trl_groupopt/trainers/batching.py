@@ -61,9 +61,8 @@ def equal_reward_rows(rewards: Tensor, num_generations: int) -> Tensor:
 
 
 def _groups_share_prompts(trainer, output: dict[str, Any], inputs, num_generations: int) -> bool:
-    if (
-        trainer.environment_factories is not None
-    ):  # each rollout's `reset()` may extend its prompt: compare dataset rows
+    # Each rollout's `reset()` may extend its prompt: compare dataset rows.
+    if trainer.environment_factories is not None:
         prompts = [x.get("prompt") for x in inputs]
         return all(p == prompts[i - i % num_generations] for i, p in enumerate(prompts))
     grouped = output["prompt_ids"].view(-1, num_generations, output["prompt_ids"].size(-1))  # (K, G, P)

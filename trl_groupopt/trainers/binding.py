@@ -17,8 +17,8 @@ def config_fields(function: Callable, config: Any, prefix: str = "") -> dict[str
     for name, parameter in inspect.signature(function).parameters.items():
         if parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
             continue
-        candidates = (prefix + name, name, name.removesuffix("_low") if name.endswith("_low") else "")
-        field_name = next((c for c in candidates if c and hasattr(config, c)), None)
+        candidates = (prefix + name, name, name.removesuffix("_low"))
+        field_name = next((c for c in candidates if hasattr(config, c)), None)
         if field_name is not None:
             fields[name] = field_name
     return fields

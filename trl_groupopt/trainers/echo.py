@@ -16,7 +16,7 @@ from ..objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, 
 from .base import GroupOptTrainer
 from .binding import config_arguments, validate_config
 from .config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
-from .loss import loss_mask, loss_weights
+from .loss import objective_inputs
 from .schedule import OffPolicyScheduleMixin
 
 BATCH_RATIO_SCOPES = ("step", "global", "micro_batch")
@@ -146,13 +146,8 @@ class ECHOTrainer(GroupOptTrainer):
             self._metrics_discarded(),
         ):
             for batch in batches:
-                logps, entropies, _ = self._forward_logps_and_entropies(model, batch)  # (B, T) each
-                old = batch.get("old_per_token_logps")
-                old = logps if old is None else old  # on-policy: ratio exactly 1, as in `_compute_loss`
-                mask = loss_mask(batch)  # (B, T)
-                advantages = self.compute_advantages(batch, logps, mask)
-                weights = loss_weights(self, logps, old, advantages, entropies, mask, batch).product()
-                parts.append((logps, old, advantages, mask, weights))
+                objective_args, weights, _, _ = objective_inputs(self, model, batch)
+                parts.append((*objective_args, weights.product()))
         return _scope_totals(self.accelerator, parts, config_arguments(echo_loss, self.args), coupling=True)
 
     def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,

@@ -3,8 +3,6 @@ that declare `needs_energy`: docs/otb.md, "Where the energy comes from"."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -85,21 +83,16 @@ class EnergyCapture:
             output["old_per_token_energy"] = self.take(old, "behaviour-policy")
         self.records = []
 
-    @contextmanager
-    def _trl_head(self) -> Iterator[None]:
-        self.head.forward = self.trl_forward
-        try:
-            yield
-        finally:
-            self.head.forward = self.fused_forward
-
     def training_forward(self, forward, model, inputs):
         self.records = []
-        if "old_per_token_energy" in inputs:
-            with self._trl_head():
-                output = forward(model, inputs)
-            self.records, self.training_energy = [], None
-        else:
+        if "old_per_token_energy" not in inputs:
             output = forward(model, inputs)
             self.training_energy = self.take(output[0], "training")
+            return output
+        self.head.forward = self.trl_forward  # off-policy the rollout's energy is used: TRL's head suffices
+        try:
+            output = forward(model, inputs)
+        finally:
+            self.head.forward = self.fused_forward
+        self.records, self.training_energy = [], None
         return output

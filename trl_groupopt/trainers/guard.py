@@ -60,11 +60,10 @@ def _stop(trainer, metric: str, value: Any) -> None:
     )
 
 
-def check_loss(trainer, model, loss) -> None:
-    if model.training and guard_enabled(trainer.args):
-        value = (loss[0] if isinstance(loss, tuple) else loss).detach()
-        if not bool(torch.isfinite(value).all()):
-            _stop(trainer, "loss of a micro-batch", value.float().tolist())
+def check_loss(trainer, model, loss: Tensor) -> None:
+    # GRPOTrainer.compute_loss refuses `return_outputs`: the loss is a tensor
+    if model.training and guard_enabled(trainer.args) and not bool(torch.isfinite(loss.detach()).all()):
+        _stop(trainer, "loss of a micro-batch", loss.detach().float().tolist())
 
 
 def check_grad_norm(trainer, grad_norm) -> None:

@@ -20,13 +20,6 @@ _MULTIMODAL_KEYS = (
 )  # fmt: skip
 
 
-def loss_mask(inputs: dict[str, Any]) -> Tensor:
-    """(B, T) the tokens the loss is taken over: the completion mask, without tool results (TRL's `tool_mask`)."""
-    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): `mask`
-    completion_mask = inputs["completion_mask"]
-    return completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-
-
 class LossWeights(NamedTuple):
     """TRL 1.16's per-token multipliers of the policy loss, in TRL's order; each None where off. No gradient."""
 
@@ -61,26 +54,48 @@ def estimator_inputs(trainer, inputs: dict[str, Any], mask: Tensor) -> Estimator
                            tool_use="tool_mask" in inputs)  # fmt: skip
 
 
-def policy_loss(trainer, model, inputs: dict[str, Any]) -> Tensor:
-    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): mask, old log-probs, OPSM, entropy mask, vLLM IS, KL,
-    # entropy bonus, aux loss and metric names, in TRL's order; only the surrogate and advantages are pluggable
+def objective_inputs(trainer, model, inputs: dict[str, Any]) -> tuple[tuple[Tensor, ...], LossWeights, Tensor, Any]:
+    """The loss's forward and what the objective reads: ``(log-probs, old log-probs, advantages, mask)``, TRL's loss
+    weights, the entropies and the MoE aux loss (ECHO's step totals run it too)."""
+    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): `mask` (less tool results), old log-probs, and the off-policy
+    # mask, entropy mask and vLLM IS blocks
     t = trainer
-    mode = "train" if t.model.training else "eval"
-    mask = loss_mask(inputs)  # (B, T)
+    mask = inputs["completion_mask"]  # (B, T)
+    if "tool_mask" in inputs:
+        mask = mask * inputs["tool_mask"]
     per_token_logps, entropies, aux_loss = t._forward_logps_and_entropies(model, inputs)  # (B, T) each
     # On-policy TRL skips the behaviour forward: the ratio is then exactly 1 (old = sg(current)).
     old_per_token_logps = inputs.get("old_per_token_logps")
     if old_per_token_logps is None:
         old_per_token_logps = per_token_logps.detach()
     advantages = t.compute_advantages(inputs, per_token_logps, mask)  # (B,) or (B, T)
-    weights = loss_weights(t, per_token_logps, old_per_token_logps, advantages, entropies, mask, inputs)
+    off_policy_mask = entropy_mask = importance_weights = None
+    if t.off_policy_mask_threshold is not None:
+        off_policy_mask = t.get_off_policy_mask(  # (B, 1)
+            advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,  # (B, 1) or (B, T)
+            per_token_logps=per_token_logps, mask=mask, off_policy_threshold=t.off_policy_mask_threshold,
+            sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+        )  # fmt: skip
+    if t.top_entropy_quantile < 1.0:
+        entropy_mask = t.get_high_entropy_mask(entropies, mask, 1 - t.top_entropy_quantile)  # (B, T)
+    if t.use_vllm and t.vllm_importance_sampling_correction:
+        importance_weights = inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
+    weights = LossWeights(off_policy_mask, entropy_mask, importance_weights)
+    return (per_token_logps, old_per_token_logps, advantages, mask), weights, entropies, aux_loss
+
+
+def policy_loss(trainer, model, inputs: dict[str, Any]) -> Tensor:
+    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): KL, entropy bonus, aux loss and metric names, in TRL's order
+    # (the rest in `objective_inputs`); only the surrogate and advantages are pluggable
+    t = trainer
+    mode = "train" if t.model.training else "eval"
+    objective_args, weights, entropies, aux_loss = objective_inputs(t, model, inputs)
+    per_token_logps, old_per_token_logps, _, mask = objective_args
     if t.objective_applies_loss_weights:
-        out = t.objective(
-            per_token_logps, old_per_token_logps, advantages, mask, inputs, loss_weights=weights.product()
-        )
+        out = t.objective(*objective_args, inputs, loss_weights=weights.product())
         per_token_loss = out.per_token_loss
     else:
-        out = t.objective(per_token_logps, old_per_token_logps, advantages, mask, inputs)
+        out = t.objective(*objective_args, inputs)
         per_token_loss = weights.apply(out.per_token_loss)
     if t.beta != 0.0:
         per_token_kl = _per_token_kl(t, per_token_logps, old_per_token_logps, inputs["ref_per_token_logps"], mask)
@@ -98,22 +113,6 @@ def policy_loss(trainer, model, inputs: dict[str, Any]) -> Tensor:
     t._metrics_queue.add({**out.metrics, **shared}, mask, mode)
     t._flush_metrics()  # this micro-batch's metrics (and any a hook queued): one collective, one sync
     return loss
-
-
-def loss_weights(trainer, per_token_logps, old_per_token_logps, advantages, entropies, mask, inputs) -> LossWeights:
-    # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the off-policy mask, entropy mask and vLLM IS blocks
-    off_policy_mask = entropy_mask = importance_weights = None
-    if trainer.off_policy_mask_threshold is not None:
-        off_policy_mask = trainer.get_off_policy_mask(  # (B, 1)
-            advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,  # (B, 1) or (B, T)
-            per_token_logps=per_token_logps, mask=mask, off_policy_threshold=trainer.off_policy_mask_threshold,
-            sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
-        )  # fmt: skip
-    if trainer.top_entropy_quantile < 1.0:
-        entropy_mask = trainer.get_high_entropy_mask(entropies, mask, 1 - trainer.top_entropy_quantile)  # (B, T)
-    if trainer.use_vllm and trainer.vllm_importance_sampling_correction:
-        importance_weights = inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
-    return LossWeights(off_policy_mask, entropy_mask, importance_weights)
 
 
 def forward_logps_and_entropies(trainer, model, inputs: dict[str, Any]):

@@ -21,10 +21,9 @@ def _masked_stats(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return (values * mask).sum(), mask.sum()
 
 
-def _sequence_extreme(name: str, value: Tensor, mask: Tensor) -> Tensor:
+def _sequence_extreme(value: Tensor, mask: Tensor, low: bool) -> Tensor:
     """TRL's `clip_ratio/low_min` / `high_max` on this process (+-inf when there is none)."""
     per_sequence = value.squeeze(1) if value.shape[1] == 1 else (value * mask).sum(-1) / mask.sum(-1)
-    low = name.endswith("low")
     fill = torch.full_like(per_sequence, float("inf") if low else float("-inf"))
     per_sequence = torch.where(torch.isnan(per_sequence), fill, per_sequence)
     return per_sequence.amin() if low else per_sequence.amax()
@@ -40,9 +39,9 @@ def _local_columns(metrics: dict[str, Tensor], mask: Tensor, mode: str) -> tuple
             local += _masked_stats(value, mask)
             columns.append((mode, logged, "mean"))
             if name in ("clip_ratio/low", "clip_ratio/high"):
-                extreme = _sequence_extreme(name, value, mask)
-                local += [extreme, extreme]
                 low = name.endswith("low")
+                extreme = _sequence_extreme(value, mask, low)
+                local += [extreme, extreme]
                 columns.append((mode, name + ("_min" if low else "_max"), "min" if low else "max"))
         else:
             value = value.reshape(())

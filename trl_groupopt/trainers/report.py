@@ -27,7 +27,7 @@ class MechanismReportCallback(TrainerCallback, ExportableState):
 
     def state(self) -> dict[str, Any]:
         args = {"method": self.method, "advantage_estimator": self.advantage_estimator}
-        return {"args": args, "attributes": {"counts": self.tracker.state()}}
+        return {"args": args, "attributes": {"counts": self.counts}}
 
     @property
     def counts(self) -> dict[str, Any]:

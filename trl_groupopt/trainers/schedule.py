@@ -37,26 +37,23 @@ class OffPolicyScheduleMixin:
         super().__post_init__()
 
 
-def _off_policy_fix(args: Any) -> str:
-    change = "steps_per_generation to a multiple k > 1 of gradient_accumulation_steps (or num_iterations > 1)."
-    if isinstance(args, OffPolicyScheduleMixin):
-        return (
-            f"Leave steps_per_generation, generation_batch_size and num_iterations unset ({type(args).__name__} then "
-            f"uses {args.updates_per_rollout} optimizer steps per rollout), or set {change}"
-        )
-    return f"Set {change}"
-
-
 def warn_if_inert_on_policy(trainer_name: str, args: Any, inert: str | None) -> None:
     """Warn when `args` train on-policy and the trainer's mechanism is then `inert` (None: it acts on-policy too)."""
     # TRL's condition for skipping the behaviour forward (every importance ratio is exactly 1)
     on_policy = args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0
     if inert is None or not on_policy or (args.use_vllm and args.vllm_importance_sampling_correction):
         return
+    change = "steps_per_generation to a multiple k > 1 of gradient_accumulation_steps (or num_iterations > 1)."
+    fix = f"Set {change}"
+    if isinstance(args, OffPolicyScheduleMixin):
+        fix = (
+            f"Leave steps_per_generation, generation_batch_size and num_iterations unset ({type(args).__name__} then "
+            f"uses {args.updates_per_rollout} optimizer steps per rollout), or set {change}"
+        )
     warnings.warn(
         f"{trainer_name}: this schedule is on-policy (steps_per_generation={args.steps_per_generation}, "
         f"gradient_accumulation_steps={args.gradient_accumulation_steps}, num_iterations={args.num_iterations}): "
-        f"every importance ratio is 1 and {inert}. {_off_policy_fix(args)}",
+        f"every importance ratio is 1 and {inert}. {fix}",
         UserWarning,
         stacklevel=3,
     )
