@@ -26,13 +26,6 @@ DEFAULT_MAX_ALL_NONE_REWARD_BATCHES = 2
 PROMPT_SAMPLE = 100
 
 
-def _column_names(dataset: Any) -> list[str] | None:
-    names = getattr(dataset, "column_names", None)  # an IterableDataset's: its features', None if unknown
-    if isinstance(names, dict):  # a DatasetDict: the caller passed the whole dict, not a split
-        raise ValueError(f"train_dataset is a DatasetDict ({sorted(names)}): pass one split, e.g. dataset['train'].")
-    return None if names is None else list(names)
-
-
 def _check_reward_signature(func: Callable, columns: list[str], has_environments: bool) -> None:
     """The reward function can be called with what GRPOTrainer passes: its required parameters are present."""
     try:
@@ -67,7 +60,10 @@ def _check_reward_signature(func: Callable, columns: list[str], has_environments
 def check_train_dataset(train_dataset: Any, reward_funcs: Any = None, *, has_environments: bool = False) -> None:
     """Raise a ``ValueError`` naming the fix if GRPOTrainer could not train on ``train_dataset`` with ``reward_funcs``
     (docs/reliability.md, "Errors at the door"); ``None`` arguments and unknown columns are skipped."""
-    columns = _column_names(train_dataset) if train_dataset is not None else None
+    columns = getattr(train_dataset, "column_names", None)  # an IterableDataset's: its features', None if unknown
+    if isinstance(columns, dict):  # a DatasetDict: the caller passed the whole dict, not a split
+        raise ValueError(f"train_dataset is a DatasetDict ({sorted(columns)}): pass one split, e.g. dataset['train'].")
+    columns = None if columns is None else list(columns)
     if columns is not None and "prompt" not in columns and not has_environments:
         hint = " Rename your prompt column with dataset.rename_column(<name>, 'prompt')."
         for column, form in (("problem", "math"), ("question", "gsm8k")):  # the last one found names the fix
@@ -202,13 +198,9 @@ class AllNoneRewardWatch:
         warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def all_none_limit(args: Any) -> int | None:
-    """The config's ``max_all_none_reward_batches``; None (warn only, as GRPOTrainer does) for configs without it."""
-    return getattr(args, "max_all_none_reward_batches", None)
-
-
 def watch_all_none_rewards(trainer: Any, rewards_per_func: torch.Tensor, inputs: Sequence[dict[str, Any]]) -> None:
     """Feed one generation batch's gathered (N, F) rewards to the trainer's :class:`AllNoneRewardWatch`."""
-    watch = trainer.__dict__.setdefault("_all_none_reward_watch", AllNoneRewardWatch(all_none_limit(trainer.args)))
+    limit = getattr(trainer.args, "max_all_none_reward_batches", None)  # None for TRL's GRPOConfig: warn only, as TRL
+    watch = trainer.__dict__.setdefault("_all_none_reward_watch", AllNoneRewardWatch(limit))
     columns = [key for key in inputs[0] if key not in _NOT_FORWARDED] if len(inputs) else []
     watch.update(rewards_per_func, list(getattr(trainer, "reward_func_names", [])), columns)
