@@ -3,9 +3,9 @@ workers, a progress line per run. Standard library only. See benchmarks/README.m
 
 from __future__ import annotations
 
-import functools
 import json
 import math
+import multiprocessing
 import signal
 import sys
 import threading
@@ -110,11 +110,9 @@ def run_safely(run_one: Callable[..., dict[str, Any]], key_fields: Sequence[str]
     return record
 
 
-def _worker_start(initializer: Callable[[], None] | None) -> None:
-    """A pool worker ignores SIGTERM (its parent stops the grid after the runs in flight), then `initializer`."""
+def _worker_start() -> None:
+    """A pool worker ignores SIGTERM: its parent stops the grid after the runs in flight."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if initializer is not None:
-        initializer()
 
 
 def _finished(grid: Grid, jobs: list[tuple], settings: dict[str, Any], pool: Executor | None,
@@ -147,23 +145,19 @@ def progress_line(done: int, total: int, elapsed: float, width: int = 20) -> str
 
 
 def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], path: Path, command: str, *, workers: int = 1,
-             pool: str = "process", initializer: Callable[[], None] | None = None,
-             on_record: Callable[[dict[str, Any]], bool] | None = None) -> int:  # fmt: skip
+             pool: str = "process", on_record: Callable[[dict[str, Any]], bool] | None = None) -> int:  # fmt: skip
     """Run `jobs` (keys), appending each record to `path` as it finishes and, at the end, this invocation's record;
-    returns how many ran. `workers` > 1 runs that many at once in a `pool` of processes (`initializer` runs in each)
-    or threads (for runs that are subprocesses). `on_record(record)` returning True stops the grid as SIGTERM does."""
-    if not jobs:
-        return 0
+    returns how many ran. `workers` > 1 runs that many at once in a `pool` of processes or threads (for runs that are
+    subprocesses). `on_record(record)` returning True stops the grid as SIGTERM does."""
     started, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     done = 0
     executor: Executor | None = None
     if workers > 1 and pool == "thread":
         executor = ThreadPoolExecutor(max_workers=workers)
     elif workers > 1:
-        import multiprocessing as mp
-
-        executor = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                       initializer=functools.partial(_worker_start, initializer))  # fmt: skip
+        executor = ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start
+        )
     stop = threading.Event()  # SIGTERM (heard in the main thread only): no further run starts; those in flight finish
 
     def on_sigterm(signum: int, frame: Any) -> None:
