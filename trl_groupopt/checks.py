@@ -1,6 +1,5 @@
-"""Checks of the training data and the reward functions that raise naming the fix, instead of a bare ``KeyError`` or
-``TypeError`` from inside TRL after the model has loaded: docs/reliability.md ("Errors at the door", "No reward is an
-error", "Rewards as `GRPOTrainer` takes them")."""
+"""Checks of the data and reward functions that name the fix, not a ``KeyError`` from inside TRL once the model
+loaded: docs/reliability.md, "Errors at the door", "No reward is an error", "Rewards as `GRPOTrainer` takes them"."""
 
 from __future__ import annotations
 

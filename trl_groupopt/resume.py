@@ -1,6 +1,5 @@
-"""Resume rules, one story for the command line and the Python API: docs/reliability.md, "Resume is one story".
-`trl_groupopt.run_folder` decides which checkpoints are complete. Imports neither TRL nor torch at module level (the
-CLI reads it first)."""
+"""Resume rules, one story for the command line and the Python API: docs/reliability.md, "Resume is one story"
+(`trl_groupopt.run_folder` decides which checkpoints are complete). No TRL or torch at import: the CLI reads it."""
 
 from __future__ import annotations
 

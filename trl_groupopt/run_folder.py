@@ -1,6 +1,5 @@
-"""A run's output folder: which checkpoints are complete and intact (`CHECKPOINT_RECORD`), which one to resume from,
-and the lock of the run using it (`RunLock`): docs/reliability.md, "Runs that survive". Imports neither TRL nor torch
-(the CLI reads it before choosing a trainer)."""
+"""A run's output folder: complete checkpoints (`CHECKPOINT_RECORD`), which one to resume from, the run's lock
+(`RunLock`): docs/reliability.md, "Runs that survive". Imports neither TRL nor torch (the CLI reads it first)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from typing import Any
 #: Written into a checkpoint folder after everything else: {"files": {relative path: {"size": bytes, "sha256": hex}},
 #: "run": {...}} ("run": what `trl_groupopt.resume` checks on resume; older records: {"files": {path: size}}).
 CHECKPOINT_RECORD = "trl_groupopt_checkpoint.json"
-#: The run lock in the output folder.
 LOCK_NAME = "_trl_groupopt.lock"
 #: transformers' checkpoint folder names (`PREFIX_CHECKPOINT_DIR`-<step>).
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
