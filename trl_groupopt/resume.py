@@ -152,27 +152,22 @@ def _free_bytes(folder: str | os.PathLike) -> int | None:
         return None
 
 
-def _no_space(error: BaseException, folder: str | os.PathLike) -> bool:
-    seen: BaseException | None = error
-    while seen is not None:
-        if (isinstance(seen, OSError) and seen.errno == errno.ENOSPC) or "No space left" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    free = _free_bytes(folder)  # torch's writer reports a full disk as "basic_ios::clear: iostream error"
-    return free is not None and free < 64 << 20
-
-
 @contextlib.contextmanager
 def disk_full_explained(folder: str | os.PathLike) -> Iterator[None]:
     """Within it, a save that fails for want of space raises one line saying so, naming `folder`."""
     try:
         yield
     except (OSError, RuntimeError) as err:
-        if not _no_space(err, folder):
+        said, seen = False, err
+        while seen is not None and not said:
+            said = (isinstance(seen, OSError) and seen.errno == errno.ENOSPC) or "No space left" in str(seen)
+            seen = seen.__cause__ or seen.__context__
+        free = _free_bytes(folder)  # torch's writer reports a full disk as "basic_ios::clear: iostream error"
+        if not said and (free is None or free >= 64 << 20):
             raise
         raise OSError(
             errno.ENOSPC,
-            f"No space left on the device while saving {folder} ({_free_bytes(folder) or 0:,} bytes free; {err}). "
+            f"No space left on the device while saving {folder} ({free or 0:,} bytes free; {err}). "
             "A partial checkpoint has no completion record and is skipped on resume; free space or choose another "
             "output_dir, then resume with --resume_from_checkpoint last (resume_from_checkpoint=True in Python).",
         ) from err
