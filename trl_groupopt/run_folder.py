@@ -220,9 +220,6 @@ class RunLock:
         self._held = True
         return True
 
-    def _holder(self) -> dict:
-        return read_json(self.path) or {}  # being written, or cut short: held by an unknown process
-
     def __enter__(self) -> RunLock:
         if not self.enabled:
             return self
@@ -230,7 +227,7 @@ class RunLock:
         self.folder.mkdir(parents=True, exist_ok=True)
         if self._try_create():
             return self
-        holder = self._holder()
+        holder = read_json(self.path) or {}  # being written, or cut short: held by an unknown process
         if holder == self.owner:
             return self  # this process already holds it (re-entered)
         pid, host = holder.get("pid"), holder.get("host")
@@ -241,9 +238,7 @@ class RunLock:
                 stacklevel=2,
             )
             self.path.unlink(missing_ok=True)
-            if self._try_create():
-                return self
-            holder = self._holder()
+            return self.__enter__()  # another run may take it first: then that run holds it
         who = f"process {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
         raise OutputFolderInUseError(
             f"{self.folder} is in use by another run ({who}): two runs into one folder overwrite each other's files. "
