@@ -38,14 +38,12 @@ def refuse_fresh_run(output_dir: str | os.PathLike, overwrite: bool, *, cli: boo
     if found is None or overwrite:
         return
     if cli:
-        ways = ("--resume_from_checkpoint last (or a checkpoint's path)", "another --output_dir",
-                "--overwrite_output_dir (which deletes its checkpoints)")  # fmt: skip
+        ways = "--resume_from_checkpoint last", "--output_dir", "--overwrite_output_dir (deleting its checkpoints)"
     else:
-        ways = ("train(resume_from_checkpoint=True) (or a checkpoint's path)", "another output_dir",
-                "args.overwrite_output_dir = True")  # fmt: skip
+        ways = "train(resume_from_checkpoint=True)", "output_dir", "args.overwrite_output_dir = True"
     raise ValueError(
         f"The output folder {output_dir} already holds {found} of an earlier run; a fresh run would replace them. "
-        f"Resume it with {ways[0]}, or start anew with {ways[1]} or with {ways[2]}."
+        f"Resume it with {ways[0]} (or a checkpoint's path), or start anew with another {ways[1]} or with {ways[2]}."
     )
 
 
