@@ -100,22 +100,19 @@ def _reward_value_problem(value: Any) -> str | None:
 
 def check_reward_output(name: str, output: Any, num_expected: int | None = None) -> None:
     """Raise naming the reward function unless `GRPOTrainer._calculate_rewards` reads ``output`` as one per completion."""
+    rule = "reward functions return one float (or None to skip it) per completion: a list, or a 1-D array or tensor"
     if isinstance(output, str | bytes | Mapping) or not hasattr(output, "__len__") or not hasattr(output, "__iter__"):
-        raise TypeError(
-            f"Reward function {name!r} returned {type(output).__name__} {str(output)[:60]!r}; it must "
-            "return a list with one float (or None to skip) per completion."
-        )
+        raise TypeError(f"Reward function {name!r} returned {type(output).__name__} {str(output)[:60]!r}; {rule}.")
     if isinstance(output, torch.Tensor | np.ndarray) and output.ndim != 1:
         raise TypeError(
-            f"Reward function {name!r} returned a {type(output).__name__} of shape {tuple(output.shape)}; "
-            "it must return one number per completion (a list, or a 1-D array or tensor)."
+            f"Reward function {name!r} returned a {type(output).__name__} of shape {tuple(output.shape)}; {rule}."
         )
     for i, value in enumerate(output):
         problem = _reward_value_problem(value)
         if problem is not None:
             raise TypeError(
                 f"Reward function {name!r} returned {type(value).__name__} {str(value)[:60]!r} for completion {i} "
-                f"({problem}); reward functions return one float (or None to skip the completion) per completion."
+                f"({problem}); {rule}."
             )
     if num_expected is not None and len(output) != num_expected:
         raise ValueError(
