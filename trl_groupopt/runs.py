@@ -122,11 +122,9 @@ def _finished(grid: Grid, jobs: list[tuple], settings: dict[str, Any], pool: Exe
         yield from (run_safely(grid.run_one, grid.key_fields, job, settings) for job in jobs if not stop.is_set())
         return
     queue, running = list(jobs), set()  # Ctrl-C: `run_grid` shuts the pool down, starting nothing more
-    while queue or running:
+    while running or (queue and not stop.is_set()):
         while queue and len(running) < workers and not stop.is_set():
             running.add(pool.submit(run_safely, grid.run_one, grid.key_fields, queue.pop(0), settings))
-        if not running:
-            return
         done, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
         for future in done:
             yield future.result()
