@@ -23,26 +23,22 @@ RESUME_SETTINGS = ("learning_rate", "per_device_train_batch_size", "gradient_acc
                    "steps_per_generation", "num_iterations", "world_size", "advantage_estimator")  # fmt: skip
 
 
-def earlier_run(output_dir: str | os.PathLike) -> str | None:
-    """What an earlier run left in `output_dir` ("checkpoints (checkpoint-8)", "a finished run (...)"), or None."""
-    found = checkpoints(output_dir)
-    if found:
-        return "checkpoints (" + ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "") + ")"
-    finished = [name for name in _FINISHED_RUN_FILES if Path(output_dir, name).is_file()]
-    return f"a finished run ({', '.join(finished)})" if finished else None
-
-
 def refuse_fresh_run(output_dir: str | os.PathLike, overwrite: bool, *, cli: bool = False) -> None:
     """Raise `ValueError` when a fresh run into `output_dir` would replace an earlier run, unless `overwrite`."""
-    found = earlier_run(output_dir)
-    if found is None or overwrite:
+    found = checkpoints(output_dir)
+    finished = [name for name in _FINISHED_RUN_FILES if Path(output_dir, name).is_file()]
+    if overwrite or not (found or finished):
         return
+    if found:
+        what = "checkpoints (" + ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "") + ")"
+    else:
+        what = f"a finished run ({', '.join(finished)})"
     if cli:
         ways = "--resume_from_checkpoint last", "--output_dir", "--overwrite_output_dir (deleting its checkpoints)"
     else:
         ways = "train(resume_from_checkpoint=True)", "output_dir", "args.overwrite_output_dir = True"
     raise ValueError(
-        f"The output folder {output_dir} already holds {found} of an earlier run; a fresh run would replace them. "
+        f"The output folder {output_dir} already holds {what} of an earlier run; a fresh run would replace them. "
         f"Resume it with {ways[0]} (or a checkpoint's path), or start anew with another {ways[1]} or with {ways[2]}."
     )
 

@@ -37,10 +37,9 @@ def checkpoints(output_dir: str | os.PathLike) -> list[Path]:
 def file_digest(path: str | os.PathLike, *, sync: bool = False) -> str:
     """The SHA-256 hex digest of the file at `path`; `sync`: fsync it first (its bytes are on the disk)."""
     digest = hashlib.sha256()
-    if sync:
-        with open(path, "r+b") as writable:  # a read-only handle cannot be flushed on every platform (Windows)
-            os.fsync(writable.fileno())
-    with open(path, "rb") as handle:
+    with open(path, "r+b" if sync else "rb") as handle:  # a read-only handle cannot be fsynced on Windows
+        if sync:
+            os.fsync(handle.fileno())
         while chunk := handle.read(8 << 20):
             digest.update(chunk)
     return digest.hexdigest()
