@@ -57,8 +57,7 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def write_checkpoint_record(folder: str | os.PathLike, run: dict | None = None) -> None:
-    """Record every file of the saved checkpoint `folder` (size, SHA-256) and `run` (what the resume rules read); the
-    files are fsynced first, then the record is atomically replaced and fsynced."""
+    """Record every file of the saved checkpoint `folder` (size, SHA-256) and `run` (what the resume rules read)."""
     folder = Path(folder)
     paths = [p for p in sorted(folder.rglob("*")) if p.is_file() and CHECKPOINT_RECORD not in p.name]  # and its .tmp
     files = {

@@ -85,8 +85,7 @@ def append_line(path: Path, entry: dict[str, Any]) -> None:
 
 
 def settings_conflict(grid: Grid, runs: Runs, settings: dict[str, Any]) -> str | None:
-    """Why these settings cannot join the runs of `runs` (the first run made with others, and what differs), or
-    None. A summary would pool runs made with other settings."""
+    """Why these settings cannot join `runs` (a summary would pool them): the first run made with others, or None."""
     wanted = jsonable(settings)
     for record in runs.records:
         made = record.get("settings")
