@@ -50,9 +50,7 @@ def run_record(trainer: Any) -> dict[str, Any]:
 
 
 def _recorded_run(checkpoint: str) -> dict[str, Any]:
-    record = read_checkpoint_record(checkpoint) or {}
-    run = record.get("run")
-    return run if isinstance(run, dict) else {}
+    return (read_checkpoint_record(checkpoint) or {}).get("run") or {}  # {} for records older than "run"
 
 
 def check_resume(checkpoint: str, method: str, args: Any, *, warn: bool = True) -> None:
