@@ -64,9 +64,7 @@ def read_runs(path: Path, grid: Grid) -> Runs:
     """The records of a runs file (none if it does not exist): for each key the last record written."""
     runs = Runs(Path(path))
     latest: dict[tuple, dict[str, Any]] = {}
-    for line in runs.path.read_text().splitlines() if runs.path.exists() else []:
-        if not line.strip():
-            continue
+    for line in runs.path.read_text().splitlines() if runs.path.exists() else []:  # written by `append_line`
         entry = json.loads(line)
         if INVOCATION in entry:
             runs.invocations.append(entry[INVOCATION])
