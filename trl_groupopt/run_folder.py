@@ -21,7 +21,6 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 #: What a checkpoint holds and a run's final output folder does not (transformers' optimizer, scheduler, RNG state).
 _TRAINING_STATE_FILES = ("optimizer*", "scheduler*", "rng_state*", "global_step*")
-#: `checkpoint_problem` of a folder that is no checkpoint at all (e.g. a run's final output folder).
 NOT_A_CHECKPOINT = "it is not a checkpoint (no optimizer, scheduler or RNG state: a run's final output folder?)"
 
 
