@@ -150,9 +150,8 @@ def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], path: Path
     if workers > 1 and pool == "thread":
         executor = ThreadPoolExecutor(max_workers=workers)
     elif workers > 1:
-        executor = ProcessPoolExecutor(
-            max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start
-        )
+        spawn = multiprocessing.get_context("spawn")
+        executor = ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_worker_start)
     stop = threading.Event()  # SIGTERM (heard in the main thread only): no further run starts; those in flight finish
 
     def on_sigterm(signum: int, frame: Any) -> None:
