@@ -129,9 +129,9 @@ def check_finite_rewards(rewards_per_func: torch.Tensor, func_names: Sequence[st
         return
     row, column = (int(i) for i in infinite.nonzero()[0])
     raise ValueError(  # TRL names every column, an environment's reward included
-        f"Reward function {func_names[column]!r} returned {rewards_per_func[row, column].item()} for completion {row} of the "
-        f"generation batch ({int(infinite.sum())} infinite reward(s) in this batch). Rewards must be finite numbers "
-        "within float32's range (|r| < 3.4e38); return None (or NaN) for a completion the function cannot score."
+        f"Reward function {func_names[column]!r} returned {rewards_per_func[row, column].item()} for completion {row} "
+        f"of the generation batch ({int(infinite.sum())} infinite reward(s) in this batch). Rewards must be finite "
+        "numbers within float32's range (|r| < 3.4e38); return None (or NaN) for a completion it cannot score."
     )
 
 
