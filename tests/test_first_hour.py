@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import types
 
 import pytest
 import torch
@@ -193,8 +194,10 @@ def test_all_none_watch_warns_then_raises():
     with pytest.raises(RuntimeError, match="max_all_none_reward_batches"):
         watch.update(nan, ["always_none"], ["solution"])
     # the method configs stop; TRL's plain GRPOConfig (no such field) only warns, as GRPOTrainer does (issue 29)
-    assert checks.all_none_limit(ECHOConfig("x")) == checks.DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
-    assert checks.all_none_limit(object()) is None
+    for args, limit in ((ECHOConfig("x"), checks.DEFAULT_MAX_ALL_NONE_REWARD_BATCHES), (object(), None)):
+        trainer = types.SimpleNamespace(args=args, reward_func_names=["f"])
+        checks.watch_all_none_rewards(trainer, torch.ones(4, 1), [{"solution": "2"}])
+        assert trainer._all_none_reward_watch.limit == limit
     with pytest.raises(ValueError, match="max_all_none_reward_batches"):
         ECHOConfig("x", max_all_none_reward_batches=0)
 

@@ -56,7 +56,8 @@ def test_a_fresh_run_over_an_earlier_run_refuses_unless_overwrite(tmp_path, left
 def test_a_folder_with_other_files_only_is_not_an_earlier_run(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / "_trl_groupopt.lock").write_text("{}")
-    assert resume.earlier_run(tmp_path) is None and resume.earlier_run(tmp_path / "missing") is None
+    resume.refuse_fresh_run(tmp_path, overwrite=False)
+    resume.refuse_fresh_run(tmp_path / "missing", overwrite=False)
 
 
 # ------------------------------------------------------------------------------------------------ the checkpoint

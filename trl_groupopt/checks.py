@@ -1,6 +1,5 @@
-"""Checks of the training data and the reward functions that raise naming the fix, instead of a bare ``KeyError`` or
-``TypeError`` from inside TRL after the model has loaded: docs/reliability.md ("Errors at the door", "No reward is an
-error", "Rewards as `GRPOTrainer` takes them")."""
+"""Checks of the data and reward functions that name the fix, not a ``KeyError`` from inside TRL once the model
+loaded: docs/reliability.md, "Errors at the door", "No reward is an error", "Rewards as `GRPOTrainer` takes them"."""
 
 from __future__ import annotations
 
@@ -24,13 +23,6 @@ _NOT_FORWARDED = ("prompt", "completion", "completion_ids")
 DEFAULT_MAX_ALL_NONE_REWARD_BATCHES = 2
 #: The prompts :func:`check_train_dataset` reads (the command line's door reads every row).
 PROMPT_SAMPLE = 100
-
-
-def _column_names(dataset: Any) -> list[str] | None:
-    names = getattr(dataset, "column_names", None)  # an IterableDataset's: its features', None if unknown
-    if isinstance(names, dict):  # a DatasetDict: the caller passed the whole dict, not a split
-        raise ValueError(f"train_dataset is a DatasetDict ({sorted(names)}): pass one split, e.g. dataset['train'].")
-    return None if names is None else list(names)
 
 
 def _check_reward_signature(func: Callable, columns: list[str], has_environments: bool) -> None:
@@ -67,7 +59,10 @@ def _check_reward_signature(func: Callable, columns: list[str], has_environments
 def check_train_dataset(train_dataset: Any, reward_funcs: Any = None, *, has_environments: bool = False) -> None:
     """Raise a ``ValueError`` naming the fix if GRPOTrainer could not train on ``train_dataset`` with ``reward_funcs``
     (docs/reliability.md, "Errors at the door"); ``None`` arguments and unknown columns are skipped."""
-    columns = _column_names(train_dataset) if train_dataset is not None else None
+    columns = getattr(train_dataset, "column_names", None)  # an IterableDataset's: its features', None if unknown
+    if isinstance(columns, dict):  # a DatasetDict: the caller passed the whole dict, not a split
+        raise ValueError(f"train_dataset is a DatasetDict ({sorted(columns)}): pass one split, e.g. dataset['train'].")
+    columns = None if columns is None else list(columns)
     if columns is not None and "prompt" not in columns and not has_environments:
         hint = " Rename your prompt column with dataset.rename_column(<name>, 'prompt')."
         for column, form in (("problem", "math"), ("question", "gsm8k")):  # the last one found names the fix
@@ -105,22 +100,19 @@ def _reward_value_problem(value: Any) -> str | None:
 
 def check_reward_output(name: str, output: Any, num_expected: int | None = None) -> None:
     """Raise naming the reward function unless `GRPOTrainer._calculate_rewards` reads ``output`` as one per completion."""
+    rule = "reward functions return one float (or None to skip it) per completion: a list, or a 1-D array or tensor"
     if isinstance(output, str | bytes | Mapping) or not hasattr(output, "__len__") or not hasattr(output, "__iter__"):
-        raise TypeError(
-            f"Reward function {name!r} returned {type(output).__name__} {str(output)[:60]!r}; it must "
-            "return a list with one float (or None to skip) per completion."
-        )
+        raise TypeError(f"Reward function {name!r} returned {type(output).__name__} {str(output)[:60]!r}; {rule}.")
     if isinstance(output, torch.Tensor | np.ndarray) and output.ndim != 1:
         raise TypeError(
-            f"Reward function {name!r} returned a {type(output).__name__} of shape {tuple(output.shape)}; "
-            "it must return one number per completion (a list, or a 1-D array or tensor)."
+            f"Reward function {name!r} returned a {type(output).__name__} of shape {tuple(output.shape)}; {rule}."
         )
     for i, value in enumerate(output):
         problem = _reward_value_problem(value)
         if problem is not None:
             raise TypeError(
                 f"Reward function {name!r} returned {type(value).__name__} {str(value)[:60]!r} for completion {i} "
-                f"({problem}); reward functions return one float (or None to skip the completion) per completion."
+                f"({problem}); {rule}."
             )
     if num_expected is not None and len(output) != num_expected:
         raise ValueError(
@@ -136,11 +128,10 @@ def check_finite_rewards(rewards_per_func: torch.Tensor, func_names: Sequence[st
     if not bool(infinite.any()):
         return
     row, column = (int(i) for i in infinite.nonzero()[0])
-    name = func_names[column] if column < len(func_names) else f"#{column}"
-    raise ValueError(
-        f"Reward function {name!r} returned {rewards_per_func[row, column].item()} for completion {row} of the "
-        f"generation batch ({int(infinite.sum())} infinite reward(s) in this batch). Rewards must be finite numbers "
-        "within float32's range (|r| < 3.4e38); return None (or NaN) for a completion the function cannot score."
+    raise ValueError(  # TRL names every column, an environment's reward included
+        f"Reward function {func_names[column]!r} returned {rewards_per_func[row, column].item()} for completion {row} "
+        f"of the generation batch ({int(infinite.sum())} infinite reward(s) in this batch). Rewards must be finite "
+        "numbers within float32's range (|r| < 3.4e38); return None (or NaN) for a completion it cannot score."
     )
 
 
@@ -202,13 +193,9 @@ class AllNoneRewardWatch:
         warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def all_none_limit(args: Any) -> int | None:
-    """The config's ``max_all_none_reward_batches``; None (warn only, as GRPOTrainer does) for configs without it."""
-    return getattr(args, "max_all_none_reward_batches", None)
-
-
 def watch_all_none_rewards(trainer: Any, rewards_per_func: torch.Tensor, inputs: Sequence[dict[str, Any]]) -> None:
     """Feed one generation batch's gathered (N, F) rewards to the trainer's :class:`AllNoneRewardWatch`."""
-    watch = trainer.__dict__.setdefault("_all_none_reward_watch", AllNoneRewardWatch(all_none_limit(trainer.args)))
+    limit = getattr(trainer.args, "max_all_none_reward_batches", None)  # None for TRL's GRPOConfig: warn only, as TRL
+    watch = trainer.__dict__.setdefault("_all_none_reward_watch", AllNoneRewardWatch(limit))
     columns = [key for key in inputs[0] if key not in _NOT_FORWARDED] if len(inputs) else []
     watch.update(rewards_per_func, list(getattr(trainer, "reward_func_names", [])), columns)

@@ -1,6 +1,5 @@
-"""Resume rules, one story for the command line and the Python API: docs/reliability.md, "Resume is one story".
-`trl_groupopt.run_folder` decides which checkpoints are complete. Imports neither TRL nor torch at module level (the
-CLI reads it first)."""
+"""Resume rules, one story for the command line and the Python API: docs/reliability.md, "Resume is one story"
+(`trl_groupopt.run_folder` decides which checkpoints are complete). No TRL or torch at import: the CLI reads it."""
 
 from __future__ import annotations
 
@@ -24,29 +23,23 @@ RESUME_SETTINGS = ("learning_rate", "per_device_train_batch_size", "gradient_acc
                    "steps_per_generation", "num_iterations", "world_size", "advantage_estimator")  # fmt: skip
 
 
-def earlier_run(output_dir: str | os.PathLike) -> str | None:
-    """What an earlier run left in `output_dir` ("checkpoints (checkpoint-8)", "a finished run (...)"), or None."""
-    found = checkpoints(output_dir)
-    if found:
-        return "checkpoints (" + ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "") + ")"
-    finished = [name for name in _FINISHED_RUN_FILES if Path(output_dir, name).is_file()]
-    return f"a finished run ({', '.join(finished)})" if finished else None
-
-
 def refuse_fresh_run(output_dir: str | os.PathLike, overwrite: bool, *, cli: bool = False) -> None:
     """Raise `ValueError` when a fresh run into `output_dir` would replace an earlier run, unless `overwrite`."""
-    found = earlier_run(output_dir)
-    if found is None or overwrite:
+    found = checkpoints(output_dir)
+    finished = [name for name in _FINISHED_RUN_FILES if Path(output_dir, name).is_file()]
+    if overwrite or not (found or finished):
         return
-    if cli:
-        ways = ("--resume_from_checkpoint last (or a checkpoint's path)", "another --output_dir",
-                "--overwrite_output_dir (which deletes its checkpoints)")  # fmt: skip
+    if found:
+        what = "checkpoints (" + ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "") + ")"
     else:
-        ways = ("train(resume_from_checkpoint=True) (or a checkpoint's path)", "another output_dir",
-                "args.overwrite_output_dir = True")  # fmt: skip
+        what = f"a finished run ({', '.join(finished)})"
+    if cli:
+        ways = "--resume_from_checkpoint last", "--output_dir", "--overwrite_output_dir (deleting its checkpoints)"
+    else:
+        ways = "train(resume_from_checkpoint=True)", "output_dir", "args.overwrite_output_dir = True"
     raise ValueError(
-        f"The output folder {output_dir} already holds {found} of an earlier run; a fresh run would replace them. "
-        f"Resume it with {ways[0]}, or start anew with {ways[1]} or with {ways[2]}."
+        f"The output folder {output_dir} already holds {what} of an earlier run; a fresh run would replace them. "
+        f"Resume it with {ways[0]} (or a checkpoint's path), or start anew with another {ways[1]} or with {ways[2]}."
     )
 
 
@@ -57,9 +50,7 @@ def run_record(trainer: Any) -> dict[str, Any]:
 
 
 def _recorded_run(checkpoint: str) -> dict[str, Any]:
-    record = read_checkpoint_record(checkpoint) or {}
-    run = record.get("run")
-    return run if isinstance(run, dict) else {}
+    return (read_checkpoint_record(checkpoint) or {}).get("run") or {}  # {} for records older than "run"
 
 
 def check_resume(checkpoint: str, method: str, args: Any, *, warn: bool = True) -> None:
@@ -153,27 +144,22 @@ def _free_bytes(folder: str | os.PathLike) -> int | None:
         return None
 
 
-def _no_space(error: BaseException, folder: str | os.PathLike) -> bool:
-    seen: BaseException | None = error
-    while seen is not None:
-        if (isinstance(seen, OSError) and seen.errno == errno.ENOSPC) or "No space left" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    free = _free_bytes(folder)  # torch's writer reports a full disk as "basic_ios::clear: iostream error"
-    return free is not None and free < 64 << 20
-
-
 @contextlib.contextmanager
 def disk_full_explained(folder: str | os.PathLike) -> Iterator[None]:
     """Within it, a save that fails for want of space raises one line saying so, naming `folder`."""
     try:
         yield
     except (OSError, RuntimeError) as err:
-        if not _no_space(err, folder):
+        said, seen = False, err
+        while seen is not None and not said:
+            said = (isinstance(seen, OSError) and seen.errno == errno.ENOSPC) or "No space left" in str(seen)
+            seen = seen.__cause__ or seen.__context__
+        free = _free_bytes(folder)  # torch's writer reports a full disk as "basic_ios::clear: iostream error"
+        if not said and (free is None or free >= 64 << 20):
             raise
         raise OSError(
             errno.ENOSPC,
-            f"No space left on the device while saving {folder} ({_free_bytes(folder) or 0:,} bytes free; {err}). "
+            f"No space left on the device while saving {folder} ({free or 0:,} bytes free; {err}). "
             "A partial checkpoint has no completion record and is skipped on resume; free space or choose another "
             "output_dir, then resume with --resume_from_checkpoint last (resume_from_checkpoint=True in Python).",
         ) from err

@@ -1,6 +1,5 @@
-"""A run's output folder: which checkpoints are complete and intact (`CHECKPOINT_RECORD`), which one to resume from,
-and the lock of the run using it (`RunLock`): docs/reliability.md, "Runs that survive". Imports neither TRL nor torch
-(the CLI reads it before choosing a trainer)."""
+"""A run's output folder: complete checkpoints (`CHECKPOINT_RECORD`), which one to resume from, the run's lock
+(`RunLock`): docs/reliability.md, "Runs that survive". Imports neither TRL nor torch (the CLI reads it first)."""
 
 from __future__ import annotations
 
@@ -16,14 +15,12 @@ from typing import Any
 #: Written into a checkpoint folder after everything else: {"files": {relative path: {"size": bytes, "sha256": hex}},
 #: "run": {...}} ("run": what `trl_groupopt.resume` checks on resume; older records: {"files": {path: size}}).
 CHECKPOINT_RECORD = "trl_groupopt_checkpoint.json"
-#: The run lock in the output folder.
 LOCK_NAME = "_trl_groupopt.lock"
 #: transformers' checkpoint folder names (`PREFIX_CHECKPOINT_DIR`-<step>).
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 #: What a checkpoint holds and a run's final output folder does not (transformers' optimizer, scheduler, RNG state).
 _TRAINING_STATE_FILES = ("optimizer*", "scheduler*", "rng_state*", "global_step*")
-#: `checkpoint_problem` of a folder that is no checkpoint at all (e.g. a run's final output folder).
 NOT_A_CHECKPOINT = "it is not a checkpoint (no optimizer, scheduler or RNG state: a run's final output folder?)"
 
 
@@ -39,10 +36,9 @@ def checkpoints(output_dir: str | os.PathLike) -> list[Path]:
 def file_digest(path: str | os.PathLike, *, sync: bool = False) -> str:
     """The SHA-256 hex digest of the file at `path`; `sync`: fsync it first (its bytes are on the disk)."""
     digest = hashlib.sha256()
-    if sync:
-        with open(path, "r+b") as writable:  # a read-only handle cannot be flushed on every platform (Windows)
-            os.fsync(writable.fileno())
-    with open(path, "rb") as handle:
+    with open(path, "r+b" if sync else "rb") as handle:  # a read-only handle cannot be fsynced on Windows
+        if sync:
+            os.fsync(handle.fileno())
         while chunk := handle.read(8 << 20):
             digest.update(chunk)
     return digest.hexdigest()
@@ -59,17 +55,14 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def _files(folder: Path) -> list[Path]:
-    return [p for p in sorted(folder.rglob("*")) if p.is_file() and CHECKPOINT_RECORD not in p.name]  # and its .tmp
-
-
 def write_checkpoint_record(folder: str | os.PathLike, run: dict | None = None) -> None:
-    """Record every file of the saved checkpoint `folder` (size, SHA-256) and `run` (what the resume rules read); the
-    files are fsynced first, then the record is atomically replaced and fsynced."""
+    """Record every file of the saved checkpoint `folder` (size, SHA-256) and `run` (what the resume rules read)."""
     folder = Path(folder)
-    files = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": file_digest(p, sync=True)}
-             for p in _files(folder)}  # fmt: skip
-    for sub in {p.parent for p in _files(folder)} - {folder}:
+    paths = [p for p in sorted(folder.rglob("*")) if p.is_file() and CHECKPOINT_RECORD not in p.name]  # and its .tmp
+    files = {
+        str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": file_digest(p, sync=True)} for p in paths
+    }
+    for sub in {p.parent for p in paths} - {folder}:
         _fsync_folder(sub)
     temporary = folder / f".{CHECKPOINT_RECORD}.tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
@@ -104,7 +97,23 @@ def read_checkpoint_record(folder: str | os.PathLike) -> dict | None:
 _VERIFIED: set[tuple] = set()
 
 
-def _verify_files(folder: Path, recorded: dict) -> str | None:
+def checkpoint_problem(folder: str | os.PathLike) -> str | None:
+    """What makes `folder` an incomplete or damaged checkpoint ("x.pt is 40 bytes, 128 recorded"), or None."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return "it is not a folder"
+    if not (folder / CHECKPOINT_RECORD).is_file():
+        if not _CHECKPOINT.match(folder.name) and not any(any(folder.glob(g)) for g in _TRAINING_STATE_FILES):
+            return NOT_A_CHECKPOINT
+        if read_json(folder / TRAINER_STATE) is not None:
+            return None
+        if not (folder / TRAINER_STATE).is_file():
+            return f"no {CHECKPOINT_RECORD} and no {TRAINER_STATE} (the save was cut short)"
+        return f"no {CHECKPOINT_RECORD}, and {TRAINER_STATE} is cut short"
+    record = read_checkpoint_record(folder)
+    if record is None:
+        return f"{CHECKPOINT_RECORD} is unreadable"
+    recorded = record["files"]
     missing = [name for name in recorded if not (folder / name).is_file()]
     if missing:
         return f"missing {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
@@ -125,25 +134,6 @@ def _verify_files(folder: Path, recorded: dict) -> str | None:
             )
     _VERIFIED.add(stamp)
     return None
-
-
-def checkpoint_problem(folder: str | os.PathLike) -> str | None:
-    """What makes `folder` an incomplete or damaged checkpoint ("x.pt is 40 bytes, 128 recorded"), or None."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return "it is not a folder"
-    if not (folder / CHECKPOINT_RECORD).is_file():
-        if not _CHECKPOINT.match(folder.name) and not any(any(folder.glob(g)) for g in _TRAINING_STATE_FILES):
-            return NOT_A_CHECKPOINT
-        if read_json(folder / TRAINER_STATE) is not None:
-            return None
-        if not (folder / TRAINER_STATE).is_file():
-            return f"no {CHECKPOINT_RECORD} and no {TRAINER_STATE} (the save was cut short)"
-        return f"no {CHECKPOINT_RECORD}, and {TRAINER_STATE} is cut short"
-    record = read_checkpoint_record(folder)
-    if record is None:
-        return f"{CHECKPOINT_RECORD} is unreadable"
-    return _verify_files(folder, record["files"])
 
 
 def newest_complete_checkpoint(output_dir: str | os.PathLike, *, warn: bool = True) -> str | None:
@@ -213,11 +203,9 @@ class RunLock:
         self.folder = Path(output_dir)
         self.path = self.folder / LOCK_NAME
         self.enabled = enabled
+        self.owner = {"pid": os.getpid(), "host": socket.gethostname()}
         self._held = False
         self._created_folder = False
-
-    def _owner(self) -> dict:
-        return {"pid": os.getpid(), "host": socket.gethostname()}
 
     def _try_create(self) -> bool:
         try:
@@ -225,12 +213,9 @@ class RunLock:
         except FileExistsError:
             return False
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(self._owner(), handle)
+            json.dump(self.owner, handle)
         self._held = True
         return True
-
-    def _holder(self) -> dict:
-        return read_json(self.path) or {}  # being written, or cut short: held by an unknown process
 
     def __enter__(self) -> RunLock:
         if not self.enabled:
@@ -239,8 +224,8 @@ class RunLock:
         self.folder.mkdir(parents=True, exist_ok=True)
         if self._try_create():
             return self
-        holder = self._holder()
-        if holder == self._owner():
+        holder = read_json(self.path) or {}  # being written, or cut short: held by an unknown process
+        if holder == self.owner:
             return self  # this process already holds it (re-entered)
         pid, host = holder.get("pid"), holder.get("host")
         if isinstance(pid, int) and host == socket.gethostname() and not _process_exists(pid):
@@ -250,9 +235,7 @@ class RunLock:
                 stacklevel=2,
             )
             self.path.unlink(missing_ok=True)
-            if self._try_create():
-                return self
-            holder = self._holder()
+            return self.__enter__()  # another run may take it first: then that run holds it
         who = f"process {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
         raise OutputFolderInUseError(
             f"{self.folder} is in use by another run ({who}): two runs into one folder overwrite each other's files. "
@@ -262,7 +245,7 @@ class RunLock:
     def __exit__(self, *exc_info) -> None:
         if not self._held:
             return
-        if self._holder() == self._owner():
+        if read_json(self.path) == self.owner:
             self.path.unlink(missing_ok=True)
         self._held = False
         if self._created_folder and self.folder.is_dir() and not any(self.folder.iterdir()):

@@ -3,9 +3,9 @@ workers, a progress line per run. Standard library only. See benchmarks/README.m
 
 from __future__ import annotations
 
-import functools
 import json
 import math
+import multiprocessing
 import signal
 import sys
 import threading
@@ -64,9 +64,7 @@ def read_runs(path: Path, grid: Grid) -> Runs:
     """The records of a runs file (none if it does not exist): for each key the last record written."""
     runs = Runs(Path(path))
     latest: dict[tuple, dict[str, Any]] = {}
-    for line in runs.path.read_text().splitlines() if runs.path.exists() else []:
-        if not line.strip():
-            continue
+    for line in runs.path.read_text().splitlines() if runs.path.exists() else []:  # written by `append_line`
         entry = json.loads(line)
         if INVOCATION in entry:
             runs.invocations.append(entry[INVOCATION])
@@ -85,8 +83,7 @@ def append_line(path: Path, entry: dict[str, Any]) -> None:
 
 
 def settings_conflict(grid: Grid, runs: Runs, settings: dict[str, Any]) -> str | None:
-    """Why these settings cannot join the runs of `runs` (the first run made with others, and what differs), or
-    None. A summary would pool runs made with other settings."""
+    """Why these settings cannot join `runs` (a summary would pool them): the first run made with others, or None."""
     wanted = jsonable(settings)
     for record in runs.records:
         made = record.get("settings")
@@ -110,11 +107,9 @@ def run_safely(run_one: Callable[..., dict[str, Any]], key_fields: Sequence[str]
     return record
 
 
-def _worker_start(initializer: Callable[[], None] | None) -> None:
-    """A pool worker ignores SIGTERM (its parent stops the grid after the runs in flight), then `initializer`."""
+def _worker_start() -> None:
+    """A pool worker ignores SIGTERM: its parent stops the grid after the runs in flight."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if initializer is not None:
-        initializer()
 
 
 def _finished(grid: Grid, jobs: list[tuple], settings: dict[str, Any], pool: Executor | None,
@@ -124,11 +119,9 @@ def _finished(grid: Grid, jobs: list[tuple], settings: dict[str, Any], pool: Exe
         yield from (run_safely(grid.run_one, grid.key_fields, job, settings) for job in jobs if not stop.is_set())
         return
     queue, running = list(jobs), set()  # Ctrl-C: `run_grid` shuts the pool down, starting nothing more
-    while queue or running:
+    while running or (queue and not stop.is_set()):
         while queue and len(running) < workers and not stop.is_set():
             running.add(pool.submit(run_safely, grid.run_one, grid.key_fields, queue.pop(0), settings))
-        if not running:
-            return
         done, running = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
         for future in done:
             yield future.result()
@@ -147,23 +140,18 @@ def progress_line(done: int, total: int, elapsed: float, width: int = 20) -> str
 
 
 def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], path: Path, command: str, *, workers: int = 1,
-             pool: str = "process", initializer: Callable[[], None] | None = None,
-             on_record: Callable[[dict[str, Any]], bool] | None = None) -> int:  # fmt: skip
+             pool: str = "process", on_record: Callable[[dict[str, Any]], bool] | None = None) -> int:  # fmt: skip
     """Run `jobs` (keys), appending each record to `path` as it finishes and, at the end, this invocation's record;
-    returns how many ran. `workers` > 1 runs that many at once in a `pool` of processes (`initializer` runs in each)
-    or threads (for runs that are subprocesses). `on_record(record)` returning True stops the grid as SIGTERM does."""
-    if not jobs:
-        return 0
+    returns how many ran. `workers` > 1 runs that many at once in a `pool` of processes or threads (for runs that are
+    subprocesses). `on_record(record)` returning True stops the grid as SIGTERM does."""
     started, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     done = 0
     executor: Executor | None = None
     if workers > 1 and pool == "thread":
         executor = ThreadPoolExecutor(max_workers=workers)
     elif workers > 1:
-        import multiprocessing as mp
-
-        executor = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                       initializer=functools.partial(_worker_start, initializer))  # fmt: skip
+        spawn = multiprocessing.get_context("spawn")
+        executor = ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_worker_start)
     stop = threading.Event()  # SIGTERM (heard in the main thread only): no further run starts; those in flight finish
 
     def on_sigterm(signum: int, frame: Any) -> None:
