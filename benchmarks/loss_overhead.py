@@ -26,6 +26,7 @@ import gc
 import math
 import os
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -215,7 +216,7 @@ def main(argv=None) -> dict:
     times, stop_reason = run_rounds(calls, args, device)
     load.update(loadavg_after=os.getloadavg(), note="CPU timings are from a machine shared with other jobs when the "
                 "load average exceeds the cores in use (one torch thread here)")  # fmt: skip
-    results = {n: {"label": labels[n], "us_per_call": 1e6 * common.median(t) / args.reps, **estimate(times, n),
+    results = {n: {"label": labels[n], "us_per_call": 1e6 * statistics.median(t) / args.reps, **estimate(times, n),
                    "target_time_ratio": None, "sample_s": t} for n, t in times.items()}  # fmt: skip
     floor = overhead.noise_floor(results[CONTROL])
     names = ("batch_size", "num_generations", "length", "reps", "blocks", "min_rounds", "max_seconds", "noise_target")

@@ -1,14 +1,9 @@
 """Optimizer-step time (on CUDA also activation memory) of every trl-groupopt trainer against TRL's GRPOTrainer.
 
-Generation is replaced by fixed random completions (`make_fake_sampler`); everything after sampling runs unchanged.
-Trainers: TRL's `GRPOTrainer` (`trl_grpo`, the baseline), every registry method's defaults (`base`: our trainer with
-TRL's objective), `EXTRA_VARIANTS`, and TRL's trainer again (`trl_grpo_again`, the A/A control). A *run* trains a few
-of them on copies of one random model, each in its own thread, one optimizer step per turn (`Lockstep`), so a drift of
-the machine cancels in the paired ratio; every run holds the baseline and the control, the others packed by method.
-Clock: wall time on CUDA, the trainer thread's CPU time on a CPU. Ratio: `ratio_estimate` over paired generation
-cycles; noise floor: how far from 1 the control's interval reaches. Repeats go on until every shape's floor is below
-`--noise-target` (or `--max-repeats`, `--max-minutes`). Settings, defaults and measured noise: benchmarks/README.md
-and docs/gpu.md.
+Generation is replaced by fixed random completions (`make_fake_sampler`); each run steps its trainers in lockstep
+(`Lockstep`) with TRL's GRPOTrainer (`trl_grpo`, the baseline) and the A/A control (`trl_grpo_again`), and each ratio
+is a trimmed mean over paired generation cycles (`ratio_estimate`). The design, settings, defaults and measured noise:
+benchmarks/README.md and docs/gpu.md.
 
     python -m benchmarks.overhead --smoke --output-dir outputs/bench     # CPU, about 1 min
     python -m benchmarks.overhead --device cpu                            # the CPU table: 12-20 min, shared ok
@@ -22,6 +17,7 @@ import gc
 import json
 import math
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -343,14 +339,15 @@ def step_timer(turns: Lockstep, name: str, record: dict):
             turns.acquire(name)  # from here on this thread runs only in its turns
 
         def on_step_begin(self, _args, state, control, **kwargs):
-            common.synchronize(turns.device)
             if cuda:
+                torch.cuda.synchronize()
                 self.start_bytes = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
             self.t0 = clock()
 
         def on_step_end(self, _args, state, control, **kwargs):
-            common.synchronize(turns.device)
+            if cuda:
+                torch.cuda.synchronize()
             elapsed = clock() - self.t0
             if state.global_step > turns.warmup:
                 record["step_s"].append(elapsed)
@@ -374,8 +371,8 @@ def step_clock(device: str):
 
 
 def train_in_lockstep(trainers: dict[str, Any], turns: Lockstep) -> None:
-    """Train every trainer in its own thread (one trainer: in this thread), one step per turn, garbage collection
-    between rounds only; re-raises the first failure here."""
+    """Train every trainer in its own thread, one step per turn, garbage collection between rounds only; re-raises
+    the first failure here."""
     errors: dict[str, BaseException] = {}
 
     def train(name: str, trainer) -> None:
@@ -391,13 +388,11 @@ def train_in_lockstep(trainers: dict[str, Any], turns: Lockstep) -> None:
     gc.disable()
     try:
         threads = []
-        for name, trainer in trainers.items() if len(trainers) > 1 else ():
+        for name, trainer in trainers.items():
             threads.append(threading.Thread(target=train, args=(name, trainer), name=f"overhead-{name}", daemon=True))
             threads[-1].start()
             turns.ready[name].wait()  # set-ups one at a time
         turns.start()
-        if len(trainers) == 1:
-            train(*next(iter(trainers.items())))
         for thread in threads:
             thread.join()
     finally:
@@ -527,17 +522,14 @@ def resummarise(payload: dict, command: str) -> dict:
     for shape in payload["shapes"].values():
         res = shape["results"]
         base = res[BASELINE]
-        groups, repeats = payload["settings"]["runs"], payload["repeats_done"]
-        if repeats > 1 and len(groups) > 1 and "run_index" not in base:  # a later repeat may pack its runs otherwise
-            raise SystemExit("--from-json: this JSON predates run_index and holds several repeats of several runs")
+        if "run_index" not in base:  # written before --from-json: which runs pair up is not recorded
+            raise SystemExit("--from-json: this JSON predates run_index (each run's index among its shape's runs)")
         records = {}
         for name, e in res.items():  # each of the trainer's runs, paired with the baseline's run of the same index
-            runs = e.get("run_index") or [r * len(groups) + i for r in range(repeats)
-                                          for i, g in enumerate(groups) if name in g]  # fmt: skip
             records[name] = [dict(step_s=s, baseline_step_s=base["step_s_per_run"][i], run=i,
                                   **{k: e[k] for k in ("activation_peak_bytes", "num_parameters", "off_policy",
                                                        "otb_energy_from_behaviour_forward")})
-                             for s, i in zip(e["step_s_per_run"], runs)]  # fmt: skip
+                             for s, i in zip(e["step_s_per_run"], e["run_index"])]  # fmt: skip
         targets, labels = {n: e["target_time_ratio"] for n, e in res.items()}, {n: e["label"] for n, e in res.items()}
         shape["results"] = res = summarise(records, targets, labels, payload["settings"]["cycle_steps"])
         shape["noise_floor"] = noise_floor(res[CONTROL])
@@ -581,10 +573,8 @@ def run_all(args, device: str, dtype, tokenizer, dataset, state: dict, workdir: 
                     state["records"][key][name].append(
                         dict(record, baseline_step_s=by_name[BASELINE]["step_s"], run=run)
                     )
-                seconds, per_step = (
-                    time.perf_counter() - t0,
-                    common.median([s for r in by_name.values() for s in r["step_s"]]),
-                )
+                seconds = time.perf_counter() - t0
+                per_step = statistics.median(s for r in by_name.values() for s in r["step_s"])
                 state["cost"][key] = (max(0.0, seconds / len(group) - (args.warmup + steps) * per_step), per_step)
                 state["run_seconds"][key].append(seconds)
                 state["run_steps"][key].append(steps)
@@ -661,13 +651,12 @@ def main(argv=None) -> dict:
         if unknown := wanted - {v.name for v in chosen}:
             raise SystemExit(f"unknown trainer(s) {sorted(unknown)}; choose from {[v.name for v in chosen]}")
         chosen = [v for v in chosen if v.name in wanted]
-    runnable = chosen
     keys = [shape_key(v, t) for v, t in args.shape_list]
-    state = {"runnable": runnable, "started": time.perf_counter(),
-             "records": {k: {v.name: [] for v in runnable} for k in keys}, "run_seconds": {k: [] for k in keys},
+    state = {"runnable": chosen, "started": time.perf_counter(),
+             "records": {k: {v.name: [] for v in chosen} for k in keys}, "run_seconds": {k: [] for k in keys},
              "repeats": {k: 0 for k in keys}, "run_steps": {k: [] for k in keys}, "cost": {},
              "stop_reason": None}  # fmt: skip
-    runs = [[v.name for v in g] for g in lockstep_groups(runnable, args.group_size)]
+    runs = [[v.name for v in g] for g in lockstep_groups(chosen, args.group_size)]
     print(f"{common.describe_device(device)['description']}; shapes {keys}; runs {runs}; {args.warmup} + "
           f"{args.steps} steps per run", flush=True)  # fmt: skip
     cycles = -(-(args.warmup + args.steps) // args.cycle_steps)
