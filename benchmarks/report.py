@@ -1,7 +1,6 @@
 """Markdown tables for the results page (docs/results.md) from the committed JSON results (no hand-typed numbers):
-each `NAME.md` from `NAME.json` (`TABLES`), then each block of the page between `<!-- BEGIN GENERATED:
-benchmarks/results/NAME.md -->` and `<!-- END GENERATED -->` replaced by that file. The page is `--page`, by default
-docs/results.md for the committed tables only, so a scratch run never overwrites it.
+each `NAME.md` from `NAME.json` (`TABLES`), then each generated block of the page (`GENERATED`) replaced by that
+file. The page is `--page`, by default docs/results.md for the committed tables only (a scratch run never touches it).
 
     python -m benchmarks.report                                           # benchmarks/results/ -> docs/results.md
     python -m benchmarks.report --results-dir outputs/bench --page P.md   # scratch tables, spliced into P.md
