@@ -107,10 +107,6 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return [(int(v), int(t)) for v, _, t in (part.strip().lower().partition("x") for part in text.split(","))]
 
 
-def shape_key(vocab: int, length: int) -> str:
-    return f"v{vocab or 'task'}_t{length}"
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     """The flags; the workload's shape (model, batch, schedule) comes from the device's `*_DEFAULTS`."""
     p = argparse.ArgumentParser(description="Optimizer-step time of TRL's GRPOTrainer vs every trl-groupopt trainer.")
@@ -651,7 +647,7 @@ def main(argv=None) -> dict:
         if unknown := wanted - {v.name for v in chosen}:
             raise SystemExit(f"unknown trainer(s) {sorted(unknown)}; choose from {[v.name for v in chosen]}")
         chosen = [v for v in chosen if v.name in wanted]
-    keys = [shape_key(v, t) for v, t in args.shape_list]
+    keys = [f"v{vocab or 'task'}_t{length}" for vocab, length in args.shape_list]
     state = {"runnable": chosen, "started": time.perf_counter(),
              "records": {k: {v.name: [] for v in chosen} for k in keys}, "run_seconds": {k: [] for k in keys},
              "repeats": {k: 0 for k in keys}, "run_steps": {k: [] for k in keys}, "cost": {},

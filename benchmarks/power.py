@@ -85,11 +85,6 @@ def plan_from(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int | None]]:
     return out
 
 
-def plan(committed: list[dict[str, Any]], pilot: list[dict[str, Any]]) -> dict[str, tuple[int, int | None]]:
-    """`benchmarks.stress.CLAIM_SEEDS` as the committed runs and the pilot give it."""
-    return {row["id"]: (row["planned_seeds"], row["stage2_seeds"]) for row in analyse(committed, pilot)["claims"]}
-
-
 def power_markdown(payload: dict[str, Any]) -> str:
     """The power analysis table, from power.json alone."""
 
