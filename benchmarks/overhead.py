@@ -120,9 +120,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--noise-target", type=float, default=0.02, help="Stop once the A/A interval is within 1 +- this.")
     p.add_argument("--max-minutes", type=float, help="No run starts that would end past this budget.")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--from-json", type=Path, help="Recompute the ratios of an earlier run's JSON (in place), no training."
-    )
+    p.add_argument("--from-json", type=Path, help="Recompute an earlier run's JSON in place from its step times.")
     args = p.parse_args(argv)
     args.argv = None if argv is None else list(argv)  # recorded as the command when main() is called in-process
     if args.device == "auto" and not args.smoke:
