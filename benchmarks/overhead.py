@@ -348,12 +348,9 @@ def step_timer(turns: Lockstep, name: str, record: dict):
                 if cuda:
                     peak = torch.cuda.max_memory_allocated() - self.start_bytes
                     record["activation_peak_bytes"] = max(record["activation_peak_bytes"] or 0, peak)
-            if state.global_step < state.max_steps:  # the last turn ends in on_train_end, after train()'s wrap-up
+            if state.global_step < state.max_steps:  # the last turn ends when train() returns (train_in_lockstep)
                 turns.release(name)
                 turns.acquire(name)
-
-        def on_train_end(self, _args, state, control, **kwargs):
-            turns.leave(name)
 
     return StepTimer()
 
