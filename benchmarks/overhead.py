@@ -430,8 +430,7 @@ TIMED = ("Trainer.train() optimizer steps, generation replaced by fixed completi
 
 def ratio_estimate(log_ratios: list[float]) -> dict[str, Any]:
     """exp of the 20%-trimmed mean log ratio with Yuen's 95% interval (winsorized variance, n - 2g - 1 degrees of
-    freedom). Trimmed because one step that the OS made twice as long moved a plain mean by log(2) / n: dfpo's CPU
-    ratio by 4% (a 679 ms step among ~350 ms ones, 16 cycles); the A/A control is estimated the same way."""
+    freedom): one step that the OS made twice as long moves a plain mean by log(2) / n (benchmarks/README.md)."""
     xs, n = sorted(log_ratios), len(log_ratios)
     g = int(TRIM * n)
     kept = xs[g : n - g]
