@@ -31,7 +31,6 @@ BASELINE = "trl_grpo"
 CONTROL = "trl_grpo_again"  # a second TRL GRPOTrainer in every run: its ratio to the first is the noise floor
 #: Time-ratio targets against TRL's GRPOTrainer, by registry method (issue 18). Variants inherit their method's.
 METHOD_TARGETS = {"grpo": 1.01, "echo": 1.03, "dfpo": 1.03, "grpo_fix": 1.03, "ctpo": 1.03, "otb": 1.05}
-NO_TARGET = object()  # a variant that is reported but not targeted
 #: Defaults reported, not targeted: ECHO's batch_ratio_scope="step" costs one extra no-grad forward per micro-batch
 #: by design; the ECHO target applies to its "micro_batch" scope (EXTRA_VARIANTS).
 REPORTED_ONLY_DEFAULTS = {"echo": "batch_ratio_scope='step' (default): one extra no-grad forward"}
@@ -45,7 +44,6 @@ class Variant:
     method: str | None
     overrides: dict[str, Any] = field(default_factory=dict)
     label: str = ""
-    target: Any = None  # None: the method's target; NO_TARGET: reported only
 
 
 #: Configurations beside each method's defaults.
@@ -56,10 +54,9 @@ EXTRA_VARIANTS: tuple[Variant, ...] = (
             "DFPO orth_proj over unclipped tokens"),
     Variant("dfpo_orth_proj_qp", "dfpo", {"dfpo_transform": "orth_proj_qp"}, "DFPO orth_proj_qp (exact QP)"),
     Variant("ctpo_geomean", "ctpo", {"ctpo_ratio_mode": "geomean"}, "CTPO, geometric-mean prefix ratio"),
-    # OTB's advantages under another objective: the energy capture is OTB's cost, so OTB's target
-    Variant("ctpo+otb", "ctpo", {"advantage_estimator": "otb"}, "CTPO on OTB's advantages", METHOD_TARGETS["otb"]),
+    Variant("ctpo+otb", "ctpo", {"advantage_estimator": "otb"}, "CTPO on OTB's advantages"),
     Variant("echo+otb", "echo", {"advantage_estimator": "otb", "batch_ratio_scope": "micro_batch"},
-            "ECHO (batch ratio per micro-batch) on OTB's advantages", METHOD_TARGETS["otb"]),
+            "ECHO (batch ratio per micro-batch) on OTB's advantages"),
 )  # fmt: skip
 
 
@@ -67,21 +64,22 @@ def variants() -> list[Variant]:
     """The baseline, every registered method's defaults, their `EXTRA_VARIANTS`, the control."""
     from trl_groupopt import METHODS
 
-    out = [Variant(BASELINE, None, {}, "TRL GRPOTrainer", NO_TARGET)]
+    out = [Variant(BASELINE, None, {}, "TRL GRPOTrainer")]
     for key, spec in METHODS.items():
         label = spec.trainer_class.__name__ + "".join(f" {k}={v}" for k, v in spec.config_defaults.items())
         label = "GroupOptTrainer (TRL's objective)" if key == "grpo" else label
         why = REPORTED_ONLY_DEFAULTS.get(key)
-        out.append(Variant("base" if key == "grpo" else key, key, {}, f"{label} ({why})" if why else label,
-                           NO_TARGET if why else None))  # fmt: skip
+        out.append(Variant("base" if key == "grpo" else key, key, {}, f"{label} ({why})" if why else label))
     out += [v for v in EXTRA_VARIANTS if v.method in METHODS]
-    return out + [Variant(CONTROL, None, {}, "TRL GRPOTrainer again (A/A control: the noise floor)", NO_TARGET)]
+    return out + [Variant(CONTROL, None, {}, "TRL GRPOTrainer again (A/A control: the noise floor)")]
 
 
 def target_of(variant: Variant) -> float | None:
-    if variant.target is NO_TARGET:
+    """Its method's target, OTB's on OTB's advantages (the energy capture is OTB's cost); None for TRL's trainer and
+    the defaults reported only."""
+    if variant.name in REPORTED_ONLY_DEFAULTS:
         return None
-    return float(variant.target) if variant.target is not None else METHOD_TARGETS.get(variant.method)
+    return METHOD_TARGETS.get("otb" if variant.overrides.get("advantage_estimator") == "otb" else variant.method)
 
 
 QWEN25_05B = dict(  # Qwen/Qwen2.5-0.5B config.json shapes
