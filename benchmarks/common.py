@@ -46,13 +46,6 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-
-
 def describe_device(device: str) -> dict[str, Any]:
     """What ran the benchmark: accelerator, CPU, library versions (the JSON's "device")."""
     import torch
@@ -71,15 +64,10 @@ def describe_device(device: str) -> dict[str, Any]:
     return info
 
 
-def command_line(module: str | None = None, argv: Sequence[str] | None = None) -> str:
-    """The command that produced a result: `python -m <module> <argv>` when `main(argv)` was called in-process
-    (tests), else this process's own command line."""
-    if module is not None and argv is not None:
-        return shlex.join(["python", "-m", module, *argv])
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name.startswith("benchmarks."):
-        return shlex.join(["python", "-m", spec.name, *sys.argv[1:]])
-    return shlex.join([os.path.basename(sys.executable), *sys.argv])
+def command_line(module: str, argv: Sequence[str] | None = None) -> str:
+    """The command that produced a result: `python -m <module>` with `argv` when `main(argv)` was called in-process
+    (tests), else with this process's arguments (run as `python -m <module>`)."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
 
 
 def mean_curve(curves: Sequence[dict[str, list] | None]) -> dict[str, list]:
@@ -110,11 +98,6 @@ def first_step_reaching(steps: Sequence[int], values: Sequence[float | None], th
     return next(
         (int(s) for s, v in zip(steps, values) if v is not None and not math.isnan(v) and v >= threshold), None
     )
-
-
-def median(values: Sequence[float]) -> float:
-    xs, n = sorted(values), len(values)
-    return float("nan") if n == 0 else xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> Path:

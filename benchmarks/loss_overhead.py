@@ -1,19 +1,9 @@
 """Loss-level overhead: each method's advantages + objective + backward against TRL's clipped surrogate, one batch.
 
-Every trainer of `benchmarks.overhead.variants()` (on the task-sized model) scores one generation batch of the
-overhead benchmark's fixed completions, so it holds its own batch fields (group ids, raw rewards, OTB's energy, ...);
-its first micro-batch (`--batch-size` sequences of up to `--length` tokens) is the input. The current log-probs are
-the behaviour log-probs plus one fixed drift (off-policy, so clipping acts), a leaf tensor. A *call* is what
-`_compute_loss` does between the forward and the optimizer: `compute_advantages`, the `objective` hook, TRL's "dapo"
-aggregation, backward; the model is in eval mode (ECHO's "step" scope then reduces the micro-batch's own totals; its
-extra forward is the step benchmark's business). The baseline `trl_grpo` is the clipped surrogate as
-`GRPOTrainer._compute_loss` computes it; `trl_grpo_again`, the same again, is the A/A control.
-
-Rounds run every loss once in a seeded random order; a sample is `--reps` calls, timed with CUDA events on a
-drained stream (a host sync shows as a gap) or this thread's CPU time. A loss's ratio is exp(mean over rounds of
-log(sample / the baseline's)) with its 95% interval (`overhead.ratio_estimate`); the noise floor is how far from 1
-the control's reaches. Rounds go on until the floor is below `--noise-target` (after `--min-rounds`) or
-`--max-seconds` are spent. Writes `loss_overhead_<device>.json`, `.md` and `.png` (with the machine's load).
+Every trainer of `overhead.variants()` scores one batch of the overhead benchmark's fixed completions (`scored_batch`);
+a *call* is what `_compute_loss` does between the forward and the optimizer (`make_call`); rounds time every call in
+a seeded random order until the A/A control's noise floor is below `--noise-target` (`run_rounds`), each ratio the
+median over rounds (`median_ratio`). The design: benchmarks/README.md.
 
     python -m benchmarks.loss_overhead --device cpu      # the committed CPU table
     python -m benchmarks.loss_overhead --device cuda     # GPU, under a minute
@@ -26,6 +16,7 @@ import gc
 import math
 import os
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -203,10 +194,8 @@ def main(argv=None) -> dict:
     common.setup_environment()
     device = common.resolve_device(args.device)
     # CUDA: a DFPO call is ~10 ms there (host syncs), so shorter samples keep a round under half a second
-    args.reps, args.blocks = (
-        args.reps or (3 if device == "cuda" else 10),
-        args.blocks or (3 if device == "cuda" else 5),
-    )
+    args.reps = args.reps or (3 if device == "cuda" else 10)
+    args.blocks = args.blocks or (3 if device == "cuda" else 5)
     __import__("torch").set_num_threads(1)  # as on CPU: the launching thread alone
     load = {"loadavg_before": os.getloadavg(), "niceness": os.nice(0)}
     calls, labels = build_calls(args, device)
@@ -215,7 +204,7 @@ def main(argv=None) -> dict:
     times, stop_reason = run_rounds(calls, args, device)
     load.update(loadavg_after=os.getloadavg(), note="CPU timings are from a machine shared with other jobs when the "
                 "load average exceeds the cores in use (one torch thread here)")  # fmt: skip
-    results = {n: {"label": labels[n], "us_per_call": 1e6 * common.median(t) / args.reps, **estimate(times, n),
+    results = {n: {"label": labels[n], "us_per_call": 1e6 * statistics.median(t) / args.reps, **estimate(times, n),
                    "target_time_ratio": None, "sample_s": t} for n, t in times.items()}  # fmt: skip
     floor = overhead.noise_floor(results[CONTROL])
     names = ("batch_size", "num_generations", "length", "reps", "blocks", "min_rounds", "max_seconds", "noise_target")

@@ -1,14 +1,9 @@
 """Optimizer-step time (on CUDA also activation memory) of every trl-groupopt trainer against TRL's GRPOTrainer.
 
-Generation is replaced by fixed random completions (`make_fake_sampler`); everything after sampling runs unchanged.
-Trainers: TRL's `GRPOTrainer` (`trl_grpo`, the baseline), every registry method's defaults (`base`: our trainer with
-TRL's objective), `EXTRA_VARIANTS`, and TRL's trainer again (`trl_grpo_again`, the A/A control). A *run* trains a few
-of them on copies of one random model, each in its own thread, one optimizer step per turn (`Lockstep`), so a drift of
-the machine cancels in the paired ratio; every run holds the baseline and the control, the others packed by method.
-Clock: wall time on CUDA, the trainer thread's CPU time on a CPU. Ratio: `ratio_estimate` over paired generation
-cycles; noise floor: how far from 1 the control's interval reaches. Repeats go on until every shape's floor is below
-`--noise-target` (or `--max-repeats`, `--max-minutes`). Settings, defaults and measured noise: benchmarks/README.md
-and docs/gpu.md.
+Generation is replaced by fixed random completions (`make_fake_sampler`); each run steps its trainers in lockstep
+(`Lockstep`) with TRL's GRPOTrainer (`trl_grpo`, the baseline) and the A/A control (`trl_grpo_again`), and each ratio
+is a trimmed mean over paired generation cycles (`ratio_estimate`). The design, settings, defaults and measured noise:
+benchmarks/README.md and docs/gpu.md.
 
     python -m benchmarks.overhead --smoke --output-dir outputs/bench     # CPU, about 1 min
     python -m benchmarks.overhead --device cpu                            # the CPU table: 12-20 min, shared ok
@@ -22,6 +17,7 @@ import gc
 import json
 import math
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -35,7 +31,6 @@ BASELINE = "trl_grpo"
 CONTROL = "trl_grpo_again"  # a second TRL GRPOTrainer in every run: its ratio to the first is the noise floor
 #: Time-ratio targets against TRL's GRPOTrainer, by registry method (issue 18). Variants inherit their method's.
 METHOD_TARGETS = {"grpo": 1.01, "echo": 1.03, "dfpo": 1.03, "grpo_fix": 1.03, "ctpo": 1.03, "otb": 1.05}
-NO_TARGET = object()  # a variant that is reported but not targeted
 #: Defaults reported, not targeted: ECHO's batch_ratio_scope="step" costs one extra no-grad forward per micro-batch
 #: by design; the ECHO target applies to its "micro_batch" scope (EXTRA_VARIANTS).
 REPORTED_ONLY_DEFAULTS = {"echo": "batch_ratio_scope='step' (default): one extra no-grad forward"}
@@ -49,7 +44,6 @@ class Variant:
     method: str | None
     overrides: dict[str, Any] = field(default_factory=dict)
     label: str = ""
-    target: Any = None  # None: the method's target; NO_TARGET: reported only
 
 
 #: Configurations beside each method's defaults.
@@ -60,10 +54,9 @@ EXTRA_VARIANTS: tuple[Variant, ...] = (
             "DFPO orth_proj over unclipped tokens"),
     Variant("dfpo_orth_proj_qp", "dfpo", {"dfpo_transform": "orth_proj_qp"}, "DFPO orth_proj_qp (exact QP)"),
     Variant("ctpo_geomean", "ctpo", {"ctpo_ratio_mode": "geomean"}, "CTPO, geometric-mean prefix ratio"),
-    # OTB's advantages under another objective: the energy capture is OTB's cost, so OTB's target
-    Variant("ctpo+otb", "ctpo", {"advantage_estimator": "otb"}, "CTPO on OTB's advantages", METHOD_TARGETS["otb"]),
+    Variant("ctpo+otb", "ctpo", {"advantage_estimator": "otb"}, "CTPO on OTB's advantages"),
     Variant("echo+otb", "echo", {"advantage_estimator": "otb", "batch_ratio_scope": "micro_batch"},
-            "ECHO (batch ratio per micro-batch) on OTB's advantages", METHOD_TARGETS["otb"]),
+            "ECHO (batch ratio per micro-batch) on OTB's advantages"),
 )  # fmt: skip
 
 
@@ -71,21 +64,22 @@ def variants() -> list[Variant]:
     """The baseline, every registered method's defaults, their `EXTRA_VARIANTS`, the control."""
     from trl_groupopt import METHODS
 
-    out = [Variant(BASELINE, None, {}, "TRL GRPOTrainer", NO_TARGET)]
+    out = [Variant(BASELINE, None, {}, "TRL GRPOTrainer")]
     for key, spec in METHODS.items():
         label = spec.trainer_class.__name__ + "".join(f" {k}={v}" for k, v in spec.config_defaults.items())
         label = "GroupOptTrainer (TRL's objective)" if key == "grpo" else label
         why = REPORTED_ONLY_DEFAULTS.get(key)
-        out.append(Variant("base" if key == "grpo" else key, key, {}, f"{label} ({why})" if why else label,
-                           NO_TARGET if why else None))  # fmt: skip
+        out.append(Variant("base" if key == "grpo" else key, key, {}, f"{label} ({why})" if why else label))
     out += [v for v in EXTRA_VARIANTS if v.method in METHODS]
-    return out + [Variant(CONTROL, None, {}, "TRL GRPOTrainer again (A/A control: the noise floor)", NO_TARGET)]
+    return out + [Variant(CONTROL, None, {}, "TRL GRPOTrainer again (A/A control: the noise floor)")]
 
 
 def target_of(variant: Variant) -> float | None:
-    if variant.target is NO_TARGET:
+    """Its method's target, OTB's on OTB's advantages (the energy capture is OTB's cost); None for TRL's trainer and
+    the defaults reported only."""
+    if variant.name in REPORTED_ONLY_DEFAULTS:
         return None
-    return float(variant.target) if variant.target is not None else METHOD_TARGETS.get(variant.method)
+    return METHOD_TARGETS.get("otb" if variant.overrides.get("advantage_estimator") == "otb" else variant.method)
 
 
 QWEN25_05B = dict(  # Qwen/Qwen2.5-0.5B config.json shapes
@@ -111,10 +105,6 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return [(int(v), int(t)) for v, _, t in (part.strip().lower().partition("x") for part in text.split(","))]
 
 
-def shape_key(vocab: int, length: int) -> str:
-    return f"v{vocab or 'task'}_t{length}"
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     """The flags; the workload's shape (model, batch, schedule) comes from the device's `*_DEFAULTS`."""
     p = argparse.ArgumentParser(description="Optimizer-step time of TRL's GRPOTrainer vs every trl-groupopt trainer.")
@@ -128,9 +118,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--noise-target", type=float, default=0.02, help="Stop once the A/A interval is within 1 +- this.")
     p.add_argument("--max-minutes", type=float, help="No run starts that would end past this budget.")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--from-json", type=Path, help="Recompute the ratios of an earlier run's JSON (in place), no training."
-    )
+    p.add_argument("--from-json", type=Path, help="Recompute an earlier run's JSON in place from its step times.")
     args = p.parse_args(argv)
     args.argv = None if argv is None else list(argv)  # recorded as the command when main() is called in-process
     if args.device == "auto" and not args.smoke:
@@ -343,26 +331,24 @@ def step_timer(turns: Lockstep, name: str, record: dict):
             turns.acquire(name)  # from here on this thread runs only in its turns
 
         def on_step_begin(self, _args, state, control, **kwargs):
-            common.synchronize(turns.device)
             if cuda:
+                torch.cuda.synchronize()
                 self.start_bytes = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
             self.t0 = clock()
 
         def on_step_end(self, _args, state, control, **kwargs):
-            common.synchronize(turns.device)
+            if cuda:
+                torch.cuda.synchronize()
             elapsed = clock() - self.t0
             if state.global_step > turns.warmup:
                 record["step_s"].append(elapsed)
                 if cuda:
                     peak = torch.cuda.max_memory_allocated() - self.start_bytes
                     record["activation_peak_bytes"] = max(record["activation_peak_bytes"] or 0, peak)
-            if state.global_step < state.max_steps:  # the last turn ends in on_train_end, after train()'s wrap-up
+            if state.global_step < state.max_steps:  # the last turn ends when train() returns (train_in_lockstep)
                 turns.release(name)
                 turns.acquire(name)
-
-        def on_train_end(self, _args, state, control, **kwargs):
-            turns.leave(name)
 
     return StepTimer()
 
@@ -374,8 +360,8 @@ def step_clock(device: str):
 
 
 def train_in_lockstep(trainers: dict[str, Any], turns: Lockstep) -> None:
-    """Train every trainer in its own thread (one trainer: in this thread), one step per turn, garbage collection
-    between rounds only; re-raises the first failure here."""
+    """Train every trainer in its own thread, one step per turn, garbage collection between rounds only; re-raises
+    the first failure here."""
     errors: dict[str, BaseException] = {}
 
     def train(name: str, trainer) -> None:
@@ -391,13 +377,11 @@ def train_in_lockstep(trainers: dict[str, Any], turns: Lockstep) -> None:
     gc.disable()
     try:
         threads = []
-        for name, trainer in trainers.items() if len(trainers) > 1 else ():
+        for name, trainer in trainers.items():
             threads.append(threading.Thread(target=train, args=(name, trainer), name=f"overhead-{name}", daemon=True))
             threads[-1].start()
             turns.ready[name].wait()  # set-ups one at a time
         turns.start()
-        if len(trainers) == 1:
-            train(*next(iter(trainers.items())))
         for thread in threads:
             thread.join()
     finally:
@@ -444,8 +428,7 @@ TIMED = ("Trainer.train() optimizer steps, generation replaced by fixed completi
 
 def ratio_estimate(log_ratios: list[float]) -> dict[str, Any]:
     """exp of the 20%-trimmed mean log ratio with Yuen's 95% interval (winsorized variance, n - 2g - 1 degrees of
-    freedom). Trimmed because one step that the OS made twice as long moved a plain mean by log(2) / n: dfpo's CPU
-    ratio by 4% (a 679 ms step among ~350 ms ones, 16 cycles); the A/A control is estimated the same way."""
+    freedom): one step that the OS made twice as long moves a plain mean by log(2) / n (benchmarks/README.md)."""
     xs, n = sorted(log_ratios), len(log_ratios)
     g = int(TRIM * n)
     kept = xs[g : n - g]
@@ -527,17 +510,14 @@ def resummarise(payload: dict, command: str) -> dict:
     for shape in payload["shapes"].values():
         res = shape["results"]
         base = res[BASELINE]
-        groups, repeats = payload["settings"]["runs"], payload["repeats_done"]
-        if repeats > 1 and len(groups) > 1 and "run_index" not in base:  # a later repeat may pack its runs otherwise
-            raise SystemExit("--from-json: this JSON predates run_index and holds several repeats of several runs")
+        if "run_index" not in base:  # written before --from-json: which runs pair up is not recorded
+            raise SystemExit("--from-json: this JSON predates run_index (each run's index among its shape's runs)")
         records = {}
         for name, e in res.items():  # each of the trainer's runs, paired with the baseline's run of the same index
-            runs = e.get("run_index") or [r * len(groups) + i for r in range(repeats)
-                                          for i, g in enumerate(groups) if name in g]  # fmt: skip
             records[name] = [dict(step_s=s, baseline_step_s=base["step_s_per_run"][i], run=i,
                                   **{k: e[k] for k in ("activation_peak_bytes", "num_parameters", "off_policy",
                                                        "otb_energy_from_behaviour_forward")})
-                             for s, i in zip(e["step_s_per_run"], runs)]  # fmt: skip
+                             for s, i in zip(e["step_s_per_run"], e["run_index"])]  # fmt: skip
         targets, labels = {n: e["target_time_ratio"] for n, e in res.items()}, {n: e["label"] for n, e in res.items()}
         shape["results"] = res = summarise(records, targets, labels, payload["settings"]["cycle_steps"])
         shape["noise_floor"] = noise_floor(res[CONTROL])
@@ -581,10 +561,8 @@ def run_all(args, device: str, dtype, tokenizer, dataset, state: dict, workdir: 
                     state["records"][key][name].append(
                         dict(record, baseline_step_s=by_name[BASELINE]["step_s"], run=run)
                     )
-                seconds, per_step = (
-                    time.perf_counter() - t0,
-                    common.median([s for r in by_name.values() for s in r["step_s"]]),
-                )
+                seconds = time.perf_counter() - t0
+                per_step = statistics.median(s for r in by_name.values() for s in r["step_s"])
                 state["cost"][key] = (max(0.0, seconds / len(group) - (args.warmup + steps) * per_step), per_step)
                 state["run_seconds"][key].append(seconds)
                 state["run_steps"][key].append(steps)
@@ -661,13 +639,12 @@ def main(argv=None) -> dict:
         if unknown := wanted - {v.name for v in chosen}:
             raise SystemExit(f"unknown trainer(s) {sorted(unknown)}; choose from {[v.name for v in chosen]}")
         chosen = [v for v in chosen if v.name in wanted]
-    runnable = chosen
-    keys = [shape_key(v, t) for v, t in args.shape_list]
-    state = {"runnable": runnable, "started": time.perf_counter(),
-             "records": {k: {v.name: [] for v in runnable} for k in keys}, "run_seconds": {k: [] for k in keys},
+    keys = [f"v{vocab or 'task'}_t{length}" for vocab, length in args.shape_list]
+    state = {"runnable": chosen, "started": time.perf_counter(),
+             "records": {k: {v.name: [] for v in chosen} for k in keys}, "run_seconds": {k: [] for k in keys},
              "repeats": {k: 0 for k in keys}, "run_steps": {k: [] for k in keys}, "cost": {},
              "stop_reason": None}  # fmt: skip
-    runs = [[v.name for v in g] for g in lockstep_groups(runnable, args.group_size)]
+    runs = [[v.name for v in g] for g in lockstep_groups(chosen, args.group_size)]
     print(f"{common.describe_device(device)['description']}; shapes {keys}; runs {runs}; {args.warmup} + "
           f"{args.steps} steps per run", flush=True)  # fmt: skip
     cycles = -(-(args.warmup + args.steps) // args.cycle_steps)

@@ -1,14 +1,7 @@
 """Power analysis of the claims grid: how many seeds each claim needs to be decided (`benchmarks.stress.CLAIM_SEEDS`
-holds the plan; a test checks they agree).
-
-A claim's 95% interval of the mean paired difference over n seeds has half-width h(n) = t_{0.975, n-1} sd / sqrt(n)
-(`trl_groupopt.stats.half_width`). Two estimates of sd per claim: the full grid's runs (`stress_runs.jsonl`, 16 steps,
-64 held-out prompts, 5 seeds) and the pilot, the first `PILOT_SEEDS` seeds of the claims grid (`claims_runs.jsonl`,
-at the claims' own budget), which the plan reads where it exists. Plan (`plan_from`): stage 1 = the fewest n >=
-`MIN_SEEDS` with h(n) <= `TARGET_HALF_WIDTH` at the pilot's sd, at most `MAX_SEEDS`; a claim without a pilot when
-the plan was fixed (`PLANNED_WITHOUT_PILOT`) takes its committed sd x the median pilot/committed ratio (the
-composition, with no run at all, the largest plan of its regime); a mechanism claim rides on the accuracy claim of
-its cell; stage 2 = `STAGE2_FACTOR` x stage 1 (at most `MAX_SEEDS_STAGE2`) for a claim inconclusive at stage 1.
+holds the plan; a test checks they agree). A claim's 95% half-width over n seeds is t_{0.975, n-1} sd / sqrt(n)
+(`trl_groupopt.stats.half_width`), with sd from the full grid's runs (`stress_runs.jsonl`) and from the pilot, the first
+`PILOT_SEEDS` seeds of the claims grid (`claims_runs.jsonl`); the plan: `plan_from`.
 
     python -m benchmarks.power        # benchmarks/results/{stress,claims}_runs.jsonl -> power.json (and the table)
 """
@@ -71,7 +64,10 @@ def analyse(committed: list[dict[str, Any]], pilot: list[dict[str, Any]]) -> dic
 
 
 def plan_from(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int | None]]:
-    """Claim id -> (stage-1 seeds, stage-2 seeds), by the rule of the module docstring."""
+    """Claim id -> (stage-1 seeds, stage-2 seeds): stage 1 the fewest n >= `MIN_SEEDS` (at most `MAX_SEEDS`) with a
+    half-width <= `TARGET_HALF_WIDTH` at the claim's planning sd (`analyse`: the pilot's; without a pilot when the plan
+    was fixed, `PLANNED_WITHOUT_PILOT`, its committed sd x the median pilot/committed ratio); stage 2, for a claim
+    inconclusive at stage 1, `STAGE2_FACTOR` x stage 1 (at most `MAX_SEEDS_STAGE2`)."""
     out: dict[str, tuple[int, int | None]] = {}
     for row in rows:
         if row["accuracy"] and row.get("planning_sd") is not None:
@@ -87,11 +83,6 @@ def plan_from(rows: list[dict[str, Any]]) -> dict[str, tuple[int, int | None]]:
                       (r["regime"], r["value"], r["config"]) == (row["regime"], row["value"], row["config"])]  # fmt: skip
             out[row["id"]] = (max(shared)[0], None) if shared else (stress.PILOT_SEEDS, None)
     return out
-
-
-def plan(committed: list[dict[str, Any]], pilot: list[dict[str, Any]]) -> dict[str, tuple[int, int | None]]:
-    """`benchmarks.stress.CLAIM_SEEDS` as the committed runs and the pilot give it."""
-    return {row["id"]: (row["planned_seeds"], row["stage2_seeds"]) for row in analyse(committed, pilot)["claims"]}
 
 
 def power_markdown(payload: dict[str, Any]) -> str:

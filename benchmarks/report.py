@@ -1,7 +1,6 @@
 """Markdown tables for the results page (docs/results.md) from the committed JSON results (no hand-typed numbers):
-each `NAME.md` from `NAME.json` (`TABLES`), then each block of the page between `<!-- BEGIN GENERATED:
-benchmarks/results/NAME.md -->` and `<!-- END GENERATED -->` replaced by that file. The page is `--page`, by default
-docs/results.md for the committed tables only, so a scratch run never overwrites it.
+each `NAME.md` from `NAME.json` (`TABLES`), then each generated block of the page (`GENERATED`) replaced by that
+file. The page is `--page`, by default docs/results.md for the committed tables only (a scratch run never touches it).
 
     python -m benchmarks.report                                           # benchmarks/results/ -> docs/results.md
     python -m benchmarks.report --results-dir outputs/bench --page P.md   # scratch tables, spliced into P.md
@@ -53,11 +52,9 @@ def overhead_markdown(payload: dict[str, Any]) -> str:
     ]  # fmt: skip
     for shape in payload["shapes"].values():
         nf = shape["noise_floor"]
-        cpu_floor = shape.get("noise_floor_cpu_clock")
         lines += [f"**Vocabulary {shape['vocab_size'] or 'task (~70)'}, completions up to {shape['completion_length']} "
                   "tokens** — noise floor: " + (f"±{nf:.1%}" if nf is not None else "n/a (too few cycles)")
-                  + (f"; {shape['repeats']} repeat(s)" if "repeats" in shape else "")
-                  + (f"; on the process's CPU time ±{cpu_floor:.1%}" if cpu_floor is not None else ""), "",
+                  + f"; {shape['repeats']} repeat(s)", "",
                   "| trainer | step time (ms) | x TRL GRPOTrainer [95% CI] | paired cycles | target | |",
                   "|---|---:|---|---:|---:|---|"]  # fmt: skip
         for name, e in shape["results"].items():
@@ -66,8 +63,6 @@ def overhead_markdown(payload: dict[str, Any]) -> str:
             if target is not None and e["meets_time_target"] and not e["target_cleared_at_95"]:
                 verdict += " (point estimate; interval reaches above)"
             ratio = f"{e['time_ratio']:.3f}" + (f" [{low:.3f}, {high:.3f}]" if low is not None else "")
-            if e.get("time_ratio_cpu_clock") is not None:  # CUDA: the same ratio on the process's CPU time
-                ratio += f"; CPU time {e['time_ratio_cpu_clock']:.3f}"
             lines.append(f"| `{name}` {e['label']} | {e['time_ms']:.1f} | {ratio} | {e['paired_cycles']} | "
                          + (f"<= {target:.2f}" if target else "reported") + f" | {verdict} |")  # fmt: skip
         lines.append("")

@@ -1,12 +1,7 @@
-"""The one runner of the training benchmarks: the stress grid, the claims grid and sample efficiency (`GRIDS`).
-
-Each run trains a configuration (`CONFIGS`; `SE_CONFIGS` has TRL's own GRPOTrainer) from the demo's settings with its
-regime's knob (`REGIMES`, `run_settings`) and records held-out greedy accuracy, the reward and every mechanism metric
-logged per optimizer step (`run_one`). The stress grid runs staleness, group size and long completions; `--claims`
-each row of `claims.jsonl` in its regime with its planned seeds, and ECHO's batch-clip probe, judged by the rule of
-`trl-groupopt compare` (`claims_table`); `--sample-efficiency` every method in one mild regime, with accuracy curves.
-Runs go through the library's runner (`trl_groupopt.runs`): keyed, appendable runs files that the same command
-resumes; `--from-runs FILE` rebuilds the JSON and the plot without training. See benchmarks/README.md.
+"""The one runner of the training benchmarks: the stress grid, the claims grid (`--claims`) and sample efficiency
+(`--sample-efficiency`), `GRIDS`. A run trains a configuration (`CONFIGS`, `SE_CONFIGS`) with its regime's knob
+(`REGIMES`) through the library's runner (`trl_groupopt.runs`: keyed runs files that the same command resumes);
+`--from-runs FILE` rebuilds the JSON and the plot without training. See benchmarks/README.md.
 
     python -m benchmarks.stress --claims --from-runs benchmarks/results/claims_runs.jsonl  # rebuild, no training
 """
@@ -29,7 +24,7 @@ from trl_groupopt.methods import MECHANISM_ACTS
 from trl_groupopt.offline import VARIANTS as TASKS
 from trl_groupopt.runs import Grid, Runs, pending, read_runs, run_grid, settings_conflict
 
-from . import common
+from . import common, overhead
 
 GSPO = dict(importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4, loss_type="grpo")  # GSPO v2 5.1
 TRL = "trl"  # a configuration's method: TRL's own GRPOConfig and GRPOTrainer
@@ -119,11 +114,9 @@ GRID_REGIMES = GRIDS["stress"]["regimes"]
 SMOKE_CLAIMS, SMOKE_PROBE = ("echo_off_policy", "ctpo_long"), ("echo_probe_lr10", 16)  # --claims --smoke, 1 seed
 #: Logged keys kept per optimizer step (every key starting with one of these), besides reward, entropy and length.
 MECHANISM_PREFIXES = ("echo/", "dfpo/", "ctpo/", "otb/", "clip_ratio/")
-EXTREMES = ("echo/batch_ratio",)  # per-micro-batch metrics whose min and max over each step a run also records
 EXTRA_METRICS = {"echo": ("clip_ratio/region_mean",), "ctpo": ("ctpo/dual_clip",),
                  "dfpo": ("dfpo/cancellation_residual", "dfpo/asym_after", "dfpo/asym_before")}  # fmt: skip
-#: The metrics summarised per configuration: its `Mechanism`'s logged keys (those `MECHANISM_ACTS` reads), then
-#: `EXTRA_METRICS`.
+#: The metrics summarised per method: its `Mechanism`'s logged keys (those `MECHANISM_ACTS` reads), then these.
 MECHANISM_METRICS = {name: tuple(dict.fromkeys((*spec.mechanism.keys, *EXTRA_METRICS.get(name, ()))))
                      for name, spec in METHODS.items()}  # fmt: skip
 
@@ -136,9 +129,10 @@ CLAIMS: tuple[dict[str, Any], ...] = tuple({k: v for k, v in row.items() if k !=
 CLAIM_SEEDS: dict[str, tuple[int, int | None]] = {row["id"]: tuple(row["seeds"]) for row in _ROWS}
 PILOT_SEEDS = 8  # seeds 0-7 of every claim cell: the pilot whose paired sd sized each claim (`benchmarks.power`)
 PROBE_SEEDS = 3  # per probe cell: the probe measures R's range, not accuracy
-#: A probed mechanism: the metric whose range the probe reports, and extra (regime, value) -> seeds cells where its
-#: configurations also run (ECHO's claims were first tested at staleness 16, where the clip never acted).
-PROBES = {"echo": {"metric": "echo/batch_ratio", "what": "R", "cells": {("staleness", 16): PILOT_SEEDS}}}
+#: A probed mechanism: the metric whose range the probe reports (its per-step extremes: `record_extremes`), and extra
+#: (regime, value) -> seeds cells where its configurations also run (ECHO's claims were first tested at staleness 16,
+#: where the clip never acted).
+PROBES = {"echo": {"metric": "echo/batch_ratio", "cells": {("staleness", 16): PILOT_SEEDS}}}
 CLAIM_VERDICTS = {stats.BETTER: "reproduced", stats.WORSE: "not reproduced", stats.NO_DIFFERENCE: "not reproduced",
                   stats.INCONCLUSIVE: "inconclusive", stats.NOT_RUN: "not run"}  # fmt: skip
 VERDICT_RULE = (
@@ -203,16 +197,14 @@ def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict
     started, cpu_started = time.perf_counter(), time.process_time()
     device = common.resolve_device(settings["device"])
     import transformers
-    import trl
     from transformers import PrinterCallback, TrainerCallback
 
-    from trl_groupopt import get_method, offline, rewards
+    from trl_groupopt import offline, rewards
 
     transformers.logging.set_verbosity_error()
     config, (policy, task), every = config_of(regime, config_name), regime_task(regime), settings.get("eval_every")
-    spec = None if config.method == TRL else get_method(config.method)
-    make_config, trainer_class = (trl.GRPOConfig, trl.GRPOTrainer) if spec is None else (
-        spec.make_config, spec.trainer_class)  # fmt: skip
+    method = None if config.method == TRL else config.method
+    make_config, trainer_class = overhead.classes(overhead.Variant(config_name, method))
     train_set = offline.make_arithmetic_dataset(settings["num_train"], seed=0, split="train", **task)
     eval_set = offline.make_arithmetic_dataset(settings["num_eval"], seed=0, split="test", **task)
     accuracy: dict[str, list] = {"steps": [], "values": []}
@@ -258,9 +250,9 @@ def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict
 
 
 def record_extremes(trainer: Any, entry: dict[str, Any]) -> None:
-    """Add to a training log entry each `EXTREMES` key's min and max over the optimizer step's micro-batches: TRL's
+    """Add to a training log entry each probed metric's min and max over the optimizer step's micro-batches: TRL's
     `log` averages what `_metrics` collected since the last entry, with `logging_steps=1` the step's micro-batches."""
-    for key in EXTREMES if trainer.model.training else ():
+    for key in (probe["metric"] for probe in PROBES.values()) if trainer.model.training else ():
         values = [v for v in trainer._metrics["train"].get(key, []) if v == v]  # NaN: nothing measured
         if values:
             entry.update({f"{key}_min": min(values), f"{key}_max": max(values)})

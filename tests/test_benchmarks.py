@@ -550,7 +550,8 @@ def test_power_analysis_reproduces_and_sized_the_claims_grid(tmp_path, capsys):
     assert power.power_markdown(committed) == (results / "power.md").read_text()
     # the seeds the claims grid ran are the ones this analysis plans
     runs = {name: read_runs(results / f"{name}_runs.jsonl", stress.GRID).records for name in ("stress", "claims")}
-    assert power.plan(runs["stress"], runs["claims"]) == stress.CLAIM_SEEDS
+    planned = power.analyse(runs["stress"], runs["claims"])["claims"]
+    assert {row["id"]: (row["planned_seeds"], row["stage2_seeds"]) for row in planned} == stress.CLAIM_SEEDS
     # ECHO's claims are where the declared rule puts them, on the committed probe
     echo = {(c["regime"], c["value"]) for c in stress.CLAIMS if c.get("probe") == "echo"}
     assert echo == {acting_setting(runs["claims"])}
