@@ -84,16 +84,17 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
 def check_token_inputs(
     per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor, advantages: Tensor | None = None
 ) -> None:
-    """Shape checks shared by the objectives: log-probs, old log-probs and mask (B, T); advantages (B,) or (B, T)."""
+    """Shape checks shared by the objectives: log-probs, old log-probs and mask (B, T); advantages (B,), (B, 1) or
+    (B, T)."""
     shape = per_token_logps.shape
     if per_token_logps.dim() != 2 or old_per_token_logps.shape != shape or mask.shape != shape:
         raise ValueError(
             f"per_token_logps, old_per_token_logps and mask must be one (B, T) shape, got {tuple(shape)}, "
             f"{tuple(old_per_token_logps.shape)}, {tuple(mask.shape)}"
         )
-    if advantages is not None and (advantages.dim() not in (1, 2) or advantages.shape != shape[: advantages.dim()]):
+    if advantages is not None and advantages.shape not in (shape[:1], (shape[0], 1), shape):
         raise ValueError(
-            f"advantages must be (B,) or (B, T) with (B, T) = {tuple(shape)}, got {tuple(advantages.shape)}"
+            f"advantages must be (B,), (B, 1) or (B, T) with (B, T) = {tuple(shape)}, got {tuple(advantages.shape)}"
         )
 
 
@@ -114,19 +115,13 @@ def loss_weights(weights: Tensor | None, shape: torch.Size, dtype: torch.dtype) 
     return weights.detach().to(dtype)
 
 
-def masked_sum(values: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
-    """Sum of `values` where `mask` is 1 (mask broadcast to values)."""
-    masked = values * mask
-    return masked.sum() if dim is None else masked.sum(dim)
-
-
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of `values` over positions where `mask` is 1; 0 where the mask is empty."""
     mask = mask.to(values.dtype)
     if dim is None:
-        return masked_sum(values, mask) / mask.sum().clamp(min=1.0)
+        return (values * mask).sum() / mask.sum().clamp(min=1.0)
     mask = mask.expand_as(values)
-    return masked_sum(values, mask, dim) / mask.sum(dim).clamp(min=1.0)
+    return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
 
 
 def as_token_advantages(advantages: Tensor) -> Tensor:
@@ -223,7 +218,7 @@ def log_importance_weights(log_ratio: Tensor, mask: Tensor, importance_sampling_
     if importance_sampling_level == "token":
         return log_ratio  # (B, T)
     if importance_sampling_level == "sequence":
-        return (masked_sum(log_ratio, mask, -1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (B, 1)
+        return masked_mean(log_ratio, mask, -1).unsqueeze(-1)  # (B, 1)
     raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
 
 

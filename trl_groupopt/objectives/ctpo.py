@@ -46,10 +46,10 @@ __all__ = ["DEFAULT_POSITION_POWER", "RATIO_MODES", "ctpo_loss", "validate_ctpo"
 LOG_RATIO_CLAMP = 20.0  # per-token log-ratio clamp before the cumulative sum (authors' code)
 MAX_LOG_RHO = 10.0  # cap on the cumulative log ratio (authors' code)
 _MAX_DUAL_LOG = 20.0  # > MAX_LOG_RHO: never changes a value, avoids exp overflow (docs/ctpo.md)
-RATIO_MODES = ("cumprod", "geomean")  # the authors' cum-token-cumprod-la and cum-token-geomean-la
 # The authors' recommended position power per ratio mode (core_algos.py): the log prefix ratio's spread grows like
 # sqrt(t), its per-token mean's shrinks like 1/sqrt(t).
 DEFAULT_POSITION_POWER = {"cumprod": 0.5, "geomean": -0.5}
+RATIO_MODES = tuple(DEFAULT_POSITION_POWER)  # the authors' cum-token-cumprod-la and cum-token-geomean-la
 POSITION_BUCKETS = ((0, 16, "t<=16"), (16, 256, "t<=256"), (256, math.inf, "t>256"))  # (lo, hi] in t
 
 
@@ -77,22 +77,6 @@ def validate_ctpo(
             f"spread grows with t), got {position_power}. Negative powers (the authors' -0.5) go with "
             f"{mode_name}='geomean'."
         )
-
-
-def _prefix_log_ratio(
-    logp: Tensor, old: Tensor, valid: Tensor, ratio_mode: str, position_power: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(L_t, t, s_t), each (B, T) and without gradient: the prefix only enters the loss as a value."""
-    with torch.no_grad():
-        zeros = torch.zeros_like(logp)
-        step = (logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T) l_t, 0 off-mask
-        position = valid.to(logp.dtype).cumsum(-1)  # (B, T) t: counts valid tokens only
-        cum_log_ratio = step.cumsum(-1)  # (B, T) log of the prefix ratio
-        if ratio_mode == "geomean":
-            cum_log_ratio = cum_log_ratio / position.clamp(min=1.0)  # (B, T) log of its geometric mean
-        cum_log_ratio = torch.where(valid, cum_log_ratio, zeros)  # (B, T) L_t
-        scale = position.clamp(min=1.0) ** position_power  # (B, T) s_t
-    return cum_log_ratio, position, scale
 
 
 def _ctpo_metrics(
@@ -144,8 +128,14 @@ def ctpo_loss(
     logp = torch.where(valid, per_token_logps.to(dtype), zeros)  # (B, T)
     old = torch.where(valid, old_per_token_logps.to(dtype).detach(), zeros)  # (B, T)
     adv = as_token_advantages(advantages.to(dtype).detach()).expand(valid.shape)  # (B, T)
-    prefix = _prefix_log_ratio(logp, old, valid, ratio_mode, position_power)
-    cum_log_ratio, _, scale = prefix
+    # the prefix enters the loss as a value only: computed from detached log-probs
+    step = (logp.detach() - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T) l_t, 0 off-mask
+    position = valid.to(dtype).cumsum(-1)  # (B, T) t: counts valid tokens only
+    cum_log_ratio = step.cumsum(-1)  # (B, T) log of the prefix ratio
+    if ratio_mode == "geomean":
+        cum_log_ratio = cum_log_ratio / position.clamp(min=1.0)  # (B, T) log of its geometric mean
+    cum_log_ratio = torch.where(valid, cum_log_ratio, zeros)  # (B, T) L_t
+    scale = position.clamp(min=1.0) ** position_power  # (B, T) s_t
 
     # value exactly L_t (logp - sg(logp) == 0), gradient d/d logp_t only: the prefix stop-gradient
     log_rho = (cum_log_ratio + (logp - logp.detach())).clamp(max=MAX_LOG_RHO)  # (B, T)
@@ -154,5 +144,6 @@ def ctpo_loss(
     dual = -adv * torch.exp((dual_clip * scale).clamp(max=_MAX_DUAL_LOG))  # (B, T) dual-clip bound
     final = torch.where(adv < 0, torch.minimum(loss, dual), loss)  # (B, T)
     final = torch.where(valid, final, zeros)  # (B, T)
+    prefix = (cum_log_ratio, position, scale)
     metrics = _ctpo_metrics(log_rho, loss, dual, adv, valid, prefix, epsilon_low, epsilon_high)
     return ObjectiveOutput(per_token_loss=final, metrics=metrics)

@@ -218,20 +218,16 @@ def group_transform(
     return torch.where(members, out, s)
 
 
-def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
+def _sequence_advantages(advantages: Tensor) -> Tensor:
     """(B,) sequence advantages from (B,), (B, 1) or a (B, T) tensor constant along T (TRL expands (B,) this way)."""
-    if advantages.dim() == 1 and advantages.shape[0] == batch:
+    if advantages.dim() == 1:
         return advantages
-    if advantages.dim() == 2 and advantages.shape[0] == batch and advantages.shape[1] in (1, length):
-        if not torch.equal(advantages, advantages[:, :1].expand_as(advantages)):  # one advantage per sequence
-            raise ValueError(
-                "dfpo_loss is sequence-level: (B, T) advantages must be constant along T "
-                "(got token-varying advantages); pass (B,) advantages"
-            )
-        return advantages[:, 0]
-    raise ValueError(
-        f"advantages must be ({batch},) or ({batch}, {length}) constant along T, got shape {tuple(advantages.shape)}"
-    )
+    if not torch.equal(advantages, advantages[:, :1].expand_as(advantages)):  # one advantage per sequence
+        raise ValueError(
+            "dfpo_loss is sequence-level: (B, T) advantages must be constant along T "
+            "(got token-varying advantages); pass (B,) advantages"
+        )
+    return advantages[:, 0]
 
 
 def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
@@ -292,14 +288,13 @@ def dfpo_loss(
     Returns per_token_loss (B, 1) = ``-A_i s_til_i`` in value ((B, T) for ``"none"`` with (B, T) weights; float32
     for half / bf16), TRL's (B, 1) clip indicators, and `weights` for `dfpo_diagnostics`.
     """
-    check_token_inputs(per_token_logps, old_per_token_logps, mask)
-    batch, length = per_token_logps.shape
-    groups = as_groups(groups, batch)
+    check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
+    groups = as_groups(groups, mask.shape[0])
 
     dtype = compute_dtype(per_token_logps, old_per_token_logps)
     logp = per_token_logps.to(dtype)  # (B, T)
     mask_f = mask.to(dtype)  # (B, T)
-    adv = _sequence_advantages(advantages, batch, length).detach().to(dtype)  # (B,)
+    adv = _sequence_advantages(advantages).detach().to(dtype)  # (B,)
     log_ratio = logp - old_per_token_logps.detach().to(dtype)  # (B, T)
     log_s = log_importance_weights(log_ratio, mask_f, "sequence").squeeze(-1)  # (B,) Eq. 44, in log space
     is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)

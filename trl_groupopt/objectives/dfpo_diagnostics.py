@@ -44,8 +44,6 @@ def dfpo_diagnostics(weights: SequenceWeights, loss_type: str = "dapo") -> dict[
 def _mean_group_variance(values: Tensor, groups: Groups) -> Tensor:
     """Mean over groups of the population variance of ``values`` within each group (Eq. 23), in float64 saturated at
     float32's largest value: an unclipped ratio of e^50 (A < 0 keeps large ratios, Eq. 47) squares to ~1e43."""
-    if groups.num_groups == 0:
-        return values.new_full((), float("nan"))
     values = values.double()
     centred = values - groups.rows(values, "mean")  # (B,)
     variance = groups.reduce(centred * centred, "mean")  # (K,)

@@ -114,6 +114,14 @@ class _Prepared:
             loss = loss * self.weights  # (B, T) the trainer's per-token multipliers (constants)
         return torch.where(self.valid, loss, torch.zeros_like(loss)), rho  # (B, T), (B, T)
 
+    def coupling(self) -> Tensor:
+        """sum over local valid tokens of d loss_{i,t} / d log R (detached, by autograd on a leaf log R)."""
+        with torch.enable_grad():
+            leaf = self.log_ratio.detach().clone().requires_grad_(True)  # ()
+            loss, _ = self.surrogate(self.log_r.detach(), leaf)
+            (grad,) = torch.autograd.grad(loss.sum(), leaf)
+        return grad.detach()
+
 
 def validate_echo(
     *,
@@ -129,21 +137,12 @@ def validate_echo(
     check_positive(**named(names, **widths, batch_epsilon_high=batch_epsilon_high))
 
 
-def _local_coupling(prep: _Prepared) -> Tensor:
-    """sum over local valid tokens of d loss_{i,t} / d log R (detached, by autograd on a leaf log R)."""
-    with torch.enable_grad():
-        leaf = prep.log_ratio.detach().clone().requires_grad_(True)  # ()
-        loss, _ = prep.surrogate(prep.log_r.detach(), leaf)
-        (grad,) = torch.autograd.grad(loss.sum(), leaf)
-    return grad.detach()
-
-
 def echo_batch_ratio_coupling(
     per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor, **settings: Any
 ) -> Tensor:
     """This part's coupling ``sum_{i,t} mask * w * d loss_{i,t} / d log R`` (0-dim, detached; 0 when R is clipped):
     summed over the parts that form R, it is `echo_loss`'s ``coupling_sum`` (`echo_loss`'s other arguments)."""
-    return _local_coupling(_Prepared(per_token_logps, old_per_token_logps, advantages, mask, **settings))
+    return _Prepared(per_token_logps, old_per_token_logps, advantages, mask, **settings).coupling()
 
 
 def echo_loss(
@@ -182,7 +181,7 @@ def echo_loss(
         # Supply the other parts' d loss / d log R through this part's log R graph; the term's
         # value is exactly 0 (x - sg(x)), only its gradient counts (docs/echo.md).
         total = torch.as_tensor(coupling_sum, dtype=loss.dtype, device=loss.device).detach().reshape(())
-        missing = total - _local_coupling(prep)  # ()
+        missing = total - prep.coupling()  # ()
         extra = missing * (prep.log_ratio - prep.log_ratio.detach()) / prep.num_valid.clamp(min=1)  # ()
         loss = loss + torch.where(prep.valid, extra, torch.zeros_like(loss))  # (B, T)
 

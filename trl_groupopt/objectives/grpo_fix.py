@@ -16,7 +16,7 @@ from .common import (
     check_token_inputs,
     clip_indicators,
     compute_dtype,
-    masked_sum,
+    masked_mean,
     named,
     names_of,
     nan_if_empty,
@@ -56,19 +56,12 @@ def symmetric_clip_loss(
     (B, T) before masking; TRL's clip indicators (high: ``r > 1 + eps_high`` with ``A > 0``; low: 0), and
     ``dfpo/sym_clip_ratio``: the fraction of valid tokens with ``r > 1 + eps_high`` for any sign.
     """
-    check_token_inputs(per_token_logps, old_per_token_logps, mask)
-    batch, length = per_token_logps.shape
-    adv = as_token_advantages(advantages)  # (B, 1) or (B, T)
-    if adv.shape[0] != batch or adv.shape[1] not in (1, length):
-        raise ValueError(
-            f"advantages must be ({batch},), ({batch}, 1) or ({batch}, {length}), got shape {tuple(advantages.shape)}"
-        )
-
+    check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
     dtype = compute_dtype(per_token_logps, old_per_token_logps)
     logp = per_token_logps.to(dtype)  # (B, T)
     old_logp = old_per_token_logps.detach().to(dtype)  # (B, T)
     mask_f = mask.to(dtype)  # (B, T)
-    adv = adv.detach().to(dtype)  # (B, 1) or (B, T)
+    adv = as_token_advantages(advantages).detach().to(dtype)  # (B, 1) or (B, T)
 
     log_ratio = (logp - old_logp) * mask_f  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T) r
@@ -83,5 +76,5 @@ def symmetric_clip_loss(
         high = above * (adv.expand_as(ratio) > 0).to(dtype)  # (B, T)
         count = mask_f.sum()
         metrics = clip_indicators(torch.zeros_like(high), high * mask_f)  # (B, T) each; no lower bound, low is 0
-        metrics["dfpo/sym_clip_ratio"] = nan_if_empty(masked_sum(above, mask_f) / count.clamp(min=1), count)
+        metrics["dfpo/sym_clip_ratio"] = nan_if_empty(masked_mean(above, mask_f), count)
     return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
