@@ -173,8 +173,6 @@ class Groups:
 
     def reduce(self, values: Tensor, reduce: str) -> Tensor:
         """(K, ...) ``reduce`` ("sum", "mean", "amin", "amax") of (B, ...) ``values`` over each group's rows."""
-        if values.shape[0] != self.batch:
-            raise ValueError(f"values {tuple(values.shape)} do not have the {self.batch} rows of the groups")
         rest = values.shape[1:]
         if self.size is not None:
             grouped = values.reshape(self.num_groups, self.size, *rest)  # (K, G, ...)
@@ -239,11 +237,9 @@ def clipped_surrogate_loss(
         sequence: w_i  = exp( sum_t log w_it / |o_i| )                        (GSPO, Zheng et al. 2025)
         loss      = -min(w A, clip(w, 1 - eps_low, 1 + eps_high) A),   w -> min(w, delta) first if delta is set
 
-    Matches `GRPOTrainer._compute_loss` of TRL 1.16 term by term (tested for parity). Returns (B, T) at token level,
-    (B, 1) at sequence level, and the clip indicators TRL logs.
+    Matches `GRPOTrainer._compute_loss` of TRL 1.16 term by term (tested for parity): (B, T) or, at sequence level,
+    (B, 1), with TRL's clip indicators. The epsilons are checked once, with the trainer's arguments (`args_check.py`).
     """
-    if epsilon_low < 0 or epsilon_high < 0:
-        raise ValueError(f"epsilons must be >= 0, got epsilon_low={epsilon_low}, epsilon_high={epsilon_high}")
     advantages = as_token_advantages(advantages)  # (B, 1) or (B, T)
     log_weights = log_importance_weights(per_token_logps - old_per_token_logps, mask, importance_sampling_level)
     coef_1 = torch.exp(log_weights)  # (B, T) or (B, 1)

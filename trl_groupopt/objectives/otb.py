@@ -107,7 +107,11 @@ def otb_advantages(
         # A member needs a score and a valid token: the others leave their group (verl's tool-use estimator drops
         # rows without a valid token the same way)
         member = active.any(-1)  # (B,)
-        e = _active_energy(energy, importance_weights, active, dtype)  # (B, T)
+        e = energy.detach().to(dtype)  # (B, T)
+        if importance_weights is not None:
+            e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
+        # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
+        e = torch.where(active, e, torch.zeros_like(e))  # (B, T)
         if check_values:
             _check_values(rewards, e)
         e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
@@ -123,7 +127,10 @@ def otb_advantages(
         baseline = _token_baseline(e, active, returns, shared, groups, epsilon)  # (B, T)
         if handle_zero_tail:
             baseline = _zero_tail(baseline, active, member, shared, groups)  # (B, T)
-        trains = active & ~_constant_group(returns, member, shared, groups).unsqueeze(-1)  # (B, T)
+        # the members of a group of two or more with one return for all train nothing (active implies member)
+        lowest = groups.rows(torch.where(member, returns, torch.full_like(returns, torch.inf)), "amin")  # (B,)
+        highest = groups.rows(torch.where(member, returns, torch.full_like(returns, -torch.inf)), "amax")  # (B,)
+        trains = active & ~(shared & (lowest == highest)).unsqueeze(-1)  # (B, T)
         advantages = torch.where(trains, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
         if order is not None:  # back to the columns of the input
             advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
@@ -138,15 +145,6 @@ def _check_values(rewards: Tensor, e: Tensor) -> None:
         raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
     if (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
         raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
-
-
-def _active_energy(energy: Tensor, importance_weights: Tensor | None, active: Tensor, dtype: torch.dtype) -> Tensor:
-    """(B, T) ``w^2 e`` on the active tokens, 0 elsewhere (not yet clamped: `_check_values` sees the raw values)."""
-    e = energy.detach().to(dtype)  # (B, T)
-    if importance_weights is not None:
-        e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
-    # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
-    return torch.where(active, e, torch.zeros_like(e))  # (B, T)
 
 
 def _token_baseline(
@@ -165,13 +163,6 @@ def _token_baseline(
     baseline = groups.broadcast(torch.where(denom > MIN_SUMMED_ENERGY, weighted, plain))  # (B, T)
     # A group of one member has nothing to compare with: baseline 0 (verl: N == 1)
     return torch.where(shared.unsqueeze(-1), baseline, torch.zeros_like(baseline))  # (B, T)
-
-
-def _constant_group(returns: Tensor, member: Tensor, shared: Tensor, groups: Groups) -> Tensor:
-    """(B,) whether the row is a member of a group of two or more members that all have the same return."""
-    lowest = groups.rows(torch.where(member, returns, torch.full_like(returns, torch.inf)), "amin")  # (B,)
-    highest = groups.rows(torch.where(member, returns, torch.full_like(returns, -torch.inf)), "amax")  # (B,)
-    return member & shared & (lowest == highest)  # (B,)
 
 
 def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, shared: Tensor, groups: Groups) -> Tensor:
