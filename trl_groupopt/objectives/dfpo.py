@@ -241,20 +241,16 @@ def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
 
 
 class SequenceWeights(NamedTuple):
-    """Per-sequence (B,) quantities of one `dfpo_loss` call, detached but for `log_factor`: what the diagnostics read."""
+    """Per-sequence (B,) quantities of one `dfpo_loss` call, detached: what `dfpo_diagnostics` reads."""
 
-    s: Tensor  # GSPO ratio
-    bounds: tuple[float, float]  # (1 - eps_low, 1 + eps_high)
-    s_bar: Tensor  # Eq. 47 post-clip values
-    clipped: Tensor  # bool: on a clip bound, no gradient
-    log_factor: Tensor  # value 0; gradient d log s where unclipped, 0 where clipped
+    clipped: Tensor  # bool: on a clip bound (Eq. 47), no gradient
     effective: Tensor  # s_bar times the loss weight: the coefficient GSPO's gradient carries
     present: Tensor  # bool: rows that can carry loss at all
     members: Tensor  # bool: the rows the transform's constraint ranges over
     advantages: Tensor  # A_i
     lengths: Tensor  # valid tokens per row
-    s_til: Tensor | None = None  # the transformed weights (GSPO's `effective` for "none")
-    groups: Groups | None = None
+    s_til: Tensor  # the transformed weights (GSPO's `effective` for "none")
+    groups: Groups
 
 
 @dataclass
@@ -278,15 +274,12 @@ def dfpo_loss(
     orthogonal_over: str = "all",
     importance_weights: Tensor | None = None,
 ) -> DFPOOutput:
-    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K): the module docstring and docs/dfpo.md. Settings are
-    checked once, by `validate_dfpo` in `DFPOConfig`.
-
-    (B, T) log-probs (old ones constant) and mask; advantages (B,), or (B, T) / (B, 1) constant along T; ``groups``
-    a `Groups` (the trainer's `Groups.contiguous(B, G)`) or (B,) integer ids. ``orthogonal_over``: the module
-    docstring. ``importance_weights``: TRL's per-token loss weights, (B, 1) or (B, T) or None, applied here: the
-    transform acts on ``s_bar_i w_i``, so the cancellation includes them (under ``"none"``: per token, as TRL).
-    Returns per_token_loss (B, 1) = ``-A_i s_til_i`` in value ((B, T) for ``"none"`` with (B, T) weights; float32
-    for half / bf16), TRL's (B, 1) clip indicators, and `weights` for `dfpo_diagnostics`.
+    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K; the module docstring, docs/dfpo.md); `validate_dfpo`
+    checks the settings once, in `DFPOConfig`. Advantages (B,), or (B, T) / (B, 1) constant along T; ``groups`` a
+    `Groups` or (B,) integer ids; ``importance_weights``: TRL's per-token loss weights, applied here: the transform
+    acts on ``s_bar_i w_i``, so the cancellation includes them (under ``"none"``: per token, as TRL). Returns
+    per_token_loss (B, 1) = ``-A_i s_til_i`` in value ((B, T) for ``"none"`` with (B, T) weights), TRL's (B, 1) clip
+    indicators, and `weights` for `dfpo_diagnostics`.
     """
     check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
     groups = as_groups(groups, mask.shape[0])
@@ -297,40 +290,32 @@ def dfpo_loss(
     adv = _sequence_advantages(advantages).detach().to(dtype)  # (B,)
     log_ratio = logp - old_per_token_logps.detach().to(dtype)  # (B, T)
     log_s = log_importance_weights(log_ratio, mask_f, "sequence").squeeze(-1)  # (B,) Eq. 44, in log space
-    is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)
-    seq = _post_clip(log_s, adv, is_weight, mask_f, (1.0 - epsilon_low, 1.0 + epsilon_high), orthogonal_over)
-
-    if transform == "none":
-        s_til = seq.effective  # (B,)
-    else:  # clipped members under "unclipped" keep GSPO's constant value, rows without loss get 0
-        transformed = group_transform(seq.effective, adv, groups, transform, orth_floor=orth_floor,
-                                      members=seq.members)  # fmt: skip
-        s_til = torch.where(seq.members, transformed, torch.where(seq.present, seq.effective, 0.0))  # (B,)
-    coefficient = seq.s_bar if transform == "none" else s_til  # (B,) "none": TRL's GSPO, IS weights per token below
-    per_token_loss = (-adv * coefficient * torch.exp(seq.log_factor)).unsqueeze(-1)  # (B, 1) -A sg(s_til/s_bar) s_bar
-    if transform == "none" and importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
-        per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
-    lower, upper = seq.bounds
-    metrics = clip_indicators(((seq.s < lower) & (adv < 0)).unsqueeze(-1), ((seq.s > upper) & (adv > 0)).unsqueeze(-1))
-    return DFPOOutput(per_token_loss, metrics, seq._replace(s_til=s_til.detach(), groups=groups))  # (B, 1) indicators
-
-
-def _post_clip(
-    log_s: Tensor, adv: Tensor, is_weight: Tensor, mask_f: Tensor, bounds: tuple[float, float], orthogonal_over: str
-) -> SequenceWeights:
-    """Eq. 47's sign-aware post-clip of the GSPO ratios, and the members the transform ranges over."""
-    lower, upper = bounds
-    s_det = torch.exp(log_s).detach()  # (B,)
+    s = torch.exp(log_s).detach()  # (B,)
+    lower, upper = 1.0 - epsilon_low, 1.0 + epsilon_high
     # Eq. 47: A >= 0 takes min(s, c), which is the bound only above it; A < 0 takes max(s, c),
     # the bound only below it. Clipped sequences sit on a constant and get no gradient.
-    clipped_high = (adv >= 0) & (s_det > upper)  # (B,)
-    clipped_low = (adv < 0) & (s_det < lower)  # (B,)
+    clipped_high = (adv >= 0) & (s > upper)  # (B,)
+    clipped_low = (adv < 0) & (s < lower)  # (B,)
     clipped = clipped_high | clipped_low  # (B,)
-    s_bar = torch.where(clipped_high, upper, torch.where(clipped_low, lower, s_det))  # (B,) Eq. 47, values only
+    s_bar = torch.where(clipped_high, upper, torch.where(clipped_low, lower, s))  # (B,) Eq. 47, values only
     # exp(log s - sg(log s)): value exactly 1, gradient d log s for unclipped sequences, 0 for clipped ones.
     log_factor = torch.where(clipped, torch.zeros_like(log_s), log_s - log_s.detach())  # (B,)
-    present = (mask_f.sum(-1) > 0) & (is_weight > 0)  # (B,)
+    lengths = mask_f.sum(-1)  # (B,)
+    is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)
+    effective = s_bar * is_weight  # (B,)
+    present = (lengths > 0) & (is_weight > 0)  # (B,)
     members = present & ~clipped if orthogonal_over == "unclipped" else present  # (B,)
-    return SequenceWeights(
-        s_det, bounds, s_bar, clipped, log_factor, s_bar * is_weight, present, members, adv, mask_f.sum(-1)
-    )
+
+    if transform == "none":
+        s_til = effective  # (B,)
+    else:  # clipped members under "unclipped" keep GSPO's constant value, rows without loss get 0
+        transformed = group_transform(effective, adv, groups, transform, orth_floor=orth_floor, members=members)
+        s_til = torch.where(members, transformed, torch.where(present, effective, 0.0))  # (B,)
+    coefficient = s_bar if transform == "none" else s_til  # (B,) "none": TRL's GSPO, IS weights per token below
+    per_token_loss = (-adv * coefficient * torch.exp(log_factor)).unsqueeze(-1)  # (B, 1) -A sg(s_til/s_bar) s_bar
+    if transform == "none" and importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
+        per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
+    # TRL's (B, 1) indicators: the clipped rows, high ones only where A > 0
+    metrics = clip_indicators(clipped_low.unsqueeze(-1), (clipped_high & (adv > 0)).unsqueeze(-1))
+    weights = SequenceWeights(clipped, effective, present, members, adv, lengths, s_til.detach(), groups)
+    return DFPOOutput(per_token_loss, metrics, weights)
