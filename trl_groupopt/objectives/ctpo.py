@@ -113,11 +113,10 @@ def ctpo_loss(
     position_power: float,
     ratio_mode: str = "cumprod",
 ) -> ObjectiveOutput:
-    """CTPO per-token loss (the module docstring's symbols; derivations in docs/ctpo.md); `validate_ctpo` checks the
-    settings once, in `CTPOConfig`. (B, T) log-probs (old ones constant) and 0/1 mask (tool tokens 0), (B,) or (B, T)
-    advantages. Returns per_token_loss (B, T) (0 off the mask) and metrics: TRL's clip indicators (log_rho beyond its
-    bound), "ctpo/dual_clip" (fraction of valid tokens where it binds), "ctpo/abs_cum_log_ratio/t<=16|t<=256|t>256"
-    (mean |L_t| over valid tokens in disjoint position buckets; NaN when empty).
+    """CTPO per-token loss (the module docstring's symbols; docs/ctpo.md); `validate_ctpo` checks the settings once,
+    in `CTPOConfig`. Returns the (B, T) loss (0 off the mask), TRL's clip indicators (log_rho beyond its bound),
+    "ctpo/dual_clip" (fraction of valid tokens where it binds), "ctpo/abs_cum_log_ratio/t<=16|t<=256|t>256" (mean
+    |L_t| over valid tokens per position bucket; NaN when empty).
     """
     check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
 

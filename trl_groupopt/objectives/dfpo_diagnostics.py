@@ -9,20 +9,14 @@ from torch import Tensor
 from .common import Groups, nan_if_empty
 from .dfpo import SequenceWeights, both_signs
 
-__all__ = ["DIAGNOSTICS", "dfpo_diagnostics"]
-
-#: The metrics of `dfpo_diagnostics` (each NaN for an empty batch).
-DIAGNOSTICS = ("dfpo/asym_before", "dfpo/asym_after", "dfpo/shrink", "dfpo/cancellation_residual",
-               "dfpo/cancellation_residual_gspo")  # fmt: skip
+__all__ = ["dfpo_diagnostics"]
 
 
 def dfpo_diagnostics(weights: SequenceWeights, loss_type: str = "dapo") -> dict[str, Tensor]:
     """0-dim detached metrics of one `dfpo_loss` call (its output's `weights`), defined in docs/dfpo.md, Metrics:
     Eq. 23's asymmetry before / after the transform, Eq. 87's mean shrink, and the cancellation residual of
-    ``s_til`` and of GSPO's ``s_bar w_IS`` on the same batch."""
+    ``s_til`` and of GSPO's ``s_bar w_IS`` on the same batch; each NaN for an empty batch."""
     seq, adv, groups = weights, weights.advantages, weights.groups
-    if not adv.numel():
-        return dict.fromkeys(DIAGNOSTICS, torch.tensor(float("nan")))
     with torch.no_grad():
         s_til = seq.s_til
         informative = seq.members & both_signs(torch.where(seq.members, adv, torch.zeros_like(adv)), groups)

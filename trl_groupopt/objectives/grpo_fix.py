@@ -49,12 +49,9 @@ def symmetric_clip_loss(
     importance_weights: Tensor | None = None,
 ) -> ObjectiveOutput:
     """GRPO-fix: token-level ``-A * clip(r, 0, 1 + eps_high)`` for both signs of A (Eq. 79-80; not PPO's min, App. H.3):
-    no gradient where ``r > 1 + eps``; Eq. 80's ``1/G sum_i sum_t`` is the trainer's ``loss_type``.
-
-    (B, T) log-probs (old ones constant) and mask; advantages (B,), (B, 1) or (B, T); ``importance_weights``: TRL's
-    per-token loss weights, (B, 1) or (B, T) or None, multiplied after the clip as TRL does. Returns per_token_loss
-    (B, T) before masking; TRL's clip indicators (high: ``r > 1 + eps_high`` with ``A > 0``; low: 0), and
-    ``dfpo/sym_clip_ratio``: the fraction of valid tokens with ``r > 1 + eps_high`` for any sign.
+    no gradient where ``r > 1 + eps``; Eq. 80's ``1/G sum_i sum_t`` is the trainer's ``loss_type``. TRL's loss
+    weights multiply after the clip, as TRL does. Metrics: TRL's clip indicators (high: ``r > 1 + eps_high`` with
+    ``A > 0``; low: 0) and ``dfpo/sym_clip_ratio``, the fraction of valid tokens with ``r > 1 + eps_high``.
     """
     check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
     dtype = compute_dtype(per_token_logps, old_per_token_logps)

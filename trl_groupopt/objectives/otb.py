@@ -81,14 +81,10 @@ def otb_advantages(
     check_values: bool = False,
 ) -> Tensor:
     """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`): (B, T), detached,
-    float32 (float64 if any input is), 0 at masked positions and on rows with a NaN reward.
-
-    ``rewards`` (B,) raw weighted rewards G_i, NaN: unscorable; ``energy`` (B, T) e_t >= 0; ``mask`` (B, T) loss mask
-    (0 at padding and tool results); ``groups`` a `Groups` or (B,) integer ids; ``importance_weights`` optional (B, T)
-    rollout IS weights w (energies become w^2 e); ``epsilon``: the reference's 1e-8 in b_t's denominator.
-    ``check_values`` (a debug mode) also rejects +-inf rewards and non-finite or negative energies: off by default, as
-    reading values stalls a GPU (the trainer checks rewards once per generation batch; energies are >= 0 by
-    construction).
+    float32 (float64 if any input is), 0 at masked positions and on rows with a NaN (unscorable) reward. ``groups``: a
+    `Groups` or (B,) integer ids; ``importance_weights``: rollout IS weights w (energies become w^2 e); ``epsilon``:
+    the reference's 1e-8 in b_t's denominator. ``check_values`` (debug) also rejects +-inf rewards and non-finite or
+    negative energies; off by default, as reading values stalls a GPU (the trainer checks rewards once per batch).
     """
     shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]  # one (B, T) shape
     if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
