@@ -89,8 +89,7 @@ class _Prepared:
         self.weights = loss_weights(importance_weights, mask.shape, dtype)  # (B, T), (B, 1) or None
         self.num_valid = self.valid.sum()  # () local valid tokens
         local_sum = self.log_r.sum()  # () keeps the graph to the local tokens
-        self.global_scope = log_ratio_sum is not None
-        if not self.global_scope:
+        if log_ratio_sum is None:
             self.count = self.num_valid.to(dtype)  # ()
             total = local_sum  # ()
         else:
@@ -170,9 +169,9 @@ def echo_loss(
     widths = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, batch_epsilon_low=batch_epsilon_low)
     scope = dict(log_ratio_sum=log_ratio_sum, token_count=token_count, importance_weights=importance_weights)
     inputs = (per_token_logps, old_per_token_logps, advantages, mask)
-    prep = _Prepared(*inputs, **widths, batch_epsilon_high=batch_epsilon_high, token_clip=token_clip, **scope)
-    if coupling_sum is not None and not prep.global_scope:
+    if coupling_sum is not None and log_ratio_sum is None:
         raise ValueError("coupling_sum is only meaningful with log_ratio_sum and token_count (global scope)")
+    prep = _Prepared(*inputs, **widths, batch_epsilon_high=batch_epsilon_high, token_clip=token_clip, **scope)
     loss, rho = prep.surrogate(prep.log_r, prep.log_ratio)  # (B, T) each
 
     if coupling_sum is not None and prep.log_ratio.requires_grad:

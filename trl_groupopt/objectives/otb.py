@@ -21,7 +21,7 @@ from torch import Tensor
 from .common import Groups, as_groups, check_choice, compute_dtype, energy_from_log_probs
 from .estimators import AdvantageEstimator, EstimatorInputs, EstimatorOutput, register_estimator
 
-__all__ = ["TOKEN_POSITIONS", "logit_gradient_energy", "otb_advantages", "otb_metrics", "otb_zero_tail"]
+__all__ = ["TOKEN_POSITIONS", "logit_gradient_energy", "otb_advantages", "otb_zero_tail"]
 
 # Rows of logits upcast to float32 at a time: 256 x 152k vocabulary is ~155 MB per temporary.
 DEFAULT_ENERGY_CHUNK_SIZE = 256
@@ -175,28 +175,6 @@ def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, shared: Tensor,
     return torch.where(tail, torch.zeros_like(baseline), baseline)  # (B, T)
 
 
-def otb_metrics(
-    rewards: Tensor, energy: Tensor, advantages: Tensor, mask: Tensor, groups: Groups | Tensor
-) -> tuple[dict[str, Tensor], Tensor]:
-    """OTB's (B, T) metrics and the mask to average them over (scored valid tokens; padding's non-finite values never
-    reach a sum). The mechanism shows as `otb/grad_second_moment`, E[A^2 ||grad log p||^2] with the energy as the
-    squared norm, below `otb/grad_second_moment_group_mean_baseline` (the group-mean baseline's advantages)."""
-    valid = (mask != 0) & (~torch.isnan(rewards)).unsqueeze(1)  # (B, T)
-    returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
-    baseline = returns - advantages  # (B, T) b_t where valid
-    groups = as_groups(groups, rewards.shape[0])
-    group_adv = returns - groups.rows(returns, "mean")  # (B, 1)
-    per_token = {
-        "otb/energy_mean": energy,
-        "otb/baseline_mean": baseline,
-        "otb/adv_abs_mean": advantages.abs(),
-        "otb/grad_second_moment": advantages**2 * energy,
-        "otb/grad_second_moment_group_mean_baseline": group_adv**2 * energy,
-    }  # (B, T) each
-    metrics = {name: torch.where(valid, value.detach(), torch.zeros_like(value)) for name, value in per_token.items()}
-    return metrics, valid.to(energy.dtype)
-
-
 def _validate_otb_knobs(*, otb_token_positions: str, otb_handle_zero_tail: bool | None) -> None:
     check_choice("otb_token_positions", otb_token_positions, TOKEN_POSITIONS)
     if otb_handle_zero_tail not in (None, True, False):
@@ -212,20 +190,31 @@ def otb_zero_tail(otb_handle_zero_tail: bool | None, tool_use: bool) -> bool:
 
 
 def _otb(inputs: EstimatorInputs, *, otb_token_positions: str, otb_handle_zero_tail: bool | None) -> EstimatorOutput:
-    """OTB's advantages `G_i - b_t` and metrics."""
-    zero_tail = otb_zero_tail(otb_handle_zero_tail, inputs.tool_use)
-    groups = inputs.groups()
+    """OTB's advantages `G_i - b_t`, and (B, T) metrics averaged over the scored valid tokens (padding's non-finite
+    values never reach a sum). The mechanism shows as `otb/grad_second_moment`, E[A^2 ||grad log p||^2] with the
+    energy as the squared norm, below `otb/grad_second_moment_group_mean_baseline` (the group-mean baseline's)."""
+    rewards, energy, mask, groups = inputs.rewards, inputs.energy, inputs.mask, inputs.groups()
     advantages = otb_advantages(
-        inputs.rewards,
-        inputs.energy,
-        inputs.mask,
+        rewards,
+        energy,
+        mask,
         groups,
-        handle_zero_tail=zero_tail,
+        handle_zero_tail=otb_zero_tail(otb_handle_zero_tail, inputs.tool_use),
         token_positions=otb_token_positions,
         importance_weights=inputs.importance_weights,
     )  # (B, T)
-    metrics, valid = otb_metrics(inputs.rewards, inputs.energy, advantages, inputs.mask, groups)
-    return EstimatorOutput(advantages, metrics, valid)
+    valid = (mask != 0) & (~torch.isnan(rewards)).unsqueeze(1)  # (B, T)
+    returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
+    group_adv = returns - groups.rows(returns, "mean")  # (B, 1)
+    per_token = {
+        "otb/energy_mean": energy,
+        "otb/baseline_mean": returns - advantages,  # b_t where valid
+        "otb/adv_abs_mean": advantages.abs(),
+        "otb/grad_second_moment": advantages**2 * energy,
+        "otb/grad_second_moment_group_mean_baseline": group_adv**2 * energy,
+    }  # (B, T) each
+    metrics = {name: torch.where(valid, value.detach(), torch.zeros_like(value)) for name, value in per_token.items()}
+    return EstimatorOutput(advantages, metrics, valid.to(energy.dtype))
 
 
 _POSITIONS_METADATA = {
