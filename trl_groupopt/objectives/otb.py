@@ -77,14 +77,13 @@ def otb_advantages(
     handle_zero_tail: bool = False,
     token_positions: str = "valid",
     importance_weights: Tensor | None = None,
-    epsilon: float = 1e-8,
     check_values: bool = False,
 ) -> Tensor:
     """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`): (B, T), detached,
     float32 (float64 if any input is), 0 at masked positions and on rows with a NaN (unscorable) reward. ``groups``: a
-    `Groups` or (B,) integer ids; ``importance_weights``: rollout IS weights w (energies become w^2 e); ``epsilon``:
-    the reference's 1e-8 in b_t's denominator. ``check_values`` (debug) also rejects +-inf rewards and non-finite or
-    negative energies; off by default, as reading values stalls a GPU (the trainer checks rewards once per batch).
+    `Groups` or (B,) integer ids; ``importance_weights``: rollout IS weights w (energies become w^2 e).
+    ``check_values`` (debug) also rejects +-inf rewards and non-finite or negative energies; off by default, as
+    reading values stalls a GPU (the trainer checks rewards once per batch).
     """
     shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]  # one (B, T) shape
     if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
@@ -120,7 +119,7 @@ def otb_advantages(
             e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
 
         shared = groups.rows(member.to(torch.int64), "sum") > 1  # (B,) the row's group has two or more members
-        baseline = _token_baseline(e, active, returns, shared, groups, epsilon)  # (B, T)
+        baseline = _token_baseline(e, active, returns, shared, groups)  # (B, T)
         if handle_zero_tail:
             baseline = _zero_tail(baseline, active, member, shared, groups)  # (B, T)
         # the members of a group of two or more with one return for all train nothing (active implies member)
@@ -143,9 +142,7 @@ def _check_values(rewards: Tensor, e: Tensor) -> None:
         raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
 
 
-def _token_baseline(
-    e: Tensor, active: Tensor, returns: Tensor, shared: Tensor, groups: Groups, epsilon: float
-) -> Tensor:
+def _token_baseline(e: Tensor, active: Tensor, returns: Tensor, shared: Tensor, groups: Groups) -> Tensor:
     """(B, T) ``b_t`` of each row's group (Theorem 4.1) over its members active at ``t``; the plain mean of their
     returns where their summed energy is at most `MIN_SUMMED_ENERGY`; 0 for a group of one."""
     cum_energy = e.cumsum(-1)  # (B, T) W_t, including t (e is 0 off the mask)
@@ -153,7 +150,7 @@ def _token_baseline(
     # Per-group, per-position sums over the active members: (K, T), broadcast back to rows
     numer = groups.reduce(weight * returns.unsqueeze(-1), "sum")  # (K, T)
     denom = groups.reduce(weight, "sum")  # (K, T)
-    weighted = numer / (denom + epsilon)  # (K, T)
+    weighted = numer / (denom + 1e-8)  # (K, T) the reference's 1e-8
     count = groups.reduce(active.to(weight.dtype), "sum").clamp_min(1.0)  # (K, T) active members
     plain = groups.reduce(torch.where(active, returns.unsqueeze(-1), torch.zeros_like(weight)), "sum") / count
     baseline = groups.broadcast(torch.where(denom > MIN_SUMMED_ENERGY, weighted, plain))  # (B, T)
