@@ -79,28 +79,6 @@ def validate_ctpo(
         )
 
 
-def _ctpo_metrics(
-    log_rho: Tensor, loss: Tensor, dual: Tensor, adv: Tensor, valid: Tensor, prefix: tuple[Tensor, Tensor, Tensor],
-    epsilon_low: float, epsilon_high: float,
-) -> dict[str, Tensor]:  # fmt: skip
-    """The clip indicators TRL logs, the dual-clip fraction and mean |L_t| per position bucket (see `ctpo_loss`)."""
-    cum_log_ratio, position, scale = prefix
-    dtype = log_rho.dtype
-    with torch.no_grad():
-        negative = adv < 0  # (B, T)
-        log_rho_d = log_rho.detach()  # (B, T)
-        is_low = (log_rho_d < -epsilon_low * scale) & negative & valid  # (B, T)
-        is_high = (log_rho_d > epsilon_high * scale) & (adv > 0) & valid  # (B, T)
-        is_dual = (loss.detach() > dual) & negative & valid  # (B, T)
-        metrics = clip_indicators(is_low, is_high)  # (B, T) each
-        metrics["ctpo/dual_clip"] = nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), valid.sum())
-        abs_cum = cum_log_ratio.abs()  # (B, T)
-        for lo, hi, label in POSITION_BUCKETS:
-            bucket = (valid & (position > lo) & (position <= hi)).to(dtype)  # (B, T)
-            metrics[f"ctpo/abs_cum_log_ratio/{label}"] = nan_if_empty(masked_mean(abs_cum, bucket), bucket.sum())
-    return metrics
-
-
 def ctpo_loss(
     per_token_logps: Tensor,
     old_per_token_logps: Tensor,
@@ -143,6 +121,17 @@ def ctpo_loss(
     dual = -adv * torch.exp((dual_clip * scale).clamp(max=_MAX_DUAL_LOG))  # (B, T) dual-clip bound
     final = torch.where(adv < 0, torch.minimum(loss, dual), loss)  # (B, T)
     final = torch.where(valid, final, zeros)  # (B, T)
-    prefix = (cum_log_ratio, position, scale)
-    metrics = _ctpo_metrics(log_rho, loss, dual, adv, valid, prefix, epsilon_low, epsilon_high)
+
+    with torch.no_grad():
+        negative = adv < 0  # (B, T)
+        log_rho_d = log_rho.detach()  # (B, T)
+        is_low = (log_rho_d < -epsilon_low * scale) & negative & valid  # (B, T)
+        is_high = (log_rho_d > epsilon_high * scale) & (adv > 0) & valid  # (B, T)
+        is_dual = (loss.detach() > dual) & negative & valid  # (B, T)
+        metrics = clip_indicators(is_low, is_high)  # (B, T) each
+        metrics["ctpo/dual_clip"] = nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), valid.sum())
+        abs_cum = cum_log_ratio.abs()  # (B, T)
+        for lo, hi, label in POSITION_BUCKETS:
+            bucket = (valid & (position > lo) & (position <= hi)).to(dtype)  # (B, T)
+            metrics[f"ctpo/abs_cum_log_ratio/{label}"] = nan_if_empty(masked_mean(abs_cum, bucket), bucket.sum())
     return ObjectiveOutput(per_token_loss=final, metrics=metrics)
