@@ -218,18 +218,6 @@ def group_transform(
     return torch.where(members, out, s)
 
 
-def _sequence_advantages(advantages: Tensor) -> Tensor:
-    """(B,) sequence advantages from (B,), (B, 1) or a (B, T) tensor constant along T (TRL expands (B,) this way)."""
-    if advantages.dim() == 1:
-        return advantages
-    if not torch.equal(advantages, advantages[:, :1].expand_as(advantages)):  # one advantage per sequence
-        raise ValueError(
-            "dfpo_loss is sequence-level: (B, T) advantages must be constant along T "
-            "(got token-varying advantages); pass (B,) advantages"
-        )
-    return advantages[:, 0]
-
-
 def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
     """(B,) one loss weight per sequence, detached; ones without weights. (B, T) weights (``token_*`` IS modes, the
     entropy mask) times a (B, 1) loss weigh sequence ``i``, under any ``loss_type``, by their mean over its valid
@@ -283,11 +271,17 @@ def dfpo_loss(
     """
     check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
     groups = as_groups(groups, mask.shape[0])
+    adv = advantages if advantages.dim() == 1 else advantages[:, 0]  # (B,); TRL expands (B,) to (B, T) this way
+    if advantages.dim() == 2 and not torch.equal(advantages, adv.unsqueeze(1).expand_as(advantages)):
+        raise ValueError(
+            "dfpo_loss is sequence-level: (B, T) advantages must be constant along T "
+            "(got token-varying advantages); pass (B,) advantages"
+        )
 
     dtype = compute_dtype(per_token_logps, old_per_token_logps)
     logp = per_token_logps.to(dtype)  # (B, T)
     mask_f = mask.to(dtype)  # (B, T)
-    adv = _sequence_advantages(advantages).detach().to(dtype)  # (B,)
+    adv = adv.detach().to(dtype)  # (B,)
     log_ratio = logp - old_per_token_logps.detach().to(dtype)  # (B, T)
     log_s = log_importance_weights(log_ratio, mask_f, "sequence").squeeze(-1)  # (B,) Eq. 44, in log space
     s = torch.exp(log_s).detach()  # (B,)
