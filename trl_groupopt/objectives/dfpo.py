@@ -82,30 +82,27 @@ def both_signs(adv: Tensor, groups: Groups) -> Tensor:
 
 def _orth_proj(s_bar: Tensor, adv: Tensor, groups: Groups, floor: float) -> Tensor:
     """Truncate-and-rebalance (Eq. 52-55, beta with the corrected sign) and the floor guard, see docs/dfpo.md."""
-    zero = torch.zeros_like(s_bar)
-    inf = torch.full_like(s_bar, float("inf"))
     tiny = torch.finfo(s_bar.dtype).tiny
 
     s_plus = s_bar.clamp_min(floor)  # (B,) Eq. 52
     is_pos, is_neg = adv > 0, adv < 0  # (B,) P and N
     has_pos = groups.rows(is_pos.to(s_bar.dtype), "sum") > 0  # (B,) group has a member in P
     has_neg = groups.rows(is_neg.to(s_bar.dtype), "sum") > 0  # (B,)
-    mass_pos = groups.rows(torch.where(is_pos, adv * s_plus, zero), "sum")  # (B,) sum_P A s+
-    mass_neg = groups.rows(torch.where(is_neg, -adv * s_plus, zero), "sum")  # (B,) sum_N -A s+
+    mass_pos = groups.rows(torch.where(is_pos, adv * s_plus, 0.0), "sum")  # (B,) sum_P A s+
+    mass_neg = groups.rows(torch.where(is_neg, -adv * s_plus, 0.0), "sum")  # (B,) sum_N -A s+
     delta = mass_pos - mass_neg  # (B,) Eq. 53
 
     # Eq. 55 (beta's sign corrected). delta > 0 implies mass_pos > 0, delta < 0 mass_neg > 0;
     # the clamps only keep the unused branch finite.
     alpha = mass_neg / mass_pos.clamp_min(tiny)  # (B,) in [0, 1) where delta > 0
     beta = mass_pos / mass_neg.clamp_min(tiny)  # (B,) in [0, 1) where delta < 0
-    one = torch.ones_like(s_bar)
-    scale_pos = torch.where(delta > 0, alpha, one)  # (B,) Eq. 54
-    scale_neg = torch.where(delta < 0, beta, one)  # (B,)
+    scale_pos = torch.where(delta > 0, alpha, 1.0)  # (B,) Eq. 54
+    scale_neg = torch.where(delta < 0, beta, 1.0)  # (B,)
 
     # Floor guard (mixed-sign groups only): if the shrunk side would dip below the floor, shrink it
     # only until its smallest member reaches the floor and scale the other side up to rebalance.
-    min_pos = groups.rows(torch.where(is_pos, s_plus, inf), "amin")  # (B,) inf if P empty
-    min_neg = groups.rows(torch.where(is_neg, s_plus, inf), "amin")  # (B,)
+    min_pos = groups.rows(torch.where(is_pos, s_plus, float("inf")), "amin")  # (B,) inf if P empty
+    min_neg = groups.rows(torch.where(is_neg, s_plus, float("inf")), "amin")  # (B,)
     mixed = has_pos & has_neg  # (B,)
     guard_pos = mixed & (delta > 0) & (alpha * min_pos < floor)  # (B,)
     guard_neg = mixed & (delta < 0) & (beta * min_neg < floor)  # (B,)
@@ -126,9 +123,8 @@ def _orth_proj(s_bar: Tensor, adv: Tensor, groups: Groups, floor: float) -> Tens
 def _orth_proj_qp(s_bar: Tensor, adv: Tensor, groups: Groups) -> Tensor:
     """Exact solution of Eq. 51 per group via the sorted KKT breakpoints (docs/dfpo.md)."""
     max_size = groups.max_size
-    dtype, device = s_bar.dtype, s_bar.device
     inf = float("inf")
-    tiny = torch.finfo(dtype).tiny
+    tiny = torch.finfo(s_bar.dtype).tiny
 
     dense_adv = groups.dense(adv)  # (K, G) padding: A = 0
     dense_s = groups.dense(s_bar)  # (K, G)
@@ -152,13 +148,12 @@ def _orth_proj_qp(s_bar: Tensor, adv: Tensor, groups: Groups) -> Tensor:
         tail = torch.flip(torch.cumsum(torch.flip(x, [1]), 1), [1])
         return torch.cat([tail, torch.zeros_like(x[:, :1])], dim=1)
 
-    zero = torch.zeros_like(as_sorted)
     # Piece j = (b_(j-1), b_(j)): active are N members left of it (idx < j) and P members right of
     # it (idx >= j), where g(lam) = c0_j - lam c1_j.
-    c0 = prefix(torch.where(is_neg, as_sorted, zero)) + suffix(torch.where(is_pos, as_sorted, zero))  # (K, G + 1)
-    c1 = prefix(torch.where(is_neg, aa_sorted, zero)) + suffix(torch.where(is_pos, aa_sorted, zero))  # (K, G + 1)
+    c0 = prefix(torch.where(is_neg, as_sorted, 0.0)) + suffix(torch.where(is_pos, as_sorted, 0.0))  # (K, G + 1)
+    c1 = prefix(torch.where(is_neg, aa_sorted, 0.0)) + suffix(torch.where(is_pos, aa_sorted, 0.0))  # (K, G + 1)
 
-    valid = torch.arange(max_size, device=device) < num_breaks.unsqueeze(1)  # (K, G)
+    valid = torch.arange(max_size, device=s_bar.device) < num_breaks.unsqueeze(1)  # (K, G)
     finite_breaks = torch.where(valid, breaks, torch.zeros_like(breaks))  # (K, G)
     g_at_break = c0[:, :-1] - finite_breaks * c1[:, :-1]  # (K, G) g(b_k), from piece k
     crossed = (g_at_break <= 0) & valid  # (K, G)
