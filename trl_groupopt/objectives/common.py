@@ -182,10 +182,7 @@ class Groups:
         return out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)  # (K, ...)
 
     def broadcast(self, per_group: Tensor) -> Tensor:
-        """(K, ...) -> (B, ...): each row gets its group's value."""
-        if self.size is not None:
-            rest = per_group.shape[1:]
-            return per_group.unsqueeze(1).expand(self.num_groups, self.size, *rest).reshape(self.batch, *rest)
+        """(K, ...) -> (B, ...): each row gets its group's value (a gather, contiguous or not)."""
         return per_group[self.index]
 
     def rows(self, values: Tensor, reduce: str) -> Tensor:

@@ -70,8 +70,7 @@ def symmetric_clip_loss(
 
     with torch.no_grad():
         above = (ratio > upper).to(dtype)  # (B, T)
-        high = above * (adv.expand_as(ratio) > 0).to(dtype)  # (B, T)
-        count = mask_f.sum()
-        metrics = clip_indicators(torch.zeros_like(high), high * mask_f)  # (B, T) each; no lower bound, low is 0
-        metrics["dfpo/sym_clip_ratio"] = nan_if_empty(masked_mean(above, mask_f), count)
+        high = above * (adv > 0) * mask_f  # (B, T) valid tokens above the bound with A > 0
+        metrics = clip_indicators(torch.zeros_like(high), high)  # (B, T) each; no lower bound, low is 0
+        metrics["dfpo/sym_clip_ratio"] = nan_if_empty(masked_mean(above, mask_f), mask_f.sum())
     return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
