@@ -49,6 +49,15 @@ def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> 
     return (1.0 - 2.0 * log_p_y.exp() + log_sum_sq.exp()).clamp_min(0.0)  # (B, T); p_y ~ 1 can round below 0
 
 
+def masked_log_ratio(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> Tensor:
+    """(B, T) ``log r = logp - old`` on valid tokens, exactly 0 elsewhere (`where`, not ``* mask``: padding
+    log-probs may be non-finite, and ``nan * 0`` is NaN)."""
+    dtype = compute_dtype(per_token_logps)
+    logp = per_token_logps.to(dtype)  # (B, T)
+    diff = logp - old_per_token_logps.to(dtype).detach()  # (B, T)
+    return torch.where(mask.bool(), diff, torch.zeros_like(diff))
+
+
 def nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
     """Detached 0-dim float32 metric `value`, NaN when `count` is 0 (undefined on this micro-batch)."""
     value = value.detach().float()

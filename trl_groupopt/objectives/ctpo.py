@@ -35,6 +35,7 @@ from .common import (
     check_token_inputs,
     clip_indicators,
     compute_dtype,
+    masked_log_ratio,
     masked_mean,
     named,
     names_of,
@@ -100,18 +101,17 @@ def ctpo_loss(
 
     dtype = compute_dtype(per_token_logps)
     valid = mask.bool()  # (B, T)
-    zeros = torch.zeros(valid.shape, dtype=dtype, device=per_token_logps.device)  # (B, T)
     # where (not * mask): padding log-probs may be non-finite and must not leak NaN
-    logp = torch.where(valid, per_token_logps.to(dtype), zeros)  # (B, T)
-    old = torch.where(valid, old_per_token_logps.to(dtype).detach(), zeros)  # (B, T)
+    logp = torch.where(valid, per_token_logps.to(dtype), 0.0)  # (B, T)
     adv = as_token_advantages(advantages.to(dtype).detach()).expand(valid.shape)  # (B, T)
     # the prefix enters the loss as a value only: computed from detached log-probs
-    step = (logp.detach() - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T) l_t, 0 off-mask
+    step = masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask)  # (B, T) 0 off-mask
+    step = step.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T) l_t
     position = valid.to(dtype).cumsum(-1)  # (B, T) t: counts valid tokens only
     cum_log_ratio = step.cumsum(-1)  # (B, T) log of the prefix ratio
     if ratio_mode == "geomean":
         cum_log_ratio = cum_log_ratio / position.clamp(min=1.0)  # (B, T) log of its geometric mean
-    cum_log_ratio = torch.where(valid, cum_log_ratio, zeros)  # (B, T) L_t
+    cum_log_ratio = torch.where(valid, cum_log_ratio, 0.0)  # (B, T) L_t
     scale = position.clamp(min=1.0) ** position_power  # (B, T) s_t
 
     # value exactly L_t (logp - sg(logp) == 0), gradient d/d logp_t only: the prefix stop-gradient
@@ -120,7 +120,7 @@ def ctpo_loss(
     loss = torch.maximum(-adv * torch.exp(log_rho), -adv * torch.exp(clipped))  # (B, T) PPO clip
     dual = -adv * torch.exp((dual_clip * scale).clamp(max=_MAX_DUAL_LOG))  # (B, T) dual-clip bound
     final = torch.where(adv < 0, torch.minimum(loss, dual), loss)  # (B, T)
-    final = torch.where(valid, final, zeros)  # (B, T)
+    final = torch.where(valid, final, 0.0)  # (B, T)
 
     with torch.no_grad():
         negative = adv < 0  # (B, T)

@@ -32,20 +32,12 @@ from .common import (
     clip_indicators,
     compute_dtype,
     loss_weights,
+    masked_log_ratio,
     named,
     nan_if_empty,
 )
 
 MAX_LOG_RHO = 60.0  # cap on log(rho) before exp: rho <= 1.1e26, finite float32 loss and gradient (docs/echo.md)
-
-
-def masked_log_ratio(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> Tensor:
-    """(B, T) ``log r = logp - old`` on valid tokens, exactly 0 elsewhere (`where`, not ``* mask``: padding
-    log-probs may be non-finite, and ``nan * 0`` is NaN)."""
-    dtype = compute_dtype(per_token_logps)
-    logp = per_token_logps.to(dtype)  # (B, T)
-    diff = logp - old_per_token_logps.to(dtype).detach()  # (B, T)
-    return torch.where(mask.bool(), diff, torch.zeros_like(diff))
 
 
 def echo_log_ratio_totals(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> Tensor:
