@@ -226,9 +226,8 @@ def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
 class SequenceWeights(NamedTuple):
     """Per-sequence (B,) quantities of one `dfpo_loss` call, detached: what `dfpo_diagnostics` reads."""
 
-    clipped: Tensor  # bool: on a clip bound (Eq. 47), no gradient
+    carries: Tensor  # bool: rows with loss (valid tokens, a non-zero loss weight) off the clip bounds (Eq. 47)
     effective: Tensor  # s_bar times the loss weight: the coefficient GSPO's gradient carries
-    present: Tensor  # bool: rows that can carry loss at all
     members: Tensor  # bool: the rows the transform's constraint ranges over
     advantages: Tensor  # A_i
     lengths: Tensor  # valid tokens per row
@@ -306,5 +305,5 @@ def dfpo_loss(
         per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
     # TRL's (B, 1) indicators: the clipped rows, high ones only where A > 0
     metrics = clip_indicators(clipped_low.unsqueeze(-1), (clipped_high & (adv > 0)).unsqueeze(-1))
-    weights = SequenceWeights(clipped, effective, present, members, adv, lengths, s_til.detach(), groups)
+    weights = SequenceWeights(present & ~clipped, effective, members, adv, lengths, s_til.detach(), groups)
     return DFPOOutput(per_token_loss, metrics, weights)

@@ -46,7 +46,7 @@ def _cancellation_residual(weights: SequenceWeights, s_til: Tensor, loss_type: s
     """
     adv, s_til, groups = weights.advantages.double(), s_til.double(), weights.groups
     coef = s_til / weights.lengths.double().clamp(min=1.0) if loss_type == "grpo" else s_til  # (B,)
-    moving = weights.present & ~weights.clipped & (adv != 0) & (coef > 0)  # (B,) members whose gradient is not zero
+    moving = weights.carries & (adv != 0) & (coef > 0)  # (B,) members whose gradient is not zero
     signed = groups.reduce(torch.where(moving, adv * coef, 0.0), "sum")  # (K,)
     total = groups.reduce(torch.where(moving, adv.abs() * coef, 0.0), "sum")  # (K,)
     count = groups.reduce(moving.double(), "sum")  # (K,)
