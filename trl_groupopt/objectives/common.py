@@ -134,12 +134,9 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 
 
 def as_token_advantages(advantages: Tensor) -> Tensor:
-    """(B,) -> (B, 1); (B, T) unchanged. Token-level objectives broadcast either shape."""
-    if advantages.dim() == 1:
-        return advantages.unsqueeze(-1)
-    if advantages.dim() == 2:
-        return advantages
-    raise ValueError(f"advantages must be (B,) or (B, T), got shape {tuple(advantages.shape)}")
+    """(B,) -> (B, 1); (B, 1) and (B, T) unchanged (shapes checked by `check_token_inputs`). Token-level objectives
+    broadcast either shape."""
+    return advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
 
 
 @dataclass(frozen=True)
@@ -246,6 +243,7 @@ def clipped_surrogate_loss(
     Matches `GRPOTrainer._compute_loss` of TRL 1.16 term by term (tested for parity): (B, T) or, at sequence level,
     (B, 1), with TRL's clip indicators. The epsilons are checked once, with the trainer's arguments (`args_check.py`).
     """
+    check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
     advantages = as_token_advantages(advantages)  # (B, 1) or (B, T)
     log_weights = log_importance_weights(per_token_logps - old_per_token_logps, mask, importance_sampling_level)
     coef_1 = torch.exp(log_weights)  # (B, T) or (B, 1)
