@@ -122,16 +122,15 @@ def ctpo_loss(
     final = torch.where(adv < 0, torch.minimum(loss, dual), loss)  # (B, T)
     final = torch.where(valid, final, 0.0)  # (B, T)
 
-    with torch.no_grad():
-        negative = adv < 0  # (B, T)
-        log_rho_d = log_rho.detach()  # (B, T)
-        is_low = (log_rho_d < -epsilon_low * scale) & negative & valid  # (B, T)
-        is_high = (log_rho_d > epsilon_high * scale) & (adv > 0) & valid  # (B, T)
-        is_dual = (loss.detach() > dual) & negative & valid  # (B, T)
-        metrics = clip_indicators(is_low, is_high)  # (B, T) each
-        metrics["ctpo/dual_clip"] = nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), valid.sum())
-        abs_cum = cum_log_ratio.abs()  # (B, T)
-        for lo, hi, label in POSITION_BUCKETS:
-            bucket = (valid & (position > lo) & (position <= hi)).to(dtype)  # (B, T)
-            metrics[f"ctpo/abs_cum_log_ratio/{label}"] = nan_if_empty(masked_mean(abs_cum, bucket), bucket.sum())
+    # metrics: comparisons and the detached prefix, no gradient
+    negative = adv < 0  # (B, T)
+    is_low = (log_rho < -epsilon_low * scale) & negative & valid  # (B, T)
+    is_high = (log_rho > epsilon_high * scale) & (adv > 0) & valid  # (B, T)
+    is_dual = (loss > dual) & negative & valid  # (B, T)
+    metrics = clip_indicators(is_low, is_high)  # (B, T) each
+    metrics["ctpo/dual_clip"] = nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), valid.sum())
+    abs_cum = cum_log_ratio.abs()  # (B, T)
+    for lo, hi, label in POSITION_BUCKETS:
+        bucket = (valid & (position > lo) & (position <= hi)).to(dtype)  # (B, T)
+        metrics[f"ctpo/abs_cum_log_ratio/{label}"] = nan_if_empty(masked_mean(abs_cum, bucket), bucket.sum())
     return ObjectiveOutput(per_token_loss=final, metrics=metrics)

@@ -174,13 +174,11 @@ def echo_loss(
         extra = missing * (prep.log_ratio - prep.log_ratio.detach()) / prep.num_valid.clamp(min=1)  # ()
         loss = loss + torch.where(prep.valid, extra, torch.zeros_like(loss))  # (B, T)
 
-    with torch.no_grad():
-        low_b, high_b = prep.batch_bounds
-        log_ratio = prep.log_ratio.detach()  # ()
-        batch_ratio = nan_if_empty(log_ratio.exp(), prep.count)
-        batch_clipped = nan_if_empty((log_ratio < low_b) | (log_ratio > high_b), prep.count)
-        adv = prep.advantages.expand_as(rho)  # (B, T)
-        is_low = (rho < 1 - epsilon_low) & (adv < 0) & prep.valid & token_clip  # (B, T); none without the clip
-        is_high = (rho > 1 + epsilon_high) & (adv > 0) & prep.valid & token_clip  # (B, T)
+    low_b, high_b = prep.batch_bounds
+    log_ratio = prep.log_ratio.detach()  # ()
+    batch_ratio = nan_if_empty(log_ratio.exp(), prep.count)
+    batch_clipped = nan_if_empty((log_ratio < low_b) | (log_ratio > high_b), prep.count)
+    is_low = (rho < 1 - epsilon_low) & (prep.advantages < 0) & prep.valid & token_clip  # (B, T); none without clip
+    is_high = (rho > 1 + epsilon_high) & (prep.advantages > 0) & prep.valid & token_clip  # (B, T)
     metrics = {"echo/batch_ratio": batch_ratio, "echo/batch_clipped": batch_clipped}
     return ObjectiveOutput(per_token_loss=loss, metrics=metrics | clip_indicators(is_low, is_high))

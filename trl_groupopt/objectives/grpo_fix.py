@@ -68,9 +68,8 @@ def symmetric_clip_loss(
     if importance_weights is not None:  # mirrors GRPOTrainer._compute_loss: loss * importance_sampling_ratio
         per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
 
-    with torch.no_grad():
-        above = (ratio > upper).to(dtype)  # (B, T)
-        high = above * (adv > 0) * mask_f  # (B, T) valid tokens above the bound with A > 0
-        metrics = clip_indicators(torch.zeros_like(high), high)  # (B, T) each; no lower bound, low is 0
-        metrics["dfpo/sym_clip_ratio"] = nan_if_empty(masked_mean(above, mask_f), mask_f.sum())
+    above = (ratio > upper).to(dtype)  # (B, T) a comparison: no gradient
+    high = above * (adv > 0) * mask_f  # (B, T) valid tokens above the bound with A > 0
+    metrics = clip_indicators(torch.zeros_like(high), high)  # (B, T) each; no lower bound, low is 0
+    metrics["dfpo/sym_clip_ratio"] = nan_if_empty(masked_mean(above, mask_f), mask_f.sum())
     return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)
