@@ -108,8 +108,7 @@ def check_token_inputs(
 
 
 def clip_indicators(is_low: Tensor, is_high: Tensor) -> dict[str, Tensor]:
-    """TRL's `clip_ratio/low|high|region` as detached 0/1 float32 indicators (the trainer reduces them over all
-    processes token-weighted, as TRL does)."""
+    """TRL's `clip_ratio/low|high|region` as detached 0/1 float32 indicators (see `ObjectiveOutput`)."""
     is_low, is_high = is_low.detach().float(), is_high.detach().float()
     return {"clip_ratio/low": is_low, "clip_ratio/high": is_high, "clip_ratio/region": torch.maximum(is_low, is_high)}
 

@@ -188,10 +188,9 @@ def group_transform(
     orth_floor: float = 1e-6,
     members: Tensor | None = None,
 ) -> Tensor:
-    """In-group transform of the post-clip sequence weights (Eq. 50, 51, 52-55), detached: (B,) ``s_til`` in float32
-    (half / bf16 inputs) or the input's float dtype, from (B,) ``s_bar`` >= 0 and ``advantages``; ``groups`` as in
-    `dfpo_loss`; ``members`` (B,) bool, the rows it ranges over (the others are returned unchanged). A group whose
-    advantages do not take both signs gets 0 where ``A != 0`` (docs/dfpo.md, Degenerate groups)."""
+    """In-group transform of the post-clip sequence weights (Eq. 50, 51, 52-55), detached: (B,) ``s_til`` from (B,)
+    ``s_bar`` >= 0 and ``advantages``, over the ``members`` rows (the others unchanged). A group whose advantages do
+    not take both signs gets 0 where ``A != 0`` (docs/dfpo.md, Degenerate groups)."""
     if s_bar.dim() != 1 or advantages.shape != s_bar.shape:
         raise ValueError(f"s_bar and advantages must be (B,), got {tuple(s_bar.shape)}, {tuple(advantages.shape)}")
     groups = as_groups(groups, s_bar.shape[0])

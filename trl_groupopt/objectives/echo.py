@@ -48,8 +48,7 @@ def echo_log_ratio_totals(per_token_logps: Tensor, old_per_token_logps: Tensor, 
 
 
 class _Prepared:
-    """Upcast inputs, token log-ratios, loss weights and log R (with the scope's stop-gradients), and the clip
-    settings; ``batch_epsilon_low >= 1``: no lower batch bound (R > 0)."""
+    """One `echo_loss` call's upcast inputs, log r, loss weights, log R (with the scope's stop-gradients), settings."""
 
     def __init__(
         self,
@@ -67,7 +66,7 @@ class _Prepared:
         token_count: Tensor | float | None = None,
         importance_weights: Tensor | None = None,
     ) -> None:
-        low = math.log1p(-batch_epsilon_low) if batch_epsilon_low < 1 else -math.inf
+        low = math.log1p(-batch_epsilon_low) if batch_epsilon_low < 1 else -math.inf  # else no lower bound (R > 0)
         self.batch_bounds = (low, math.log1p(batch_epsilon_high))  # log(1 - eps_b_low), log(1 + eps_b_high)
         self.epsilon_low, self.epsilon_high, self.token_clip = epsilon_low, epsilon_high, token_clip
         check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)

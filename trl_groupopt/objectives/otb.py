@@ -94,41 +94,40 @@ def otb_advantages(
     groups = as_groups(groups, rewards.shape[0])
 
     dtype = compute_dtype(rewards, energy, importance_weights)
-    with torch.no_grad():
-        returns = rewards.detach().to(dtype)  # (B,)
-        scored = ~torch.isnan(returns)  # (B,)
-        returns = torch.where(scored, returns, torch.zeros_like(returns))  # (B,)
-        active = (mask != 0) & scored.unsqueeze(-1)  # (B, T)
-        # A member needs a score and a valid token: the others leave their group (verl's tool-use estimator drops
-        # rows without a valid token the same way)
-        member = active.any(-1)  # (B,)
-        e = energy.detach().to(dtype)  # (B, T)
-        if importance_weights is not None:
-            e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
-        # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
-        e = torch.where(active, e, torch.zeros_like(e))  # (B, T)
-        if check_values:
-            _check_values(rewards, e)
-        e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
+    returns = rewards.detach().to(dtype)  # (B,)
+    scored = ~torch.isnan(returns)  # (B,)
+    returns = torch.where(scored, returns, torch.zeros_like(returns))  # (B,)
+    active = (mask != 0) & scored.unsqueeze(-1)  # (B, T)
+    # A member needs a score and a valid token: the others leave their group (verl's tool-use estimator drops
+    # rows without a valid token the same way)
+    member = active.any(-1)  # (B,)
+    e = energy.detach().to(dtype)  # (B, T)
+    if importance_weights is not None:
+        e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
+    # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
+    e = torch.where(active, e, torch.zeros_like(e))  # (B, T)
+    if check_values:
+        _check_values(rewards, e)
+    e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
 
-        order = None
-        if token_positions == "valid":
-            # Compact each row's valid tokens to the left: column k is then its k-th valid token, and the rest of
-            # the computation below is the absolute-position estimator on right-padded rows.
-            order = torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T) valid ones first
-            e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
+    order = None
+    if token_positions == "valid":
+        # Compact each row's valid tokens to the left: column k is then its k-th valid token, and the rest of
+        # the computation below is the absolute-position estimator on right-padded rows.
+        order = torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T) valid ones first
+        e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
 
-        shared = groups.rows(member.to(torch.int64), "sum") > 1  # (B,) the row's group has two or more members
-        baseline = _token_baseline(e, active, returns, shared, groups)  # (B, T)
-        if handle_zero_tail:
-            baseline = _zero_tail(baseline, active, member, shared, groups)  # (B, T)
-        # the members of a group of two or more with one return for all train nothing (active implies member)
-        lowest = groups.rows(torch.where(member, returns, torch.full_like(returns, torch.inf)), "amin")  # (B,)
-        highest = groups.rows(torch.where(member, returns, torch.full_like(returns, -torch.inf)), "amax")  # (B,)
-        trains = active & ~(shared & (lowest == highest)).unsqueeze(-1)  # (B, T)
-        advantages = torch.where(trains, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
-        if order is not None:  # back to the columns of the input
-            advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
+    shared = groups.rows(member.to(torch.int64), "sum") > 1  # (B,) the row's group has two or more members
+    baseline = _token_baseline(e, active, returns, shared, groups)  # (B, T)
+    if handle_zero_tail:
+        baseline = _zero_tail(baseline, active, member, shared, groups)  # (B, T)
+    # the members of a group of two or more with one return for all train nothing (active implies member)
+    lowest = groups.rows(torch.where(member, returns, torch.full_like(returns, torch.inf)), "amin")  # (B,)
+    highest = groups.rows(torch.where(member, returns, torch.full_like(returns, -torch.inf)), "amax")  # (B,)
+    trains = active & ~(shared & (lowest == highest)).unsqueeze(-1)  # (B, T)
+    advantages = torch.where(trains, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
+    if order is not None:  # back to the columns of the input
+        advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
     return advantages
 
 
