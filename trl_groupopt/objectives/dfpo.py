@@ -272,10 +272,9 @@ def dfpo_loss(
         )
 
     dtype = compute_dtype(per_token_logps, old_per_token_logps)
-    logp = per_token_logps.to(dtype)  # (B, T)
     mask_f = mask.to(dtype)  # (B, T)
     adv = adv.detach().to(dtype)  # (B,)
-    log_ratio = logp - old_per_token_logps.detach().to(dtype)  # (B, T)
+    log_ratio = per_token_logps.to(dtype) - old_per_token_logps.detach().to(dtype)  # (B, T)
     log_s = log_importance_weights(log_ratio, mask_f, "sequence").squeeze(-1)  # (B,) Eq. 44, in log space
     s = torch.exp(log_s).detach()  # (B,)
     lower, upper = 1.0 - epsilon_low, 1.0 + epsilon_high

@@ -55,12 +55,10 @@ def symmetric_clip_loss(
     """
     check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
     dtype = compute_dtype(per_token_logps, old_per_token_logps)
-    logp = per_token_logps.to(dtype)  # (B, T)
-    old_logp = old_per_token_logps.detach().to(dtype)  # (B, T)
     mask_f = mask.to(dtype)  # (B, T)
     adv = as_token_advantages(advantages).detach().to(dtype)  # (B, 1) or (B, T)
 
-    log_ratio = (logp - old_logp) * mask_f  # (B, T)
+    log_ratio = (per_token_logps.to(dtype) - old_per_token_logps.detach().to(dtype)) * mask_f  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T) r
     upper = 1.0 + epsilon_high
     phi = torch.clamp(ratio, min=0.0, max=upper)  # (B, T) Eq. 79, same for both signs of A

@@ -53,18 +53,17 @@ def logit_gradient_energy(
         raise ValueError(f"token_ids must lie in [0, {vocab}) (mask ignored positions with a valid id)")
 
     dtype = compute_dtype(logits)
-    with torch.no_grad():
-        flat = logits.detach().reshape(-1, vocab)  # (N, V), input dtype; a view when contiguous
-        ids = token_ids.reshape(-1, 1)  # (N, 1)
-        out = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)  # (N,)
-        for start in range(0, flat.shape[0], chunk_size):
-            end = min(start + chunk_size, flat.shape[0])
-            z = flat[start:end].to(dtype, copy=True)  # (c, V) the only upcast copy
-            z.div_(temperature)  # (c, V) in place: no second full-width copy
-            lse = torch.logsumexp(z, dim=-1)  # (c,)
-            log_sum_sq = torch.logsumexp(2.0 * z, dim=-1) - 2.0 * lse  # (c,) log sum_v p_v^2
-            log_p_y = z.gather(-1, ids[start:end]).squeeze(-1) - lse  # (c,)
-            out[start:end] = energy_from_log_probs(log_p_y, log_sum_sq)  # (c,)
+    flat = logits.detach().reshape(-1, vocab)  # (N, V), input dtype; a view when contiguous
+    ids = token_ids.reshape(-1, 1)  # (N, 1)
+    out = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)  # (N,)
+    for start in range(0, flat.shape[0], chunk_size):
+        end = min(start + chunk_size, flat.shape[0])
+        z = flat[start:end].to(dtype, copy=True)  # (c, V) the only upcast copy
+        z.div_(temperature)  # (c, V) in place: no second full-width copy
+        lse = torch.logsumexp(z, dim=-1)  # (c,)
+        log_sum_sq = torch.logsumexp(2.0 * z, dim=-1) - 2.0 * lse  # (c,) log sum_v p_v^2
+        log_p_y = z.gather(-1, ids[start:end]).squeeze(-1) - lse  # (c,)
+        out[start:end] = energy_from_log_probs(log_p_y, log_sum_sq)  # (c,)
     return out.view(token_ids.shape)  # (...)
 
 
