@@ -212,16 +212,6 @@ def group_transform(
     return torch.where(members, out, s)
 
 
-def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
-    """(B,) one loss weight per sequence, detached; ones without weights. (B, T) weights (``token_*`` IS modes, the
-    entropy mask) times a (B, 1) loss weigh sequence ``i``, under any ``loss_type``, by their mean over its valid
-    tokens (0 for a row without any)."""
-    weights = loss_weights(weights, mask.shape, mask.dtype)
-    if weights is None:
-        return torch.ones(mask.shape[0], dtype=mask.dtype, device=mask.device)
-    return weights.squeeze(1) if weights.shape[1] == 1 else masked_mean(weights, mask, dim=-1)
-
-
 class SequenceWeights(NamedTuple):
     """Per-sequence (B,) quantities of one `dfpo_loss` call, detached: what `dfpo_diagnostics` reads."""
 
@@ -287,7 +277,13 @@ def dfpo_loss(
     # exp(log s - sg(log s)): value exactly 1, gradient d log s for unclipped sequences, 0 for clipped ones.
     log_factor = torch.where(clipped, torch.zeros_like(log_s), log_s - log_s.detach())  # (B,)
     lengths = mask_f.sum(-1)  # (B,)
-    is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)
+    # One loss weight per sequence: (B, T) weights (``token_*`` IS modes, the entropy mask) times a (B, 1) loss weigh
+    # sequence i, under any loss_type, by their mean over its valid tokens (0 for a row without any)
+    weights = loss_weights(importance_weights, mask.shape, dtype)  # (B, T), (B, 1) or None
+    if weights is None:
+        is_weight = torch.ones_like(lengths)  # (B,)
+    else:
+        is_weight = weights.squeeze(1) if weights.shape[1] == 1 else masked_mean(weights, mask_f, dim=-1)  # (B,)
     effective = s_bar * is_weight  # (B,)
     present = (lengths > 0) & (is_weight > 0)  # (B,)
     members = present & ~clipped if orthogonal_over == "unclipped" else present  # (B,)
@@ -299,9 +295,9 @@ def dfpo_loss(
         s_til = torch.where(members, transformed, torch.where(present, effective, 0.0))  # (B,)
     coefficient = s_bar if transform == "none" else s_til  # (B,) "none": TRL's GSPO, IS weights per token below
     per_token_loss = (-adv * coefficient * torch.exp(log_factor)).unsqueeze(-1)  # (B, 1) -A sg(s_til/s_bar) s_bar
-    if transform == "none" and importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
-        per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
+    if transform == "none" and weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
+        per_token_loss = per_token_loss * weights
     # TRL's (B, 1) indicators: the clipped rows, high ones only where A > 0
     metrics = clip_indicators(clipped_low.unsqueeze(-1), (clipped_high & (adv > 0)).unsqueeze(-1))
-    weights = SequenceWeights(present & ~clipped, effective, members, adv, lengths, s_til.detach(), groups)
-    return DFPOOutput(per_token_loss, metrics, weights)
+    seq = SequenceWeights(present & ~clipped, effective, members, adv, lengths, s_til.detach(), groups)
+    return DFPOOutput(per_token_loss, metrics, seq)

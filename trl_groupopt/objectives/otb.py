@@ -105,8 +105,12 @@ def otb_advantages(
         e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
     # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
     e = torch.where(active, e, torch.zeros_like(e))  # (B, T)
-    if check_values:
-        _check_values(rewards, e)
+    if check_values and torch.isinf(rewards).any():  # the debug mode's checks read the device
+        raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
+    if check_values and not torch.isfinite(e).all():
+        raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
+    if check_values and (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
+        raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
     e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
 
     order = None
@@ -128,16 +132,6 @@ def otb_advantages(
     if order is not None:  # back to the columns of the input
         advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
     return advantages
-
-
-def _check_values(rewards: Tensor, e: Tensor) -> None:
-    """`otb_advantages`' ``check_values``: finite-or-NaN rewards, finite non-negative active energies ``e``."""
-    if torch.isinf(rewards).any():
-        raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
-    if not torch.isfinite(e).all():
-        raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
-    if (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
-        raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
 
 
 def _token_baseline(e: Tensor, active: Tensor, returns: Tensor, shared: Tensor, groups: Groups) -> Tensor:
