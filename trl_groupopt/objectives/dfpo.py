@@ -246,11 +246,10 @@ def dfpo_loss(
     importance_weights: Tensor | None = None,
 ) -> DFPOOutput:
     """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K; the module docstring, docs/dfpo.md); `validate_dfpo`
-    checks the settings once, in `DFPOConfig`. Advantages (B,), or (B, T) / (B, 1) constant along T; ``groups`` a
-    `Groups` or (B,) integer ids; ``importance_weights``: TRL's per-token loss weights, applied here: the transform
-    acts on ``s_bar_i w_i``, so the cancellation includes them (under ``"none"``: per token, as TRL). Returns
-    per_token_loss (B, 1) = ``-A_i s_til_i`` in value ((B, T) for ``"none"`` with (B, T) weights), TRL's (B, 1) clip
-    indicators, and `weights` for `dfpo_diagnostics`.
+    checks the settings once, in `DFPOConfig`. Advantages constant along T; ``importance_weights``: TRL's per-token
+    loss weights, applied here: the transform acts on ``s_bar_i w_i``, so the cancellation includes them (under
+    ``"none"``: per token, as TRL). Returns per_token_loss (B, 1) = ``-A_i s_til_i`` in value ((B, T) for ``"none"``
+    with (B, T) weights), TRL's (B, 1) clip indicators, and `weights` for `dfpo_diagnostics`.
     """
     check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
     groups = as_groups(groups, mask.shape[0])

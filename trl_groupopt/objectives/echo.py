@@ -152,10 +152,9 @@ def echo_loss(
     importance_weights: Tensor | None = None,
 ) -> ObjectiveOutput:
     """ECHO per-token loss (Eq. 6-11; the module docstring, docs/echo.md); `validate_echo` checks the clip widths
-    once, in `ECHOConfig`. ``log_ratio_sum``, ``token_count``: detached totals over the parts that form R (summed
-    `echo_log_ratio_totals`; None: this micro-batch); ``coupling_sum``: the same parts' summed
-    `echo_batch_ratio_coupling`; ``importance_weights``: constant loss multipliers (R stays Eq. 6). Returns the (B, T)
-    loss (0 off the mask), "echo/batch_ratio" (R), "echo/batch_clipped" (0/1), TRL's clip indicators of rho.
+    once, in `ECHOConfig`. Wider scopes: the parts' summed `echo_log_ratio_totals` (``log_ratio_sum``,
+    ``token_count``) and `echo_batch_ratio_coupling` (``coupling_sum``). Returns the (B, T) loss (0 off the mask),
+    "echo/batch_ratio" (R), "echo/batch_clipped" (0/1) and TRL's clip indicators of rho.
     """
     widths = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, batch_epsilon_low=batch_epsilon_low)
     scope = dict(log_ratio_sum=log_ratio_sum, token_count=token_count, importance_weights=importance_weights)

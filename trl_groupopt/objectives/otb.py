@@ -78,11 +78,10 @@ def otb_advantages(
     importance_weights: Tensor | None = None,
     check_values: bool = False,
 ) -> Tensor:
-    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`): (B, T), detached,
-    float32 (float64 if any input is), 0 at masked positions and on rows with a NaN (unscorable) reward. ``groups``: a
-    `Groups` or (B,) integer ids; ``importance_weights``: rollout IS weights w (energies become w^2 e).
-    ``check_values`` (debug) also rejects +-inf rewards and non-finite or negative energies; off by default, as
-    reading values stalls a GPU (the trainer checks rewards once per batch).
+    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`): (B, T), detached, 0 at
+    masked positions and on rows with a NaN (unscorable) reward; ``importance_weights``: rollout IS weights w
+    (energies become w^2 e). ``check_values`` (debug) also rejects +-inf rewards and non-finite or negative
+    energies; off by default, as reading values stalls a GPU (the trainer checks rewards once per batch).
     """
     shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]  # one (B, T) shape
     if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
@@ -139,7 +138,6 @@ def _token_baseline(e: Tensor, active: Tensor, returns: Tensor, shared: Tensor, 
     returns where their summed energy is at most `MIN_SUMMED_ENERGY`; 0 for a group of one."""
     cum_energy = e.cumsum(-1)  # (B, T) W_t, including t (e is 0 off the mask)
     weight = torch.where(active, cum_energy, torch.zeros_like(cum_energy))  # (B, T) mask_t W_t
-    # Per-group, per-position sums over the active members: (K, T), broadcast back to rows
     numer = groups.reduce(weight * returns.unsqueeze(-1), "sum")  # (K, T)
     denom = groups.reduce(weight, "sum")  # (K, T)
     weighted = numer / (denom + 1e-8)  # (K, T) the reference's 1e-8
