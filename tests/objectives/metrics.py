@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trl_groupopt.objectives.common import masked_sum, nan_if_empty
+from trl_groupopt.objectives.common import masked_mean, nan_if_empty
 
 
 def clip_fraction(indicator: Tensor, mask: Tensor) -> Tensor:
@@ -18,7 +18,7 @@ def clip_fraction(indicator: Tensor, mask: Tensor) -> Tensor:
     if indicator.shape == mask.shape:
         mask = mask.to(torch.float32)
         count = mask.sum()
-        return nan_if_empty(masked_sum(indicator.float(), mask) / count.clamp(min=1.0), count)
+        return nan_if_empty(masked_mean(indicator.float(), mask), count)
     count = torch.tensor(float(indicator.numel()))
     return nan_if_empty(indicator.float().sum() / count.clamp(min=1.0), count)
 

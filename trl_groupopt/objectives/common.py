@@ -49,6 +49,15 @@ def energy_from_log_probs(per_token_logps: Tensor, log_sum_sq_probs: Tensor) -> 
     return (1.0 - 2.0 * log_p_y.exp() + log_sum_sq.exp()).clamp_min(0.0)  # (B, T); p_y ~ 1 can round below 0
 
 
+def masked_log_ratio(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> Tensor:
+    """(B, T) ``log r = logp - old`` on valid tokens, exactly 0 elsewhere (`where`, not ``* mask``: padding
+    log-probs may be non-finite, and ``nan * 0`` is NaN)."""
+    dtype = compute_dtype(per_token_logps)
+    logp = per_token_logps.to(dtype)  # (B, T)
+    diff = logp - old_per_token_logps.to(dtype).detach()  # (B, T)
+    return torch.where(mask.bool(), diff, torch.zeros_like(diff))
+
+
 def nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
     """Detached 0-dim float32 metric `value`, NaN when `count` is 0 (undefined on this micro-batch)."""
     value = value.detach().float()
@@ -84,22 +93,22 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
 def check_token_inputs(
     per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor, advantages: Tensor | None = None
 ) -> None:
-    """Shape checks shared by the objectives: log-probs, old log-probs and mask (B, T); advantages (B,) or (B, T)."""
+    """Shape checks shared by the objectives: log-probs, old log-probs and mask (B, T); advantages (B,), (B, 1) or
+    (B, T)."""
     shape = per_token_logps.shape
     if per_token_logps.dim() != 2 or old_per_token_logps.shape != shape or mask.shape != shape:
         raise ValueError(
             f"per_token_logps, old_per_token_logps and mask must be one (B, T) shape, got {tuple(shape)}, "
             f"{tuple(old_per_token_logps.shape)}, {tuple(mask.shape)}"
         )
-    if advantages is not None and (advantages.dim() not in (1, 2) or advantages.shape != shape[: advantages.dim()]):
+    if advantages is not None and advantages.shape not in (shape[:1], (shape[0], 1), shape):
         raise ValueError(
-            f"advantages must be (B,) or (B, T) with (B, T) = {tuple(shape)}, got {tuple(advantages.shape)}"
+            f"advantages must be (B,), (B, 1) or (B, T) with (B, T) = {tuple(shape)}, got {tuple(advantages.shape)}"
         )
 
 
 def clip_indicators(is_low: Tensor, is_high: Tensor) -> dict[str, Tensor]:
-    """TRL's `clip_ratio/low|high|region` as detached 0/1 float32 indicators (the trainer reduces them over all
-    processes token-weighted, as TRL does)."""
+    """TRL's `clip_ratio/low|high|region` as detached 0/1 float32 indicators (see `ObjectiveOutput`)."""
     is_low, is_high = is_low.detach().float(), is_high.detach().float()
     return {"clip_ratio/low": is_low, "clip_ratio/high": is_high, "clip_ratio/region": torch.maximum(is_low, is_high)}
 
@@ -114,28 +123,19 @@ def loss_weights(weights: Tensor | None, shape: torch.Size, dtype: torch.dtype) 
     return weights.detach().to(dtype)
 
 
-def masked_sum(values: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
-    """Sum of `values` where `mask` is 1 (mask broadcast to values)."""
-    masked = values * mask
-    return masked.sum() if dim is None else masked.sum(dim)
-
-
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of `values` over positions where `mask` is 1; 0 where the mask is empty."""
     mask = mask.to(values.dtype)
     if dim is None:
-        return masked_sum(values, mask) / mask.sum().clamp(min=1.0)
+        return (values * mask).sum() / mask.sum().clamp(min=1.0)
     mask = mask.expand_as(values)
-    return masked_sum(values, mask, dim) / mask.sum(dim).clamp(min=1.0)
+    return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
 
 
 def as_token_advantages(advantages: Tensor) -> Tensor:
-    """(B,) -> (B, 1); (B, T) unchanged. Token-level objectives broadcast either shape."""
-    if advantages.dim() == 1:
-        return advantages.unsqueeze(-1)
-    if advantages.dim() == 2:
-        return advantages
-    raise ValueError(f"advantages must be (B,) or (B, T), got shape {tuple(advantages.shape)}")
+    """(B,) -> (B, 1); (B, 1) and (B, T) unchanged (shapes checked by `check_token_inputs`). Token-level objectives
+    broadcast either shape."""
+    return advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
 
 
 @dataclass(frozen=True)
@@ -178,8 +178,6 @@ class Groups:
 
     def reduce(self, values: Tensor, reduce: str) -> Tensor:
         """(K, ...) ``reduce`` ("sum", "mean", "amin", "amax") of (B, ...) ``values`` over each group's rows."""
-        if values.shape[0] != self.batch:
-            raise ValueError(f"values {tuple(values.shape)} do not have the {self.batch} rows of the groups")
         rest = values.shape[1:]
         if self.size is not None:
             grouped = values.reshape(self.num_groups, self.size, *rest)  # (K, G, ...)
@@ -189,10 +187,7 @@ class Groups:
         return out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)  # (K, ...)
 
     def broadcast(self, per_group: Tensor) -> Tensor:
-        """(K, ...) -> (B, ...): each row gets its group's value."""
-        if self.size is not None:
-            rest = per_group.shape[1:]
-            return per_group.unsqueeze(1).expand(self.num_groups, self.size, *rest).reshape(self.batch, *rest)
+        """(K, ...) -> (B, ...): each row gets its group's value (a gather, contiguous or not)."""
         return per_group[self.index]
 
     def rows(self, values: Tensor, reduce: str) -> Tensor:
@@ -223,7 +218,7 @@ def log_importance_weights(log_ratio: Tensor, mask: Tensor, importance_sampling_
     if importance_sampling_level == "token":
         return log_ratio  # (B, T)
     if importance_sampling_level == "sequence":
-        return (masked_sum(log_ratio, mask, -1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (B, 1)
+        return masked_mean(log_ratio, mask, -1).unsqueeze(-1)  # (B, 1)
     raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
 
 
@@ -244,11 +239,10 @@ def clipped_surrogate_loss(
         sequence: w_i  = exp( sum_t log w_it / |o_i| )                        (GSPO, Zheng et al. 2025)
         loss      = -min(w A, clip(w, 1 - eps_low, 1 + eps_high) A),   w -> min(w, delta) first if delta is set
 
-    Matches `GRPOTrainer._compute_loss` of TRL 1.16 term by term (tested for parity). Returns (B, T) at token level,
-    (B, 1) at sequence level, and the clip indicators TRL logs.
+    Matches `GRPOTrainer._compute_loss` of TRL 1.16 term by term (tested for parity): (B, T) or, at sequence level,
+    (B, 1), with TRL's clip indicators. The epsilons are checked once, with the trainer's arguments (`args_check.py`).
     """
-    if epsilon_low < 0 or epsilon_high < 0:
-        raise ValueError(f"epsilons must be >= 0, got epsilon_low={epsilon_low}, epsilon_high={epsilon_high}")
+    check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
     advantages = as_token_advantages(advantages)  # (B, 1) or (B, T)
     log_weights = log_importance_weights(per_token_logps - old_per_token_logps, mask, importance_sampling_level)
     coef_1 = torch.exp(log_weights)  # (B, T) or (B, 1)

@@ -35,6 +35,7 @@ from .common import (
     check_token_inputs,
     clip_indicators,
     compute_dtype,
+    masked_log_ratio,
     masked_mean,
     named,
     names_of,
@@ -46,10 +47,10 @@ __all__ = ["DEFAULT_POSITION_POWER", "RATIO_MODES", "ctpo_loss", "validate_ctpo"
 LOG_RATIO_CLAMP = 20.0  # per-token log-ratio clamp before the cumulative sum (authors' code)
 MAX_LOG_RHO = 10.0  # cap on the cumulative log ratio (authors' code)
 _MAX_DUAL_LOG = 20.0  # > MAX_LOG_RHO: never changes a value, avoids exp overflow (docs/ctpo.md)
-RATIO_MODES = ("cumprod", "geomean")  # the authors' cum-token-cumprod-la and cum-token-geomean-la
 # The authors' recommended position power per ratio mode (core_algos.py): the log prefix ratio's spread grows like
 # sqrt(t), its per-token mean's shrinks like 1/sqrt(t).
 DEFAULT_POSITION_POWER = {"cumprod": 0.5, "geomean": -0.5}
+RATIO_MODES = tuple(DEFAULT_POSITION_POWER)  # the authors' cum-token-cumprod-la and cum-token-geomean-la
 POSITION_BUCKETS = ((0, 16, "t<=16"), (16, 256, "t<=256"), (256, math.inf, "t>256"))  # (lo, hi] in t
 
 
@@ -79,44 +80,6 @@ def validate_ctpo(
         )
 
 
-def _prefix_log_ratio(
-    logp: Tensor, old: Tensor, valid: Tensor, ratio_mode: str, position_power: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(L_t, t, s_t), each (B, T) and without gradient: the prefix only enters the loss as a value."""
-    with torch.no_grad():
-        zeros = torch.zeros_like(logp)
-        step = (logp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T) l_t, 0 off-mask
-        position = valid.to(logp.dtype).cumsum(-1)  # (B, T) t: counts valid tokens only
-        cum_log_ratio = step.cumsum(-1)  # (B, T) log of the prefix ratio
-        if ratio_mode == "geomean":
-            cum_log_ratio = cum_log_ratio / position.clamp(min=1.0)  # (B, T) log of its geometric mean
-        cum_log_ratio = torch.where(valid, cum_log_ratio, zeros)  # (B, T) L_t
-        scale = position.clamp(min=1.0) ** position_power  # (B, T) s_t
-    return cum_log_ratio, position, scale
-
-
-def _ctpo_metrics(
-    log_rho: Tensor, loss: Tensor, dual: Tensor, adv: Tensor, valid: Tensor, prefix: tuple[Tensor, Tensor, Tensor],
-    epsilon_low: float, epsilon_high: float,
-) -> dict[str, Tensor]:  # fmt: skip
-    """The clip indicators TRL logs, the dual-clip fraction and mean |L_t| per position bucket (see `ctpo_loss`)."""
-    cum_log_ratio, position, scale = prefix
-    dtype = log_rho.dtype
-    with torch.no_grad():
-        negative = adv < 0  # (B, T)
-        log_rho_d = log_rho.detach()  # (B, T)
-        is_low = (log_rho_d < -epsilon_low * scale) & negative & valid  # (B, T)
-        is_high = (log_rho_d > epsilon_high * scale) & (adv > 0) & valid  # (B, T)
-        is_dual = (loss.detach() > dual) & negative & valid  # (B, T)
-        metrics = clip_indicators(is_low, is_high)  # (B, T) each
-        metrics["ctpo/dual_clip"] = nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), valid.sum())
-        abs_cum = cum_log_ratio.abs()  # (B, T)
-        for lo, hi, label in POSITION_BUCKETS:
-            bucket = (valid & (position > lo) & (position <= hi)).to(dtype)  # (B, T)
-            metrics[f"ctpo/abs_cum_log_ratio/{label}"] = nan_if_empty(masked_mean(abs_cum, bucket), bucket.sum())
-    return metrics
-
-
 def ctpo_loss(
     per_token_logps: Tensor,
     old_per_token_logps: Tensor,
@@ -129,23 +92,27 @@ def ctpo_loss(
     position_power: float,
     ratio_mode: str = "cumprod",
 ) -> ObjectiveOutput:
-    """CTPO per-token loss (the module docstring's symbols; derivations in docs/ctpo.md); `validate_ctpo` checks the
-    settings once, in `CTPOConfig`. (B, T) log-probs (old ones constant) and 0/1 mask (tool tokens 0), (B,) or (B, T)
-    advantages. Returns per_token_loss (B, T) (0 off the mask) and metrics: TRL's clip indicators (log_rho beyond its
-    bound), "ctpo/dual_clip" (fraction of valid tokens where it binds), "ctpo/abs_cum_log_ratio/t<=16|t<=256|t>256"
-    (mean |L_t| over valid tokens in disjoint position buckets; NaN when empty).
+    """CTPO per-token loss (the module docstring's symbols; docs/ctpo.md); `validate_ctpo` checks the settings once,
+    in `CTPOConfig`. Returns the (B, T) loss (0 off the mask), TRL's clip indicators (log_rho beyond its bound),
+    "ctpo/dual_clip" (fraction of valid tokens where it binds), "ctpo/abs_cum_log_ratio/t<=16|t<=256|t>256" (mean
+    |L_t| over valid tokens per position bucket; NaN when empty).
     """
     check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
 
     dtype = compute_dtype(per_token_logps)
     valid = mask.bool()  # (B, T)
-    zeros = torch.zeros(valid.shape, dtype=dtype, device=per_token_logps.device)  # (B, T)
     # where (not * mask): padding log-probs may be non-finite and must not leak NaN
-    logp = torch.where(valid, per_token_logps.to(dtype), zeros)  # (B, T)
-    old = torch.where(valid, old_per_token_logps.to(dtype).detach(), zeros)  # (B, T)
+    logp = torch.where(valid, per_token_logps.to(dtype), 0.0)  # (B, T)
     adv = as_token_advantages(advantages.to(dtype).detach()).expand(valid.shape)  # (B, T)
-    prefix = _prefix_log_ratio(logp, old, valid, ratio_mode, position_power)
-    cum_log_ratio, _, scale = prefix
+    # the prefix enters the loss as a value only: computed from detached log-probs
+    step = masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask)  # (B, T) 0 off-mask
+    step = step.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T) l_t
+    position = valid.to(dtype).cumsum(-1)  # (B, T) t: counts valid tokens only
+    cum_log_ratio = step.cumsum(-1)  # (B, T) log of the prefix ratio
+    if ratio_mode == "geomean":
+        cum_log_ratio = cum_log_ratio / position.clamp(min=1.0)  # (B, T) log of its geometric mean
+    cum_log_ratio = torch.where(valid, cum_log_ratio, 0.0)  # (B, T) L_t
+    scale = position.clamp(min=1.0) ** position_power  # (B, T) s_t
 
     # value exactly L_t (logp - sg(logp) == 0), gradient d/d logp_t only: the prefix stop-gradient
     log_rho = (cum_log_ratio + (logp - logp.detach())).clamp(max=MAX_LOG_RHO)  # (B, T)
@@ -153,6 +120,17 @@ def ctpo_loss(
     loss = torch.maximum(-adv * torch.exp(log_rho), -adv * torch.exp(clipped))  # (B, T) PPO clip
     dual = -adv * torch.exp((dual_clip * scale).clamp(max=_MAX_DUAL_LOG))  # (B, T) dual-clip bound
     final = torch.where(adv < 0, torch.minimum(loss, dual), loss)  # (B, T)
-    final = torch.where(valid, final, zeros)  # (B, T)
-    metrics = _ctpo_metrics(log_rho, loss, dual, adv, valid, prefix, epsilon_low, epsilon_high)
+    final = torch.where(valid, final, 0.0)  # (B, T)
+
+    # metrics: comparisons and the detached prefix, no gradient
+    negative = adv < 0  # (B, T)
+    is_low = (log_rho < -epsilon_low * scale) & negative & valid  # (B, T)
+    is_high = (log_rho > epsilon_high * scale) & (adv > 0) & valid  # (B, T)
+    is_dual = (loss > dual) & negative & valid  # (B, T)
+    metrics = clip_indicators(is_low, is_high)  # (B, T) each
+    metrics["ctpo/dual_clip"] = nan_if_empty(masked_mean(is_dual.to(dtype), valid.to(dtype)), valid.sum())
+    abs_cum = cum_log_ratio.abs()  # (B, T)
+    for lo, hi, label in POSITION_BUCKETS:
+        bucket = (valid & (position > lo) & (position <= hi)).to(dtype)  # (B, T)
+        metrics[f"ctpo/abs_cum_log_ratio/{label}"] = nan_if_empty(masked_mean(abs_cum, bucket), bucket.sum())
     return ObjectiveOutput(per_token_loss=final, metrics=metrics)

@@ -82,30 +82,27 @@ def both_signs(adv: Tensor, groups: Groups) -> Tensor:
 
 def _orth_proj(s_bar: Tensor, adv: Tensor, groups: Groups, floor: float) -> Tensor:
     """Truncate-and-rebalance (Eq. 52-55, beta with the corrected sign) and the floor guard, see docs/dfpo.md."""
-    zero = torch.zeros_like(s_bar)
-    inf = torch.full_like(s_bar, float("inf"))
     tiny = torch.finfo(s_bar.dtype).tiny
 
     s_plus = s_bar.clamp_min(floor)  # (B,) Eq. 52
     is_pos, is_neg = adv > 0, adv < 0  # (B,) P and N
     has_pos = groups.rows(is_pos.to(s_bar.dtype), "sum") > 0  # (B,) group has a member in P
     has_neg = groups.rows(is_neg.to(s_bar.dtype), "sum") > 0  # (B,)
-    mass_pos = groups.rows(torch.where(is_pos, adv * s_plus, zero), "sum")  # (B,) sum_P A s+
-    mass_neg = groups.rows(torch.where(is_neg, -adv * s_plus, zero), "sum")  # (B,) sum_N -A s+
+    mass_pos = groups.rows(torch.where(is_pos, adv * s_plus, 0.0), "sum")  # (B,) sum_P A s+
+    mass_neg = groups.rows(torch.where(is_neg, -adv * s_plus, 0.0), "sum")  # (B,) sum_N -A s+
     delta = mass_pos - mass_neg  # (B,) Eq. 53
 
     # Eq. 55 (beta's sign corrected). delta > 0 implies mass_pos > 0, delta < 0 mass_neg > 0;
     # the clamps only keep the unused branch finite.
     alpha = mass_neg / mass_pos.clamp_min(tiny)  # (B,) in [0, 1) where delta > 0
     beta = mass_pos / mass_neg.clamp_min(tiny)  # (B,) in [0, 1) where delta < 0
-    one = torch.ones_like(s_bar)
-    scale_pos = torch.where(delta > 0, alpha, one)  # (B,) Eq. 54
-    scale_neg = torch.where(delta < 0, beta, one)  # (B,)
+    scale_pos = torch.where(delta > 0, alpha, 1.0)  # (B,) Eq. 54
+    scale_neg = torch.where(delta < 0, beta, 1.0)  # (B,)
 
     # Floor guard (mixed-sign groups only): if the shrunk side would dip below the floor, shrink it
     # only until its smallest member reaches the floor and scale the other side up to rebalance.
-    min_pos = groups.rows(torch.where(is_pos, s_plus, inf), "amin")  # (B,) inf if P empty
-    min_neg = groups.rows(torch.where(is_neg, s_plus, inf), "amin")  # (B,)
+    min_pos = groups.rows(torch.where(is_pos, s_plus, float("inf")), "amin")  # (B,) inf if P empty
+    min_neg = groups.rows(torch.where(is_neg, s_plus, float("inf")), "amin")  # (B,)
     mixed = has_pos & has_neg  # (B,)
     guard_pos = mixed & (delta > 0) & (alpha * min_pos < floor)  # (B,)
     guard_neg = mixed & (delta < 0) & (beta * min_neg < floor)  # (B,)
@@ -126,9 +123,8 @@ def _orth_proj(s_bar: Tensor, adv: Tensor, groups: Groups, floor: float) -> Tens
 def _orth_proj_qp(s_bar: Tensor, adv: Tensor, groups: Groups) -> Tensor:
     """Exact solution of Eq. 51 per group via the sorted KKT breakpoints (docs/dfpo.md)."""
     max_size = groups.max_size
-    dtype, device = s_bar.dtype, s_bar.device
     inf = float("inf")
-    tiny = torch.finfo(dtype).tiny
+    tiny = torch.finfo(s_bar.dtype).tiny
 
     dense_adv = groups.dense(adv)  # (K, G) padding: A = 0
     dense_s = groups.dense(s_bar)  # (K, G)
@@ -152,13 +148,12 @@ def _orth_proj_qp(s_bar: Tensor, adv: Tensor, groups: Groups) -> Tensor:
         tail = torch.flip(torch.cumsum(torch.flip(x, [1]), 1), [1])
         return torch.cat([tail, torch.zeros_like(x[:, :1])], dim=1)
 
-    zero = torch.zeros_like(as_sorted)
     # Piece j = (b_(j-1), b_(j)): active are N members left of it (idx < j) and P members right of
     # it (idx >= j), where g(lam) = c0_j - lam c1_j.
-    c0 = prefix(torch.where(is_neg, as_sorted, zero)) + suffix(torch.where(is_pos, as_sorted, zero))  # (K, G + 1)
-    c1 = prefix(torch.where(is_neg, aa_sorted, zero)) + suffix(torch.where(is_pos, aa_sorted, zero))  # (K, G + 1)
+    c0 = prefix(torch.where(is_neg, as_sorted, 0.0)) + suffix(torch.where(is_pos, as_sorted, 0.0))  # (K, G + 1)
+    c1 = prefix(torch.where(is_neg, aa_sorted, 0.0)) + suffix(torch.where(is_pos, aa_sorted, 0.0))  # (K, G + 1)
 
-    valid = torch.arange(max_size, device=device) < num_breaks.unsqueeze(1)  # (K, G)
+    valid = torch.arange(max_size, device=s_bar.device) < num_breaks.unsqueeze(1)  # (K, G)
     finite_breaks = torch.where(valid, breaks, torch.zeros_like(breaks))  # (K, G)
     g_at_break = c0[:, :-1] - finite_breaks * c1[:, :-1]  # (K, G) g(b_k), from piece k
     crossed = (g_at_break <= 0) & valid  # (K, G)
@@ -193,10 +188,9 @@ def group_transform(
     orth_floor: float = 1e-6,
     members: Tensor | None = None,
 ) -> Tensor:
-    """In-group transform of the post-clip sequence weights (Eq. 50, 51, 52-55), detached: (B,) ``s_til`` in float32
-    (half / bf16 inputs) or the input's float dtype, from (B,) ``s_bar`` >= 0 and ``advantages``; ``groups`` as in
-    `dfpo_loss`; ``members`` (B,) bool, the rows it ranges over (the others are returned unchanged). A group whose
-    advantages do not take both signs gets 0 where ``A != 0`` (docs/dfpo.md, Degenerate groups)."""
+    """In-group transform of the post-clip sequence weights (Eq. 50, 51, 52-55), detached: (B,) ``s_til`` from (B,)
+    ``s_bar`` >= 0 and ``advantages``, over the ``members`` rows (the others unchanged). A group whose advantages do
+    not take both signs gets 0 where ``A != 0`` (docs/dfpo.md, Degenerate groups)."""
     if s_bar.dim() != 1 or advantages.shape != s_bar.shape:
         raise ValueError(f"s_bar and advantages must be (B,), got {tuple(s_bar.shape)}, {tuple(advantages.shape)}")
     groups = as_groups(groups, s_bar.shape[0])
@@ -218,47 +212,16 @@ def group_transform(
     return torch.where(members, out, s)
 
 
-def _sequence_advantages(advantages: Tensor, batch: int, length: int) -> Tensor:
-    """(B,) sequence advantages from (B,), (B, 1) or a (B, T) tensor constant along T (TRL expands (B,) this way)."""
-    if advantages.dim() == 1 and advantages.shape[0] == batch:
-        return advantages
-    if advantages.dim() == 2 and advantages.shape[0] == batch and advantages.shape[1] in (1, length):
-        if not torch.equal(advantages, advantages[:, :1].expand_as(advantages)):  # one advantage per sequence
-            raise ValueError(
-                "dfpo_loss is sequence-level: (B, T) advantages must be constant along T "
-                "(got token-varying advantages); pass (B,) advantages"
-            )
-        return advantages[:, 0]
-    raise ValueError(
-        f"advantages must be ({batch},) or ({batch}, {length}) constant along T, got shape {tuple(advantages.shape)}"
-    )
-
-
-def _sequence_is_weights(weights: Tensor | None, mask: Tensor) -> Tensor:
-    """(B,) one loss weight per sequence, detached; ones without weights. (B, T) weights (``token_*`` IS modes, the
-    entropy mask) times a (B, 1) loss weigh sequence ``i``, under any ``loss_type``, by their mean over its valid
-    tokens (0 for a row without any)."""
-    weights = loss_weights(weights, mask.shape, mask.dtype)
-    if weights is None:
-        return torch.ones(mask.shape[0], dtype=mask.dtype, device=mask.device)
-    return weights.squeeze(1) if weights.shape[1] == 1 else masked_mean(weights, mask, dim=-1)
-
-
 class SequenceWeights(NamedTuple):
-    """Per-sequence (B,) quantities of one `dfpo_loss` call, detached but for `log_factor`: what the diagnostics read."""
+    """Per-sequence (B,) quantities of one `dfpo_loss` call, detached: what `dfpo_diagnostics` reads."""
 
-    s: Tensor  # GSPO ratio
-    bounds: tuple[float, float]  # (1 - eps_low, 1 + eps_high)
-    s_bar: Tensor  # Eq. 47 post-clip values
-    clipped: Tensor  # bool: on a clip bound, no gradient
-    log_factor: Tensor  # value 0; gradient d log s where unclipped, 0 where clipped
+    carries: Tensor  # bool: rows with loss (valid tokens, a non-zero loss weight) off the clip bounds (Eq. 47)
     effective: Tensor  # s_bar times the loss weight: the coefficient GSPO's gradient carries
-    present: Tensor  # bool: rows that can carry loss at all
     members: Tensor  # bool: the rows the transform's constraint ranges over
     advantages: Tensor  # A_i
     lengths: Tensor  # valid tokens per row
-    s_til: Tensor | None = None  # the transformed weights (GSPO's `effective` for "none")
-    groups: Groups | None = None
+    s_til: Tensor  # the transformed weights (GSPO's `effective` for "none")
+    groups: Groups
 
 
 @dataclass
@@ -282,60 +245,58 @@ def dfpo_loss(
     orthogonal_over: str = "all",
     importance_weights: Tensor | None = None,
 ) -> DFPOOutput:
-    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K): the module docstring and docs/dfpo.md. Settings are
-    checked once, by `validate_dfpo` in `DFPOConfig`.
-
-    (B, T) log-probs (old ones constant) and mask; advantages (B,), or (B, T) / (B, 1) constant along T; ``groups``
-    a `Groups` (the trainer's `Groups.contiguous(B, G)`) or (B,) integer ids. ``orthogonal_over``: the module
-    docstring. ``importance_weights``: TRL's per-token loss weights, (B, 1) or (B, T) or None, applied here: the
-    transform acts on ``s_bar_i w_i``, so the cancellation includes them (under ``"none"``: per token, as TRL).
-    Returns per_token_loss (B, 1) = ``-A_i s_til_i`` in value ((B, T) for ``"none"`` with (B, T) weights; float32
-    for half / bf16), TRL's (B, 1) clip indicators, and `weights` for `dfpo_diagnostics`.
+    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K; the module docstring, docs/dfpo.md); `validate_dfpo`
+    checks the settings once, in `DFPOConfig`. Advantages constant along T; ``importance_weights``: TRL's per-token
+    loss weights, applied here: the transform acts on ``s_bar_i w_i``, so the cancellation includes them (under
+    ``"none"``: per token, as TRL). Returns per_token_loss (B, 1) = ``-A_i s_til_i`` in value ((B, T) for ``"none"``
+    with (B, T) weights), TRL's (B, 1) clip indicators, and `weights` for `dfpo_diagnostics`.
     """
-    check_token_inputs(per_token_logps, old_per_token_logps, mask)
-    batch, length = per_token_logps.shape
-    groups = as_groups(groups, batch)
+    check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
+    groups = as_groups(groups, mask.shape[0])
+    adv = advantages if advantages.dim() == 1 else advantages[:, 0]  # (B,); TRL expands (B,) to (B, T) this way
+    if advantages.dim() == 2 and not torch.equal(advantages, adv.unsqueeze(1).expand_as(advantages)):
+        raise ValueError(
+            "dfpo_loss is sequence-level: (B, T) advantages must be constant along T "
+            "(got token-varying advantages); pass (B,) advantages"
+        )
 
     dtype = compute_dtype(per_token_logps, old_per_token_logps)
-    logp = per_token_logps.to(dtype)  # (B, T)
     mask_f = mask.to(dtype)  # (B, T)
-    adv = _sequence_advantages(advantages, batch, length).detach().to(dtype)  # (B,)
-    log_ratio = logp - old_per_token_logps.detach().to(dtype)  # (B, T)
+    adv = adv.detach().to(dtype)  # (B,)
+    log_ratio = per_token_logps.to(dtype) - old_per_token_logps.detach().to(dtype)  # (B, T)
     log_s = log_importance_weights(log_ratio, mask_f, "sequence").squeeze(-1)  # (B,) Eq. 44, in log space
-    is_weight = _sequence_is_weights(importance_weights, mask_f)  # (B,)
-    seq = _post_clip(log_s, adv, is_weight, mask_f, (1.0 - epsilon_low, 1.0 + epsilon_high), orthogonal_over)
-
-    if transform == "none":
-        s_til = seq.effective  # (B,)
-    else:  # clipped members under "unclipped" keep GSPO's constant value, rows without loss get 0
-        transformed = group_transform(seq.effective, adv, groups, transform, orth_floor=orth_floor,
-                                      members=seq.members)  # fmt: skip
-        s_til = torch.where(seq.members, transformed, torch.where(seq.present, seq.effective, 0.0))  # (B,)
-    coefficient = seq.s_bar if transform == "none" else s_til  # (B,) "none": TRL's GSPO, IS weights per token below
-    per_token_loss = (-adv * coefficient * torch.exp(seq.log_factor)).unsqueeze(-1)  # (B, 1) -A sg(s_til/s_bar) s_bar
-    if transform == "none" and importance_weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
-        per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
-    lower, upper = seq.bounds
-    metrics = clip_indicators(((seq.s < lower) & (adv < 0)).unsqueeze(-1), ((seq.s > upper) & (adv > 0)).unsqueeze(-1))
-    return DFPOOutput(per_token_loss, metrics, seq._replace(s_til=s_til.detach(), groups=groups))  # (B, 1) indicators
-
-
-def _post_clip(
-    log_s: Tensor, adv: Tensor, is_weight: Tensor, mask_f: Tensor, bounds: tuple[float, float], orthogonal_over: str
-) -> SequenceWeights:
-    """Eq. 47's sign-aware post-clip of the GSPO ratios, and the members the transform ranges over."""
-    lower, upper = bounds
-    s_det = torch.exp(log_s).detach()  # (B,)
+    s = torch.exp(log_s).detach()  # (B,)
+    lower, upper = 1.0 - epsilon_low, 1.0 + epsilon_high
     # Eq. 47: A >= 0 takes min(s, c), which is the bound only above it; A < 0 takes max(s, c),
     # the bound only below it. Clipped sequences sit on a constant and get no gradient.
-    clipped_high = (adv >= 0) & (s_det > upper)  # (B,)
-    clipped_low = (adv < 0) & (s_det < lower)  # (B,)
+    clipped_high = (adv >= 0) & (s > upper)  # (B,)
+    clipped_low = (adv < 0) & (s < lower)  # (B,)
     clipped = clipped_high | clipped_low  # (B,)
-    s_bar = torch.where(clipped_high, upper, torch.where(clipped_low, lower, s_det))  # (B,) Eq. 47, values only
+    s_bar = torch.where(clipped_high, upper, torch.where(clipped_low, lower, s))  # (B,) Eq. 47, values only
     # exp(log s - sg(log s)): value exactly 1, gradient d log s for unclipped sequences, 0 for clipped ones.
     log_factor = torch.where(clipped, torch.zeros_like(log_s), log_s - log_s.detach())  # (B,)
-    present = (mask_f.sum(-1) > 0) & (is_weight > 0)  # (B,)
+    lengths = mask_f.sum(-1)  # (B,)
+    # One loss weight per sequence: (B, T) weights (``token_*`` IS modes, the entropy mask) times a (B, 1) loss weigh
+    # sequence i, under any loss_type, by their mean over its valid tokens (0 for a row without any)
+    weights = loss_weights(importance_weights, mask.shape, dtype)  # (B, T), (B, 1) or None
+    if weights is None:
+        is_weight = torch.ones_like(lengths)  # (B,)
+    else:
+        is_weight = weights.squeeze(1) if weights.shape[1] == 1 else masked_mean(weights, mask_f, dim=-1)  # (B,)
+    effective = s_bar * is_weight  # (B,)
+    present = (lengths > 0) & (is_weight > 0)  # (B,)
     members = present & ~clipped if orthogonal_over == "unclipped" else present  # (B,)
-    return SequenceWeights(
-        s_det, bounds, s_bar, clipped, log_factor, s_bar * is_weight, present, members, adv, mask_f.sum(-1)
-    )
+
+    if transform == "none":
+        s_til = effective  # (B,)
+    else:  # clipped members under "unclipped" keep GSPO's constant value, rows without loss get 0
+        transformed = group_transform(effective, adv, groups, transform, orth_floor=orth_floor, members=members)
+        s_til = torch.where(members, transformed, torch.where(present, effective, 0.0))  # (B,)
+    coefficient = s_bar if transform == "none" else s_til  # (B,) "none": TRL's GSPO, IS weights per token below
+    per_token_loss = (-adv * coefficient * torch.exp(log_factor)).unsqueeze(-1)  # (B, 1) -A sg(s_til/s_bar) s_bar
+    if transform == "none" and weights is not None:  # TRL: the loss times the IS weights, (B, 1) or (B, T)
+        per_token_loss = per_token_loss * weights
+    # TRL's (B, 1) indicators: the clipped rows, high ones only where A > 0
+    metrics = clip_indicators(clipped_low.unsqueeze(-1), (clipped_high & (adv > 0)).unsqueeze(-1))
+    seq = SequenceWeights(present & ~clipped, effective, members, adv, lengths, s_til.detach(), groups)
+    return DFPOOutput(per_token_loss, metrics, seq)

@@ -32,20 +32,12 @@ from .common import (
     clip_indicators,
     compute_dtype,
     loss_weights,
+    masked_log_ratio,
     named,
     nan_if_empty,
 )
 
 MAX_LOG_RHO = 60.0  # cap on log(rho) before exp: rho <= 1.1e26, finite float32 loss and gradient (docs/echo.md)
-
-
-def masked_log_ratio(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> Tensor:
-    """(B, T) ``log r = logp - old`` on valid tokens, exactly 0 elsewhere (`where`, not ``* mask``: padding
-    log-probs may be non-finite, and ``nan * 0`` is NaN)."""
-    dtype = compute_dtype(per_token_logps)
-    logp = per_token_logps.to(dtype)  # (B, T)
-    diff = logp - old_per_token_logps.to(dtype).detach()  # (B, T)
-    return torch.where(mask.bool(), diff, torch.zeros_like(diff))
 
 
 def echo_log_ratio_totals(per_token_logps: Tensor, old_per_token_logps: Tensor, mask: Tensor) -> Tensor:
@@ -56,8 +48,7 @@ def echo_log_ratio_totals(per_token_logps: Tensor, old_per_token_logps: Tensor, 
 
 
 class _Prepared:
-    """Upcast inputs, token log-ratios, loss weights and log R (with the scope's stop-gradients), and the clip
-    settings; ``batch_epsilon_low >= 1``: no lower batch bound (R > 0)."""
+    """One `echo_loss` call's upcast inputs, log r, loss weights, log R (with the scope's stop-gradients), settings."""
 
     def __init__(
         self,
@@ -75,7 +66,7 @@ class _Prepared:
         token_count: Tensor | float | None = None,
         importance_weights: Tensor | None = None,
     ) -> None:
-        low = math.log1p(-batch_epsilon_low) if batch_epsilon_low < 1 else -math.inf
+        low = math.log1p(-batch_epsilon_low) if batch_epsilon_low < 1 else -math.inf  # else no lower bound (R > 0)
         self.batch_bounds = (low, math.log1p(batch_epsilon_high))  # log(1 - eps_b_low), log(1 + eps_b_high)
         self.epsilon_low, self.epsilon_high, self.token_clip = epsilon_low, epsilon_high, token_clip
         check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
@@ -89,8 +80,7 @@ class _Prepared:
         self.weights = loss_weights(importance_weights, mask.shape, dtype)  # (B, T), (B, 1) or None
         self.num_valid = self.valid.sum()  # () local valid tokens
         local_sum = self.log_r.sum()  # () keeps the graph to the local tokens
-        self.global_scope = log_ratio_sum is not None
-        if not self.global_scope:
+        if log_ratio_sum is None:
             self.count = self.num_valid.to(dtype)  # ()
             total = local_sum  # ()
         else:
@@ -114,6 +104,14 @@ class _Prepared:
             loss = loss * self.weights  # (B, T) the trainer's per-token multipliers (constants)
         return torch.where(self.valid, loss, torch.zeros_like(loss)), rho  # (B, T), (B, T)
 
+    def coupling(self) -> Tensor:
+        """sum over local valid tokens of d loss_{i,t} / d log R (detached, by autograd on a leaf log R)."""
+        with torch.enable_grad():
+            leaf = self.log_ratio.detach().clone().requires_grad_(True)  # ()
+            loss, _ = self.surrogate(self.log_r.detach(), leaf)
+            (grad,) = torch.autograd.grad(loss.sum(), leaf)
+        return grad.detach()
+
 
 def validate_echo(
     *,
@@ -129,21 +127,12 @@ def validate_echo(
     check_positive(**named(names, **widths, batch_epsilon_high=batch_epsilon_high))
 
 
-def _local_coupling(prep: _Prepared) -> Tensor:
-    """sum over local valid tokens of d loss_{i,t} / d log R (detached, by autograd on a leaf log R)."""
-    with torch.enable_grad():
-        leaf = prep.log_ratio.detach().clone().requires_grad_(True)  # ()
-        loss, _ = prep.surrogate(prep.log_r.detach(), leaf)
-        (grad,) = torch.autograd.grad(loss.sum(), leaf)
-    return grad.detach()
-
-
 def echo_batch_ratio_coupling(
     per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor, **settings: Any
 ) -> Tensor:
     """This part's coupling ``sum_{i,t} mask * w * d loss_{i,t} / d log R`` (0-dim, detached; 0 when R is clipped):
     summed over the parts that form R, it is `echo_loss`'s ``coupling_sum`` (`echo_loss`'s other arguments)."""
-    return _local_coupling(_Prepared(per_token_logps, old_per_token_logps, advantages, mask, **settings))
+    return _Prepared(per_token_logps, old_per_token_logps, advantages, mask, **settings).coupling()
 
 
 def echo_loss(
@@ -163,36 +152,31 @@ def echo_loss(
     importance_weights: Tensor | None = None,
 ) -> ObjectiveOutput:
     """ECHO per-token loss (Eq. 6-11; the module docstring, docs/echo.md); `validate_echo` checks the clip widths
-    once, in `ECHOConfig`. (B, T) log-probs (old ones constant) and 0/1 mask, (B,) or (B, T) advantages; the token
-    clip (Eq. 11) and R's (Eq. 7); ``log_ratio_sum``, ``token_count``: detached totals over the parts that form R
-    (summed `echo_log_ratio_totals`; None: this micro-batch); ``coupling_sum``: the summed
-    `echo_batch_ratio_coupling` of the same parts; ``importance_weights``: (B, T) or (B, 1) constant loss
-    multipliers (R stays Eq. 6 over every token of ``mask``). Returns per_token_loss (B, T) (0 off the mask) and
-    metrics "echo/batch_ratio" (R), "echo/batch_clipped" (0/1), TRL's clip indicators of rho; NaN if undefined.
+    once, in `ECHOConfig`. Wider scopes: the parts' summed `echo_log_ratio_totals` (``log_ratio_sum``,
+    ``token_count``) and `echo_batch_ratio_coupling` (``coupling_sum``). Returns the (B, T) loss (0 off the mask),
+    "echo/batch_ratio" (R), "echo/batch_clipped" (0/1) and TRL's clip indicators of rho.
     """
     widths = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, batch_epsilon_low=batch_epsilon_low)
     scope = dict(log_ratio_sum=log_ratio_sum, token_count=token_count, importance_weights=importance_weights)
     inputs = (per_token_logps, old_per_token_logps, advantages, mask)
-    prep = _Prepared(*inputs, **widths, batch_epsilon_high=batch_epsilon_high, token_clip=token_clip, **scope)
-    if coupling_sum is not None and not prep.global_scope:
+    if coupling_sum is not None and log_ratio_sum is None:
         raise ValueError("coupling_sum is only meaningful with log_ratio_sum and token_count (global scope)")
+    prep = _Prepared(*inputs, **widths, batch_epsilon_high=batch_epsilon_high, token_clip=token_clip, **scope)
     loss, rho = prep.surrogate(prep.log_r, prep.log_ratio)  # (B, T) each
 
     if coupling_sum is not None and prep.log_ratio.requires_grad:
         # Supply the other parts' d loss / d log R through this part's log R graph; the term's
         # value is exactly 0 (x - sg(x)), only its gradient counts (docs/echo.md).
         total = torch.as_tensor(coupling_sum, dtype=loss.dtype, device=loss.device).detach().reshape(())
-        missing = total - _local_coupling(prep)  # ()
+        missing = total - prep.coupling()  # ()
         extra = missing * (prep.log_ratio - prep.log_ratio.detach()) / prep.num_valid.clamp(min=1)  # ()
         loss = loss + torch.where(prep.valid, extra, torch.zeros_like(loss))  # (B, T)
 
-    with torch.no_grad():
-        low_b, high_b = prep.batch_bounds
-        log_ratio = prep.log_ratio.detach()  # ()
-        batch_ratio = nan_if_empty(log_ratio.exp(), prep.count)
-        batch_clipped = nan_if_empty((log_ratio < low_b) | (log_ratio > high_b), prep.count)
-        adv = prep.advantages.expand_as(rho)  # (B, T)
-        is_low = (rho < 1 - epsilon_low) & (adv < 0) & prep.valid & token_clip  # (B, T); none without the clip
-        is_high = (rho > 1 + epsilon_high) & (adv > 0) & prep.valid & token_clip  # (B, T)
+    low_b, high_b = prep.batch_bounds
+    log_ratio = prep.log_ratio.detach()  # ()
+    batch_ratio = nan_if_empty(log_ratio.exp(), prep.count)
+    batch_clipped = nan_if_empty((log_ratio < low_b) | (log_ratio > high_b), prep.count)
+    is_low = (rho < 1 - epsilon_low) & (prep.advantages < 0) & prep.valid & token_clip  # (B, T); none without clip
+    is_high = (rho > 1 + epsilon_high) & (prep.advantages > 0) & prep.valid & token_clip  # (B, T)
     metrics = {"echo/batch_ratio": batch_ratio, "echo/batch_clipped": batch_clipped}
     return ObjectiveOutput(per_token_loss=loss, metrics=metrics | clip_indicators(is_low, is_high))

@@ -16,7 +16,7 @@ from .common import (
     check_token_inputs,
     clip_indicators,
     compute_dtype,
-    masked_sum,
+    masked_mean,
     named,
     names_of,
     nan_if_empty,
@@ -49,28 +49,16 @@ def symmetric_clip_loss(
     importance_weights: Tensor | None = None,
 ) -> ObjectiveOutput:
     """GRPO-fix: token-level ``-A * clip(r, 0, 1 + eps_high)`` for both signs of A (Eq. 79-80; not PPO's min, App. H.3):
-    no gradient where ``r > 1 + eps``; Eq. 80's ``1/G sum_i sum_t`` is the trainer's ``loss_type``.
-
-    (B, T) log-probs (old ones constant) and mask; advantages (B,), (B, 1) or (B, T); ``importance_weights``: TRL's
-    per-token loss weights, (B, 1) or (B, T) or None, multiplied after the clip as TRL does. Returns per_token_loss
-    (B, T) before masking; TRL's clip indicators (high: ``r > 1 + eps_high`` with ``A > 0``; low: 0), and
-    ``dfpo/sym_clip_ratio``: the fraction of valid tokens with ``r > 1 + eps_high`` for any sign.
+    no gradient where ``r > 1 + eps``; Eq. 80's ``1/G sum_i sum_t`` is the trainer's ``loss_type``. TRL's loss
+    weights multiply after the clip, as TRL does. Metrics: TRL's clip indicators (high: ``r > 1 + eps_high`` with
+    ``A > 0``; low: 0) and ``dfpo/sym_clip_ratio``, the fraction of valid tokens with ``r > 1 + eps_high``.
     """
-    check_token_inputs(per_token_logps, old_per_token_logps, mask)
-    batch, length = per_token_logps.shape
-    adv = as_token_advantages(advantages)  # (B, 1) or (B, T)
-    if adv.shape[0] != batch or adv.shape[1] not in (1, length):
-        raise ValueError(
-            f"advantages must be ({batch},), ({batch}, 1) or ({batch}, {length}), got shape {tuple(advantages.shape)}"
-        )
-
+    check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
     dtype = compute_dtype(per_token_logps, old_per_token_logps)
-    logp = per_token_logps.to(dtype)  # (B, T)
-    old_logp = old_per_token_logps.detach().to(dtype)  # (B, T)
     mask_f = mask.to(dtype)  # (B, T)
-    adv = adv.detach().to(dtype)  # (B, 1) or (B, T)
+    adv = as_token_advantages(advantages).detach().to(dtype)  # (B, 1) or (B, T)
 
-    log_ratio = (logp - old_logp) * mask_f  # (B, T)
+    log_ratio = (per_token_logps.to(dtype) - old_per_token_logps.detach().to(dtype)) * mask_f  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T) r
     upper = 1.0 + epsilon_high
     phi = torch.clamp(ratio, min=0.0, max=upper)  # (B, T) Eq. 79, same for both signs of A
@@ -78,10 +66,8 @@ def symmetric_clip_loss(
     if importance_weights is not None:  # mirrors GRPOTrainer._compute_loss: loss * importance_sampling_ratio
         per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
 
-    with torch.no_grad():
-        above = (ratio > upper).to(dtype)  # (B, T)
-        high = above * (adv.expand_as(ratio) > 0).to(dtype)  # (B, T)
-        count = mask_f.sum()
-        metrics = clip_indicators(torch.zeros_like(high), high * mask_f)  # (B, T) each; no lower bound, low is 0
-        metrics["dfpo/sym_clip_ratio"] = nan_if_empty(masked_sum(above, mask_f) / count.clamp(min=1), count)
+    above = (ratio > upper).to(dtype)  # (B, T) a comparison: no gradient
+    high = above * (adv > 0) * mask_f  # (B, T) valid tokens above the bound with A > 0
+    metrics = clip_indicators(torch.zeros_like(high), high)  # (B, T) each; no lower bound, low is 0
+    metrics["dfpo/sym_clip_ratio"] = nan_if_empty(masked_mean(above, mask_f), mask_f.sum())
     return ObjectiveOutput(per_token_loss=per_token_loss, metrics=metrics)

@@ -21,7 +21,7 @@ from torch import Tensor
 from .common import Groups, as_groups, check_choice, compute_dtype, energy_from_log_probs
 from .estimators import AdvantageEstimator, EstimatorInputs, EstimatorOutput, register_estimator
 
-__all__ = ["TOKEN_POSITIONS", "logit_gradient_energy", "otb_advantages", "otb_metrics", "otb_zero_tail"]
+__all__ = ["TOKEN_POSITIONS", "logit_gradient_energy", "otb_advantages", "otb_zero_tail"]
 
 # Rows of logits upcast to float32 at a time: 256 x 152k vocabulary is ~155 MB per temporary.
 DEFAULT_ENERGY_CHUNK_SIZE = 256
@@ -53,18 +53,17 @@ def logit_gradient_energy(
         raise ValueError(f"token_ids must lie in [0, {vocab}) (mask ignored positions with a valid id)")
 
     dtype = compute_dtype(logits)
-    with torch.no_grad():
-        flat = logits.detach().reshape(-1, vocab)  # (N, V), input dtype; a view when contiguous
-        ids = token_ids.reshape(-1, 1)  # (N, 1)
-        out = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)  # (N,)
-        for start in range(0, flat.shape[0], chunk_size):
-            end = min(start + chunk_size, flat.shape[0])
-            z = flat[start:end].to(dtype, copy=True)  # (c, V) the only upcast copy
-            z.div_(temperature)  # (c, V) in place: no second full-width copy
-            lse = torch.logsumexp(z, dim=-1)  # (c,)
-            log_sum_sq = torch.logsumexp(2.0 * z, dim=-1) - 2.0 * lse  # (c,) log sum_v p_v^2
-            log_p_y = z.gather(-1, ids[start:end]).squeeze(-1) - lse  # (c,)
-            out[start:end] = energy_from_log_probs(log_p_y, log_sum_sq)  # (c,)
+    flat = logits.detach().reshape(-1, vocab)  # (N, V), input dtype; a view when contiguous
+    ids = token_ids.reshape(-1, 1)  # (N, 1)
+    out = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)  # (N,)
+    for start in range(0, flat.shape[0], chunk_size):
+        end = min(start + chunk_size, flat.shape[0])
+        z = flat[start:end].to(dtype, copy=True)  # (c, V) the only upcast copy
+        z.div_(temperature)  # (c, V) in place: no second full-width copy
+        lse = torch.logsumexp(z, dim=-1)  # (c,)
+        log_sum_sq = torch.logsumexp(2.0 * z, dim=-1) - 2.0 * lse  # (c,) log sum_v p_v^2
+        log_p_y = z.gather(-1, ids[start:end]).squeeze(-1) - lse  # (c,)
+        out[start:end] = energy_from_log_probs(log_p_y, log_sum_sq)  # (c,)
     return out.view(token_ids.shape)  # (...)
 
 
@@ -77,18 +76,12 @@ def otb_advantages(
     handle_zero_tail: bool = False,
     token_positions: str = "valid",
     importance_weights: Tensor | None = None,
-    epsilon: float = 1e-8,
     check_values: bool = False,
 ) -> Tensor:
-    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`): (B, T), detached,
-    float32 (float64 if any input is), 0 at masked positions and on rows with a NaN reward.
-
-    ``rewards`` (B,) raw weighted rewards G_i, NaN: unscorable; ``energy`` (B, T) e_t >= 0; ``mask`` (B, T) loss mask
-    (0 at padding and tool results); ``groups`` a `Groups` or (B,) integer ids; ``importance_weights`` optional (B, T)
-    rollout IS weights w (energies become w^2 e); ``epsilon``: the reference's 1e-8 in b_t's denominator.
-    ``check_values`` (a debug mode) also rejects +-inf rewards and non-finite or negative energies: off by default, as
-    reading values stalls a GPU (the trainer checks rewards once per generation batch; energies are >= 0 by
-    construction).
+    """OTB advantages ``A_it = (G_i - b_t) * mask_it`` (the module docstring; `docs/otb.md`): (B, T), detached, 0 at
+    masked positions and on rows with a NaN (unscorable) reward; ``importance_weights``: rollout IS weights w
+    (energies become w^2 e). ``check_values`` (debug) also rejects +-inf rewards and non-finite or negative
+    energies; off by default, as reading values stalls a GPU (the trainer checks rewards once per batch).
     """
     shapes = [tuple(t.shape) for t in (energy, mask, importance_weights) if t is not None]  # one (B, T) shape
     if rewards.dim() != 1 or energy.dim() != 2 or energy.shape[0] != rewards.shape[0] or len(set(shapes)) > 1:
@@ -99,79 +92,60 @@ def otb_advantages(
     groups = as_groups(groups, rewards.shape[0])
 
     dtype = compute_dtype(rewards, energy, importance_weights)
-    with torch.no_grad():
-        returns = rewards.detach().to(dtype)  # (B,)
-        scored = ~torch.isnan(returns)  # (B,)
-        returns = torch.where(scored, returns, torch.zeros_like(returns))  # (B,)
-        active = (mask != 0) & scored.unsqueeze(-1)  # (B, T)
-        # A member needs a score and a valid token: the others leave their group (verl's tool-use estimator drops
-        # rows without a valid token the same way)
-        member = active.any(-1)  # (B,)
-        e = _active_energy(energy, importance_weights, active, dtype)  # (B, T)
-        if check_values:
-            _check_values(rewards, e)
-        e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
-
-        order = None
-        if token_positions == "valid":
-            # Compact each row's valid tokens to the left: column k is then its k-th valid token, and the rest of
-            # the computation below is the absolute-position estimator on right-padded rows.
-            order = torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T) valid ones first
-            e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
-
-        shared = groups.rows(member.to(torch.int64), "sum") > 1  # (B,) the row's group has two or more members
-        baseline = _token_baseline(e, active, returns, shared, groups, epsilon)  # (B, T)
-        if handle_zero_tail:
-            baseline = _zero_tail(baseline, active, member, shared, groups)  # (B, T)
-        trains = active & ~_constant_group(returns, member, shared, groups).unsqueeze(-1)  # (B, T)
-        advantages = torch.where(trains, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
-        if order is not None:  # back to the columns of the input
-            advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
-    return advantages
-
-
-def _check_values(rewards: Tensor, e: Tensor) -> None:
-    """`otb_advantages`' ``check_values``: finite-or-NaN rewards, finite non-negative active energies ``e``."""
-    if torch.isinf(rewards).any():
-        raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
-    if not torch.isfinite(e).all():
-        raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
-    if (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
-        raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
-
-
-def _active_energy(energy: Tensor, importance_weights: Tensor | None, active: Tensor, dtype: torch.dtype) -> Tensor:
-    """(B, T) ``w^2 e`` on the active tokens, 0 elsewhere (not yet clamped: `_check_values` sees the raw values)."""
+    returns = rewards.detach().to(dtype)  # (B,)
+    scored = ~torch.isnan(returns)  # (B,)
+    returns = torch.where(scored, returns, torch.zeros_like(returns))  # (B,)
+    active = (mask != 0) & scored.unsqueeze(-1)  # (B, T)
+    # A member needs a score and a valid token: the others leave their group (verl's tool-use estimator drops
+    # rows without a valid token the same way)
+    member = active.any(-1)  # (B,)
     e = energy.detach().to(dtype)  # (B, T)
     if importance_weights is not None:
         e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
     # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
-    return torch.where(active, e, torch.zeros_like(e))  # (B, T)
+    e = torch.where(active, e, torch.zeros_like(e))  # (B, T)
+    if check_values and torch.isinf(rewards).any():  # the debug mode's checks read the device
+        raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
+    if check_values and not torch.isfinite(e).all():
+        raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
+    if check_values and (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
+        raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
+    e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
+
+    order = None
+    if token_positions == "valid":
+        # Compact each row's valid tokens to the left: column k is then its k-th valid token, and the rest of
+        # the computation below is the absolute-position estimator on right-padded rows.
+        order = torch.sort((~active).to(torch.int8), dim=-1, stable=True).indices  # (B, T) valid ones first
+        e, active = e.gather(-1, order), active.gather(-1, order)  # (B, T) each
+
+    shared = groups.rows(member.to(torch.int64), "sum") > 1  # (B,) the row's group has two or more members
+    baseline = _token_baseline(e, active, returns, shared, groups)  # (B, T)
+    if handle_zero_tail:
+        baseline = _zero_tail(baseline, active, member, shared, groups)  # (B, T)
+    # the members of a group of two or more with one return for all train nothing (active implies member)
+    lowest = groups.rows(torch.where(member, returns, torch.full_like(returns, torch.inf)), "amin")  # (B,)
+    highest = groups.rows(torch.where(member, returns, torch.full_like(returns, -torch.inf)), "amax")  # (B,)
+    trains = active & ~(shared & (lowest == highest)).unsqueeze(-1)  # (B, T)
+    advantages = torch.where(trains, returns.unsqueeze(-1) - baseline, torch.zeros_like(baseline))  # (B, T)
+    if order is not None:  # back to the columns of the input
+        advantages = torch.empty_like(advantages).scatter_(-1, order, advantages)  # (B, T)
+    return advantages
 
 
-def _token_baseline(
-    e: Tensor, active: Tensor, returns: Tensor, shared: Tensor, groups: Groups, epsilon: float
-) -> Tensor:
+def _token_baseline(e: Tensor, active: Tensor, returns: Tensor, shared: Tensor, groups: Groups) -> Tensor:
     """(B, T) ``b_t`` of each row's group (Theorem 4.1) over its members active at ``t``; the plain mean of their
     returns where their summed energy is at most `MIN_SUMMED_ENERGY`; 0 for a group of one."""
     cum_energy = e.cumsum(-1)  # (B, T) W_t, including t (e is 0 off the mask)
     weight = torch.where(active, cum_energy, torch.zeros_like(cum_energy))  # (B, T) mask_t W_t
-    # Per-group, per-position sums over the active members: (K, T), broadcast back to rows
     numer = groups.reduce(weight * returns.unsqueeze(-1), "sum")  # (K, T)
     denom = groups.reduce(weight, "sum")  # (K, T)
-    weighted = numer / (denom + epsilon)  # (K, T)
+    weighted = numer / (denom + 1e-8)  # (K, T) the reference's 1e-8
     count = groups.reduce(active.to(weight.dtype), "sum").clamp_min(1.0)  # (K, T) active members
     plain = groups.reduce(torch.where(active, returns.unsqueeze(-1), torch.zeros_like(weight)), "sum") / count
     baseline = groups.broadcast(torch.where(denom > MIN_SUMMED_ENERGY, weighted, plain))  # (B, T)
     # A group of one member has nothing to compare with: baseline 0 (verl: N == 1)
     return torch.where(shared.unsqueeze(-1), baseline, torch.zeros_like(baseline))  # (B, T)
-
-
-def _constant_group(returns: Tensor, member: Tensor, shared: Tensor, groups: Groups) -> Tensor:
-    """(B,) whether the row is a member of a group of two or more members that all have the same return."""
-    lowest = groups.rows(torch.where(member, returns, torch.full_like(returns, torch.inf)), "amin")  # (B,)
-    highest = groups.rows(torch.where(member, returns, torch.full_like(returns, -torch.inf)), "amax")  # (B,)
-    return member & shared & (lowest == highest)  # (B,)
 
 
 def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, shared: Tensor, groups: Groups) -> Tensor:
@@ -186,28 +160,6 @@ def _zero_tail(baseline: Tensor, active: Tensor, member: Tensor, shared: Tensor,
     positions = torch.arange(baseline.shape[1], device=baseline.device)  # (T,)
     tail = unique_longest.unsqueeze(-1) & (positions >= second.unsqueeze(-1))  # (B, T)
     return torch.where(tail, torch.zeros_like(baseline), baseline)  # (B, T)
-
-
-def otb_metrics(
-    rewards: Tensor, energy: Tensor, advantages: Tensor, mask: Tensor, groups: Groups | Tensor
-) -> tuple[dict[str, Tensor], Tensor]:
-    """OTB's (B, T) metrics and the mask to average them over (scored valid tokens; padding's non-finite values never
-    reach a sum). The mechanism shows as `otb/grad_second_moment`, E[A^2 ||grad log p||^2] with the energy as the
-    squared norm, below `otb/grad_second_moment_group_mean_baseline` (the group-mean baseline's advantages)."""
-    valid = (mask != 0) & (~torch.isnan(rewards)).unsqueeze(1)  # (B, T)
-    returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
-    baseline = returns - advantages  # (B, T) b_t where valid
-    groups = as_groups(groups, rewards.shape[0])
-    group_adv = returns - groups.rows(returns, "mean")  # (B, 1)
-    per_token = {
-        "otb/energy_mean": energy,
-        "otb/baseline_mean": baseline,
-        "otb/adv_abs_mean": advantages.abs(),
-        "otb/grad_second_moment": advantages**2 * energy,
-        "otb/grad_second_moment_group_mean_baseline": group_adv**2 * energy,
-    }  # (B, T) each
-    metrics = {name: torch.where(valid, value.detach(), torch.zeros_like(value)) for name, value in per_token.items()}
-    return metrics, valid.to(energy.dtype)
 
 
 def _validate_otb_knobs(*, otb_token_positions: str, otb_handle_zero_tail: bool | None) -> None:
@@ -225,20 +177,31 @@ def otb_zero_tail(otb_handle_zero_tail: bool | None, tool_use: bool) -> bool:
 
 
 def _otb(inputs: EstimatorInputs, *, otb_token_positions: str, otb_handle_zero_tail: bool | None) -> EstimatorOutput:
-    """OTB's advantages `G_i - b_t` and metrics."""
-    zero_tail = otb_zero_tail(otb_handle_zero_tail, inputs.tool_use)
-    groups = inputs.groups()
+    """OTB's advantages `G_i - b_t`, and (B, T) metrics averaged over the scored valid tokens (padding's non-finite
+    values never reach a sum). The mechanism shows as `otb/grad_second_moment`, E[A^2 ||grad log p||^2] with the
+    energy as the squared norm, below `otb/grad_second_moment_group_mean_baseline` (the group-mean baseline's)."""
+    rewards, energy, mask, groups = inputs.rewards, inputs.energy, inputs.mask, inputs.groups()
     advantages = otb_advantages(
-        inputs.rewards,
-        inputs.energy,
-        inputs.mask,
+        rewards,
+        energy,
+        mask,
         groups,
-        handle_zero_tail=zero_tail,
+        handle_zero_tail=otb_zero_tail(otb_handle_zero_tail, inputs.tool_use),
         token_positions=otb_token_positions,
         importance_weights=inputs.importance_weights,
     )  # (B, T)
-    metrics, valid = otb_metrics(inputs.rewards, inputs.energy, advantages, inputs.mask, groups)
-    return EstimatorOutput(advantages, metrics, valid)
+    valid = (mask != 0) & (~torch.isnan(rewards)).unsqueeze(1)  # (B, T)
+    returns = torch.nan_to_num(rewards).unsqueeze(1)  # (B, 1)
+    group_adv = returns - groups.rows(returns, "mean")  # (B, 1)
+    per_token = {
+        "otb/energy_mean": energy,
+        "otb/baseline_mean": returns - advantages,  # b_t where valid
+        "otb/adv_abs_mean": advantages.abs(),
+        "otb/grad_second_moment": advantages**2 * energy,
+        "otb/grad_second_moment_group_mean_baseline": group_adv**2 * energy,
+    }  # (B, T) each
+    metrics = {name: torch.where(valid, value.detach(), torch.zeros_like(value)) for name, value in per_token.items()}
+    return EstimatorOutput(advantages, metrics, valid.to(energy.dtype))
 
 
 _POSITIONS_METADATA = {
