@@ -213,7 +213,7 @@ def main(argv=None) -> dict:
                "command": common.command_line("benchmarks.loss_overhead", args.argv), "machine_load": load,
                "settings": settings, "stop_reason": stop_reason,
                "timed": "per call: compute_advantages + objective hook + TRL's dapo aggregation + backward to the "
-               "log-probs (model in eval mode); ratio = exp(mean over rounds of log(sample / trl_grpo's))",
+               "log-probs (model in eval mode); ratio = exp(median over rounds of log(sample / trl_grpo's))",
                "clock": "CUDA events" if device == "cuda" else "this thread's CPU time (time.thread_time)",
                "shapes": {f"b{args.batch_size}_t{args.length}": {"noise_floor": floor, "results": results}},
                }  # fmt: skip
