@@ -104,12 +104,13 @@ def otb_advantages(
         e = e * importance_weights.detach().to(dtype).square()  # (B, T) w^2 e
     # `where`, not `* mask`: garbage (NaN) energies at padding must not leak into the cumsum
     e = torch.where(active, e, torch.zeros_like(e))  # (B, T)
-    if check_values and torch.isinf(rewards).any():  # the debug mode's checks read the device
-        raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
-    if check_values and not torch.isfinite(e).all():
-        raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
-    if check_values and (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
-        raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
+    if check_values:  # the debug mode: these read the device
+        if torch.isinf(rewards).any():
+            raise ValueError("rewards must be finite or NaN (NaN = unscorable); got +-inf")
+        if not torch.isfinite(e).all():
+            raise ValueError("energy (times importance_weights^2) must be finite at valid positions")
+        if (e < -_NEGATIVE_ENERGY_TOLERANCE).any():
+            raise ValueError("energy must be >= 0 (it is a squared gradient norm)")
     e = e.clamp_min(0.0)  # (B, T) rounding of 1 - 2p + sum p^2 only
 
     order = None
