@@ -1,4 +1,4 @@
-"""The cost of checkpoint integrity (`trl_groupopt/run_folder.py`): how fast a checkpoint's files are digested.
+"""The cost of checkpoint integrity (`trl_groupopt/runfolder/checkpoints.py`): how fast a checkpoint's files are digested.
 
 `python -m benchmarks.checkpoint_digest [--mb 512] [--repeats 3]` times, on one core and best of `--repeats`: SHA-256
 (what the completion record stores), BLAKE2b and MD5 in memory, and `run_folder.file_digest` on a file of random
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mb", type=int, default=512, help="size of the test data in MB")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    from trl_groupopt.run_folder import file_digest
+    from trl_groupopt.runfolder.checkpoints import file_digest
 
     data = os.urandom(args.mb * 1_000_000)
     chunks = [memoryview(data)[start : start + (8 << 20)] for start in range(0, len(data), 8 << 20)]

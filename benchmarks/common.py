@@ -1,5 +1,5 @@
 """Helpers shared by the benchmarks: environment and device, curve statistics, JSON, tables and plots. The paired
-statistics are the engine's (`trl_groupopt.stats`); torch and TRL are imported inside the functions (fast `--help`)."""
+statistics are the engine's (`trl_groupopt.comparison.stats`); torch and TRL are imported inside the functions (fast `--help`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trl_groupopt.runs import jsonable
-from trl_groupopt.stats import mean, mean_ci, paired_differences, t_quantile_975
+from trl_groupopt.comparison.runs import jsonable
+from trl_groupopt.comparison.stats import mean, mean_ci, paired_differences, t_quantile_975
 
 __all__ = ["jsonable", "mean", "mean_ci", "paired_differences", "t_quantile_975"]
 

@@ -101,7 +101,7 @@ def build_calls(args, device: str) -> tuple[dict[str, Any], dict[str, str]]:
     """name -> call for the baseline, every variant and the control; their labels."""
     import torch
 
-    from trl_groupopt.offline import build_tokenizer
+    from trl_groupopt.data.offline import build_tokenizer
 
     oargs = overhead.parse_args(["--smoke", "--seed", str(args.seed)])  # the task-sized model only scores the batch
     oargs.__dict__.update(vocab_size=None, completion_length=args.length, batch_size=args.batch_size,

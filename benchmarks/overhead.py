@@ -152,7 +152,7 @@ def synthetic_reward(completions, completion_ids, **kwargs) -> list[float]:
 
 def make_prompts(num: int, prompt_length: int, seed: int):
     """The arithmetic task's prompts, padded with filler to about `prompt_length` (character-level) tokens."""
-    from trl_groupopt.offline import make_arithmetic_dataset
+    from trl_groupopt.data.offline import make_arithmetic_dataset
 
     filler = "think about each step and check the sum before you answer. "
 
@@ -224,7 +224,7 @@ def config_kwargs_for(variant: Variant, args, device: str, dtype, workdir: str) 
     """The shared settings (the same for every trainer), then the variant's overrides."""
     import torch
 
-    from trl_groupopt.cli import DEMO_DEFAULTS
+    from trl_groupopt.cli.main import DEMO_DEFAULTS
 
     total = args.warmup + args.steps
     demo = ("lr_scheduler_type", "beta", "temperature", "save_strategy", "report_to", "disable_tqdm")
@@ -629,7 +629,7 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(1)  # on CUDA too: no OpenMP pool spinning beside the launching thread (CPU-bound steps)
 
-    from trl_groupopt.offline import build_tokenizer
+    from trl_groupopt.data.offline import build_tokenizer
 
     transformers.logging.set_verbosity_error()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

@@ -1,6 +1,6 @@
 """Power analysis of the claims grid: how many seeds each claim needs to be decided (`benchmarks.stress.CLAIM_SEEDS`
 holds the plan; a test checks they agree). A claim's 95% half-width over n seeds is t_{0.975, n-1} sd / sqrt(n)
-(`trl_groupopt.stats.half_width`), with sd from the full grid's runs (`stress_runs.jsonl`) and from the pilot, the first
+(`trl_groupopt.comparison.stats.half_width`), with sd from the full grid's runs (`stress_runs.jsonl`) and from the pilot, the first
 `PILOT_SEEDS` seeds of the claims grid (`claims_runs.jsonl`); the plan: `plan_from`.
 
     python -m benchmarks.power        # benchmarks/results/{stress,claims}_runs.jsonl -> power.json (and the table)
@@ -13,8 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from trl_groupopt.runs import read_runs
-from trl_groupopt.stats import half_width, seeds_needed
+from trl_groupopt.comparison.runs import read_runs
+from trl_groupopt.comparison.stats import half_width, seeds_needed
 
 from . import common, stress
 

@@ -1,6 +1,6 @@
 """The one runner of the training benchmarks: the stress grid, the claims grid (`--claims`) and sample efficiency
 (`--sample-efficiency`), `GRIDS`. A run trains a configuration (`CONFIGS`, `SE_CONFIGS`) with its regime's knob
-(`REGIMES`) through the library's runner (`trl_groupopt.runs`: keyed runs files that the same command resumes);
+(`REGIMES`) through the library's runner (`trl_groupopt.comparison.runs`: keyed runs files that the same command resumes);
 `--from-runs FILE` rebuilds the JSON and the plot without training. See benchmarks/README.md.
 
     python -m benchmarks.stress --claims --from-runs benchmarks/results/claims_runs.jsonl  # rebuild, no training
@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from trl_groupopt import METHODS, stats
-from trl_groupopt.defaults import DEMO_DEFAULTS
-from trl_groupopt.methods import MECHANISM_ACTS
-from trl_groupopt.offline import VARIANTS as TASKS
-from trl_groupopt.runs import Grid, Runs, pending, read_runs, run_grid, settings_conflict
+from trl_groupopt import METHODS
+from trl_groupopt.cli.defaults import DEMO_DEFAULTS
+from trl_groupopt.comparison import stats
+from trl_groupopt.comparison.runs import Grid, Runs, pending, read_runs, run_grid, settings_conflict
+from trl_groupopt.data.offline import VARIANTS as TASKS
 
 from . import common, overhead
 
@@ -112,6 +112,8 @@ GRIDS: dict[str, dict[str, Any]] = {
 SMOKE = dict(max_steps=2, num_train=128, num_eval=8, long_completion_length=48, eval_every=2)  # where a grid has it
 GRID_REGIMES = GRIDS["stress"]["regimes"]
 SMOKE_CLAIMS, SMOKE_PROBE = ("echo_off_policy", "ctpo_long"), ("echo_probe_lr10", 16)  # --claims --smoke, 1 seed
+#: method -> (what acted, the logged keys, the predicate), from each spec's `Mechanism`.
+MECHANISM_ACTS = {name: (s.mechanism.what, s.mechanism.keys, s.mechanism.acts) for name, s in METHODS.items()}
 #: Logged keys kept per optimizer step (every key starting with one of these), besides reward, entropy and length.
 MECHANISM_PREFIXES = ("echo/", "dfpo/", "ctpo/", "otb/", "clip_ratio/")
 EXTRA_METRICS = {"echo": ("clip_ratio/region_mean",), "ctpo": ("ctpo/dual_clip",),
@@ -136,7 +138,7 @@ PROBES = {"echo": {"metric": "echo/batch_ratio", "cells": {("staleness", 16): PI
 CLAIM_VERDICTS = {stats.BETTER: "reproduced", stats.WORSE: "not reproduced", stats.NO_DIFFERENCE: "not reproduced",
                   stats.INCONCLUSIVE: "inconclusive", stats.NOT_RUN: "not run"}  # fmt: skip
 VERDICT_RULE = (
-    "the rule of `trl-groupopt compare` (trl_groupopt.stats), with d = config - baseline paired by seed (for a "
+    "the rule of `trl-groupopt compare` (trl_groupopt.comparison.stats), with d = config - baseline paired by seed (for a "
     "mechanism claim without baseline, the within-run log ratio) and the claimed direction as better: reproduced: "
     "the 95% interval of mean d excludes 0 on the claimed side; not reproduced: it excludes 0 on the other side, or "
     f"(accuracy outcomes) lies inside +-{stats.EQUIVALENCE_MARGIN:.0%}; inconclusive otherwise, and whenever both "
@@ -199,7 +201,7 @@ def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict
     import transformers
     from transformers import PrinterCallback, TrainerCallback
 
-    from trl_groupopt import offline, rewards
+    from trl_groupopt.data import offline, rewards
 
     transformers.logging.set_verbosity_error()
     config, (policy, task), every = config_of(regime, config_name), regime_task(regime), settings.get("eval_every")

@@ -75,7 +75,7 @@ vLLM/trainer mismatch is applied on top of the objective):
         --push_to_hub
 """
 
-from trl_groupopt.cli import command
+from trl_groupopt.cli.main import command
 
 if __name__ == "__main__":
     command("dfpo")  # train("dfpo") with errors as one line (--debug: the traceback)

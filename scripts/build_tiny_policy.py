@@ -1,6 +1,6 @@
 """Build the embedded tiny policies shipped in trl_groupopt/assets/tiny_policy and tiny_policy_long.
 
-Builds the tokenizer in code (trl_groupopt.offline.build_tokenizer), SFT-pretrains a 1.06 M-parameter
+Builds the tokenizer in code (trl_groupopt.data.offline.build_tokenizer), SFT-pretrains a 1.06 M-parameter
 LlamaForCausalLM (hidden 128, intermediate 512, 4 layers, 4 heads, tied embeddings, fp32) on the
 synthetic arithmetic task with plain torch on ONE CPU thread, evaluates greedy accuracy on the
 200 held-out test prompts every 100 steps (every 25 once it reaches 5%: accuracy can climb ~30
@@ -15,7 +15,7 @@ training curve moves by hundreds of steps with small code changes and need not b
 never rebuilds it.
 
 The long-chain policy (``--variant long``) continues the shipped policy (``--init-from``) on the long-chain variant of
-the task (``trl_groupopt.offline.LONG_CHAIN``: 8-12 operations on operands 1..20, completions of 71-143 tokens), every
+the task (``trl_groupopt.data.offline.LONG_CHAIN``: 8-12 operations on operands 1..20, completions of 71-143 tokens), every
 target boxed, so that the benchmarks' long-completion regime starts from a policy that writes the whole chain and is
 right some of the time; its settings are in its asset card.
 
@@ -46,7 +46,7 @@ torch.set_num_threads(1)  # 2 threads on a 2-core shared machine ran 50x slower
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trl_groupopt.offline import (  # noqa: E402  # noqa: E402
+from trl_groupopt.data.offline import (  # noqa: E402
     CHAT_TEMPLATE,
     ROLE_TOKENS,
     VARIANTS,

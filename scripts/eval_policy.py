@@ -3,7 +3,7 @@
 Decodes the first ``--num-test`` test prompts of ``make_arithmetic_dataset(split="test")`` (of the ``--variant``'s
 task: ``long`` is the long-chain variant, evaluated on the long-chain policy by default)
 greedily (``--max-new-tokens``, left padding) and scores them with
-``trl_groupopt.rewards.accuracy_reward`` (math-verify; the answer must be in ``\\boxed{}``) and
+``trl_groupopt.data.rewards.accuracy_reward`` (math-verify; the answer must be in ``\\boxed{}``) and
 ``format_reward``. Offline; one CPU thread.
 
     python scripts/eval_policy.py                                  # the shipped tiny policy
@@ -29,7 +29,7 @@ torch.set_num_threads(1)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trl_groupopt.offline import (  # noqa: E402
+from trl_groupopt.data.offline import (  # noqa: E402
     VARIANTS,
     greedy_accuracy,
     load_embedded_policy,

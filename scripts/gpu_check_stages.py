@@ -105,7 +105,7 @@ def train_unit(method: str, mode: str, smoke: bool, workdir: str) -> dict[str, A
     from transformers import PrinterCallback
 
     from benchmarks import overhead
-    from trl_groupopt.offline import build_tokenizer
+    from trl_groupopt.data.offline import build_tokenizer
 
     gradient_checkpointing, lora, steps = MODES[mode]
     device = "cuda" if torch.cuda.is_available() and not smoke else "cpu"

@@ -16,8 +16,8 @@ from datasets import Dataset
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from trl_groupopt import METHODS, get_method
-from trl_groupopt.methods import SHIPPED
-from trl_groupopt.offline import build_tokenizer, make_arithmetic_dataset
+from trl_groupopt.data.offline import build_tokenizer, make_arithmetic_dataset
+from trl_groupopt.methods.registry import discover
 
 
 def tiny_tokenizer():
@@ -96,8 +96,8 @@ def method_trainer(name: str, output_dir, model, tokenizer, reward_funcs=length_
                                           processing_class=tokenizer)  # fmt: skip
 
 
-#: The methods the library ships (`trl_groupopt/methods/`), as the registry reads them.
-BUILT_IN_METHODS = frozenset(spec.name for spec in SHIPPED)
+#: The methods the library ships (`trl_groupopt/methods/registry/`), as the registry reads them.
+BUILT_IN_METHODS = frozenset(spec.name for spec in discover())
 
 
 def assert_registered(table, what: str = "table") -> None:
@@ -156,7 +156,7 @@ def random_batch(
 
 def _forward(trainer, model, batch):
     """TRL's log-prob forward (the loss's, without energy capture), for a GRPOTrainer or any of ours."""
-    from trl_groupopt.trainers.loss import forward_logps_and_entropies
+    from trl_groupopt.trainer.loss import forward_logps_and_entropies
 
     return forward_logps_and_entropies(trainer, model, batch)
 

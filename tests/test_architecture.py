@@ -22,7 +22,7 @@ import pytest
 
 from tests.environment import REPO_ROOT
 from trl_groupopt import METHODS
-from trl_groupopt.objectives.estimators import ESTIMATORS
+from trl_groupopt.core.estimators import ESTIMATORS
 
 PACKAGE = REPO_ROOT / "trl_groupopt"
 PRIVATE_ATTRIBUTES = ("__closure__", "_actions")
@@ -93,11 +93,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def _method_module(module: str) -> bool:
-    """A method's own module: `objectives/<m>.py`, `trainers/<m>.py` or `methods/<m>.py` named after a method (or
-    `<m>_<part>.py`, one of a method's files split in parts, e.g. `objectives/dfpo_diagnostics.py`)."""
-    parent, _, name = module.rpartition(".")
-    owned = name in METHOD_NAMES or any(name.startswith(f"{method}_") for method in METHOD_NAMES)
-    return parent.rpartition(".")[2] in ("objectives", "trainers", "methods") and owned
+    """A method's own module: one inside its folder, `trl_groupopt/methods/<m>/`."""
+    return module.startswith("trl_groupopt.methods.") and module.count(".") >= 3
 
 
 def method_names_in(module: str, path: Path) -> list[str]:
@@ -147,7 +144,7 @@ def hook_overrides(paths: list[Path], hooks: set[str]) -> dict[str, list[str]]:
 # ------------------------------------------------------------------------------------------------ the package
 def test_no_import_cycle():
     graph = import_graph(PACKAGE)
-    assert len(graph) > 40 and "trl_groupopt.spec" in graph["trl_groupopt.registry"]
+    assert len(graph) > 40 and "trl_groupopt.methods.spec" in graph["trl_groupopt.methods.registry"]
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 
@@ -159,7 +156,7 @@ def test_no_private_argparse_or_trl_attribute_outside_a_mirror():
 
 def test_generic_modules_name_no_method():
     generic = {module: path for module, path in modules(PACKAGE).items() if not _method_module(module)}
-    assert "trl_groupopt.trainers.base" in generic and "trl_groupopt.trainers.echo" not in generic
+    assert "trl_groupopt.trainer.base" in generic and "trl_groupopt.methods.echo.trainer" not in generic
     offenders = {module: method_names_in(module, path) for module, path in generic.items()}
     offenders = {module: names for module, names in offenders.items() if names}
     assert offenders == {}, offenders
@@ -168,7 +165,7 @@ def test_generic_modules_name_no_method():
 def test_each_trl_hook_is_overridden_once_in_the_shared_layer():
     from trl import GRPOTrainer
 
-    shared = [path for module, path in modules(PACKAGE / "trainers").items() if not _method_module(module)]
+    shared = [path for module, path in modules(PACKAGE / "trainer").items() if not _method_module(module)]
     hooks = {name for name in dir(GRPOTrainer) if callable(getattr(GRPOTrainer, name)) and not name.startswith("__")}
     overrides = hook_overrides(shared, hooks)
     assert {"train", "_save", "_compute_loss", "_generate_and_score_completions"} <= set(overrides)
@@ -216,5 +213,5 @@ def test_the_checkers_find_what_they_look_for(broken_package):
     assert [line for line in (broken_package / "a.py").read_text().splitlines() if "'echo'" in line]
     a = ast.parse((broken_package / "a.py").read_text())
     assert [n.value for n in ast.walk(a) if isinstance(n, ast.Constant) and n.value in METHOD_NAMES] == ["echo"]
-    overrides = hook_overrides([broken_package / "b" / "c.py", REPO_ROOT / "trl_groupopt/trainers/base.py"], {"train"})
+    overrides = hook_overrides([broken_package / "b" / "c.py", REPO_ROOT / "trl_groupopt/trainer/base.py"], {"train"})
     assert overrides == {"train": ["base.GroupOptTrainer"]}

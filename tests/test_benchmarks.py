@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import common, loss_overhead, overhead, power, report, stress
-from trl_groupopt import stats
-from trl_groupopt.runs import read_runs
+from trl_groupopt.comparison import stats
+from trl_groupopt.comparison.runs import read_runs
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -230,7 +230,7 @@ def test_staleness_regime_splits_each_step_so_echo_scopes_differ(tmp_path):
 
 
 def test_long_regime_trains_the_long_chain_policy_on_the_long_chain_task(tmp_path):
-    from trl_groupopt import offline
+    from trl_groupopt.data import offline
 
     assert stress.regime_task("long") == (offline.EMBEDDED_LONG_POLICY_PATH, offline.LONG_CHAIN)
     assert stress.regime_task("staleness") == (offline.EMBEDDED_POLICY_PATH, {})
@@ -525,7 +525,7 @@ def test_from_runs_reproduces_the_committed_summary(tmp_path, module, stem, flag
 
 
 def test_committed_claims_are_rebuilt_through_the_engine_with_the_same_verdicts(tmp_path, capsys):
-    # No run trains: the committed runs file, paired and judged by trl_groupopt.stats (the rule of
+    # No run trains: the committed runs file, paired and judged by trl_groupopt.comparison.stats (the rule of
     # `trl-groupopt compare`), gives the committed 13 verdicts: 3 reproduced, 10 not.
     results = REPO / "benchmarks" / "results"
     payload = stress.main(["--claims", "--from-runs", str(results / "claims_runs.jsonl"), "--output-dir",
@@ -598,7 +598,13 @@ def test_report_splices_the_results_page_only_for_the_committed_tables(tmp_path,
 
 
 # ------------------------------------------------------------------------------------------------ the scripts
-HEAVY_MODULES = ("torch", "trl", "transformers", "accelerate", "datasets")  # trl_groupopt.stats/runs are light
+HEAVY_MODULES = (
+    "torch",
+    "trl",
+    "transformers",
+    "accelerate",
+    "datasets",
+)  # trl_groupopt.comparison.stats/runs are light
 
 
 @pytest.mark.slow  # launches a Python process per module

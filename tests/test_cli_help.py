@@ -2,7 +2,7 @@
 lines), then the script's options, then TRL's and transformers'; the defaults it shows are the ones parsing applies;
 argument and `--config` errors are one line naming the fix; an error before training is one line, its traceback
 behind `--debug` or `TRL_GROUPOPT_DEBUG=1`; Ctrl-C names the resume command and exits 130; `compare` dispatches to
-`trl_groupopt.compare.main`. (The lazy imports of `--help` without a method: tests/e2e/test_lazy_imports.py.)"""
+`trl_groupopt.comparison.driver.main`. (The lazy imports of `--help` without a method: tests/e2e/test_lazy_imports.py.)"""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import types
 
 import pytest
 
-from trl_groupopt import METHODS, cli, script
-from trl_groupopt.registry import get_method
+from trl_groupopt import METHODS
+from trl_groupopt.cli import main as cli
+from trl_groupopt.cli import script
+from trl_groupopt.methods.registry import get_method
 
 
 def _run(argv, capsys, main=cli.main):
@@ -232,9 +234,9 @@ def test_bare_debug_is_ours_and_debug_with_a_value_is_transformers():
 # ------------------------------------------------------------------------------------------------ compare
 def test_compare_dispatches_its_arguments_and_exit_code(monkeypatch):
     received = []
-    module = types.ModuleType("trl_groupopt.compare")
+    module = types.ModuleType("trl_groupopt.comparison.driver")
     module.main = lambda argv: received.append(argv) or 3
-    monkeypatch.setitem(sys.modules, "trl_groupopt.compare", module)
+    monkeypatch.setitem(sys.modules, "trl_groupopt.comparison.driver", module)
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["compare", "--methods", "echo", "dfpo", "--help"])
     assert exit_info.value.code == 3 and received == [["--methods", "echo", "dfpo", "--help"]]

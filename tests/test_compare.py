@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from trl_groupopt import compare as compare_module
-from trl_groupopt import runs as runfile
-from trl_groupopt import stats
-from trl_groupopt.compare import CompareError, Options, check, parse_options
+from trl_groupopt.comparison import driver as compare_module
+from trl_groupopt.comparison import runs as runfile
+from trl_groupopt.comparison import stats
+from trl_groupopt.comparison.driver import CompareError, Options, check, parse_options
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -16,8 +16,10 @@ import warnings
 import pytest
 
 from tests.environment import REPO_ROOT
-from trl_groupopt import adapters, cli, script
-from trl_groupopt.offline import EMBEDDED_POLICY_PATH
+from trl_groupopt.cli import main as cli
+from trl_groupopt.cli import script
+from trl_groupopt.data import adapters
+from trl_groupopt.data.offline import EMBEDDED_POLICY_PATH
 
 
 def _jsonl(path, rows) -> str:

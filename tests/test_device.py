@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_groupopt.device import device_supports_bf16
+from trl_groupopt.trainer.device import device_supports_bf16
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "trl_groupopt_colab.ipynb"
 

@@ -13,9 +13,11 @@ import pytest
 import torch
 from datasets import Dataset
 
-from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, OTBConfig, adapters, checks, cli, offline
-from trl_groupopt.offline import make_arithmetic_dataset
-from trl_groupopt.rewards import accuracy_reward, format_reward
+from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, OTBConfig
+from trl_groupopt.cli import main as cli
+from trl_groupopt.data import adapters, checks, offline
+from trl_groupopt.data.offline import make_arithmetic_dataset
+from trl_groupopt.data.rewards import accuracy_reward, format_reward
 
 
 def _tiny_args(tmp_path, **kwargs) -> ECHOConfig:
@@ -58,7 +60,7 @@ def test_top_level_help_lists_subcommands_and_every_method(capsys):
 
 # ------------------------------------------------------------------------------------------------ 3. defaults
 def test_bf16_follows_the_device_unless_set(tmp_path):
-    from trl_groupopt.device import device_supports_bf16
+    from trl_groupopt.trainer.device import device_supports_bf16
 
     assert ECHOConfig(str(tmp_path)).bf16 is device_supports_bf16(False)
     assert ECHOConfig(str(tmp_path), use_cpu=True).bf16 is False

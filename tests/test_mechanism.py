@@ -1,4 +1,4 @@
-"""The mechanism report's definitions and counting (`trl_groupopt.mechanism`, the methods' `MECHANISM`s): one
+"""The mechanism report's definitions and counting (`trl_groupopt.methods.mechanism`, the methods' `MECHANISM`s): one
 definition per method, shared by the trainers and the stress benchmark. The trainers' use of it (the `acted/<method>`
 metric, `mechanism_report`, `train()`'s report) is in tests/trainers/test_mechanism_report.py and, trained,
 tests/e2e/test_run_report.py."""
@@ -10,8 +10,8 @@ import math
 import pytest
 
 from benchmarks import stress
-from trl_groupopt import METHODS, methods
-from trl_groupopt.mechanism import Mechanism, MechanismTracker, Observed
+from trl_groupopt import METHODS
+from trl_groupopt.methods.mechanism import Mechanism, MechanismTracker, Observed
 
 TOY = Mechanism(
     method="toy",
@@ -29,19 +29,18 @@ PAIR = Mechanism(method="pair", name="Pair's baseline", what="ours was below the
 
 def test_every_registered_method_has_one_definition_the_benchmark_shares():
     """The stress benchmark's `MECHANISM_ACTS` is the library's, built from each method's spec."""
-    assert stress.MECHANISM_ACTS is methods.MECHANISM_ACTS
-    assert set(methods.MECHANISM_ACTS) == set(METHODS)
+    assert set(stress.MECHANISM_ACTS) == set(METHODS)
     for name, spec in METHODS.items():
         mechanism = spec.mechanism
         assert mechanism is not None and mechanism.method == name, name
-        assert methods.MECHANISM_ACTS[name] == (mechanism.what, mechanism.keys, mechanism.acts), name
+        assert stress.MECHANISM_ACTS[name] == (mechanism.what, mechanism.keys, mechanism.acts), name
         assert mechanism.metric == f"acted/{name}" and mechanism.inert and mechanism.hint, name
 
 
 def test_the_method_name_comes_from_the_spec_and_is_required_once():
     """`Mechanism.method` is set by the spec that holds it (the name is written once), and a definition belongs to
     one method; a definition without `inert` / `hint` is refused (the report must say what ran and what to do)."""
-    from trl_groupopt.spec import MethodSpec
+    from trl_groupopt.methods.spec import MethodSpec
 
     mechanism = Mechanism(name="M", what="w", keys=("k",), acts=bool, inert="i", hint="h")
     assert mechanism.method == ""

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_groupopt.adapters import BOXED_SYSTEM_PROMPT, gsm8k_to_conversational, math_to_conversational
-from trl_groupopt.offline import (
+from trl_groupopt.data.adapters import BOXED_SYSTEM_PROMPT, gsm8k_to_conversational, math_to_conversational
+from trl_groupopt.data.offline import (
     EMBEDDED_LONG_POLICY_PATH,
     EMBEDDED_POLICY_PATH,
     LONG_CHAIN,
@@ -27,7 +27,7 @@ from trl_groupopt.offline import (
     load_embedded_policy,
     make_arithmetic_dataset,
 )
-from trl_groupopt.rewards import accuracy_reward, extract_last_boxed, format_reward
+from trl_groupopt.data.rewards import accuracy_reward, extract_last_boxed, format_reward
 
 GSM8K_ROW = {
     "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "

@@ -1,4 +1,4 @@
-"""What a run leaves behind, without training (`trl_groupopt.reporting`): one line per distinct series, the plot's
+"""What a run leaves behind, without training (`trl_groupopt.trainer.reporting`): one line per distinct series, the plot's
 mechanism panel, and the held-out accuracy measured while training. The demo's outputs, trained:
 tests/e2e/test_run_report.py."""
 
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from trl_groupopt.mechanism import MechanismTracker
-from trl_groupopt.methods import echo
-from trl_groupopt.reporting import HeldOutAccuracyCallback, distinct_series, plot_reward_accuracy
+from trl_groupopt.methods.echo import spec as echo
+from trl_groupopt.methods.mechanism import MechanismTracker
+from trl_groupopt.trainer.reporting import HeldOutAccuracyCallback, distinct_series, plot_reward_accuracy
 
 ACCURACY = "rewards/accuracy_reward/mean"
 
@@ -63,7 +63,7 @@ class _Recorder:
 
 def test_heldout_accuracy_every_k_steps(tokenizer, base_model):
     """Measured at the start and every `every` optimizer steps, on the main process, and logged with the next log."""
-    from trl_groupopt.offline import make_arithmetic_dataset
+    from trl_groupopt.data.offline import make_arithmetic_dataset
 
     trainer = _Recorder(base_model, tokenizer)
     callback = HeldOutAccuracyCallback(trainer, make_arithmetic_dataset(4, split="test"), every=3)

@@ -1,4 +1,4 @@
-"""The resume rules of `trl_groupopt.resume` on folders of fake files (training runs: tests/e2e/test_resume_rules.py):
+"""The resume rules of `trl_groupopt.runfolder.resume` on folders of fake files (training runs: tests/e2e/test_resume_rules.py):
 a fresh run over an earlier one, another method's checkpoint, changed settings, a finished run, a full disk, the
 generation-cycle warning, and the tied-weight filter of "missing keys"."""
 
@@ -11,8 +11,9 @@ import types
 import pytest
 import torch
 
-from trl_groupopt import cli, resume
-from trl_groupopt.run_folder import write_checkpoint_record
+from trl_groupopt.cli import main as cli
+from trl_groupopt.runfolder import resume
+from trl_groupopt.runfolder.checkpoints import write_checkpoint_record
 
 
 def _args(**overrides) -> types.SimpleNamespace:

@@ -1,4 +1,4 @@
-"""The output folder of a run (`trl_groupopt.run_folder`, the CLI's use of it): complete checkpoints, which one a
+"""The output folder of a run (`trl_groupopt.runfolder.checkpoints`, the CLI's use of it): complete checkpoints, which one a
 resume takes, the run lock, and the CLI's refusal to start a fresh run over an earlier run's checkpoints.
 
 The checkpoints here are folders of fake files: completeness is decided by the record and the files' sizes and
@@ -10,21 +10,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import warnings
 
 import pytest
 
-from trl_groupopt import cli, run_folder
-from trl_groupopt.run_folder import (
+from trl_groupopt.cli import main as cli
+from trl_groupopt.runfolder import checkpoints as run_folder
+from trl_groupopt.runfolder.checkpoints import (
     CHECKPOINT_RECORD,
-    LOCK_NAME,
-    OutputFolderInUseError,
-    RunLock,
     checkpoint_problem,
     newest_complete_checkpoint,
     resolve_resume,
     write_checkpoint_record,
 )
+from trl_groupopt.runfolder.lock import LOCK_NAME, OutputFolderInUseError, RunLock
 
 
 def _checkpoint(root, step, record=True, files=None):
@@ -196,7 +196,7 @@ def _dead_pid() -> int:
 
 def _lock_of(pid: int, folder) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / LOCK_NAME).write_text(json.dumps({"pid": pid, "host": run_folder.socket.gethostname()}))
+    (folder / LOCK_NAME).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
 
 
 def test_a_second_run_into_a_held_folder_refuses(tmp_path):

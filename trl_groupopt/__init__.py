@@ -1,16 +1,36 @@
 """trl-groupopt: group RL objectives for LLM reasoning as drop-in TRL trainers (`from trl_groupopt import ECHOConfig,
-ECHOTrainer` instead of GRPOConfig, GRPOTrainer). Names are imported on first use (PEP 562): no TRL at import."""
+ECHOTrainer` instead of GRPOConfig, GRPOTrainer).
 
-from . import _lazy
-from .trainers import _EXPORTS as _TRAINER_EXPORTS
+The package's folders are its layers: `core/` the pure math every objective uses, `methods/<name>/` one method each
+(objective, config and trainer, spec), `trainer/` the TRL shell (`GroupOptTrainer`), `runfolder/` a run's folder,
+`data/` the data door, `cli/` the command line, `comparison/` `trl-groupopt compare`. Names are imported on first use
+(PEP 562): importing the package imports no TRL."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    **dict.fromkeys(("METHODS", "MethodSpec", "Paper", "get_method", "register_method"), ".registry"),
-    **_TRAINER_EXPORTS,
-    "compare": ".compare",  # `trl-groupopt compare`'s Python twin
-}
+_REGISTRY = ("METHODS", "MethodSpec", "Paper", "get_method", "register_method")
 
-__getattr__, __dir__ = _lazy.exports(__name__, _EXPORTS)  # PEP 562: a name is imported on first access
-__all__ = [*_EXPORTS, "__version__"]
+
+def _exports() -> dict[str, str]:
+    """public name -> defining module: the registry's names, the classes every spec names, `compare`."""
+    from .methods.registry import METHODS
+
+    classes = {name: module for spec in METHODS.values() for name, module in spec.exports.items()}
+    return {**dict.fromkeys(_REGISTRY, "trl_groupopt.methods.registry"), **classes,
+            "compare": "trl_groupopt.comparison.driver"}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _exports().get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(_exports()) | set(globals()))

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trl_groupopt.objectives.echo import echo_batch_ratio_coupling, echo_loss
+from trl_groupopt.methods.echo.objective import echo_batch_ratio_coupling, echo_loss
 
 F64 = torch.float64
 WORLD = 2

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from tests.distributed.harness import case_of, launch_worlds
 from tests.distributed.workers.estimator_training import CASES
 from trl_groupopt import get_method
-from trl_groupopt.offline import EMBEDDED_POLICY_PATH
+from trl_groupopt.data.offline import EMBEDDED_POLICY_PATH
 
 OTB_METRICS = ("otb/energy_mean", "otb/baseline_mean", "otb/adv_abs_mean", "otb/grad_second_moment",
                "otb/grad_second_moment_group_mean_baseline")  # fmt: skip

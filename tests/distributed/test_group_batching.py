@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.distributed.harness import launch
-from trl_groupopt.trainers.batching import group_ids_for_local_batch, shuffle_whole_groups
+from trl_groupopt.trainer.batching import group_ids_for_local_batch, shuffle_whole_groups
 
 NUM_GENERATIONS = 2
 

@@ -9,8 +9,8 @@ import json
 import pytest
 import transformers
 
-from trl_groupopt import cli
-from trl_groupopt.offline import make_arithmetic_dataset
+from trl_groupopt.cli import main as cli
+from trl_groupopt.data.offline import make_arithmetic_dataset
 
 FAST = ["--max_steps", "2", "--logging_steps", "1", "--save_strategy", "no"]
 

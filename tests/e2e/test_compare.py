@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import trl_groupopt
-from trl_groupopt.offline import make_arithmetic_dataset
+from trl_groupopt.data.offline import make_arithmetic_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -80,7 +80,7 @@ def test_python_twin_on_a_users_dataset_scores_the_carved_heldout_rows(tmp_path)
 
 
 def test_help_and_bad_input_answer_without_importing_trl():
-    probe = ("import sys, trl_groupopt.compare as c\nassert c.main(['--methods', 'grpo', '--seeds', '2', "
+    probe = ("import sys, trl_groupopt.comparison.driver as c\nassert c.main(['--methods', 'grpo', '--seeds', '2', "
              "'--output_dir', 'unused']) == 2\nprint(sorted({m.split('.')[0] for m in sys.modules} & "
              "{'torch', 'trl', 'transformers', 'datasets', 'matplotlib'}))")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,

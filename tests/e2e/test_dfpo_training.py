@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.helpers import cpu_config_kwargs, tiny_dataset
 from trl_groupopt import DFPOConfig, DFPOTrainer
-from trl_groupopt.offline import load_embedded_policy
+from trl_groupopt.data.offline import load_embedded_policy
 
 
 def _spread_reward(completions, **kwargs) -> list[float]:

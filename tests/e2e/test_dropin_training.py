@@ -25,7 +25,7 @@ from trl import GRPOConfig
 
 from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
 from tests.trainers.test_dropin import TRAINERS, _config, env_dataset, tool_model, tool_tokenizer
-from trl_groupopt.trainers import GroupOptTrainer
+from trl_groupopt import GroupOptTrainer
 
 # TRL flags environment_factory / rollout_func as experimental at every construction.
 pytestmark = pytest.mark.filterwarnings("ignore:You are using .* experimental feature:UserWarning")

@@ -42,7 +42,7 @@ def test_accelerate_launch_example(tmp_path, method):
 
 @pytest.mark.parametrize("transform", ["min_replace", "orth_proj", "orth_proj_qp", "none", "symmetric_clip"])
 def test_dfpo_example_every_transform(tmp_path, transform):
-    from trl_groupopt.cli import train
+    from trl_groupopt.cli.main import train
 
     trainer = train("dfpo", [*FAST, "--dfpo_transform", transform, "--output_dir", str(tmp_path)])
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
@@ -55,7 +55,7 @@ def test_dfpo_example_every_transform(tmp_path, transform):
 def test_example_with_yaml_config_and_lora(tmp_path, method):
     from peft import PeftModel
 
-    from trl_groupopt.cli import train
+    from trl_groupopt.cli.main import train
 
     argv = ["--config", f"examples/configs/{method}.yaml", "--use_peft", "--lora_r", "4", "--lora_alpha", "8",
             "--lora_target_modules", "q_proj", "v_proj", "--evaluate_accuracy", "false", "--num_train_examples", "64",
@@ -77,8 +77,8 @@ def test_base_trainer_two_steps_on_embedded_policy(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from trl_groupopt.cli import train
-    from trl_groupopt.offline import EMBEDDED_POLICY_PATH
+    from trl_groupopt.cli.main import train
+    from trl_groupopt.data.offline import EMBEDDED_POLICY_PATH
 
     trainer = train("grpo", ["--max_steps", "2", "--logging_steps", "1", "--evaluate_accuracy", "false",
                              "--num_train_examples", "64", "--output_dir", str(tmp_path)])  # fmt: skip

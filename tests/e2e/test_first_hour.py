@@ -14,9 +14,10 @@ import pytest
 from tests.environment import REPO_ROOT as REPO
 from tests.environment import process_environment
 from tests.test_first_hour import _tiny_args
-from trl_groupopt import ECHOTrainer, cli
-from trl_groupopt.offline import EMBEDDED_POLICY_PATH, make_arithmetic_dataset
-from trl_groupopt.rewards import accuracy_reward
+from trl_groupopt import ECHOTrainer
+from trl_groupopt.cli import main as cli
+from trl_groupopt.data.offline import EMBEDDED_POLICY_PATH, make_arithmetic_dataset
+from trl_groupopt.data.rewards import accuracy_reward
 
 
 @pytest.fixture(scope="module")

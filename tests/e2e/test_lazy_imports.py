@@ -49,10 +49,10 @@ def test_package_and_method_table_import_no_trl():
     ],
 )
 def test_cli_answers_without_importing_trl(argv, exit_code, says):
-    """`trl-groupopt ARGV` (the console entry point, `trl_groupopt.cli:main`)."""
+    """`trl-groupopt ARGV` (the console entry point, `trl_groupopt.cli.main:main`)."""
     code = (
         "import contextlib, io\n"
-        "from trl_groupopt.cli import main\n"
+        "from trl_groupopt.cli.main import main\n"
         "out = io.StringIO()\n"
         "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n"
         "    try:\n"

@@ -20,14 +20,14 @@ from tests.helpers import (
 )
 from tests.hub.test_model_card import CARD_KNOBS, FAKE_TOKEN, _bibtex_key, _front_matter
 from trl_groupopt import METHODS, OTBConfig, OTBTrainer, get_method
-from trl_groupopt.model_card import MATH_QUESTION, render_model_card
+from trl_groupopt.trainer.card import MATH_QUESTION, render_model_card
 
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_model_card_renders_method_knobs_rewards_and_citations(method, tokenizer, base_model, tmp_path, monkeypatch):
     """Train 1 step, render: method name, every knob of the method's own config, the reward curve, the method's and
     TRL's BibTeX, and no token."""
-    from trl_groupopt.model_card import create_model_card
+    from trl_groupopt.trainer.card import create_model_card
 
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
     trainer_cls = get_method(method).trainer_class

@@ -1,7 +1,7 @@
 """The Colab notebook runs end to end in its smoke mode, for every METHOD, offline on CPU.
 
 `TRL_GROUPOPT_SMOKE=1` makes `notebooks/trl_groupopt_colab.ipynb` skip the pip install, the Hub login, the GSM8K and
-Qwen downloads and the push, and train the embedded tiny policy (`trl_groupopt.offline.EMBEDDED_POLICY_PATH`) on the
+Qwen downloads and the push, and train the embedded tiny policy (`trl_groupopt.data.offline.EMBEDDED_POLICY_PATH`) on the
 synthetic arithmetic task for 2 steps on CPU, writing only under `TRL_GROUPOPT_OUTPUT_DIR` (default: a new temporary
 folder); `TRL_GROUPOPT_METHOD` selects the method (any name in `trl_groupopt.METHODS`). Every other cell (dataset
 mapping to conversational prompts, LoRA, the METHOD switch, rewards, config, training, memory stats, reward plot,

@@ -1,4 +1,4 @@
-"""The resume rules (issue 38; `trl_groupopt/resume.py`) on real runs of the tiny policy, through the Python API and
+"""The resume rules (issue 38; `trl_groupopt/runfolder/resume.py`) on real runs of the tiny policy, through the Python API and
 the command line: another method's checkpoint, a changed learning rate, a finished run, a final output folder given
 as a checkpoint, a fresh run over an earlier one, and the tied-weight "missing keys" message on resume."""
 
@@ -13,7 +13,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from tests.helpers import clone_model, method_trainer, tiny_model, tiny_tokenizer
-from trl_groupopt import cli
+from trl_groupopt.cli import main as cli
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ import pytest
 
 from benchmarks import stress
 from tests.helpers import clone_model, method_trainer, tiny_model, tiny_tokenizer
-from trl_groupopt import METHODS, cli, get_method
+from trl_groupopt import METHODS, get_method
+from trl_groupopt.cli import main as cli
 
 
 @pytest.fixture(scope="module")

@@ -111,7 +111,7 @@ CLI_TOKENS = {"option": ["--hub_token", CONFIG_TOKEN], "yaml": None, "no_prefix"
 def test_cli_grpo_run_writes_no_token(given, tmp_path):
     """`trl-groupopt train --method grpo --hub_token ... --save_steps 1 --max_steps 2` (issue 38): no file of the
     output folder holds the token, however it was given."""
-    from trl_groupopt.cli import train
+    from trl_groupopt.cli.main import train
 
     output_dir = tmp_path / "run"
     argv = ["--output_dir", str(output_dir), "--max_steps", "2", "--save_steps", "1", "--per_device_train_batch_size",

@@ -43,7 +43,7 @@ from tests.helpers import (
 from tests.trainers.test_dropin import _config, tool_model, tool_tokenizer
 from trl_groupopt import METHODS, ECHOTrainer, GroupOptTrainer
 
-#: `trl_groupopt.run_folder`'s names, spelled out so that this module also runs against code without them
+#: `trl_groupopt.runfolder.checkpoints`'s names, spelled out so that this module also runs against code without them
 CHECKPOINT_RECORD, LOCK_NAME = "trl_groupopt_checkpoint.json", "_trl_groupopt.lock"
 
 
@@ -86,7 +86,7 @@ def test_divergence_stops_before_any_nonfinite_weight_is_saved(tmp_path, tiny, n
     """Each method's default schedule (ECHO and CTPO off-policy), a checkpoint every step: the run stops with the
     guard's error naming the step, the metric and the causes; every file on disk is finite; the checkpoints saved
     before are complete."""
-    from trl_groupopt.trainers.guard import NonFiniteError
+    from trl_groupopt.trainer.guard import NonFiniteError
 
     tokenizer, model = tiny
     trainer = method_trainer(name, tmp_path, clone_model(model), tokenizer, num_examples=256, learning_rate=100.0,
@@ -181,8 +181,8 @@ def test_cli_interrupted_after_a_checkpoint_resumes_bit_identically(tmp_path, ca
     (SIGINT) in its own process once checkpoint-2 is complete, and resumed with `--resume_from_checkpoint last`, it
     ends with the uninterrupted run's weights, bit for bit, and leaves checkpoint-2 as it was. (The uninterrupted and
     the resumed run train in this process: one interpreter start instead of three.)"""
-    from trl_groupopt import cli
-    from trl_groupopt.offline import EMBEDDED_POLICY_PATH
+    from trl_groupopt.cli import main as cli
+    from trl_groupopt.data.offline import EMBEDDED_POLICY_PATH
 
     started = time.perf_counter()
     cli.train("echo", _cli_args(tmp_path / "full"))
@@ -328,6 +328,6 @@ def test_a_dict_of_environments_supplies_the_prompts(tmp_path, trainer_cls):
 
 
 def test_the_record_and_lock_names_are_the_library_s():
-    from trl_groupopt import run_folder
+    from trl_groupopt.runfolder import checkpoints, lock
 
-    assert (run_folder.CHECKPOINT_RECORD, run_folder.LOCK_NAME) == (CHECKPOINT_RECORD, LOCK_NAME)
+    assert (checkpoints.CHECKPOINT_RECORD, lock.LOCK_NAME) == (CHECKPOINT_RECORD, LOCK_NAME)

@@ -1,4 +1,4 @@
-"""The model card, without pushing: `trl_groupopt.model_card` renders TRL's card plus the method section, from the
+"""The model card, without pushing: `trl_groupopt.trainer.card` renders TRL's card plus the method section, from the
 package template, with honest metadata and no secret. The card of a trained run, and TRL's own call sites and
 `save_model` writing it: tests/e2e/test_model_card_training.py.
 
@@ -25,7 +25,8 @@ from tests.helpers import (
     tiny_dataset,
 )
 from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, get_method
-from trl_groupopt.model_card import (
+from trl_groupopt.trainer.base import GroupOptTrainer
+from trl_groupopt.trainer.card import (
     ARITHMETIC_QUESTION,
     GENERIC_QUESTION,
     REDACTED,
@@ -37,7 +38,6 @@ from trl_groupopt.model_card import (
     render_model_card,
     reward_summary,
 )
-from trl_groupopt.trainers.base import GroupOptTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 CARD_KNOBS = {  # registry name -> one exact knob row (value formatted) the card must show, on top of the generic check
@@ -114,7 +114,7 @@ def untrained(tokenizer, base_model, tmp_path_factory):
 
 def test_base_model_and_dataset_metadata(untrained, tmp_path, monkeypatch):
     """`base_model`/`datasets` metadata and links only for Hub ids; local paths never reach the card."""
-    from trl_groupopt.offline import EMBEDDED_POLICY_PATH
+    from trl_groupopt.data.offline import EMBEDDED_POLICY_PATH
 
     config = untrained.model.config
     monkeypatch.setattr(config, "_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct")
@@ -145,7 +145,7 @@ def test_base_model_and_dataset_metadata(untrained, tmp_path, monkeypatch):
 
 
 def test_arithmetic_question_is_in_the_task_format():
-    from trl_groupopt.offline import evaluate_expression
+    from trl_groupopt.data.offline import evaluate_expression
 
     question, max_new_tokens = ARITHMETIC_QUESTION
     assert question.startswith("Compute ")
@@ -204,7 +204,7 @@ def test_knobs_list_only_what_differs_from_grpo_defaults(tmp_path):
 def test_card_license_and_enum_values(untrained, monkeypatch):
     """No `licence: license` (TRL's stray key); `license` only when known (the embedded policy's, or the caller's);
     enum settings by value (`constant`, not `SchedulerType.CONSTANT`)."""
-    from trl_groupopt.offline import EMBEDDED_POLICY_PATH
+    from trl_groupopt.data.offline import EMBEDDED_POLICY_PATH
 
     monkeypatch.setattr(untrained.args, "lr_scheduler_type", SchedulerType("constant"))
     card = render_model_card(untrained)
@@ -303,8 +303,8 @@ def test_adapter_on_the_embedded_policy_records_a_portable_base(tmp_path, monkey
     from transformers import AutoModelForCausalLM
 
     import trl_groupopt
-    from trl_groupopt.model_card import EMBEDDED_POLICY_REFERENCE, portable_adapter_config
-    from trl_groupopt.offline import EMBEDDED_POLICY_PATH, load_embedded_policy
+    from trl_groupopt.data.offline import EMBEDDED_POLICY_PATH, load_embedded_policy
+    from trl_groupopt.trainer.card import EMBEDDED_POLICY_REFERENCE, portable_adapter_config
 
     model = get_peft_model(
         load_embedded_policy()[0], LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)

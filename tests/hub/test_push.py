@@ -2,7 +2,7 @@
 
 Every method trainer (ECHO, DFPO, GRPO-fix, CTPO, OTB and the base `GroupOptTrainer`) trains the embedded policy for
 2 steps with `push_to_hub=True` and calls `trainer.push_to_hub(...)`; OTB once more with `hub_strategy="every_save"`
-(a push per checkpoint); the demo script (`trl_groupopt.cli.train` with `--push_to_hub --hub_model_id`); and a LoRA
+(a push per checkpoint); the demo script (`trl_groupopt.cli.main.train` with `--push_to_hub --hub_model_id`); and a LoRA
 run that pushes its adapter. The assertions read only what the server received:
 
 - the weights (or the adapter), the config, the tokenizer and its chat template, byte for byte what was trained;
@@ -37,13 +37,13 @@ from trl_groupopt import (
     OTBTrainer,
     get_method,
 )
-from trl_groupopt.model_card import (
+from trl_groupopt.data.offline import load_embedded_policy
+from trl_groupopt.trainer.card import (
     ARITHMETIC_QUESTION,
     EMBEDDED_POLICY_REFERENCE,
     SYNTHETIC_DATASET_NAME,
     render_model_card,
 )
-from trl_groupopt.offline import load_embedded_policy
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +149,7 @@ class Runs:
 
     def _demo(self, key: str) -> dict:
         """The demo script, as `python examples/train_dfpo.py --push_to_hub --hub_model_id ...` runs it."""
-        from trl_groupopt.cli import train
+        from trl_groupopt.cli.main import train
 
         repo_id = "test-user/dfpo-demo"
         argv = ["--output_dir", str(self.root / "demo"), "--push_to_hub", "--hub_model_id", repo_id,

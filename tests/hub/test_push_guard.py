@@ -1,5 +1,5 @@
 """`push_to_hub` with weights that hold NaN or inf raises before anything is uploaded (the non-finite guard,
-`trl_groupopt/trainers/guard.py`), against the local Hub server of `tests/hub/server.py`."""
+`trl_groupopt/trainer/guard.py`), against the local Hub server of `tests/hub/server.py`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.helpers import method_trainer
-from trl_groupopt.trainers.guard import NonFiniteError
+from trl_groupopt.trainer.guard import NonFiniteError
 
 
 def test_pushing_nonfinite_weights_raises_before_any_upload(hub, tmp_path, tokenizer, base_model):

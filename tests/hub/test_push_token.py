@@ -11,7 +11,7 @@ from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset
 from tests.hub.conftest import FAKE_TOKEN
 from tests.hub.test_push import TOKEN_SHAPED
 from trl_groupopt import GroupOptTrainer
-from trl_groupopt.offline import load_embedded_policy
+from trl_groupopt.data.offline import load_embedded_policy
 
 pytestmark = pytest.mark.slow
 

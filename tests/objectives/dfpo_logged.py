@@ -3,8 +3,8 @@ tests that check both on one call."""
 
 from __future__ import annotations
 
-from trl_groupopt.objectives.dfpo import DFPOOutput, dfpo_loss
-from trl_groupopt.objectives.dfpo_diagnostics import dfpo_diagnostics
+from trl_groupopt.methods.dfpo.diagnostics import dfpo_diagnostics
+from trl_groupopt.methods.dfpo.objective import DFPOOutput, dfpo_loss
 
 
 def dfpo_logged(*args, loss_type: str = "dapo", **kwargs) -> DFPOOutput:

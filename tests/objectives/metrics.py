@@ -1,12 +1,12 @@
 """`reduce_metrics`: an objective's metrics as 0-dim values on one micro-batch, the reduction the trainer does over
-all processes (`trl_groupopt/trainers/metrics.py`), for the objective tests."""
+all processes (`trl_groupopt/trainer/metrics.py`), for the objective tests."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from trl_groupopt.objectives.common import masked_mean, nan_if_empty
+from trl_groupopt.core.common import masked_mean, nan_if_empty
 
 
 def clip_fraction(indicator: Tensor, mask: Tensor) -> Tensor:

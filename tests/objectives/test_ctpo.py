@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.objectives.metrics import reduce_metrics
-from trl_groupopt.objectives.ctpo import ctpo_loss, validate_ctpo
+from trl_groupopt.methods.ctpo.objective import ctpo_loss, validate_ctpo
 
 F64 = torch.float64
 DEFAULTS = dict(epsilon_low=0.025, epsilon_high=0.05, dual_clip=0.05, position_power=0.5)  # authors' script

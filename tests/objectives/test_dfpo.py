@@ -21,8 +21,8 @@ from scipy.optimize import minimize
 
 from tests.objectives.dfpo_logged import dfpo_logged as dfpo_loss
 from tests.objectives.metrics import reduce_metrics
-from trl_groupopt.objectives.dfpo import TRANSFORMS, group_transform, validate_dfpo
-from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss, validate_grpo_fix
+from trl_groupopt.methods.dfpo.grpo_fix import symmetric_clip_loss, validate_grpo_fix
+from trl_groupopt.methods.dfpo.objective import TRANSFORMS, group_transform, validate_dfpo
 
 FLOOR = 1e-6
 

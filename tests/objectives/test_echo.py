@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.objectives.metrics import reduce_metrics
-from trl_groupopt.objectives.echo import MAX_LOG_RHO, echo_batch_ratio_coupling, echo_loss, validate_echo
+from trl_groupopt.methods.echo.objective import MAX_LOG_RHO, echo_batch_ratio_coupling, echo_loss, validate_echo
 
 F64 = torch.float64
 EPS = dict(epsilon_low=0.2, epsilon_high=0.28, batch_epsilon_low=0.1, batch_epsilon_high=0.15)

@@ -1,4 +1,4 @@
-"""Tests for trl_groupopt.objectives.estimators: the registry of advantage estimators (pure torch).
+"""Tests for trl_groupopt.core.estimators: the registry of advantage estimators (pure torch).
 
 - "grpo" returns TRL's advantages themselves; "otb" is `otb_advantages` with the configured knobs (its zero tail
   resolved per batch: on for tool use) plus OTB's metrics, whose reference is written here in plain loops.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trl_groupopt.objectives.estimators import (
+from trl_groupopt.core.estimators import (
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
     AdvantageEstimator,
@@ -18,7 +18,7 @@ from trl_groupopt.objectives.estimators import (
     estimator_of,
     register_estimator,
 )
-from trl_groupopt.objectives.otb import otb_advantages, otb_zero_tail
+from trl_groupopt.methods.otb.objective import otb_advantages, otb_zero_tail
 
 
 def _batch(seed: int = 0, tool_use: bool = False) -> EstimatorInputs:

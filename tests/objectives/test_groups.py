@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trl_groupopt.objectives.common import Groups, as_groups
+from trl_groupopt.core.common import Groups, as_groups
 
 
 def test_reductions_over_sparse_unordered_ids():

@@ -1,5 +1,5 @@
-"""The pure-math layer stands alone: neither `trl_groupopt.objectives` nor the tests of this folder import TRL,
-transformers or accelerate, so they run (and fail) without them and `import trl_groupopt.objectives` costs nothing.
+"""The pure-math layer stands alone: neither `trl_groupopt.core` nor the tests of this folder import TRL,
+transformers or accelerate, so they run (and fail) without them and `import trl_groupopt.core` costs nothing.
 
 Two checks: the tests' own import statements (read, not run: fast), and a fresh interpreter that imports the objectives
 package, each objective module and each test module of this folder, then lists what reached `sys.modules` (`slow`:
@@ -21,8 +21,12 @@ from tests.environment import REPO_ROOT, process_environment
 HEAVY = ("trl", "transformers", "accelerate", "peft", "datasets")
 HERE = Path(__file__).resolve().parent
 TEST_MODULES = sorted(f"tests.objectives.{p.stem}" for p in HERE.glob("test_*.py"))
+PACKAGE = REPO_ROOT / "trl_groupopt"
+#: The pure math: `core/` and every module of a method's folder but its TRL shell (`trainer.py`).
 OBJECTIVE_MODULES = sorted(
-    f"trl_groupopt.objectives.{p.stem}" for p in (REPO_ROOT / "trl_groupopt" / "objectives").glob("*.py")
+    ".".join(p.relative_to(REPO_ROOT).with_suffix("").parts)
+    for p in [*(PACKAGE / "core").glob("*.py"), *(PACKAGE / "methods").glob("*/*.py")]
+    if p.name not in ("__init__.py", "trainer.py")
 )
 
 
@@ -43,13 +47,13 @@ def test_objective_tests_import_only_the_objectives():
         for module in _imported_roots(path):
             assert module.split(".")[0] not in HEAVY, (path.name, module)
             if module.startswith("trl_groupopt"):
-                assert module.startswith("trl_groupopt.objectives"), (path.name, module)
+                assert module in OBJECTIVE_MODULES or module == "trl_groupopt.core", (path.name, module)
             assert module != "tests.helpers", (path.name, module)  # builds models and datasets
 
 
 @pytest.mark.slow  # launches a Python process
 def test_importing_the_objectives_imports_no_trl():
-    modules = ["trl_groupopt.objectives", *OBJECTIVE_MODULES, *TEST_MODULES]
+    modules = ["trl_groupopt.core", *OBJECTIVE_MODULES, *TEST_MODULES]
     code = (
         "import importlib, json, sys\n"
         f"for name in {modules!r}:\n"

@@ -1,4 +1,4 @@
-"""Tests for trl_groupopt.objectives.otb (arXiv:2602.07078; equations and deviations in docs/otb.md).
+"""Tests for trl_groupopt.methods.otb.objective (arXiv:2602.07078; equations and deviations in docs/otb.md).
 
 References are independent float64 implementations: autograd for the logit-gradient energy, plain
 Python loops over groups / rows / positions for the advantages (verl's single-turn semantics
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from tests.tensor_sizes import TensorSizeRecorder
-from trl_groupopt.objectives.common import energy_from_log_probs
-from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages
+from trl_groupopt.core.common import energy_from_log_probs
+from trl_groupopt.methods.otb.objective import logit_gradient_energy, otb_advantages
 
 # --------------------------------------------------------------------------------------------------
 # Logit-gradient energy
@@ -642,7 +642,7 @@ def test_equal_rewards_give_zero_loss_and_gradient(energy_scale, reward, zero_ta
     weights) get exactly zero advantages, so the trained surrogate has exactly zero loss and gradient, for energies
     down to 0. verl's b_t = sum W G / (sum W + 1e-8) gives c * 1e-8 / (sum W + 1e-8) there, and c itself where the
     summed energy is 0 (near-deterministic tokens)."""
-    from trl_groupopt.objectives.common import clipped_surrogate_loss
+    from trl_groupopt.core.common import clipped_surrogate_loss
 
     gen = torch.Generator().manual_seed(3)
     sizes = [2, 3, 4, 5, 6, 7]

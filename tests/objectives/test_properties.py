@@ -38,12 +38,12 @@ from hypothesis import strategies as st
 
 from tests.objectives.dfpo_logged import dfpo_logged as dfpo_loss
 from tests.objectives.metrics import reduce_metrics
-from trl_groupopt.objectives.common import clipped_surrogate_loss, energy_from_log_probs
-from trl_groupopt.objectives.ctpo import ctpo_loss
-from trl_groupopt.objectives.dfpo import group_transform
-from trl_groupopt.objectives.echo import echo_batch_ratio_coupling, echo_loss
-from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
-from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages
+from trl_groupopt.core.common import clipped_surrogate_loss, energy_from_log_probs
+from trl_groupopt.methods.ctpo.objective import ctpo_loss
+from trl_groupopt.methods.dfpo.grpo_fix import symmetric_clip_loss
+from trl_groupopt.methods.dfpo.objective import group_transform
+from trl_groupopt.methods.echo.objective import echo_batch_ratio_coupling, echo_loss
+from trl_groupopt.methods.otb.objective import logit_gradient_energy, otb_advantages
 
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 ALL_DTYPES = (F32, BF16, F64)

@@ -1,5 +1,5 @@
 """Numeric options refused at construction, for every registered method's trainer including the baseline with TRL's
-plain `GRPOConfig` (issue 38; `trl_groupopt/trainers/args_check.py`): one line naming the option and the fix."""
+plain `GRPOConfig` (issue 38; `trl_groupopt/trainer/args_check.py`): one line naming the option and the fix."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import logging
 from trl import GRPOConfig
 
 from tests.helpers import clone_model, cpu_config_kwargs, length_reward, tiny_dataset
-from trl_groupopt.trainers.base import GroupOptTrainer
+from trl_groupopt.trainer.base import GroupOptTrainer
 
 TRL_LOGGER = "trl.trainer.grpo_trainer"
 #: The opening words of TRL 1.16's advice for sequence-level ratios with a token-sum loss type.

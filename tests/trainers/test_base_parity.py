@@ -21,7 +21,7 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
-from trl_groupopt.trainers.base import GroupOptTrainer
+from trl_groupopt.trainer.base import GroupOptTrainer
 
 TOL = 1e-6
 

@@ -14,8 +14,8 @@ from trl.trainer.utils import nanstd
 
 from tests.objectives.dfpo_logged import dfpo_logged as dfpo_loss
 from trl_groupopt import DFPOConfig
-from trl_groupopt.objectives.dfpo import validate_dfpo
-from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
+from trl_groupopt.methods.dfpo.grpo_fix import symmetric_clip_loss
+from trl_groupopt.methods.dfpo.objective import validate_dfpo
 
 F64 = torch.float64
 EPS_LOW, EPS_HIGH = 3e-4, 4e-4  # GSPO's, DFPOConfig's defaults

@@ -23,7 +23,7 @@ import torch
 from tests.helpers import clone_model, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
 from tests.trainers.test_dfpo_cancellation import EPS_HIGH, EPS_LOW, clipped_toy
 from trl_groupopt import DFPOConfig, DFPOTrainer
-from trl_groupopt.objectives.dfpo import dfpo_loss
+from trl_groupopt.methods.dfpo.objective import dfpo_loss
 
 F64 = torch.float64
 GROUP = 4

@@ -22,9 +22,9 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from trl_groupopt import DFPOConfig, DFPOTrainer
-from trl_groupopt.objectives.dfpo import dfpo_loss
-from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
-from trl_groupopt.offline import load_embedded_policy
+from trl_groupopt.data.offline import load_embedded_policy
+from trl_groupopt.methods.dfpo.grpo_fix import symmetric_clip_loss
+from trl_groupopt.methods.dfpo.objective import dfpo_loss
 
 WIDE = dict(epsilon=0.05, epsilon_high=0.08)  # some sequences clipped, some not, at off_policy_scale 0.3
 

@@ -32,10 +32,7 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
-from trl_groupopt import METHODS
-from trl_groupopt.trainers import (
-    GroupOptTrainer,
-)
+from trl_groupopt import METHODS, GroupOptTrainer
 
 #: registry name -> (trainer, config, overrides selecting the mode), for every registered method
 TRAINERS = {

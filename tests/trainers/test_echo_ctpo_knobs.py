@@ -24,8 +24,8 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from trl_groupopt import CTPOConfig, CTPOTrainer, ECHOConfig, ECHOTrainer
-from trl_groupopt.objectives.ctpo import ctpo_loss
-from trl_groupopt.objectives.echo import echo_loss
+from trl_groupopt.methods.ctpo.objective import ctpo_loss
+from trl_groupopt.methods.echo.objective import echo_loss
 
 ATOL, RTOL = 1e-6, 1e-5
 SENSITIVE = 1e-4  # the knob must move the loss or a gradient entry by more than this

@@ -22,7 +22,7 @@ from trl import GRPOTrainer
 from tests.distributed import batches
 from tests.helpers import cpu_config_kwargs, float64_forward, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
 from trl_groupopt import ECHOConfig, ECHOTrainer
-from trl_groupopt.objectives.echo import echo_log_ratio_totals, echo_loss
+from trl_groupopt.methods.echo.objective import echo_log_ratio_totals, echo_loss
 
 ATOL = 1e-10
 EPS = dict(epsilon=0.2, epsilon_high=0.28)  # batch_epsilon defaults to epsilon: R clipped outside [0.8, 1.2]

@@ -37,18 +37,13 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from trl_groupopt import METHODS, DFPOConfig, ECHOConfig, OTBConfig, get_method
-from trl_groupopt.objectives.common import clipped_surrogate_loss
-from trl_groupopt.objectives.ctpo import ctpo_loss
-from trl_groupopt.objectives.dfpo import TRANSFORMS
-from trl_groupopt.objectives.echo import echo_loss
-from trl_groupopt.objectives.estimators import (
-    ESTIMATORS,
-    AdvantageEstimator,
-    EstimatorOutput,
-    register_estimator,
-)
-from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
-from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages
+from trl_groupopt.core.common import clipped_surrogate_loss
+from trl_groupopt.core.estimators import ESTIMATORS, AdvantageEstimator, EstimatorOutput, register_estimator
+from trl_groupopt.methods.ctpo.objective import ctpo_loss
+from trl_groupopt.methods.dfpo.grpo_fix import symmetric_clip_loss
+from trl_groupopt.methods.dfpo.objective import TRANSFORMS
+from trl_groupopt.methods.echo.objective import echo_loss
+from trl_groupopt.methods.otb.objective import logit_gradient_energy, otb_advantages
 
 ATOL = 1e-10
 
@@ -273,7 +268,7 @@ def test_otb_combination_needs_whole_groups_in_every_micro_batch(tmp_path):
 
 def test_cli_selects_the_estimator_for_any_method():
     """`trl-groupopt train --method ctpo --advantage_estimator otb`: the field is a flag of every method's parser."""
-    from trl_groupopt.cli import parse
+    from trl_groupopt.cli.main import parse
 
     for method in ("ctpo", "echo", "grpo_fix"):
         _, args, _, _ = parse(method, ["--advantage_estimator", "otb", "--otb_handle_zero_tail", "true"])
@@ -288,7 +283,7 @@ def test_cli_selects_the_estimator_for_any_method():
 
 
 def test_model_card_names_the_estimator(setup, float_model, tmp_path):
-    from trl_groupopt.model_card import method_knobs, render_model_card
+    from trl_groupopt.trainer.card import method_knobs, render_model_card
 
     tokenizer = setup[0]
     for overrides, shown in ((dict(), "grpo"), (dict(advantage_estimator="otb"), "otb")):

@@ -1,4 +1,4 @@
-"""The non-finite guard without training (`trl_groupopt/trainers/guard.py`; the diverging runs:
+"""The non-finite guard without training (`trl_groupopt/trainer/guard.py`; the diverging runs:
 tests/e2e/test_survival.py): saving weights that hold NaN or inf raises before a file is written, a NaN loss or
 gradient norm stops with the step and the causes, and the setting reads as on for TRL's plain `GRPOConfig`."""
 
@@ -17,7 +17,7 @@ from tests.helpers import (
     tiny_dataset,
 )
 from trl_groupopt import METHODS, GroupOptTrainer
-from trl_groupopt.trainers.guard import NonFiniteError, guard_enabled, nonfinite_weights
+from trl_groupopt.trainer.guard import NonFiniteError, guard_enabled, nonfinite_weights
 
 
 @pytest.mark.parametrize("name", list(METHODS))

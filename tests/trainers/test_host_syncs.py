@@ -31,13 +31,13 @@ from tests.helpers import (
 )
 from tests.sync_counter import SyncCounter
 from trl_groupopt import METHODS, get_method
-from trl_groupopt.objectives.common import Groups, clipped_surrogate_loss
-from trl_groupopt.objectives.ctpo import ctpo_loss
-from trl_groupopt.objectives.dfpo import TRANSFORMS, dfpo_loss
-from trl_groupopt.objectives.dfpo_diagnostics import dfpo_diagnostics
-from trl_groupopt.objectives.echo import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss
-from trl_groupopt.objectives.estimators import ESTIMATORS, EstimatorInputs
-from trl_groupopt.objectives.grpo_fix import symmetric_clip_loss
+from trl_groupopt.core.common import Groups, clipped_surrogate_loss
+from trl_groupopt.core.estimators import ESTIMATORS, EstimatorInputs
+from trl_groupopt.methods.ctpo.objective import ctpo_loss
+from trl_groupopt.methods.dfpo.diagnostics import dfpo_diagnostics
+from trl_groupopt.methods.dfpo.grpo_fix import symmetric_clip_loss
+from trl_groupopt.methods.dfpo.objective import TRANSFORMS, dfpo_loss
+from trl_groupopt.methods.echo.objective import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss
 
 GROUP = batches.GROUP_SIZE
 ROWS = batches.HALF  # one micro-batch: two whole groups

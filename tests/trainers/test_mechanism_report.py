@@ -11,9 +11,9 @@ from trl import GRPOConfig
 
 from tests.helpers import clone_model, cpu_config_kwargs, length_reward, method_trainer, tiny_dataset
 from trl_groupopt import METHODS, DFPOConfig, DFPOTrainer, get_method
-from trl_groupopt.methods import otb
-from trl_groupopt.trainers.base import GroupOptTrainer
-from trl_groupopt.trainers.dfpo import SUM_LOSS_NOTE, TRL_SEQUENCE_LOSS_ADVICE
+from trl_groupopt.methods.dfpo.trainer import SUM_LOSS_NOTE, TRL_SEQUENCE_LOSS_ADVICE
+from trl_groupopt.methods.otb import spec as otb
+from trl_groupopt.trainer.base import GroupOptTrainer
 
 TRL_LOGGER = "trl.trainer.grpo_trainer"
 
@@ -64,7 +64,7 @@ def test_dfpo_replaces_trls_loss_type_advice_with_its_own_line(tokenizer, base_m
         DFPOTrainer(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
                     processing_class=tokenizer)  # fmt: skip
     assert not [m for m in _messages(caplog, TRL_LOGGER) if TRL_SEQUENCE_LOSS_ADVICE in m]
-    ours = _messages(caplog, "trl_groupopt.trainers.dfpo")
+    ours = _messages(caplog, "trl_groupopt.methods.dfpo.trainer")
     assert ours == [SUM_LOSS_NOTE.format(args=args)] and "\n" not in ours[0]
     assert "cancel" in ours[0] and "loss_type='grpo'" in ours[0] and "1/|y_i|" in ours[0]
     assert not logging.getLogger(TRL_LOGGER).filters  # the filter is gone once the trainer is built
@@ -86,7 +86,7 @@ def test_dfpo_silences_no_other_trl_warning(tokenizer, base_model, tmp_path, cap
         GroupOptTrainer(clone_model(base_model), length_reward, args=grpo_args, train_dataset=tiny_dataset(8),
                         processing_class=tokenizer)  # fmt: skip
     assert any(TRL_SEQUENCE_LOSS_ADVICE in m for m in _messages(caplog, TRL_LOGGER))
-    assert not _messages(caplog, "trl_groupopt.trainers.dfpo")
+    assert not _messages(caplog, "trl_groupopt.methods.dfpo.trainer")
 
 
 def test_the_report_callback_is_exportable_state():
@@ -97,7 +97,7 @@ def test_the_report_callback_is_exportable_state():
 
     from transformers import TrainerControl, TrainerState
 
-    from trl_groupopt.trainers.report import MechanismReportCallback
+    from trl_groupopt.trainer.report import MechanismReportCallback
 
     callback = MechanismReportCallback("echo", "grpo")
     for clipped in (1.0, 0.0, 1.0):

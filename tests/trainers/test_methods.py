@@ -30,7 +30,7 @@ from trl_groupopt import (
     OTBConfig,
     OTBTrainer,
 )
-from trl_groupopt.objectives.otb import logit_gradient_energy
+from trl_groupopt.methods.otb.objective import logit_gradient_energy
 
 TOL = 1e-6
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tests.tensor_sizes import TensorSizeRecorder
-from trl_groupopt.objectives.common import energy_from_log_probs
-from trl_groupopt.objectives.otb import logit_gradient_energy
+from trl_groupopt.core.common import energy_from_log_probs
+from trl_groupopt.methods.otb.objective import logit_gradient_energy
 
 
 def _tiny_causal_lm(vocab: int = 1000):

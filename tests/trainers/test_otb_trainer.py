@@ -25,9 +25,9 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from trl_groupopt import OTBConfig, OTBTrainer
-from trl_groupopt.objectives.estimators import EstimatorInputs
-from trl_groupopt.objectives.otb import logit_gradient_energy, otb_advantages, otb_zero_tail
-from trl_groupopt.trainers import loss
+from trl_groupopt.core.estimators import EstimatorInputs
+from trl_groupopt.methods.otb.objective import logit_gradient_energy, otb_advantages, otb_zero_tail
+from trl_groupopt.trainer import loss
 
 TEMPERATURE = 0.7
 # The in-code tokenizer's template plus tool calls and tool messages: TRL requires a template that renders a full
@@ -385,7 +385,7 @@ def test_otb_rejects_trl_loss_types_itself(tmp_path, loss_type):
     OTB's rejects them, through the base's one check. That includes the base trainer given an OTBConfig, which
     hands these loss types to TRL's own loss otherwise, and the method trainers with `advantage_estimator="otb"`."""
     from trl_groupopt import CTPOConfig, CTPOTrainer, DFPOConfig, DFPOTrainer, ECHOConfig, ECHOTrainer
-    from trl_groupopt.trainers.base import GroupOptTrainer
+    from trl_groupopt.trainer.base import GroupOptTrainer
 
     kwargs = cpu_config_kwargs(tmp_path, loss_type=loss_type)
     cases = [

@@ -2,8 +2,8 @@
 docs/adding-a-method.md, which reaches the CLI and passes the same generic trainer tests as the built-in methods.
 
 The toy's three code files are the doc's code blocks, written as they are to the paths they name under a temporary
-folder that `trl_groupopt.objectives`, `.trainers` and `.methods` also search (their `__path__`); the registry's own
-discovery (`trl_groupopt.methods.discover`) then finds its spec. The generic tests are the functions of
+folder that `trl_groupopt.core`, `.trainers` and `.methods` also search (their `__path__`); the registry's own
+discovery (`trl_groupopt.methods.registry.discover`) then finds its spec. The generic tests are the functions of
 tests/trainers/test_validation.py, tests/hub/test_model_card.py and tests/e2e/ that are parametrised over `METHODS`,
 called here with the toy's name. The two checks that train are marked `slow`.
 """
@@ -31,12 +31,14 @@ from tests.helpers import (
 )
 from tests.hub import test_model_card
 from tests.trainers import test_validation
-from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, cli, get_method, methods, register_method
-from trl_groupopt.objectives.common import ObjectiveFn
-from trl_groupopt.registry import unregister_method
+from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, get_method, register_method
+from trl_groupopt.cli import main as cli
+from trl_groupopt.core.common import ObjectiveFn
+from trl_groupopt.methods import registry as methods
+from trl_groupopt.methods.registry import unregister_method
 
 DOC = REPO_ROOT / "docs" / "adding-a-method.md"
-TOY_FILES = ("trl_groupopt/objectives/toy.py", "trl_groupopt/trainers/toy.py", "trl_groupopt/methods/toy.py")
+TOY_FILES = ("trl_groupopt/methods/toy/objective.py", "trl_groupopt/methods/toy/trainer.py", "trl_groupopt/methods/toy/spec.py")
 
 
 def doc_code_files() -> dict[str, str]:
@@ -56,7 +58,8 @@ def toy(tmp_path_factory):
     for path, code in files.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(code, encoding="utf-8")
-    packages = [importlib.import_module(f"trl_groupopt.{name}") for name in ("objectives", "trainers", "methods")]
+    (root / "trl_groupopt/methods/toy/__init__.py").write_text("", encoding="utf-8")
+    packages = [importlib.import_module("trl_groupopt.methods")]
     for package in packages:
         package.__path__.append(str(root / package.__name__.replace(".", "/")))
     try:
@@ -66,7 +69,8 @@ def toy(tmp_path_factory):
     finally:
         for package in packages:
             package.__path__.remove(str(root / package.__name__.replace(".", "/")))
-            sys.modules.pop(f"{package.__name__}.toy", None)
+            for name in [m for m in sys.modules if m.startswith(f"{package.__name__}.toy")]:
+                sys.modules.pop(name)
         if "toy" in METHODS:
             unregister_method("toy")
     assert "toy" not in METHODS
@@ -76,12 +80,12 @@ def test_the_toy_is_four_files_and_the_doc_says_so(toy):
     """Files 1-3 are the doc's code; the spec names the classes (exported from there), the trainer overrides only
     `objective`, and the method's name is written once (the mechanism's comes from the spec)."""
     trainer_class, config_class = toy.trainer_class, toy.config_class
-    assert toy.exports == {"ToyTrainer": "trl_groupopt.trainers.toy", "ToyConfig": "trl_groupopt.trainers.toy"}
+    assert toy.exports == {"ToyTrainer": "trl_groupopt.methods.toy.trainer", "ToyConfig": "trl_groupopt.methods.toy.trainer"}
     own = {name for name in vars(trainer_class) if not name.startswith("__")} - {"has_own_objective"}  # derived
     assert own == {"config_class", "objective"}
     assert config_class is trainer_class.config_class and toy.mechanism.method == "toy"
     assert trainer_class._name == "TOY" and trainer_class._tag_names == ["trl", "toy", "trl-groupopt"]
-    _: ObjectiveFn = importlib.import_module("trl_groupopt.objectives.toy").toy_loss  # the objective protocol
+    _: ObjectiveFn = importlib.import_module("trl_groupopt.methods.toy.objective").toy_loss  # the objective protocol
     text = DOC.read_text(encoding="utf-8")
     assert "A method is four files and a test" in text and all(
         f"`{path}`".replace("toy", "<m>") in text for path in TOY_FILES

@@ -1,12 +1,12 @@
 """Issue 38: a reward function returning tensors on the meta device failed in TRL with `Tensor.item() cannot be called
-on meta tensors`, naming no function; the reward check at the door (`trl_groupopt/checks.py`) now names it."""
+on meta tensors`, naming no function; the reward check at the door (`trl_groupopt/data/checks.py`) now names it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from trl_groupopt.checks import checked_reward_func
+from trl_groupopt.data.checks import checked_reward_func
 
 
 def meta_reward(completions, **kwargs):

@@ -17,7 +17,8 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from tests.helpers import cpu_config_kwargs, method_trainer, tiny_dataset
-from trl_groupopt import METHODS, GroupOptTrainer, checks
+from trl_groupopt import METHODS, GroupOptTrainer
+from trl_groupopt.data import checks
 
 N = 4
 #: name -> what a reward function returns for 4 completions: every form GRPOTrainer converts

@@ -23,7 +23,9 @@ import pytest
 from trl import GRPOConfig
 
 from tests.helpers import cpu_config_kwargs
-from trl_groupopt import METHODS, cli, registry
+from trl_groupopt import METHODS
+from trl_groupopt.cli import main as cli
+from trl_groupopt.methods import registry
 
 REPO = Path(__file__).resolve().parents[2]
 # Shaped like real access tokens (hf_ + 34 characters); two of them, to tell the environment from the config.
@@ -100,7 +102,7 @@ def test_config_repr_redacts_the_token(config_cls, tmp_path):
 def test_copies_and_in_memory_pickles_keep_the_token(config_cls, tmp_path):
     """`copy.deepcopy`, `copy.copy` and a pickle round trip in memory keep `hub_token` (as TRL's GRPOConfig does);
     only what the trainer writes to disk or uploads (pickled under `tokens_withheld`) drops it."""
-    from trl_groupopt.trainers.config import tokens_withheld
+    from trl_groupopt.trainer.config import tokens_withheld
 
     args = config_cls(**cpu_config_kwargs(tmp_path, hub_token=CONFIG_TOKEN))
     assert copy.deepcopy(args).hub_token == CONFIG_TOKEN
@@ -126,7 +128,7 @@ def _user_config_class() -> type:
 
 def test_a_user_subclass_of_grpo_config_is_withheld_too(tmp_path):
     """A config class defined after the first save (a user's own `GRPOConfig` subclass) is covered as well."""
-    from trl_groupopt.trainers.config import tokens_withheld
+    from trl_groupopt.trainer.config import tokens_withheld
 
     with tokens_withheld():
         pickle.dumps(GRPOConfig(**cpu_config_kwargs(tmp_path)))  # registers the classes known so far

@@ -32,7 +32,7 @@ from tests.helpers import (
     tiny_model,
 )
 from trl_groupopt import METHODS, DFPOConfig, DFPOTrainer, ECHOConfig, ECHOTrainer, GroupOptTrainer, get_method
-from trl_groupopt.cli import parse
+from trl_groupopt.cli.main import parse
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "trl_groupopt"
 OUR_TRAINERS = sorted({spec.trainer_class for spec in METHODS.values()}, key=lambda c: c.__name__)
@@ -139,7 +139,7 @@ SERVER_URL_ARGV = ["--use_vllm", "--vllm_mode", "server", "--vllm_server_base_ur
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_cli_vllm_flags_reach_the_config(method):
-    """`trl_groupopt.cli.parse` (behind examples/train_<method>.py) turns TRL's vLLM flags into the method's config."""
+    """`trl_groupopt.cli.main.parse` (behind examples/train_<method>.py) turns TRL's vLLM flags into the method's config."""
     config_cls = METHODS[method].config_class
 
     _, args, _, _ = parse(method, COLOCATE_ARGV)

@@ -28,8 +28,8 @@ from tests.helpers import (
     tiny_tokenizer,
 )
 from trl_groupopt import METHODS, get_method
-from trl_groupopt.trainers.base import GroupOptTrainer
-from trl_groupopt.trainers.compat import check_loss_routed_through_compute_loss
+from trl_groupopt.trainer.base import GroupOptTrainer
+from trl_groupopt.trainer.compat import check_loss_routed_through_compute_loss
 
 #: Pinned declarations of the built-in methods: whether they couple the sequences of a group (then every micro-batch
 #: holds whole groups) and whether TRL's `delta` (two-sided clip of TRL's surrogate) means anything for them. A method

@@ -6,7 +6,7 @@ import torch
 from transformers import AutoTokenizer
 
 from trl_groupopt import get_method
-from trl_groupopt.offline import EMBEDDED_POLICY_PATH
+from trl_groupopt.data.offline import EMBEDDED_POLICY_PATH
 
 from ..helpers import cpu_config_kwargs, length_reward, tiny_dataset
 from .engine import on_gpu

@@ -12,7 +12,7 @@ import pytest
 import torch
 from trl.generation.vllm_client import VLLMClient
 
-from trl_groupopt.offline import EMBEDDED_POLICY_PATH
+from trl_groupopt.data.offline import EMBEDDED_POLICY_PATH
 
 from .checks import (
     LOGPROB_TOLERANCE,

@@ -28,7 +28,7 @@ from tests.distributed import batches  # noqa: E402
 from tests.distributed.harness import write_result  # noqa: E402
 from tests.distributed.workers.one_step import GradRecorder, fixed_generation  # noqa: E402
 from tests.helpers import _forward, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
-from trl_groupopt.trainers import ECHOConfig, ECHOTrainer  # noqa: E402
+from trl_groupopt import ECHOConfig, ECHOTrainer  # noqa: E402
 
 CASES = {"step": "step", "micro_batch": "micro_batch", "step_weighted": "step"}  # case -> batch_ratio_scope
 OFF_POLICY_THRESHOLD = 0.02  # masks the negative-advantage rows of the "split" half with log-ratio -0.3

@@ -15,7 +15,7 @@ torch.set_num_threads(1)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 from tests.distributed.harness import write_result  # noqa: E402
-from trl_groupopt.cli import train  # noqa: E402
+from trl_groupopt.cli.main import train  # noqa: E402
 
 #: case name -> (registry method, extra CLI arguments)
 CASES = {

@@ -36,8 +36,10 @@ from transformers import set_seed  # noqa: E402
 from tests.distributed import batches  # noqa: E402
 from tests.distributed.harness import write_result  # noqa: E402
 from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
-from trl_groupopt import get_method  # noqa: E402
-from trl_groupopt.trainers import OTBTrainer  # noqa: E402
+from trl_groupopt import (
+    OTBTrainer,  # noqa: E402
+    get_method,  # noqa: E402
+)
 
 FSDP2_ARGS = dict(
     fsdp="full_shard",

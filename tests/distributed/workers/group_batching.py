@@ -13,7 +13,7 @@ from trl import GRPOConfig
 
 from tests.distributed.harness import write_result
 from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
-from trl_groupopt.trainers.base import GroupOptTrainer
+from trl_groupopt.trainer.base import GroupOptTrainer
 
 
 class RecordingGroupTrainer(GroupOptTrainer):

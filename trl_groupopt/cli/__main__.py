@@ -1,0 +1,5 @@
+"""`python -m trl_groupopt.cli`: the `trl-groupopt` command."""
+
+from .main import main
+
+main()

@@ -1,0 +1,216 @@
+"""The `trl-groupopt` command (`train`, `methods`, `compare`) and the example scripts' entry point (:func:`command`):
+docs/getting-started.md ("The command line: help and errors"); the defaults' layers: `trl_groupopt.cli.defaults`.
+This module imports no TRL: `--help`, `methods`, `train --help` and an unknown `--method` answer without it."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib
+import inspect
+import os
+import shlex
+import shutil
+import sys
+import traceback
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+from ..data.offline import uses_embedded_policy
+from ..methods.registry import METHODS, get_method
+from ..runfolder import resume
+from ..runfolder.checkpoints import checkpoints, resolve_resume
+from ..runfolder.lock import RunLock
+from .defaults import DEMO_DEFAULTS, EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS  # noqa: F401  (read here by benchmarks)
+
+if TYPE_CHECKING:
+    from ..trainer.base import GroupOptTrainer
+
+DEBUG_ENVIRONMENT_VARIABLE = "TRL_GROUPOPT_DEBUG"
+
+
+def die(prog: str, message: str, status: int = 2) -> NoReturn:
+    """Print ``prog: error: message`` (one line) to stderr and exit."""
+    sys.stderr.write(f"{prog}: error: {' '.join(message.split())}\n")
+    raise SystemExit(status)
+
+
+def parse(method: str, argv: Sequence[str] | None = None, *, prog: str | None = None):
+    """(script_args, training_args, model_args, demo: the embedded policy on the synthetic task), parsed once."""
+    get_method(method)  # an unknown name fails here, before TRL is imported
+    from ..data.adapters import check_model_path
+    from ..data.checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
+    from .script import MethodParser
+
+    parser = MethodParser(method, prog or os.path.basename(sys.argv[0]))
+    script_args, training_args, model_args = parser.parse_args_and_config(sys.argv[1:] if argv is None else argv)
+    if not hasattr(training_args, "max_all_none_reward_batches"):  # plain GRPOConfig (grpo): stop on no reward too
+        training_args.max_all_none_reward_batches = DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
+    check_model_path(model_args.model_name_or_path)
+    demo = uses_embedded_policy(model_args.model_name_or_path) and script_args.dataset_name is None
+    return script_args, training_args, model_args, demo
+
+
+def prepare_output_dir(
+    output_dir: str, resume_from_checkpoint: str | None, overwrite: bool, main: bool = True, method=None, args=None
+):
+    """The checkpoint to resume from (None: a fresh run), after the resume rules of `trl_groupopt.runfolder.resume` (a finished
+    run: printed, exit 0). ``overwrite`` (a fresh run only) deletes the earlier checkpoints (on the main process)."""
+    if resume_from_checkpoint is not None and overwrite:
+        raise ValueError("--overwrite_output_dir (a fresh run) cannot be combined with --resume_from_checkpoint.")
+    if resume_from_checkpoint is not None:
+        checkpoint = resolve_resume(output_dir, resume_from_checkpoint)
+        if method is not None and args is not None:  # the trainer checks again, and warns on changed settings
+            resume.check_resume(checkpoint, method, args, warn=False)
+            if (finished := resume.finished_message(checkpoint, args)) is not None:
+                print(finished, flush=True)
+                raise SystemExit(0)
+        return checkpoint
+    resume.refuse_fresh_run(output_dir, overwrite, cli=True)
+    if overwrite and main:
+        for folder in checkpoints(output_dir):
+            shutil.rmtree(folder)
+    return None
+
+
+def train(method: str, argv: Sequence[str] | None = None, *, prog: str | None = None) -> GroupOptTrainer:
+    """Parse argv, check the data (before the output folder is touched and the model loads), then train `method`
+    holding its output folder (`RunLock`); returns the trainer. Errors raise (:func:`one_line_errors` prints them)."""
+    from ..data import adapters
+    from . import script
+
+    # TRL 1.16 reads `model.is_gradient_checkpointing` (deprecated in transformers 5) at every generation
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    script_args, args, model_args, demo = parse(method, argv, prog=prog)
+    if os.path.isfile(args.output_dir):
+        raise ValueError(f"--output_dir {args.output_dir} is a file: give a folder (new or a run's).")
+    train_dataset, eval_dataset = adapters.load_datasets(script_args, model_args, args)
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    with RunLock(args.output_dir, enabled=main_process):
+        overwrite = args.overwrite_output_dir = script_args.overwrite_output_dir  # the trainer's check reads it
+        args.resume_from_checkpoint = prepare_output_dir(
+            args.output_dir, args.resume_from_checkpoint, overwrite, main_process, method, args
+        )
+        return script.run(method, script_args, args, model_args, demo, train_dataset, eval_dataset)
+
+
+def take_debug_flag(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """(argv without a bare ``--debug``, whether the traceback is wanted); ``--debug VALUE`` is transformers'."""
+    rest, debug = [], os.environ.get(DEBUG_ENVIRONMENT_VARIABLE, "").lower() in ("1", "true", "yes")
+    for i, arg in enumerate(argv):
+        if arg == "--debug" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            debug = True
+        else:
+            rest.append(arg)
+    return rest, debug
+
+
+def _raised_while_training(error: BaseException) -> bool:
+    """Whether `error` came from inside `Trainer.train` (a failure mid-run keeps its traceback)."""
+    if (trainer_module := sys.modules.get("transformers.trainer")) is None:  # not imported: nothing was trained
+        return False
+    code = inspect.unwrap(trainer_module.Trainer.train).__code__
+    return any(frame.f_code is code for frame, _ in traceback.walk_tb(error.__traceback__))
+
+
+def resume_command(command_line: str, argv: Sequence[str]) -> str:
+    """`command_line argv`, without a fresh run's or an earlier resume's flags, resuming from the last checkpoint."""
+    dropped = ("resume_from_checkpoint", "overwrite_output_dir")  # spelled with "_" or "-"
+    kept, i = [], 0
+    while i < len(argv):
+        if argv[i].startswith("--") and argv[i][2:].partition("=")[0].replace("-", "_") in dropped:  # and its value
+            i += 1 + ("=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("-"))
+            continue
+        kept.append(argv[i])
+        i += 1
+    return f"{command_line} {shlex.join([*kept, '--resume_from_checkpoint', 'last'])}"
+
+
+@contextlib.contextmanager
+def one_line_errors(prog: str, debug: bool, resume: str = ""):
+    """An error before training prints ``prog: error: message``, exit 1 (with `debug`, or raised while training: the
+    traceback); Ctrl-C prints `resume`, the command that resumes the run, exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt as interrupt:
+        traceback.clear_frames(interrupt.__traceback__)  # the run's objects (its progress bar) close first
+        gc.collect()
+        sys.stderr.write(f"\n{prog}: interrupted. Resume from the last checkpoint with: {resume}\n")
+        raise SystemExit(130) from None
+    except Exception as error:
+        if debug or _raised_while_training(error):
+            raise
+        text = str(error) if isinstance(error, ValueError | OSError) else f"{type(error).__name__}: {error}"
+        die(prog, f"{text} (--debug shows the traceback)", status=1)
+
+
+def command(method: str) -> None:
+    """The example scripts' entry point: train `method` with `sys.argv`, errors as :func:`one_line_errors`."""
+    argv, debug = take_debug_flag(sys.argv[1:])
+    prog = os.path.basename(sys.argv[0])
+    with one_line_errors(prog, debug, resume_command(f"python {shlex.quote(sys.argv[0])}", argv)):
+        train(method, argv, prog=prog)
+
+
+def _methods_table() -> str:
+    width = max(len(name) for name in METHODS)
+    return "\n".join(f"  {name:<{width}}  {s.trainer_name}: {s.summary or s.paper}" for name, s in METHODS.items())
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        die(self.prog, message)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`trl-groupopt train --method NAME [options]`, `trl-groupopt methods`, `trl-groupopt compare ...`."""
+    argv, debug = take_debug_flag(sys.argv[1:] if argv is None else argv)
+    raw = argparse.RawDescriptionHelpFormatter
+    epilog = (
+        f"methods:\n{_methods_table()}\n\nexamples:\n"
+        "  trl-groupopt train --method NAME                 # offline CPU demo (embedded policy)\n"
+        "  trl-groupopt train --method NAME --help          # every option of a method\n"
+        "  trl-groupopt train --method NAME --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\\n"
+        "      --dataset_name openai/gsm8k --dataset_config main --dataset_format gsm8k"
+    )
+    parser = _OneLineParser(
+        prog="trl-groupopt",
+        description="Group RL objectives as drop-in TRL GRPOTrainer subclasses.",
+        epilog=epilog,
+        formatter_class=raw,
+    )
+    commands = parser.add_subparsers(dest="command", metavar="{train,methods,compare}", parser_class=_OneLineParser)
+    train_parser = commands.add_parser(
+        "train",
+        add_help=False,
+        formatter_class=raw,
+        epilog=f"methods:\n{_methods_table()}",
+        help="train a method; `train --method NAME --help` lists every option",
+    )
+    train_parser.add_argument("--method", choices=list(METHODS), help="the method to train (see below)")
+    commands.add_parser("methods", help="list the registered methods")
+    commands.add_parser("compare", add_help=False, help="compare methods (`compare --help`)")
+    known, rest = parser.parse_known_args(argv)
+    if known.command == "methods":
+        print(_methods_table())
+    elif known.command == "compare":
+        sys.exit(importlib.import_module("trl_groupopt.comparison.driver").main(list(rest)))
+    elif known.command == "train" and known.method is not None:
+        prog = f"trl-groupopt train --method {known.method}"
+        with one_line_errors(prog, debug, resume_command(prog, rest)):
+            train(known.method, rest, prog=prog)
+    elif known.command == "train" and {"-h", "--help"} & set(rest):
+        train_parser.print_help()
+        print("\nAdd --method NAME --help for the method's options: trl-groupopt train --method NAME --help")
+        sys.exit(0)
+    elif known.command == "train":
+        train_parser.error(f"--method is required; one of {', '.join(METHODS)}")
+    else:
+        parser.print_help()
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The methods: every :class:`~trl_groupopt.methods.spec.MethodSpec` that a method folder's ``spec.py``
+(`trl_groupopt/methods/<name>/spec.py`) defines at its top level, registered in :data:`METHODS` on import, and
+``register_method`` for a method kept outside the package (docs/adding-a-method.md). TRL-free: the CLI lists methods
+before TRL is imported."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any
+
+from ..core.registry import Registry
+from .spec import MethodSpec, Paper
+
+__all__ = ["METHODS", "MethodSpec", "Paper", "get_method", "register_method", "spec_for", "unregister_method"]
+
+def discover() -> tuple[MethodSpec, ...]:
+    """The specs of the method folders under `trl_groupopt/methods/`: the baseline first, then by folder name, then in
+    the order each ``spec.py`` defines them."""
+    specs = []
+    for folder in pkgutil.iter_modules(importlib.import_module(__package__).__path__):
+        if not folder.ispkg:
+            continue
+        namespace = vars(importlib.import_module(f"{__package__}.{folder.name}.spec"))
+        specs += [v for v in namespace.values() if isinstance(v, MethodSpec) and all(v is not s for s in specs)]
+    return tuple(sorted(specs, key=lambda spec: spec.trainer_name != "GroupOptTrainer"))
+
+
+#: The registered methods, name -> :class:`MethodSpec`, in registration order.
+METHODS: Registry[MethodSpec] = Registry("method", "Unknown method {name!r}; registered methods: {names}.")
+get_method = METHODS.lookup  # a name's spec; an unknown name is a ValueError listing the registered ones
+unregister_method = METHODS.unregister
+
+
+def register_method(name: str, *, config_class: type, trainer_class: type, **fields: Any) -> MethodSpec:
+    """Register a method with its classes and the other :class:`MethodSpec` ``fields``."""
+    trainer_config = getattr(trainer_class, "config_class", None)
+    if trainer_config is None or not issubclass(config_class, trainer_config):
+        raise ValueError(
+            f"{trainer_class.__qualname__} reads a {getattr(trainer_config, '__name__', None)}, but method {name!r} "
+            f"registers config_class={config_class.__name__}; register the trainer's own config class."
+        )
+    return METHODS.register(name, MethodSpec(name, trainer_class, config_class=config_class, **fields))
+
+
+def spec_for(trainer_class: type, config: Any) -> MethodSpec | None:
+    """The spec of the nearest class in `trainer_class`'s MRO that a spec names (a mode's when `config` matches it);
+    None when a class in between has its own `objective`."""
+    for klass in trainer_class.__mro__:
+        named_as = (klass, f"{klass.__module__}:{klass.__qualname__}")  # a spec names its class, or its import path
+        specs = [spec for spec in METHODS.values() if spec.__dict__["_trainer_class"] in named_as]
+        if specs:
+            modes = [spec for spec in specs if spec.config_defaults and spec.matches(config)]
+            return (modes or [spec for spec in specs if not spec.config_defaults] or [None])[0]
+        if "objective" in klass.__dict__:
+            return None
+    return None
+
+
+def load_estimators() -> None:
+    """Register the advantage estimators the methods define (a spec's `estimator`), once: the TRL shell calls it
+    before its configs list the estimators' knobs. Imports torch (the estimators are torch functions)."""
+    from ..core.estimators import ESTIMATORS, register_estimator
+
+    for spec in METHODS.values():
+        if spec.is_estimator and spec.name not in ESTIMATORS:
+            register_estimator(spec.estimator)
+
+
+for _spec in discover():
+    METHODS.register(_spec.name, _spec)

@@ -1,0 +1,114 @@
+"""What the library knows about one method, as plain data: :class:`MethodSpec` and its :class:`Paper`. Nothing here
+imports TRL: a spec names its classes by import path and resolves them on first read (the CLI lists methods first)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from .mechanism import Mechanism
+
+__all__ = ["MethodSpec", "Paper"]
+
+
+@dataclass(frozen=True)
+class Paper:
+    """The paper a method comes from: model cards cite it, the CLI names it."""
+
+    title: str
+    bibtex: str  # the citation model cards carry
+    arxiv_id: str | None = None  # "XXXX.XXXXX"; None for a paper without one
+    section: str = ""  # the part of the paper a mode comes from, e.g. "App. H"
+
+    def __str__(self) -> str:
+        reference = f"arXiv:{self.arxiv_id}" if self.arxiv_id else self.title
+        return f"{reference} ({self.section})" if self.section else reference
+
+    @classmethod
+    def arxiv(cls, key: str, title: str, arxiv_id: str, author: str, year: int, **more: str) -> Paper:
+        """A paper on arXiv, its BibTeX ``@article`` built from the same title and id (``more``: further fields)."""
+        entry = dict(
+            title=f"{{{{{title}}}}}", author=f"{{{author}}}", year=year, eprint=f"{{arXiv:{arxiv_id}}}", **more
+        )
+        body = "".join(f"\n    {name:<12} = {value}," for name, value in entry.items())
+        return cls(title, f"@article{{{key},{body}\n}}", arxiv_id)
+
+    def trl_fields(self) -> dict[str, str | None]:
+        return {"title": self.title, "id": self.arxiv_id, "citation": self.bibtex}
+
+
+class _ClassField:
+    """A dataclass field holding a class or its import path, read as the class; unset (None), as `fallback(spec)`."""
+
+    def __init__(self, default: Any = MISSING, fallback: Callable[[MethodSpec], type] | None = None) -> None:
+        self.default, self.fallback = default, fallback
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.stored = "_" + name
+
+    def __get__(self, spec: MethodSpec | None, owner: type | None = None) -> Any:
+        if spec is None:  # the dataclass machinery asks for the default
+            if self.default is MISSING:
+                raise AttributeError(self.stored)
+            return self.default
+        target = spec.__dict__[self.stored]
+        if target is None and self.fallback:
+            return self.fallback(spec)
+        if isinstance(target, str):  # an import path, "package.module:ClassName"
+            module, _, name = target.partition(":")
+            return getattr(importlib.import_module(module), name)
+        return target
+
+    def __set__(self, spec: MethodSpec, value: str | type | None) -> None:
+        spec.__dict__[self.stored] = value
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What the rest of the library needs to know about one method (docs/adding-a-method.md). A *mode* of a trainer
+    (GRPO-fix is the DFPO trainer with ``dfpo_transform="symmetric_clip"``) is a spec with ``config_defaults``."""
+
+    name: str  # the registry key, e.g. "echo"; also the CLI's --method value
+    trainer_class: type = _ClassField()  # type: ignore[assignment]  # a GroupOptTrainer subclass
+    paper: Paper | str  # a Paper, or for a method registered without one "arXiv:XXXX.XXXXX" / its title
+    headline_metric: str  # the logged metric that shows the mechanism acting, e.g. "echo/batch_clipped"
+    summary: str = ""  # one line: what changes versus GRPO
+    config_class: type = _ClassField(None, lambda spec: spec.trainer_class.config_class)  # type: ignore[assignment]
+    config_defaults: Mapping[str, Any] = field(default_factory=dict)  # a mode's fixed settings
+    demo_defaults: Mapping[str, Any] = field(default_factory=dict)  # the CLI's settings on the embedded tiny policy
+    display_name: str = ""  # the name model cards give the method (TRL's `_name`); default: name upper-cased
+    mechanism: Mechanism | None = None  # when the method acted on an optimizer step; None: no report
+    #: The method *is* the advantage estimator of the same name (an `AdvantageEstimator`, or its import path), which
+    #: every method config may then select; None: the method is an objective.
+    estimator: Any = _ClassField(None)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config_defaults", MappingProxyType(dict(self.config_defaults)))
+        if not self.display_name:
+            object.__setattr__(self, "display_name", self.name.upper())
+        if self.mechanism is not None:
+            self.mechanism.bind(self.name)
+
+    @property
+    def is_estimator(self) -> bool:
+        return self.__dict__["_estimator"] is not None
+
+    @property
+    def trainer_name(self) -> str:
+        target = self.__dict__["_trainer_class"]
+        return target.rpartition(":")[2] if isinstance(target, str) else target.__name__
+
+    @property
+    def exports(self) -> dict[str, str]:
+        """``{class name: module}`` of the classes this spec names by import path."""
+        paths = (self.__dict__["_trainer_class"], self.__dict__["_config_class"])
+        return {path.rpartition(":")[2]: path.partition(":")[0] for path in paths if isinstance(path, str)}
+
+    def matches(self, config: Any) -> bool:
+        return all(getattr(config, key, MISSING) == value for key, value in self.config_defaults.items())
+
+    def make_config(self, **kwargs: Any) -> Any:
+        return self.config_class(**{**self.config_defaults, **kwargs})
