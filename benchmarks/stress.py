@@ -112,10 +112,11 @@ GRIDS: dict[str, dict[str, Any]] = {
 SMOKE = dict(max_steps=2, num_train=128, num_eval=8, long_completion_length=48, eval_every=2)  # where a grid has it
 GRID_REGIMES = GRIDS["stress"]["regimes"]
 SMOKE_CLAIMS, SMOKE_PROBE = ("echo_off_policy", "ctpo_long"), ("echo_probe_lr10", 16)  # --claims --smoke, 1 seed
-#: The metrics summarised per method, from its spec: the logged keys its `Mechanism` reads and quotes, then its
-#: headline metric.
-MECHANISM_METRICS = {name: tuple(dict.fromkeys((*spec.mechanism.watched_keys, spec.headline_metric)) if spec.mechanism
-                                 else (spec.headline_metric,)) for name, spec in METHODS.items()}  # fmt: skip
+#: The metrics summarised per method (those its runs logged), from its spec: the keys its `Mechanism` reads and
+#: quotes, its headline metric, then the token clip's share that the shared loss logs for every method.
+MECHANISM_METRICS = {name: tuple(dict.fromkeys((*(spec.mechanism.watched_keys if spec.mechanism else ()),
+                                                spec.headline_metric, "clip_ratio/region_mean")))
+                     for name, spec in METHODS.items()}  # fmt: skip
 #: Logged keys kept per optimizer step (every key starting with one of these), besides reward, entropy and length:
 #: the namespaces (`<prefix>/`) of every method's summarised metrics.
 MECHANISM_PREFIXES = tuple(sorted({key.split("/")[0] + "/" for keys in MECHANISM_METRICS.values() for key in keys
@@ -313,7 +314,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             per_seed = [outcome_of(r, outcome) for r in rs]
             entry[outcome] = {**common.mean_ci(per_seed), "per_seed": per_seed}
         entry["mechanism"] = {}
-        for key in MECHANISM_METRICS.get(rs[0].get("method", ""), ()):
+        logged = [
+            key for key in MECHANISM_METRICS.get(rs[0].get("method", ""), ()) if any(key in r["mechanism"] for r in rs)
+        ]
+        for key in logged:
             per_seed, curve = [outcome_of(r, f"mechanism:{key}") for r in rs], common.mean_curve(
                 [r["mechanism"].get(key) for r in rs])  # fmt: skip
             entry["mechanism"][key] = {**common.mean_ci(per_seed), "per_seed": per_seed,
