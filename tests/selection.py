@@ -18,5 +18,7 @@ def tested_methods() -> list[str]:
     wanted = [name.strip() for name in os.environ.get(ENVIRONMENT_VARIABLE, "").split(",") if name.strip()]
     unknown = sorted(set(wanted) - set(METHODS))
     if unknown:
-        raise ValueError(f"{ENVIRONMENT_VARIABLE} names {unknown}, not registered methods; registered: {list(METHODS)}")
+        raise ValueError(
+            f"{ENVIRONMENT_VARIABLE} names {unknown}, not registered methods; registered: {list(METHODS)}"
+        )
     return [name for name in METHODS if not wanted or name in wanted]
