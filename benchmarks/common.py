@@ -33,6 +33,17 @@ def setup_environment() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecations raised inside TRL
 
 
+def trainer_classes(method: str | None) -> tuple[Any, type]:
+    """(config factory, trainer class) of a registry method; of TRL's own GRPOConfig and GRPOTrainer for None."""
+    import trl
+
+    from trl_groupopt import get_method
+
+    if method is None:
+        return trl.GRPOConfig, trl.GRPOTrainer
+    return get_method(method).make_config, get_method(method).trainer_class
+
+
 def resolve_device(name: str) -> str:
     """ "auto" -> "cuda" when a GPU is visible, else "cpu". On the CPU one torch thread (measured 50x faster on a
     2-core machine shared with other processes; results are identical)."""

@@ -211,13 +211,7 @@ def build_model(args, tokenizer, device: str, dtype):
 
 def classes(variant: Variant):
     """(config factory, trainer class) of a variant: TRL's own for the baseline, else the registry's."""
-    import trl
-
-    from trl_groupopt import get_method
-
-    if variant.method is None:
-        return trl.GRPOConfig, trl.GRPOTrainer
-    return get_method(variant.method).make_config, get_method(variant.method).trainer_class
+    return common.trainer_classes(variant.method)
 
 
 def config_kwargs_for(variant: Variant, args, device: str, dtype, workdir: str) -> dict[str, Any]:

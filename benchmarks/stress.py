@@ -24,7 +24,7 @@ from trl_groupopt.comparison import stats
 from trl_groupopt.comparison.runs import Grid, Runs, pending, read_runs, run_grid, settings_conflict
 from trl_groupopt.data.offline import VARIANTS as TASKS
 
-from . import common, overhead
+from . import common
 
 GSPO = dict(importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4, loss_type="grpo")  # GSPO v2 5.1
 TRL = "trl"  # a configuration's method: TRL's own GRPOConfig and GRPOTrainer
@@ -112,15 +112,15 @@ GRIDS: dict[str, dict[str, Any]] = {
 SMOKE = dict(max_steps=2, num_train=128, num_eval=8, long_completion_length=48, eval_every=2)  # where a grid has it
 GRID_REGIMES = GRIDS["stress"]["regimes"]
 SMOKE_CLAIMS, SMOKE_PROBE = ("echo_off_policy", "ctpo_long"), ("echo_probe_lr10", 16)  # --claims --smoke, 1 seed
-#: method -> (what acted, the logged keys, the predicate), from each spec's `Mechanism`.
-MECHANISM_ACTS = {name: (s.mechanism.what, s.mechanism.keys, s.mechanism.acts) for name, s in METHODS.items()}
-#: Logged keys kept per optimizer step (every key starting with one of these), besides reward, entropy and length.
-MECHANISM_PREFIXES = ("echo/", "dfpo/", "ctpo/", "otb/", "clip_ratio/")
-EXTRA_METRICS = {"echo": ("clip_ratio/region_mean",), "ctpo": ("ctpo/dual_clip",),
-                 "dfpo": ("dfpo/cancellation_residual", "dfpo/asym_after", "dfpo/asym_before")}  # fmt: skip
-#: The metrics summarised per method: its `Mechanism`'s logged keys (those `MECHANISM_ACTS` reads), then these.
-MECHANISM_METRICS = {name: tuple(dict.fromkeys((*spec.mechanism.keys, *EXTRA_METRICS.get(name, ()))))
+#: The metrics summarised per method (those its runs logged), from its spec: the keys its `Mechanism` reads and
+#: quotes, its headline metric, then the token clip's share that the shared loss logs for every method.
+MECHANISM_METRICS = {name: tuple(dict.fromkeys((*(spec.mechanism.watched_keys if spec.mechanism else ()),
+                                                spec.headline_metric, "clip_ratio/region_mean")))
                      for name, spec in METHODS.items()}  # fmt: skip
+#: Logged keys kept per optimizer step (every key starting with one of these), besides reward, entropy and length:
+#: the namespaces (`<prefix>/`) of every method's summarised metrics.
+MECHANISM_PREFIXES = tuple(sorted({key.split("/")[0] + "/" for keys in MECHANISM_METRICS.values() for key in keys
+                                   if "/" in key}))  # fmt: skip
 
 # ------------------------------------------------------------------------------------------------ claims as data
 #: Each paper's claim, one row of data (`claims.jsonl`): id, paper, claim, regime, value, config, baseline (None: a
@@ -206,7 +206,7 @@ def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict
     transformers.logging.set_verbosity_error()
     config, (policy, task), every = config_of(regime, config_name), regime_task(regime), settings.get("eval_every")
     method = None if config.method == TRL else config.method
-    make_config, trainer_class = overhead.classes(overhead.Variant(config_name, method))
+    make_config, trainer_class = common.trainer_classes(method)
     train_set = offline.make_arithmetic_dataset(settings["num_train"], seed=0, split="train", **task)
     eval_set = offline.make_arithmetic_dataset(settings["num_eval"], seed=0, split="test", **task)
     accuracy: dict[str, list] = {"steps": [], "values": []}
@@ -285,18 +285,19 @@ def _by_step(run: dict[str, Any], key: str) -> dict[int, float]:
 
 
 def mechanism_acted(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """On how many logged optimizer steps of `runs` (one configuration) its method's mechanism acted (the library's
-    `MECHANISM_ACTS`, also read by the trainers' report); None for a method without an entry."""
-    if not runs or runs[0].get("method") not in MECHANISM_ACTS:
+    """On how many logged optimizer steps of `runs` (one configuration) its method's mechanism acted (the spec's
+    `Mechanism`, the definition the trainers' report counts with); None for TRL's trainer or a method without one."""
+    spec = METHODS.get(runs[0].get("method")) if runs else None
+    if spec is None or spec.mechanism is None:
         return None
-    what, keys, acts = MECHANISM_ACTS[runs[0]["method"]]
-    steps = acted = 0
+    mechanism, steps, acted = spec.mechanism, 0, 0
     for run in runs:
-        series = [_by_step(run, key) for key in keys]
-        for values in ([s.get(step) for s in series] for step in series[0]):
-            if all(v is not None and v == v for v in values):  # NaN: nothing to measure on that step
-                steps, acted = steps + 1, acted + bool(acts(*values))
-    return {"what": what, "steps": steps, "acted": acted, "fraction": acted / steps if steps else None}
+        series = [_by_step(run, key) for key in mechanism.keys]
+        for step in series[0]:
+            verdict = mechanism.acted_on(dict(zip(mechanism.keys, (s.get(step) for s in series))))
+            if verdict is not None:  # None or NaN: nothing to measure on that step
+                steps, acted = steps + 1, acted + verdict
+    return {"what": mechanism.what, "steps": steps, "acted": acted, "fraction": acted / steps if steps else None}
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -313,7 +314,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             per_seed = [outcome_of(r, outcome) for r in rs]
             entry[outcome] = {**common.mean_ci(per_seed), "per_seed": per_seed}
         entry["mechanism"] = {}
-        for key in MECHANISM_METRICS.get(rs[0].get("method", ""), ()):
+        logged = [
+            key for key in MECHANISM_METRICS.get(rs[0].get("method", ""), ()) if any(key in r["mechanism"] for r in rs)
+        ]
+        for key in logged:
             per_seed, curve = [outcome_of(r, f"mechanism:{key}") for r in rs], common.mean_curve(
                 [r["mechanism"].get(key) for r in rs])  # fmt: skip
             entry["mechanism"][key] = {**common.mean_ci(per_seed), "per_seed": per_seed,

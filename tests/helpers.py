@@ -96,7 +96,7 @@ def method_trainer(name: str, output_dir, model, tokenizer, reward_funcs=length_
                                           processing_class=tokenizer)  # fmt: skip
 
 
-#: The methods the library ships (`trl_groupopt/methods/registry/`), as the registry reads them.
+#: The methods the library ships (the folders `trl_groupopt/methods/<name>/`), as the registry discovers them.
 BUILT_IN_METHODS = frozenset(spec.name for spec in discover())
 
 

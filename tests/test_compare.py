@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.selection import tested_methods
 from trl_groupopt.comparison import driver as compare_module
 from trl_groupopt.comparison import runs as runfile
 from trl_groupopt.comparison import stats
@@ -151,6 +152,18 @@ def test_four_files_resume_and_refuse_other_settings(tmp_path, monkeypatch):
     with pytest.raises(CompareError, match=r"max_steps.*3.*5.*pass the train options"):
         compare_module.compare("grpo,otb", 4, out, max_steps=5)
     assert calls == []
+
+
+@pytest.mark.parametrize("method", [name for name in tested_methods() if name != "grpo"])
+def test_every_method_is_compared_with_the_baseline(method, tmp_path, monkeypatch):
+    """Any registered method is accepted and gets its row against the default baseline (fake runs)."""
+    calls: list = []
+    _fake_runs(monkeypatch, calls)
+    result = compare_module.compare(["grpo", method], 2, tmp_path / "cmp", max_steps=3)
+    assert sorted(calls) == sorted((m, s) for m in ("grpo", method) for s in range(2))
+    (row,) = result["comparisons"]
+    assert (row["method"], row["baseline"], row["n"]) == (method, "grpo", 2)
+    assert f"| {method} | grpo | 2 |" in (tmp_path / "cmp" / "compare.md").read_text()
 
 
 def test_a_failed_run_stops_the_comparison_and_runs_again_next_time(tmp_path, monkeypatch, capsys):

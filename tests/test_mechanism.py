@@ -28,13 +28,17 @@ PAIR = Mechanism(method="pair", name="Pair's baseline", what="ours was below the
 
 
 def test_every_registered_method_has_one_definition_the_benchmark_shares():
-    """The stress benchmark's `MECHANISM_ACTS` is the library's, built from each method's spec."""
-    assert set(stress.MECHANISM_ACTS) == set(METHODS)
+    """The stress benchmark reads each method's spec: it summarises the keys the mechanism reads and keeps every
+    step's value of them (`MECHANISM_PREFIXES`), and counts with the mechanism itself (`mechanism_acted`)."""
+    assert set(stress.MECHANISM_METRICS) == set(METHODS)
     for name, spec in METHODS.items():
         mechanism = spec.mechanism
         assert mechanism is not None and mechanism.method == name, name
-        assert stress.MECHANISM_ACTS[name] == (mechanism.what, mechanism.keys, mechanism.acts), name
         assert mechanism.metric == f"acted/{name}" and mechanism.inert and mechanism.hint, name
+        assert set(mechanism.watched_keys) | {spec.headline_metric} <= set(stress.MECHANISM_METRICS[name]), name
+        assert all(key.startswith(stress.MECHANISM_PREFIXES) for key in stress.MECHANISM_METRICS[name]), name
+        run = {"method": name, "mechanism": {key: {"steps": [1], "values": [0.0]} for key in mechanism.keys}}
+        assert stress.mechanism_acted([run])["what"] == mechanism.what, name
 
 
 def test_the_method_name_comes_from_the_spec_and_is_required_once():

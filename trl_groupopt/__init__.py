@@ -1,5 +1,5 @@
-"""trl-groupopt: group RL objectives for LLM reasoning as drop-in TRL trainers (`from trl_groupopt import ECHOConfig,
-ECHOTrainer` instead of GRPOConfig, GRPOTrainer).
+"""trl-groupopt: group RL objectives for LLM reasoning as drop-in TRL trainers (`from trl_groupopt import
+<Method>Config, <Method>Trainer` instead of GRPOConfig, GRPOTrainer; `trl_groupopt.METHODS` lists them).
 
 The package's folders are its layers: `core/` the pure math every objective uses, `methods/<name>/` one method each
 (objective, config and trainer, spec), `trainer/` the TRL shell (`GroupOptTrainer`), `runfolder/` a run's folder,

@@ -2,7 +2,9 @@
 
 `workers/one_step.py` runs every trainer configuration for one SGD step on a FIXED generation batch
 (`batches.group_batch`: 4 groups of 4, whole groups per rank, unequal token counts per rank) with fixed off-policy
-log-ratios (`batches.log_ratios`), so clipping acts; it is launched once with 1 process and once with 2.
+log-ratios (`batches.log_ratios`); it is launched once with 1 process and once with 2. Every registered method runs
+its own case under its spec's `acting_settings`, and its mechanism must act there in both launches (so the invariance
+is tested where the method differs from GRPO); the variant cases check that the token clip acts.
 
 Compared, per configuration: the logged loss, the gradient entering the optimizer (all-reduced by DDP), the updated
 parameters and the logged `grad_norm`. Tolerance: float32 throughout (TRL's fused LM head computes log-probs in
@@ -10,9 +12,10 @@ float32, so a float64 model would not buy precision); the two runs differ only b
 and the order of float32 sums, measured at <= 6e-8 absolute on gradients of size ~0.1-0.5, asserted at
 `atol=1e-6, rtol=1e-5`.
 
-Invariant: base trainer with grpo / dr_grpo / dapo / luspo, ECHO `batch_ratio_scope="global"`, DFPO (min_replace,
-orth_proj, orth_proj_qp, none), GRPO-fix, CTPO, OTB, and ECHO (default "step" scope), CTPO and GRPO-fix on OTB's
-advantages (`advantage_estimator="otb"`). Not invariant, pinned with the exact reason:
+Invariant: every registered method's own case (a new one included), the base trainer with grpo / dr_grpo / luspo,
+ECHO `batch_ratio_scope="global"`, DFPO (min_replace, orth_proj, orth_proj_qp, none), and ECHO (default "step"
+scope), CTPO and GRPO-fix on OTB's advantages (`advantage_estimator="otb"`). Not invariant, pinned with the exact
+reason:
   * `loss_type="bnpo"`: each process divides by ITS token count and DDP averages the processes, i.e.
     (S0/N0 + S1/N1)/2 instead of (S0+S1)/(N0+N1) (TRL's documented semantics: local normaliser).
   * ECHO `batch_ratio_scope="micro_batch"`: R is each process's own. With the halves' R clipped and the union's not,
@@ -30,22 +33,26 @@ import torch
 from tests.distributed import batches
 from tests.distributed.harness import case_of, launch_worlds
 from tests.distributed.workers import one_step
-from trl_groupopt import METHODS
+from tests.selection import tested_methods
+from trl_groupopt import get_method
 
 ATOL, RTOL = 1e-6, 1e-5
 LEARNING_RATE = 0.5  # workers/one_step.py
 
 #: Not sharding invariant, pinned with the exact reason (module docstring); every other case of workers/one_step.py
 #: (all registered methods, a new one included) must be invariant.
-NOT_INVARIANT = ["grpo/bnpo", "echo/micro_batch/split", "echo/micro_batch/unclipped"]
+PINNED = ("grpo/bnpo", "echo/micro_batch/split", "echo/micro_batch/unclipped")
+NOT_INVARIANT = [name for name in PINNED if name in one_step.CASES]  # (the methods tests.selection selects)
 INVARIANT = [name for name in one_step.CASES if name not in NOT_INVARIANT]
+OWN_CASES = [name for name, (method, _, _) in one_step.CASES.items() if name == method]
 NO_TOKEN_CLIP = {"echo/global/unclipped", "echo/micro_batch/unclipped"}  # log-ratios too small for the token clip
 
 
 def test_cases_cover_the_registry():
-    """Every registered method has a case (case names start with the registry name, see workers/one_step.py)."""
-    assert {name.split("/")[0] for name in one_step.CASES} == set(METHODS)
-    assert set(NOT_INVARIANT) <= set(one_step.CASES)
+    """Every registered method has its own case (case names start with the registry name, see workers/one_step.py)."""
+    methods = {name.split("/")[0] for name in one_step.CASES}
+    assert methods == set(tested_methods()) and methods <= set(one_step.CASES)
+    assert set(PINNED) <= {name for cases in one_step.VARIANTS.values() for name in cases}
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +91,19 @@ def test_ranks_hold_identical_parameters(runs):
 @pytest.mark.parametrize("name", INVARIANT + NOT_INVARIANT)
 def test_step_is_a_real_sgd_step_with_clipping(runs, name):
     """The checks below can fail: the gradient is not small, the update is exactly `-lr * grad` (SGD, no momentum,
-    no clipping by norm), and the token/sequence clip acts (except in the scenarios built to avoid it)."""
+    no clipping by norm), and in a method's own case its mechanism acts (the spec's definition, on the logged step),
+    in a variant the token/sequence clip acts (except in the scenarios built to avoid it)."""
     for world_size in (1, 2):
         result, tensors = case_of(runs, world_size, name)
         grads, params, initial = tensors["grads"], tensors["params"], tensors["initial"]
         assert max(g.abs().max().item() for g in grads.values()) > 1e-2, name
         for n in params:
             torch.testing.assert_close(params[n], initial[n] - LEARNING_RATE * grads[n], atol=1e-7, rtol=0)
+        mechanism = get_method(one_step.CASES[name][0]).mechanism
+        if name in OWN_CASES and mechanism is not None:
+            logged = {key: result["logged"].get(key) for key in mechanism.keys}
+            assert mechanism.acted_on(result["logged"]), (name, world_size, mechanism.name, logged)
+            continue
         region = result["logged"]["clip_ratio/region_mean"]
         assert (region == 0.0) if name in NO_TOKEN_CLIP else (region > 0.0), (name, region)
 
@@ -166,7 +179,7 @@ def test_echo_micro_batch_scope_is_not_sharding_invariant(runs):
 CLIP_KEYS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
 
 
-@pytest.mark.parametrize("name", INVARIANT + ["grpo/bnpo"])
+@pytest.mark.parametrize("name", INVARIANT + [name for name in NOT_INVARIANT if name == "grpo/bnpo"])
 def test_logged_clip_fractions_are_sharding_invariant(runs, name):
     """TRL's `clip_ratio/*_mean` is a global token-weighted fraction (all-reduced sums), so it does not depend on the
     sharding when the losses do not. Every objective returns per-token (or, DFPO, per-sequence over equal

@@ -29,7 +29,8 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
-from trl_groupopt import METHODS, OTBTrainer
+from tests.selection import tested_methods
+from trl_groupopt import OTBTrainer
 
 NUM_GENERATIONS = 2
 GENERATION_ROWS = 16  # per_device_train_batch_size 4 x steps_per_generation 4
@@ -110,7 +111,7 @@ def _train(method, output_dir, tiny, reward, max_steps=2):
     return trainer, record, before, after
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_unscorable_completions_train_cleanly(tmp_path, tiny, method):
     """None for a whole group and for every 3rd completion: losses, logs and parameters finite, parameters move,
     unscorable rows carry zero advantage (TRL) and, for OTB, zero token advantages from a NaN raw reward."""
@@ -137,7 +138,7 @@ def test_unscorable_completions_train_cleanly(tmp_path, tiny, method):
         assert sum(int(torch.isnan(r).sum()) for r, _ in record["otb"]) == int(unscorable.sum())
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_nan_reward_is_none_reward(tmp_path, tiny, method):
     """TRL turns None into NaN before building the reward tensor, so float('nan') from a reward function is an
     unscorable completion too: the run is bit-identical to the None run (not a NaN loss, not an error)."""
@@ -149,7 +150,7 @@ def test_nan_reward_is_none_reward(tmp_path, tiny, method):
         assert torch.equal(nan_after[n], value), n
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_all_unscorable_batch_is_a_no_op(tmp_path, tiny, method):
     """Every completion unscorable: every advantage is 0, the loss is exactly 0 (beta=0) and AdamW leaves the
     parameters untouched; nothing becomes NaN."""

@@ -1,6 +1,7 @@
 """`trl-groupopt compare` end to end on the embedded policy, on the CPU (issue 39's acceptance): the four files from
-real runs of the train command, a re-run that skips every done run, and the Python twin on a user's dataset (the
-held-out rows carved from it and scored on each saved model)."""
+real runs of the train command, a re-run that skips every done run, every registered method paired with the
+baseline through real runs, and the Python twin on a user's dataset (the held-out rows carved from it and scored on
+each saved model)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import trl_groupopt
+from tests.selection import tested_methods
 from trl_groupopt.data.offline import make_arithmetic_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+BASELINE = "grpo"  # compare's default --baseline
 
 
 def _run(module: str, *argv: str) -> subprocess.CompletedProcess:
@@ -62,6 +67,32 @@ def test_compare_writes_the_four_files_and_a_rerun_skips_every_done_run(tmp_path
     assert again.returncode == 0 and "4 of 4 runs done" in again.stdout and "[1/" not in again.stdout
     assert (out / "runs.jsonl").read_text() == lines  # nothing trained, nothing appended
     assert json.loads((out / "compare.json").read_text())["comparisons"] == result["comparisons"]
+
+
+OTHERS = [name for name in tested_methods() if name != BASELINE]
+
+
+@pytest.mark.parametrize("methods", [OTHERS], ids=["-".join(OTHERS)])
+def test_every_method_trains_through_compare(methods, tmp_path):
+    """`compare --methods grpo,<every other method>`: each method's runs train through the train command, report
+    whether its mechanism acted on each step, and are paired with the baseline's (one row per method)."""
+    out = tmp_path / "cmp"
+    argv = ["--methods", ",".join([BASELINE, *methods]), "--seeds", "2", "--max_steps", "2", "--eval_examples", "8",
+            "--workers", "2", "--output_dir", str(out)]  # fmt: skip
+    proc = _compare(*argv)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((out / "compare.json").read_text())
+    runs = [r for r in result["runs"] if "error" not in r]
+    assert sorted((r["method"], r["seed"]) for r in runs) == sorted(
+        (m, s) for m in [BASELINE, *methods] for s in (0, 1)
+    )
+    assert all(r["steps"] == 2 and r["acted"]["steps"] == 2 and r["heldout_examples"] == 8 for r in runs)
+    rows = {row["method"]: row for row in result["comparisons"]}
+    assert sorted(rows) == sorted(methods)
+    table = (out / "compare.md").read_text()
+    for method, row in rows.items():
+        assert (row["baseline"], row["n"], row["acted"]["steps"]) == (BASELINE, 2, 4), method
+        assert f"| {method} | {BASELINE} | 2 |" in table, method
 
 
 def test_python_twin_on_a_users_dataset_scores_the_carved_heldout_rows(tmp_path):

@@ -24,6 +24,7 @@ import torch
 from trl import GRPOConfig
 
 from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
+from tests.selection import tested_methods
 from tests.trainers.test_dropin import TRAINERS, _config, env_dataset, tool_model, tool_tokenizer
 from trl_groupopt import GroupOptTrainer
 
@@ -101,7 +102,7 @@ def _expected_env_reward(tokenizer, completion_ids) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-@pytest.mark.parametrize("name", sorted(TRAINERS))
+@pytest.mark.parametrize("name", sorted(tested_methods()))
 def test_environment_owned_reward_trains_two_steps(tmp_path, name):
     """The acceptance call: `Trainer(model=..., args=..., train_dataset=..., environment_factory=Env)`, no
     `reward_funcs`; multi-turn completions with tool tokens masked out of the loss."""

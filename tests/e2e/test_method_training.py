@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tests.helpers import clone_model, method_trainer, tiny_model, tiny_tokenizer
-from trl_groupopt import METHODS, get_method
+from tests.selection import tested_methods
+from trl_groupopt import get_method
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def _train_two_steps(tiny, method, overrides, metric):
     assert all(torch.isfinite(torch.tensor(entry["loss"])) for entry in logged)
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_two_step_training(tiny, method):
     """Every registered method trains 2 steps with its defaults and logs its headline metric."""
     _train_two_steps(tiny, method, {}, get_method(method).headline_metric)

@@ -19,11 +19,12 @@ from tests.helpers import (
     tiny_dataset,
 )
 from tests.hub.test_model_card import CARD_KNOBS, FAKE_TOKEN, _bibtex_key, _front_matter
-from trl_groupopt import METHODS, OTBConfig, OTBTrainer, get_method
+from tests.selection import tested_methods
+from trl_groupopt import OTBConfig, OTBTrainer, get_method
 from trl_groupopt.trainer.card import MATH_QUESTION, render_model_card
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_model_card_renders_method_knobs_rewards_and_citations(method, tokenizer, base_model, tmp_path, monkeypatch):
     """Train 1 step, render: method name, every knob of the method's own config, the reward curve, the method's and
     TRL's BibTeX, and no token."""

@@ -28,7 +28,7 @@ import torch
 from transformers import set_seed
 
 from tests.helpers import assert_registered, clone_model, method_trainer, tiny_model, tiny_tokenizer
-from trl_groupopt import METHODS
+from tests.selection import tested_methods
 
 TOL = 1e-6
 SEED = 0
@@ -79,7 +79,7 @@ def test_overrides_name_registered_methods():
     assert_registered(OVERRIDES, "OVERRIDES")
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_resume_on_generation_boundary_is_exact(tmp_path, tiny, method):
     """Off-policy (steps_per_generation 4 > accumulation 2): one generation per 2 optimizer steps, checkpoint-2 sits on
     a generation boundary. Resumed 2 -> 4 equals the uninterrupted 0 -> 4: same completions, losses, parameters."""

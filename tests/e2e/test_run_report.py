@@ -14,7 +14,8 @@ import pytest
 
 from benchmarks import stress
 from tests.helpers import clone_model, method_trainer, tiny_model, tiny_tokenizer
-from trl_groupopt import METHODS, get_method
+from tests.selection import tested_methods
+from trl_groupopt import get_method
 from trl_groupopt.cli import main as cli
 
 
@@ -45,7 +46,7 @@ def _as_stress_run(method: str, log_history) -> dict:
     return {"method": method, "mechanism": series}
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_every_method_reports_whether_its_mechanism_acted(tiny, method, capsys):
     """The trainer's count, step by step, is the stress benchmark's count on the logged steps (logging_steps=1): one
     definition; `acted/<method>` is logged every step; the report is printed, or warned when it never acted."""

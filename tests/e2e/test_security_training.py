@@ -13,8 +13,8 @@ from transformers import set_seed
 from transformers.utils import logging as hf_logging
 
 from tests.helpers import method_trainer, tiny_model, tiny_tokenizer
+from tests.selection import tested_methods
 from tests.trainers.test_security import CONFIG_TOKEN, ENV_TOKEN, _leaks
-from trl_groupopt import METHODS
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def log_file(tmp_path):
         handler.close()
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_no_token_in_logs_checkpoint_or_model_card(method, tmp_path, log_file, capfd, monkeypatch):
     """1 step with HF_TOKEN in the environment and hub_token in the config, debug logging to a file, a checkpoint with
     its model card: neither token appears in the card, trainer_state.json, any other checkpoint file (except the
@@ -86,7 +86,7 @@ def _pickled_args(folder) -> list:
     return sorted(folder.rglob("training_args.bin"))
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_training_args_bin_holds_no_token(method, tmp_path):
     """Every method (`grpo` with TRL's plain GRPOConfig included, issue 38): the `training_args.bin` of each
     checkpoint and of the output folder hold no token, and unpickle with `hub_token=None`."""

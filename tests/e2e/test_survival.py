@@ -40,8 +40,9 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
+from tests.selection import tested_methods
 from tests.trainers.test_dropin import _config, tool_model, tool_tokenizer
-from trl_groupopt import METHODS, ECHOTrainer, GroupOptTrainer
+from trl_groupopt import ECHOTrainer, GroupOptTrainer
 
 #: `trl_groupopt.runfolder.checkpoints`'s names, spelled out so that this module also runs against code without them
 CHECKPOINT_RECORD, LOCK_NAME = "trl_groupopt_checkpoint.json", "_trl_groupopt.lock"
@@ -81,7 +82,7 @@ def _nonfinite_files(folder: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ the guard
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", tested_methods())
 def test_divergence_stops_before_any_nonfinite_weight_is_saved(tmp_path, tiny, name):
     """Each method's default schedule (ECHO and CTPO off-policy), a checkpoint every step: the run stops with the
     guard's error naming the step, the metric and the causes; every file on disk is finite; the checkpoints saved
@@ -229,7 +230,7 @@ def test_keeps_trl_advantages_names_registered_methods():
     assert_registered(KEEPS_TRL_ADVANTAGES, "KEEPS_TRL_ADVANTAGES")
 
 
-@pytest.mark.parametrize("name", [name for name in METHODS if name not in KEEPS_TRL_ADVANTAGES])
+@pytest.mark.parametrize("name", [name for name in tested_methods() if name not in KEEPS_TRL_ADVANTAGES])
 def test_a_group_of_equal_rewards_trains_nothing(tmp_path, tiny, name):
     """Every reward 0.1 in groups of 8 (TRL's float32 group mean leaves advantages of ~7e-5 there; OTB's energy
     weights left up to the raw reward): one step under the method's defaults has loss 0, gradient norm 0 and moves

@@ -18,14 +18,13 @@ from transformers.trainer_utils import SchedulerType
 from trl import GRPOConfig
 
 from tests.helpers import (
-    BUILT_IN_METHODS,
     clone_model,
     cpu_config_kwargs,
     length_reward,
     tiny_dataset,
 )
-from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, get_method
-from trl_groupopt.trainer.base import GroupOptTrainer
+from tests.selection import tested_methods
+from trl_groupopt import METHODS, ECHOConfig, ECHOTrainer, Paper, get_method
 from trl_groupopt.trainer.card import (
     ARITHMETIC_QUESTION,
     GENERIC_QUESTION,
@@ -73,9 +72,10 @@ def test_template_is_package_data_and_has_no_copy():
     assert not copies, copies
     readme = (ROOT / "model_cards" / "README.md").read_text(encoding="utf-8")
     assert "trl_groupopt/templates/model_card.md" in readme
-    # The README's table documents the shipped methods (a new method's citation lives in its docs/<method>.md).
-    for trainer_cls in {get_method(m).trainer_class for m in BUILT_IN_METHODS} - {GroupOptTrainer}:
-        assert f"`{_bibtex_key(trainer_cls._paper['citation'])}`" in readme, trainer_cls.__name__
+    # The citations come from the specs; the README points there and lists none (nothing to edit for a new method).
+    assert "trl_groupopt/methods/<name>/spec.py" in readme
+    for name in METHODS:
+        assert _bibtex_key(get_method(name).trainer_class._paper["citation"]) not in readme, name
 
 
 def test_card_keeps_trls_own_card_from_training_procedure_on(untrained):
@@ -95,13 +95,16 @@ def test_card_keeps_trls_own_card_from_training_procedure_on(untrained):
 
 
 # ------------------------------------------------------------------------------------------------ rendering
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_model_card_metadata(method):
-    """Every registered trainer names itself, tags the card and cites its paper in BibTeX."""
-    trainer_cls = get_method(method).trainer_class
+    """Every registered trainer names itself, tags the card and cites its paper in BibTeX, all from its spec."""
+    spec = get_method(method)
+    trainer_cls = spec.trainer_class
     assert trainer_cls._name and "trl-groupopt" in trainer_cls._tag_names
     assert {"title", "id", "citation"} <= trainer_cls._paper.keys()
     assert trainer_cls._paper["citation"].lstrip().startswith("@")
+    if isinstance(spec.paper, Paper):
+        assert trainer_cls._paper == spec.paper.trl_fields(), method
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Push to the Hub, end to end, against the local Hub server of `tests/hub/server.py` (no network, CPU).
 
-Every method trainer (ECHO, DFPO, GRPO-fix, CTPO, OTB and the base `GroupOptTrainer`) trains the embedded policy for
-2 steps with `push_to_hub=True` and calls `trainer.push_to_hub(...)`; OTB once more with `hub_strategy="every_save"`
+Every registered method's trainer (the base `GroupOptTrainer` included) trains the embedded policy for 2 steps with
+`push_to_hub=True` and calls `trainer.push_to_hub(...)`; OTB once more with `hub_strategy="every_save"`
 (a push per checkpoint); the demo script (`trl_groupopt.cli.main.train` with `--push_to_hub --hub_model_id`); and a LoRA
 run that pushes its adapter. The assertions read only what the server received:
 
@@ -17,6 +17,7 @@ The trainer runs are shared between the assertions (one run per method and modul
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -25,11 +26,12 @@ import pytest
 import torch
 import yaml
 from transformers import TrainerCallback
+from trl import GRPOConfig
 
-from tests.helpers import cpu_config_kwargs, length_reward, tiny_dataset
+from tests.helpers import assert_registered, cpu_config_kwargs, length_reward, tiny_dataset
 from tests.hub.conftest import FAKE_TOKEN
+from tests.selection import tested_methods
 from trl_groupopt import (
-    METHODS,
     DFPOTrainer,
     ECHOConfig,
     ECHOTrainer,
@@ -47,7 +49,8 @@ from trl_groupopt.trainer.card import (
 
 pytestmark = pytest.mark.slow
 
-#: registry name -> a knob row the card must show (every registered method needs one: test_every_method_is_pushed)
+#: registry name -> one exact knob row (value formatted) the card must show, on top of the generic check (a row for
+#: every field of the method's own config, `check_own_knobs`); a method without an entry gets the generic check only.
 CARD_ROWS = {
     "echo": "| `batch_epsilon` | `0.2` | (method-specific) |",
     "dfpo": "| `dfpo_transform` | `min_replace` | (method-specific) |",
@@ -251,11 +254,21 @@ def run_quick_start(hub, card: str, repo_id: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ the tests
-def test_every_method_is_pushed():
-    assert set(CARD_ROWS) == set(METHODS)
+def test_card_rows_name_registered_methods():
+    assert_registered(CARD_ROWS, "CARD_ROWS")
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+def check_own_knobs(trainer, card: str) -> None:
+    """Every field of the method's own config (not GRPOConfig's) has its row, with its value."""
+    grpo_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    knobs = [
+        f.name for f in dataclasses.fields(trainer.args) if f.name not in grpo_fields and not f.name.startswith("_")
+    ]
+    for knob in knobs:
+        assert re.search(rf"\n\| `{knob}` \| `[^`\n]+` \| \(method-specific\) \|\n", card), knob
+
+
+@pytest.mark.parametrize("name", tested_methods())
 def test_method_trainer_push(name, runs, hub):
     run = runs.get(f"method:{name}")
     repo_id, trainer = run["repo_id"], run["trainer"]
@@ -264,7 +277,8 @@ def test_method_trainer_push(name, runs, hub):
     assert commit.summary == "End of training"
     assert not any(path.startswith("checkpoint-") for path in hub.files(repo_id))
     card = hub.files(repo_id)["README.md"].decode()
-    check_card(run, card, CARD_ROWS[name])
+    check_card(run, card, CARD_ROWS.get(name))
+    check_own_knobs(trainer, card)
     check_model(hub, repo_id, trainer)
     check_no_token(hub)
     assert not hub.errors, hub.errors

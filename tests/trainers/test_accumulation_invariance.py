@@ -3,7 +3,9 @@ micro-batches of k, for every loss_type and every method.
 
 `_compute_loss` is driven directly (as tests/trainers/test_base_parity.py does) on the fixed group batch of
 `tests.distributed.batches` (4 groups of 4; each half holds two whole groups, 49 vs 29 tokens) with fixed off-policy
-log-ratios, so clipping acts. Big batch: `current_gradient_accumulation_steps = steps_per_generation = 1`.
+log-ratios. Every method runs under its spec's `acting_settings` (the config under which its mechanism acts on such
+a batch), and the test checks that the mechanism did act on the big batch: the invariance is tested where the method
+differs from GRPO. Big batch: `current_gradient_accumulation_steps = steps_per_generation = 1`.
 Accumulated: both set to 2 (TRL's default `steps_per_generation = gradient_accumulation_steps`; dapo's normaliser
 reads both), `num_items_in_batch` = tokens of the whole generation batch in both runs. Compared: the big loss
 against the sum of the two micro-batch losses, and the big gradient against the sum of the two gradients
@@ -39,22 +41,30 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
-from trl_groupopt import METHODS
+from tests.selection import tested_methods
+from trl_groupopt import get_method
 
 ATOL, RTOL = 1e-6, 1e-5
 DFPO_EPS = dict(epsilon=0.05, epsilon_high=0.08)  # some sequences clipped, some not, on the "mixed" log-ratios
 
-#: registry name -> {case id: config overrides}, for methods checked in more than their default configuration.
-#: Every other registered method is checked once, with its defaults, under its own name.
+#: registry name -> {case id: config overrides}: configurations checked besides every method's own case (named after
+#: it, under its spec's `acting_settings`). A method without an entry runs its own case only.
 VARIANTS = {
-    "grpo": {"base": dict()},
     "echo": {"echo/micro_batch": dict(batch_ratio_scope="micro_batch"), "echo/global": dict(batch_ratio_scope="global")},
     "dfpo": {f"dfpo/{t}": dict(dfpo_transform=t, **DFPO_EPS) for t in ("min_replace", "orth_proj", "orth_proj_qp", "none")},
 }  # fmt: skip
-CASES = {method: VARIANTS.get(method, {method: dict()}) for method in METHODS}
+
+
+def cases_of(method: str) -> dict[str, dict]:
+    """The method's own case (its name: `acting_settings`), then its `VARIANTS`."""
+    return {method: dict(get_method(method).acting_settings), **VARIANTS.get(method, {})}
+
+
+CASES = {name: overrides for method in tested_methods() for name, overrides in cases_of(method).items()}
+METHOD_OF = {name: name.split("/")[0] for name in CASES}  # case names start with the registry name
 #: Methods whose loss is NOT accumulation invariant, with the reason in the module docstring; all others must be.
 NOT_INVARIANT = {"echo"}
-INVARIANT_CASES = [case for method, cases in CASES.items() if method not in NOT_INVARIANT for case in cases]
+INVARIANT_CASES = [name for name in CASES if METHOD_OF[name] not in NOT_INVARIANT]
 
 
 def test_tables_name_registered_methods():
@@ -62,19 +72,40 @@ def test_tables_name_registered_methods():
     assert_registered(NOT_INVARIANT, "NOT_INVARIANT")
 
 
+class Trainers:
+    """One trainer per case (and the baseline's own case for the loss-type tests), built on first use."""
+
+    def __init__(self, root):
+        self.root, self.tokenizer, self.built = root, tiny_tokenizer(), {}
+
+    def __getitem__(self, name: str):
+        if name not in self.built:
+            method = name.split("/")[0]
+            trainer = method_trainer(method, self.root / name.replace("/", "_"),
+                                     tiny_model(self.tokenizer, seed=2), self.tokenizer,
+                                     per_device_train_batch_size=batches.HALF, num_generations=batches.GROUP_SIZE,
+                                     max_completion_length=batches.COMPLETION_LEN,
+                                     **cases_of(method)[name])  # fmt: skip
+            trainer.model.train()
+            self.built[name] = trainer
+        return self.built[name]
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    tokenizer = tiny_tokenizer()
-    root = tmp_path_factory.mktemp("accumulation")
-    trainers = {}
-    for method, cases in CASES.items():
-        for name, overrides in cases.items():
-            trainer = method_trainer(method, root / name.replace("/", "_"), tiny_model(tokenizer, seed=2), tokenizer,
-                                     per_device_train_batch_size=batches.HALF, num_generations=batches.GROUP_SIZE,
-                                     max_completion_length=batches.COMPLETION_LEN, **overrides)  # fmt: skip
-            trainer.model.train()
-            trainers[name] = trainer
-    return tokenizer, trainers
+    trainers = Trainers(tmp_path_factory.mktemp("accumulation"))
+    return trainers.tokenizer, trainers
+
+
+def assert_mechanism_acted(method: str, metrics: dict) -> None:
+    """The method's mechanism (its spec's definition) acted on the batch whose `metrics` these are."""
+    mechanism = get_method(method).mechanism
+    means = {key: sum(values) / len(values) for key, values in metrics.items() if values}
+    if mechanism is None:  # a method without a report: its clip, at least
+        assert means["clip_ratio/region_mean"] > 0, method
+        return
+    acted = mechanism.acted_on(means)
+    assert acted, f"{method}: {mechanism.name} did not act ({ {k: means.get(k) for k in mechanism.keys} })"
 
 
 def _inputs(trainer, tokenizer, scenario: str, equal_halves: bool = False) -> dict:
@@ -145,7 +176,7 @@ def _max_grad_diff(big, accumulated) -> float:
 )
 def test_base_loss_types_are_accumulation_invariant(setup, loss_type, level):
     tokenizer, trainers = setup
-    trainer = trainers["base"]
+    trainer = trainers["grpo"]
     trainer.loss_type, trainer.importance_sampling_level = loss_type, level
     try:
         big, acc = _big_and_accumulated(trainer, _inputs(trainer, tokenizer, "mixed"))
@@ -158,7 +189,7 @@ def test_base_loss_types_are_accumulation_invariant(setup, loss_type, level):
 def test_bnpo_is_invariant_only_with_equal_token_counts(setup):
     """bnpo normalises each micro-batch by its own token count (TRL's semantics), then divides by GA."""
     tokenizer, trainers = setup
-    trainer = trainers["base"]
+    trainer = trainers["grpo"]
     trainer.loss_type = "bnpo"
     try:
         inputs = _inputs(trainer, tokenizer, "mixed")
@@ -182,7 +213,10 @@ def test_methods_are_accumulation_invariant(setup, name):
     trainer = trainers[name]
     big, acc = _big_and_accumulated(trainer, _inputs(trainer, tokenizer, "mixed"))
     _assert_same(big, acc, name)
-    assert big[2]["clip_ratio/region_mean"][0] > 0
+    if name in VARIANTS.get(METHOD_OF[name], {}):  # a variant: its clip acts
+        assert big[2]["clip_ratio/region_mean"][0] > 0
+    else:  # the method's own case: its mechanism acts
+        assert_mechanism_acted(name, big[2])
 
 
 def test_echo_is_not_accumulation_invariant(setup):

@@ -9,7 +9,8 @@ import warnings
 import pytest
 
 from tests.helpers import length_reward, method_config, tiny_dataset, tiny_model, tiny_tokenizer
-from trl_groupopt import METHODS, get_method
+from tests.selection import tested_methods
+from trl_groupopt import get_method
 
 #: option -> (bad value, what the message must say)
 BAD = {
@@ -35,7 +36,7 @@ def _build(method, tmp_path, tiny, **overrides):
 
 
 @pytest.mark.parametrize("option", list(BAD))
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_a_bad_numeric_option_is_refused_at_construction(method, option, tmp_path, tiny):
     value, expected = BAD[option]
     try:

@@ -32,6 +32,7 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
+from tests.selection import tested_methods
 from trl_groupopt import METHODS, GroupOptTrainer
 
 #: registry name -> (trainer, config, overrides selecting the mode), for every registered method
@@ -117,7 +118,7 @@ def _config(name, tmp_path, **overrides):
 GRPO_SIGNATURE = inspect.signature(GRPOTrainer.__init__)
 
 
-@pytest.mark.parametrize("name", sorted(TRAINERS))
+@pytest.mark.parametrize("name", sorted(tested_methods()))
 def test_signature_is_grpo_trainers(name):
     """Same parameters, in the same order, with the same defaults (so every GRPOTrainer call binds the same)."""
     ours = inspect.signature(TRAINERS[name][0].__init__).parameters
@@ -128,7 +129,7 @@ def test_signature_is_grpo_trainers(name):
         assert ours[param.name].kind == param.kind, param.name
 
 
-@pytest.mark.parametrize("name", sorted(TRAINERS))
+@pytest.mark.parametrize("name", sorted(tested_methods()))
 def test_no_reward_source_raises_trls_error(tmp_path, name):
     trainer_cls = TRAINERS[name][0]
     tokenizer = tiny_tokenizer()
@@ -149,7 +150,7 @@ class _Flag(TrainerCallback):
         self.began = True
 
 
-@pytest.mark.parametrize("name", sorted(TRAINERS))
+@pytest.mark.parametrize("name", sorted(tested_methods()))
 def test_keyword_arguments_reach_grpo_trainer(tmp_path, name):
     """callbacks, optimizers, peft_config, processing_class, tools: each takes effect as in GRPOTrainer; positional
     `(model, reward_funcs, args, train_dataset)` binds as in GRPOTrainer."""
@@ -227,7 +228,7 @@ def test_trls_warning_for_sequence_level_cispo(tmp_path, caplog):
     assert "the `'cispo'` loss sums per-token contributions" in caplog.text
 
 
-@pytest.mark.parametrize("name", sorted(set(TRAINERS) - {"grpo"}))
+@pytest.mark.parametrize("name", sorted(set(tested_methods()) - {"grpo"}))
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
 def test_methods_keep_rejecting_trls_own_loss_types(tmp_path, name, loss_type):
     trainer_cls = TRAINERS[name][0]

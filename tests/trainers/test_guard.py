@@ -16,11 +16,12 @@ from tests.helpers import (
     random_batch,
     tiny_dataset,
 )
-from trl_groupopt import METHODS, GroupOptTrainer
+from tests.selection import tested_methods
+from trl_groupopt import GroupOptTrainer
 from trl_groupopt.trainer.guard import NonFiniteError, guard_enabled, nonfinite_weights
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", tested_methods())
 def test_the_guard_is_on_by_default(tmp_path, name):
     assert guard_enabled(method_config(name, tmp_path)) is True
 

@@ -6,9 +6,10 @@ device, so this CPU test guards the GPU property (issue 37: DFPO made 27 per mic
 
 - Every pure objective and estimator, called as the trainer calls it (the group layout from `num_generations`) on
   realistic tensors, loss and backward: zero syncs.
-- Every registered method's trainer (and the DFPO transforms `orth_proj`, `orth_proj_qp`, OTB's advantages under
-  CTPO and ECHO) on one off-policy micro-batch, `_compute_loss` and backward: zero syncs inside `objective` and
-  `compute_advantages`, and no more syncs in all than TRL's `GRPOTrainer` on the same batch.
+- Every registered method's trainer under its spec's `acting_settings` (and the DFPO transforms `orth_proj`,
+  `orth_proj_qp`, OTB's advantages under CTPO and ECHO) on one off-policy micro-batch, `_compute_loss` and backward:
+  zero syncs inside `objective` and `compute_advantages`, and no more syncs in all than TRL's `GRPOTrainer` on the
+  same batch.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
+from tests.selection import tested_methods
 from tests.sync_counter import SyncCounter
-from trl_groupopt import METHODS, get_method
+from trl_groupopt import get_method
 from trl_groupopt.core.common import Groups, clipped_surrogate_loss
 from trl_groupopt.core.estimators import ESTIMATORS, EstimatorInputs
 from trl_groupopt.methods.ctpo.objective import ctpo_loss
@@ -49,7 +51,12 @@ VARIANTS = {
     "ctpo+otb": ("ctpo", {"advantage_estimator": "otb"}),
     "echo+otb": ("echo", {"advantage_estimator": "otb"}),
 }
-CASES = {**{name: (name, {}) for name in METHODS}, **VARIANTS}
+#: Every registered method under its spec's `acting_settings` (its mechanism acts on the off-policy micro-batch), then
+#: the variants of the methods tested (tests/selection.py).
+CASES = {
+    **{name: (name, dict(get_method(name).acting_settings)) for name in tested_methods()},
+    **{name: case for name, case in VARIANTS.items() if case[0] in tested_methods()},
+}
 SETTINGS = dict(per_device_train_batch_size=ROWS, num_generations=GROUP, max_completion_length=batches.COMPLETION_LEN,
                 steps_per_generation=2, gradient_accumulation_steps=1, beta=0.0)  # fmt: skip
 

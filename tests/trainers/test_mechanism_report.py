@@ -10,7 +10,8 @@ import pytest
 from trl import GRPOConfig
 
 from tests.helpers import clone_model, cpu_config_kwargs, length_reward, method_trainer, tiny_dataset
-from trl_groupopt import METHODS, DFPOConfig, DFPOTrainer, get_method
+from tests.selection import tested_methods
+from trl_groupopt import DFPOConfig, DFPOTrainer, get_method
 from trl_groupopt.methods.dfpo.trainer import SUM_LOSS_NOTE, TRL_SEQUENCE_LOSS_ADVICE
 from trl_groupopt.methods.otb import spec as otb
 from trl_groupopt.trainer.base import GroupOptTrainer
@@ -18,7 +19,7 @@ from trl_groupopt.trainer.base import GroupOptTrainer
 TRL_LOGGER = "trl.trainer.grpo_trainer"
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_trainer_reports_its_methods_definition(method, tokenizer, base_model, tmp_path):
     """Each registered method's trainer (GRPO-fix: the DFPO trainer in its mode) reports that method's definition;
     before training, nothing was measured."""

@@ -1,11 +1,12 @@
-"""The registry of methods (`trl_groupopt.METHODS`): its contract, and a toy method added by following
-docs/adding-a-method.md, which reaches the CLI and passes the same generic trainer tests as the built-in methods.
+"""The registry of methods (`trl_groupopt.METHODS`): its contract, and the toy method of docs/adding-a-method.md,
+which reaches the CLI and passes the same generic trainer tests as the built-in methods.
 
-The toy's three code files are the doc's code blocks, written as they are to the paths they name under a temporary
-folder that `trl_groupopt.core`, `.trainers` and `.methods` also search (their `__path__`); the registry's own
-discovery (`trl_groupopt.methods.registry.discover`) then finds its spec. The generic tests are the functions of
-tests/trainers/test_validation.py, tests/hub/test_model_card.py and tests/e2e/ that are parametrised over `METHODS`,
-called here with the toy's name. The two checks that train are marked `slow`.
+The toy's four files are the doc's code blocks, written as they are to the paths they name under a temporary folder
+that `trl_groupopt.methods` also searches (its `__path__`); the registry's own discovery
+(`trl_groupopt.methods.registry.discover`) then finds its spec. The generic tests are the functions of
+tests/trainers/test_validation.py, tests/hub/test_model_card.py and tests/e2e/ that are parametrised over the registry,
+called here with the toy's name. The two checks that train are marked `slow`. (The doc's procedure itself, a shipped
+method's folder copied under a new name, is run by tests/test_new_method_folder.py.)
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from trl_groupopt.methods import registry as methods
 from trl_groupopt.methods.registry import unregister_method
 
 DOC = REPO_ROOT / "docs" / "adding-a-method.md"
-TOY_FILES = ("trl_groupopt/methods/toy/objective.py", "trl_groupopt/methods/toy/trainer.py", "trl_groupopt/methods/toy/spec.py")
+TOY_FILES = tuple(f"trl_groupopt/methods/toy/{name}.py" for name in ("__init__", "objective", "trainer", "spec"))
 
 
 def doc_code_files() -> dict[str, str]:
@@ -50,15 +51,14 @@ def doc_code_files() -> dict[str, str]:
 # ================================================================================================ the toy method
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    """The doc's steps: its three files, in a folder the packages search; the registry discovers the spec. Undone
-    after this module's tests."""
+    """The doc's four files, in a folder the package searches; the registry discovers the spec. Undone after this
+    module's tests."""
     root = tmp_path_factory.mktemp("repo")
     files = doc_code_files()
     assert tuple(files) == TOY_FILES
     for path, code in files.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(code, encoding="utf-8")
-    (root / "trl_groupopt/methods/toy/__init__.py").write_text("", encoding="utf-8")
     packages = [importlib.import_module("trl_groupopt.methods")]
     for package in packages:
         package.__path__.append(str(root / package.__name__.replace(".", "/")))
@@ -76,20 +76,24 @@ def toy(tmp_path_factory):
     assert "toy" not in METHODS
 
 
-def test_the_toy_is_four_files_and_the_doc_says_so(toy):
-    """Files 1-3 are the doc's code; the spec names the classes (exported from there), the trainer overrides only
-    `objective`, and the method's name is written once (the mechanism's comes from the spec)."""
+def test_the_toy_is_one_folder_and_the_doc_says_so(toy):
+    """The folder's four files are the doc's code; the spec names the classes (exported from there), the trainer
+    overrides only `objective`, and the method's name is written once (the mechanism's comes from the spec)."""
     trainer_class, config_class = toy.trainer_class, toy.config_class
-    assert toy.exports == {"ToyTrainer": "trl_groupopt.methods.toy.trainer", "ToyConfig": "trl_groupopt.methods.toy.trainer"}
+    assert toy.exports == {
+        "ToyTrainer": "trl_groupopt.methods.toy.trainer",
+        "ToyConfig": "trl_groupopt.methods.toy.trainer",
+    }
     own = {name for name in vars(trainer_class) if not name.startswith("__")} - {"has_own_objective"}  # derived
     assert own == {"config_class", "objective"}
     assert config_class is trainer_class.config_class and toy.mechanism.method == "toy"
     assert trainer_class._name == "TOY" and trainer_class._tag_names == ["trl", "toy", "trl-groupopt"]
     _: ObjectiveFn = importlib.import_module("trl_groupopt.methods.toy.objective").toy_loss  # the objective protocol
     text = DOC.read_text(encoding="utf-8")
-    assert "A method is four files and a test" in text and all(
+    assert "A method is one folder, `trl_groupopt/methods/<m>/`" in text and all(
         f"`{path}`".replace("toy", "<m>") in text for path in TOY_FILES
     )
+    assert toy.acting_settings == {} and toy.mechanism is not None  # the shared invariance tests read both
 
 
 # ================================================================================================ the toy through the CLI

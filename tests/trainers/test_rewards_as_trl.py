@@ -17,7 +17,8 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from tests.helpers import cpu_config_kwargs, method_trainer, tiny_dataset
-from trl_groupopt import METHODS, GroupOptTrainer
+from tests.selection import tested_methods
+from trl_groupopt import GroupOptTrainer
 from trl_groupopt.data import checks
 
 N = 4
@@ -91,7 +92,7 @@ def test_what_grpo_trainer_cannot_read_fails_with_the_function_name(value, messa
         checks.check_reward_output("f", value, N)
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", tested_methods())
 @pytest.mark.parametrize("infinite", [float("inf"), -float("inf"), np.float64(1e39)])
 def test_an_infinite_reward_fails_naming_the_function_and_the_completion(tmp_path, tokenizer, base_model, name,
                                                                          infinite):  # fmt: skip

@@ -23,6 +23,7 @@ import pytest
 from trl import GRPOConfig
 
 from tests.helpers import cpu_config_kwargs
+from tests.selection import tested_methods
 from trl_groupopt import METHODS
 from trl_groupopt.cli import main as cli
 from trl_groupopt.methods import registry
@@ -46,7 +47,7 @@ def _leaks(text: str | bytes) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ trust_remote_code
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_examples_default_to_no_remote_code(method):
     """Demo (no model), a Hub model id, and the method's YAML example config: trust_remote_code stays False."""
     argvs = [[], ["--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct", "--output_dir", "unused", "--use_cpu",

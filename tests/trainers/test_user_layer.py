@@ -31,6 +31,7 @@ from tests.helpers import (
     tiny_dataset,
     tiny_model,
 )
+from tests.selection import tested_methods
 from trl_groupopt import METHODS, DFPOConfig, DFPOTrainer, ECHOConfig, ECHOTrainer, GroupOptTrainer, get_method
 from trl_groupopt.cli.main import parse
 
@@ -276,7 +277,7 @@ class FakeVLLM:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_vllm_colocate_through_trl_backend(method, tokenizer, base_model, tmp_path, monkeypatch):
     """Each trainer with `use_vllm=True, vllm_mode="colocate"` trains 2 steps through TRL's real vLLM backend.
 
@@ -445,7 +446,7 @@ def text_hash_reward(completions, **kwargs) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_lora_trains_only_the_adapter(method, tokenizer, base_model, tmp_path):
     """2 optimizer steps with `peft_config=LoraConfig(r=4, q_proj/v_proj)`: base weights bit-identical, adapters move.
 

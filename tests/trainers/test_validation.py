@@ -27,6 +27,7 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
+from tests.selection import tested_methods
 from trl_groupopt import METHODS, get_method
 from trl_groupopt.trainer.base import GroupOptTrainer
 from trl_groupopt.trainer.compat import check_loss_routed_through_compute_loss
@@ -230,7 +231,7 @@ def test_group_methods_need_two_generations(tmp_path, method, overrides):
 
 
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo", "not_a_loss"])
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_surrogate_replacing_loss_types_rejected_by_every_trainer(tmp_path, method, loss_type):
     """A trainer with its own objective refuses TRL's surrogate-replacing loss types; the base trainer (TRL's GRPO)
     hands them to TRL's own `_compute_loss` (trained in tests/e2e/test_dropin_training.py). Unknown names always
@@ -260,7 +261,7 @@ def test_surrogate_replacing_loss_types_raise_only_with_an_own_objective(tmp_pat
         GroupOptTrainer.validate_args(_config("grpo", tmp_path, loss_type=loss_type))
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_delta_only_where_the_objective_has_a_two_sided_clip(tmp_path, method):
     """OTB (TRL's clipped surrogate on OTB advantages) and the base trainer honour TRL's delta; the others refuse."""
     trainer_cls = get_method(method).trainer_class
@@ -272,7 +273,7 @@ def test_delta_only_where_the_objective_has_a_two_sided_clip(tmp_path, method):
                                                    r"objective; leave delta=None")  # fmt: skip
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_trainer_needs_its_own_config_class(tmp_path, method):
     """A config of another class (a plain GRPOConfig, another method's config) lacks the method's knobs: refused,
     naming the config class to build."""
@@ -287,7 +288,7 @@ def test_trainer_needs_its_own_config_class(tmp_path, method):
                                                    r"\(\.\.\.\)")  # fmt: skip
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_liger_and_unsloth_routing_on_the_real_trainers(tmp_path, method):
     """TRL 1.16 keeps the loss in `_compute_loss` under Liger: every trainer passes the check. An old-TRL Liger route
     (`compute_liger_loss`) or an Unsloth-derived class is refused by the constructor, before any model is loaded."""
@@ -371,7 +372,7 @@ def test_echo_rejects_non_token_importance_sampling_level(tmp_path, level):
         _config("echo", tmp_path, importance_sampling_level=level)
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_training_set_smaller_than_one_generation_batch_raises(tmp_path, method):
     # TRL's RepeatSampler drops incomplete generation batches: with 3 prompts and a generation batch of 4 prompts
     # (8 sequences x 2 steps per generation / groups of 4) TRL would train zero steps without a word.

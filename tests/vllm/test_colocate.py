@@ -10,7 +10,7 @@ A run whose sync is skipped must be caught by both checks.
 import pytest
 import torch
 
-from trl_groupopt import METHODS
+from tests.selection import tested_methods
 
 from .checks import (
     IS_RATIO_TOLERANCE,
@@ -29,7 +29,7 @@ from .runs import ROLLOUTS, parameters, vllm_trainer
 pytestmark = pytest.mark.skipif(not vllm_installed(), reason=SKIP_REASON)  # marked vllm and slow by folder
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", tested_methods())
 def test_method_trains_with_a_synced_colocated_engine(name, vllm_shims, tmp_path):
     trainer = vllm_trainer(name, tmp_path)
     monitor = SyncMonitor(trainer, fixed_prompt_ids(trainer))

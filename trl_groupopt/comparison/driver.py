@@ -88,7 +88,8 @@ def check(options: Options) -> None:
     """Refuse bad input before the first run, with one line naming the fix."""
     known = ", ".join(METHODS)
     if not options.methods:
-        raise CompareError(f"--methods is empty: name two or more of {known}, e.g. --methods grpo,otb.")
+        example = ",".join(list(METHODS)[:2])
+        raise CompareError(f"--methods is empty: name two or more of {known}, e.g. --methods {example}.")
     for method in options.methods:
         if method not in METHODS:
             raise CompareError(f"--methods: unknown method {method!r}; choose from {known}.")

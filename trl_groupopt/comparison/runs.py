@@ -34,7 +34,7 @@ class Grid:
         return tuple(record[name] for name in self.key_fields)
 
     def tag(self, record: dict[str, Any]) -> str:
-        """`method=otb seed=1`: how the log and the errors name a run."""
+        """`method=<name> seed=1`: how the log and the errors name a run."""
         return " ".join(f"{name}={record[name]}" for name in self.key_fields)
 
 

@@ -1,6 +1,7 @@
 """Advantage estimators: which advantages the policy objective receives, chosen by a config's `advantage_estimator`
 (as verl picks `adv_estimator` and `loss_mode` independently): a pure ``estimate(inputs: EstimatorInputs, **knobs) ->
-EstimatorOutput`` plus what it needs from the trainer. Shipped: ``"grpo"`` (TRL's, the default) and OTB's (``otb.py``).
+EstimatorOutput`` plus what it needs from the trainer. Shipped: ``"grpo"`` (TRL's, the default); a method that is an
+estimator defines its own in its folder and names it in its spec (``MethodSpec.estimator``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class AdvantageEstimator:
     # micro-batches of whole groups, consecutive runs of `inputs.group_size` rows: reductions read nothing from device
     needs_whole_groups: bool = False
     needs_energy: bool = False  # the rollout policy's logit-gradient energy (`trainers/energy.py`); no other pays it
-    per_token: bool = False  # (B, T) advantages (objectives on sequence advantages, as DFPO's transforms, refuse them)
+    per_token: bool = False  # (B, T) advantages (objectives defined on one advantage per sequence refuse them)
     trl_advantages: bool = False  # TRL's own: TRL's surrogate-replacing loss types (cispo, sapo, vespo) may run
     #: The knobs' config fields, `(name, type, dataclasses.field(...))` as `make_dataclass` takes them: every method
     #: config gets them (`trl_groupopt/trainer/config.py`).

@@ -1,4 +1,4 @@
-"""Whether a method's mechanism acted on each optimizer step (definitions: `trl_groupopt/methods/registry/<method>.py`), and
+"""Whether a method's mechanism acted on each optimizer step (definitions: `trl_groupopt/methods/<name>/spec.py`), and
 the run's report. Pure Python: no torch, no TRL."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class Observed:
     """A logged metric the report quotes: ``stat`` ``"range"`` (min and max over micro-batches) or ``"mean"``."""
 
     label: str  # how the report names it, e.g. "R"
-    key: str  # the logged metric, e.g. "echo/batch_ratio"
+    key: str  # the logged metric, e.g. "<method>/batch_ratio"
     stat: str = "range"
 
     def __post_init__(self) -> None:
@@ -32,7 +32,7 @@ class Mechanism:
     """What "the mechanism acted on this optimizer step" means for one method: ``acts`` receives the step's mean of
     each of ``keys`` (a missing or NaN key: not measured). ``verdict`` may add a sentence from the observed values."""
 
-    name: str  # the report's subject, e.g. "ECHO's batch clip"
+    name: str  # the report's subject, e.g. "<Method>'s batch clip"
     what: str  # what acting means on one step, e.g. "the batch ratio R was clipped"
     keys: tuple[str, ...]  # the logged metrics `acts` reads
     acts: Callable[..., bool]

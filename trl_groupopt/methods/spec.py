@@ -81,6 +81,9 @@ class MethodSpec:
     demo_defaults: Mapping[str, Any] = field(default_factory=dict)  # the CLI's settings on the embedded tiny policy
     display_name: str = ""  # the name model cards give the method (TRL's `_name`); default: name upper-cased
     mechanism: Mechanism | None = None  # when the method acted on an optimizer step; None: no report
+    #: Config overrides under which the mechanism acts on a small off-policy batch (token log-ratios within about
+    #: +-0.3, whole groups, ragged completions): the shared invariance tests train there and check that it acted.
+    acting_settings: Mapping[str, Any] = field(default_factory=dict)
     #: The method *is* the advantage estimator of the same name (an `AdvantageEstimator`, or its import path), which
     #: every method config may then select; None: the method is an objective.
     estimator: Any = _ClassField(None)

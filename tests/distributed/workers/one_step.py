@@ -8,9 +8,9 @@ patched to return this rank's rows of `tests.distributed.batches.group_batch`, s
 (whole-group methods) and `rewards` (OTB) exactly as in a real run. The global per-function rewards are put on
 `self._raw_rewards_per_func`, where TRL's `_calculate_rewards` would have left them. `old_per_token_logps` is the
 initial model's log-probs minus a fixed log-ratio (`batches.log_ratios`), computed once over the whole global batch
-on every rank; for OTB's advantages (OTB, and ECHO, CTPO, GRPO-fix with `advantage_estimator="otb"`: the energy must
-come from the behaviour-policy forward, recorded beside its log-probs) the behaviour policy is instead the initial
-model with fixed perturbed weights, run inside the patched call on the local rows.
+on every rank; for advantages that need the behaviour policy's energy (an estimator with `needs_energy`, as OTB's:
+the energy must come from the behaviour-policy forward, recorded beside its log-probs) the behaviour policy is instead
+the initial model with fixed perturbed weights, run inside the patched call on the local rows.
 
 Optimizer: plain SGD (momentum 0, constant learning rate, gradient clipping out of reach), so the update is
 `p - lr * grad` and a scale error in the gradient shows in the parameters (AdamW's first step is sign-like).
@@ -44,38 +44,55 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
-from trl_groupopt import METHODS, get_method
+from tests.selection import tested_methods
+from trl_groupopt import get_method
 
 LEARNING_RATE = 0.5
-OTB_WEIGHT_NOISE = 0.05  # std of the behaviour policy's weight perturbation (OTB's advantages only)
+OTB_WEIGHT_NOISE = 0.05  # std of the behaviour policy's weight perturbation (energy-based advantages only)
 DFPO_EPS = dict(epsilon=0.05, epsilon_high=0.08)  # some sequence ratios clipped, some not ("mixed" scenario)
 OTB_ADVANTAGES = dict(advantage_estimator="otb")  # a method's objective on OTB's advantages
 
-#: registry name -> {case name: (config overrides, off-policy scenario or "weights")} for the methods checked in more
-#: than one configuration or scenario; every other registered method runs one case, named after it, with its defaults
-#: on the "mixed" log-ratios. Case names start with the registry name.
+#: registry name -> {case name: (config overrides, off-policy scenario or None)}: the configurations checked besides
+#: every method's own case (named after it: its spec's `acting_settings`, where its mechanism acts). Case names start
+#: with the registry name. Scenario None: "weights" where the advantages need the behaviour policy's energy (recorded
+#: beside its log-probs, so the behaviour policy must be a real forward: perturbed weights), else "mixed".
 VARIANTS = {
-    "grpo": {
+    "grpo": {  # the own case "grpo" is TRL's default loss_type, dapo
         f"grpo/{loss}": (dict(loss_type=loss, **({"importance_sampling_level": "sequence"} if loss == "luspo" else {})),
-                         "mixed")
-        for loss in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+                         None)
+        for loss in ("grpo", "bnpo", "dr_grpo", "luspo")
     },
     "echo": {
         **{f"echo/{scope}/{scenario}": (dict(batch_ratio_scope=scope), scenario)
            for scope, scenarios in (("micro_batch", ("split", "unclipped")), ("global", ("split", "shifted", "unclipped")))
            for scenario in scenarios},
-        "echo/otb": (OTB_ADVANTAGES, "weights"),  # the default ("step") scope on OTB's advantages
+        "echo/otb": (OTB_ADVANTAGES, None),  # the default ("step") scope on OTB's advantages
     },
     "dfpo": {
-        f"dfpo/{t}": (dict(dfpo_transform=t, **DFPO_EPS), "mixed") for t in ("min_replace", "orth_proj", "orth_proj_qp", "none")
+        f"dfpo/{t}": (dict(dfpo_transform=t, **DFPO_EPS), None) for t in ("min_replace", "orth_proj", "orth_proj_qp", "none")
     },
-    "otb": {"otb": (dict(), "weights")},  # OTB's energy must come from the behaviour policy's own forward
-    "ctpo": {"ctpo": (dict(), "mixed"), "ctpo/otb": (OTB_ADVANTAGES, "weights")},
-    "grpo_fix": {"grpo_fix": (dict(), "mixed"), "grpo_fix/otb": (OTB_ADVANTAGES, "weights")},
+    "ctpo": {"ctpo/otb": (OTB_ADVANTAGES, None)},
+    "grpo_fix": {"grpo_fix/otb": (OTB_ADVANTAGES, None)},
 }  # fmt: skip
-METHOD_CASES = {method: VARIANTS.get(method, {method: (dict(), "mixed")}) for method in METHODS}
-# name -> (registry name, config overrides, off-policy scenario or "weights")
-CASES = {name: (method, *case) for method, cases in METHOD_CASES.items() for name, case in cases.items()}
+
+
+def cases_of(method: str) -> dict[str, tuple[dict, str | None]]:
+    """The method's own case (its name: `acting_settings`), then its `VARIANTS`."""
+    return {method: (dict(get_method(method).acting_settings), None), **VARIANTS.get(method, {})}
+
+
+# name -> (registry name, config overrides, off-policy scenario or None)
+CASES = {name: (method, *case) for method in tested_methods() for name, case in cases_of(method).items()}
+
+
+def scenario_of(args, scenario: str | None) -> str:
+    """The case's scenario, or the one its config's advantages need."""
+    if scenario is not None:
+        return scenario
+    from trl_groupopt.core.estimators import ESTIMATORS
+
+    estimator = ESTIMATORS.get(getattr(args, "advantage_estimator", "grpo"))
+    return "weights" if estimator is not None and estimator.needs_energy else "mixed"
 
 
 def fixed_generation(self, inputs):
@@ -181,7 +198,7 @@ def run_case(name, cli, tokenizer, batch):
         processing_class=tokenizer,
     )
     assert trainer.accelerator.num_processes == world, trainer.accelerator.num_processes
-    local_losses = install_fixed_batch(trainer, batch, scenario)
+    local_losses = install_fixed_batch(trainer, batch, scenario_of(args, scenario))
     recorder = GradRecorder()
     trainer.add_callback(recorder)
     initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

@@ -57,6 +57,7 @@ METHOD = MethodSpec(
         hint="train off-policy (steps_per_generation > gradient_accumulation_steps, or num_iterations > 1): on-policy "
         "every sequence ratio is 1",
     ),
+    acting_settings={},  # the defaults act: off-policy, sequence ratios differ within a group and the transform acts
 )
 
 GRPO_FIX_METHOD = MethodSpec(
@@ -77,4 +78,5 @@ GRPO_FIX_METHOD = MethodSpec(
         inert="this run trained with the unclipped surrogate -A * r",
         hint=f"{OFF_POLICY} or lower epsilon_high",
     ),
+    acting_settings={},  # the defaults act: epsilon_high 0.2 removes the tokens whose ratio exceeds 1.2
 )

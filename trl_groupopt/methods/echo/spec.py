@@ -33,4 +33,6 @@ METHOD = MethodSpec(
         inert="this run trained as token-clipped DAPO plus the coupling term (Eq. 34)",
         hint=f"{OFF_POLICY} or narrow the batch clip (batch_epsilon, batch_epsilon_high) to inside the range R took",
     ),
+    # a batch clip of 1 +- 0.01: R leaves it whenever the token log-ratios' mean is off 0 by more than 0.01
+    acting_settings={"batch_epsilon": 0.01},
 )

@@ -30,6 +30,7 @@ METHOD = MethodSpec(
         inert="its advantages had no lower variance than the group-mean baseline's on any step",
         hint="use it where completions differ in length within a group (docs/otb.md)",
     ),
+    acting_settings={},  # the defaults act wherever a group's completions differ in length
     # on the embedded policy (`trl-groupopt train --method otb`): OTB's advantages are raw rewards minus its token
     # baseline (no std normalisation); measured, lr 1e-4 left held-out accuracy flat (18.0% -> 17.5%) and 2e-4 / 3e-4
     # collapsed it, while 5e-5 gave 18.0% -> 34.5%
