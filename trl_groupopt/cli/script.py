@@ -22,6 +22,7 @@ from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_co
 from ..data import adapters, offline, rewards
 from ..data.offline import uses_embedded_policy
 from ..methods.registry import get_method
+from ..trainer.args_check import option_problems
 from ..trainer.card import SYNTHETIC_DATASET_NAME
 from ..trainer.device import device_supports_bf16, has_accelerator
 from ..trainer.reporting import HeldOutAccuracyCallback, ReadableProgressCallback, plot_reward_accuracy, write_results
@@ -193,6 +194,10 @@ class MethodParser(TrlParser):
         for dest in sorted(vars(namespace), key=lambda d: d == "bf16"):  # bf16 reads use_cpu
             if isinstance(value := getattr(namespace, dest), Deferred):
                 setattr(namespace, dest, value.resolve(namespace, tiny))
+        # before any config is built: TRL's `__post_init__` would divide by a 0 count, the rest fail after the model
+        problems = option_problems(namespace, unset_ok=True)
+        if problems:
+            self.error("; ".join(f"--{name} {_cli_value(value)}: {fix}" for name, value, fix in problems) + ".")
         return namespace, rest
 
     def parse_args_and_config(self, args: Sequence[str], *rest: Any, **kwargs: Any):
@@ -212,6 +217,10 @@ class MethodParser(TrlParser):
             keys = [flag[2:] for flag in self._flags if flag.startswith("--")]
             self.error(f"--config {self._config}: " + unknown_option([u[2:] for u in unknown], keys, "key"))
         return []
+
+
+def _cli_value(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
 def unknown_option(unknown: Sequence[str], known: Sequence[str], what: str = "option") -> str:

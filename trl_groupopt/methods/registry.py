@@ -14,6 +14,7 @@ from .spec import MethodSpec, Paper
 
 __all__ = ["METHODS", "MethodSpec", "Paper", "get_method", "register_method", "spec_for", "unregister_method"]
 
+
 def discover() -> tuple[MethodSpec, ...]:
     """The specs of the method folders under `trl_groupopt/methods/`: the baseline first, then by folder name, then in
     the order each ``spec.py`` defines them."""

@@ -207,6 +207,7 @@ class GroupOptTrainer(GRPOTrainer):
         # Environment-owned rewards (`get_reward`) are one more column of TRL's (N_global, F) matrix, with weight 1.
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         checks.check_finite_rewards(rewards_per_func, self.reward_func_names)  # +-inf fails, naming the function
+        checks.check_reward_scale(self, rewards_per_func)  # so large that the group mean overflows: fails, naming it
         checks.watch_all_none_rewards(self, rewards_per_func, inputs)  # warn (then stop, for the method configs)
         self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
         return rewards_per_func
