@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from trl.trainer.utils import get_callable_name, is_async_callable
 
-from .adapters import check_prompts
+from .prompts import check_prompts
 
 #: Keyword arguments GRPOTrainer passes to every reward function besides the dataset columns
 #: (``GRPOTrainer._calculate_rewards``; ``environments`` only with an ``environment_factory``).

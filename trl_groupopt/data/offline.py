@@ -229,7 +229,9 @@ def greedy_accuracy(
     with torch.no_grad():
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start : start + batch_size]
-            texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in chunk]
+            # a string prompt as the trainer sends it; messages through the chat template
+            texts = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False,
+                     add_generation_prompt=True) for p in chunk]  # fmt: skip
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
             out = model.generate(**enc, **gen_kwargs)
