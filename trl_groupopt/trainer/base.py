@@ -304,7 +304,8 @@ class GroupOptTrainer(GRPOTrainer):
         if self.args.should_save:
             from .card import portable_adapter_config
 
-            portable_adapter_config(output_dir)  # an adapter on the embedded policy: its base by a portable name
+            if self.args.push_to_hub:  # what the Hub gets names the embedded policy portably; a local folder keeps
+                portable_adapter_config(output_dir)  # PEFT's absolute path, which loads from any working directory
             self.create_model_card(output_dir=output_dir)
 
     def _save_checkpoint(self, model, trial) -> None:
