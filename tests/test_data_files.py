@@ -67,7 +67,9 @@ def test_content_as_text_parts_is_read_as_text(tmp_path):
     rows[1]["prompt"] = [{"role": "user", "content": [{"type": "text", "text": "Compute "}, {"type": "text",
                                                                                           "text": "1+1"}]}]  # fmt: skip
     train, _ = _datasets(_jsonl(tmp_path / "parts.jsonl", rows))
-    assert train[1]["prompt"] == [{"role": "user", "content": "Compute 1+1"}] and train[0]["prompt"] == rows[0]["prompt"]
+    assert (
+        train[1]["prompt"] == [{"role": "user", "content": "Compute 1+1"}] and train[0]["prompt"] == rows[0]["prompt"]
+    )
 
 
 def test_a_part_that_is_not_text_names_the_row(tmp_path, no_model_loads):

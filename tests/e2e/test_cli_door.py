@@ -59,8 +59,21 @@ def test_training_on_ones_own_file_scores_held_out_rows_and_warns_without_a_stra
     rows = [{"prompt": r["prompt"][0]["content"], "solution": str(r["answer"])} for r in make_arithmetic_dataset(120)]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "trl_groupopt.cli", "train", "--method", "echo", "--dataset_name", str(path),
-               "--batch_epsilon", "0.9", *FAST, "--output_dir", str(out)]  # fmt: skip  (0.9: R is never clipped)
+    command = [
+        sys.executable,
+        "-m",
+        "trl_groupopt.cli",
+        "train",
+        "--method",
+        "echo",
+        "--dataset_name",
+        str(path),
+        "--batch_epsilon",
+        "0.9",
+        *FAST,
+        "--output_dir",
+        str(out),
+    ]  # fmt: skip  (0.9: R is never clipped)
     run = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "12 of 120 rows held out to score greedy accuracy before and after training; 108 train" in run.stdout

@@ -74,10 +74,10 @@ _INTERVAL = "it must be > 0 with {0}_strategy='steps': a number of steps, or a f
 RULES: dict[str, Rule] = {
     "num_iterations": Rule(
         _integer(1), "it must be an integer >= 1 (optimizer passes per generated batch); use 1 for on-policy training"
-    ),  # fmt: skip
+    ),
     "max_steps": Rule(
         lambda v: _integer(0)(v) or v == -1, "use a positive number of steps, or -1 to train by num_train_epochs"
-    ),  # fmt: skip
+    ),
     "beta": Rule(_at_least(0), "the KL penalty's weight must be a finite number >= 0; use 0 to turn it off"),
     "max_grad_norm": Rule(_at_least(0), "it must be a finite number >= 0; use 0 to turn clipping off"),
     "epsilon": Rule(_at_least(0), _CLIP),
@@ -89,7 +89,7 @@ RULES: dict[str, Rule] = {
     "adam_epsilon": Rule(_above(0), "it must be a finite number > 0, e.g. 1e-8"),
     "temperature": Rule(
         _above(0), "the sampling temperature must be a finite number > 0, e.g. 1.0 (lower: less random completions)"
-    ),  # fmt: skip
+    ),
     "top_p": Rule(_within(0, 1, open_low=True), "it must be within (0, 1]; 1.0 keeps every token"),
     "top_k": Rule(_integer(0), "it must be an integer >= 0; 0 keeps every token", optional=True),
     "min_p": Rule(_within(0, 1), "it must be within [0, 1], or unset (None) to turn it off", optional=True),
@@ -97,28 +97,28 @@ RULES: dict[str, Rule] = {
     "top_entropy_quantile": Rule(
         _within(0, 1),
         "it must be within [0, 1]: the share of the highest-entropy tokens the policy loss keeps (1.0: every token)",
-    ),  # fmt: skip
+    ),
     "scale_rewards": Rule(
         lambda v: v in ("group", "batch", "none") or v is True or v is False, "it must be 'group', 'batch' or 'none'"
-    ),  # fmt: skip
+    ),
     "reward_weights": Rule(
         _weights,
         "every weight must be a finite number, one per reward function, and one at "
         "least non-zero (all zero: no learning signal); 0 turns one function off",
         optional=True,
-    ),  # fmt: skip
+    ),
     "per_device_train_batch_size": Rule(_integer(1), "it must be an integer >= 1", counts=True),
     "gradient_accumulation_steps": Rule(_integer(1), "it must be an integer >= 1", counts=True),
-    "num_generations": Rule(
-        _integer(2),
+    "num_generations": Rule(  # >= 1 here: TRL's own message refuses 1; 0 would divide by zero before it
+        _integer(1),
         "completions per prompt: it must be an integer >= 2 (a group's completions are compared), e.g. 8",
         counts=True,
-    ),  # fmt: skip
+    ),
     "steps_per_generation": Rule(_integer(1), "it must be an integer >= 1, or unset", optional=True, counts=True),
     "generation_batch_size": Rule(_integer(1), "it must be an integer >= 1, or unset", optional=True, counts=True),
     "save_steps": Rule(
         _above(0), _INTERVAL.format("save") + "; save_strategy='no' saves none", applies=_by_steps("save_strategy")
-    ),  # fmt: skip
+    ),
     "logging_steps": Rule(_above(0), _INTERVAL.format("logging"), applies=_by_steps("logging_strategy")),
 }
 
