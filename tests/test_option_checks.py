@@ -95,3 +95,8 @@ def test_good_values_pass(tmp_path):
                                        "--reward_weights", "0", "1", "--reward_funcs", "accuracy_reward",
                                        "format_reward", "--save_strategy", "no", "--save_steps", "0"])  # fmt: skip
     assert args.reward_weights == [0.0, 1.0] and args.temperature == 0.7
+
+
+def test_one_reward_weight_per_reward_function(tmp_path, capsys, nothing_loads):
+    err = _refusal("otb", ["--reward_weights", "1", "2"], capsys)
+    assert "--reward_weights 1.0 2.0: give one weight per --reward_funcs (accuracy_reward)." in err

@@ -209,6 +209,11 @@ class MethodParser(TrlParser):
         problems = option_problems(namespace, unset_ok=True)
         if problems:
             self.error("; ".join(f"--{name} {_cli_value(value)}: {fix}" for name, value, fix in problems) + ".")
+        weights, funcs = getattr(namespace, "reward_weights", None), getattr(namespace, "reward_funcs", None)
+        if weights is not None and funcs is not None and len(weights) != len(funcs):
+            self.error(
+                f"--reward_weights {_cli_value(weights)}: give one weight per --reward_funcs ({' '.join(funcs)})."
+            )
         return namespace, rest
 
     def parse_args_and_config(self, args: Sequence[str], *rest: Any, **kwargs: Any):

@@ -143,8 +143,11 @@ CHAT_TEMPLATE = (
 
 def build_tokenizer():
     """The task's ``PreTrainedTokenizerFast``: a ``WordLevel`` model over ~70 symbols; ``decode(encode(s)) == s`` for
-    text inside the vocabulary, any other character is one ``<unk>``. No post-processor: the chat template writes
-    ``<bos>`` itself, so ``add_special_tokens`` never doubles it."""
+    text inside the vocabulary, any other character is one ``<unk>`` (capitals too, but in ``Compute``). The
+    vocabulary is the shipped policies' (``scripts/build_tiny_policy.py``): a new symbol would need new embedding and
+    output rows, i.e. a retrained policy, so the training command's data door warns instead, naming the characters a
+    user's prompts hold that it cannot encode (`trl_groupopt.data.prompts`). No post-processor: the chat template
+    writes ``<bos>`` itself, so ``add_special_tokens`` never doubles it."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
