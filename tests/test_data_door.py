@@ -96,7 +96,7 @@ def _half_missing(tmp_path, dataset_format: str, bad: int, total: int = 10) -> s
         if dataset_format == "prompt-answer":
             rows.append({"prompt": f"Compute {i}+1", "solution": str(i + 1) if usable else ("" if i % 2 else None)})
         elif dataset_format == "gsm8k":
-            rows.append({"question": f"What is {i}+1?", "answer": f"{i}+1={i + 1}" + (f"\n#### {i + 1}" * usable)})
+            rows.append({"question": f"what is {i}+1?", "answer": f"{i}+1={i + 1}" + (f"\n#### {i + 1}" * usable)})
         else:
             rows.append(
                 {
@@ -130,9 +130,10 @@ def test_unusable_answers_above_the_threshold_stop_the_run(tmp_path, no_model_lo
 def test_unusable_answers_below_the_threshold_warn(tmp_path, dataset_format):
     data = _half_missing(tmp_path, dataset_format, bad=1)
     argv = ["--dataset_name", data, "--dataset_format", dataset_format]
-    with pytest.warns(UserWarning, match=r"1 of 10 rows \(10\.0%\) have no usable answer.*Training goes on"):
+    with pytest.warns(UserWarning, match=r"1 of 10 rows \(10\.0%\) have no usable answer.*They stay in the "
+                      r"training data, and the accuracy reward scores them None"):  # fmt: skip
         train, _ = _datasets("echo", argv)
-    assert len(train) == 10  # the rows stay: the reward skips them (None)
+    assert len(train) == 10  # the rows stay, as the warning says: the reward skips them (None)
     with pytest.raises(ValueError, match="more than --max_unusable_answer_fraction 0.05"):
         _datasets("echo", [*argv, "--max_unusable_answer_fraction", "0.05"])  # the threshold is the user's
     with warnings.catch_warnings():
@@ -220,7 +221,8 @@ def test_readme_shows_one_row_per_format_and_each_passes_the_door(tmp_path):
     for dataset_format, row in rows.items():
         data = _jsonl(tmp_path / f"{dataset_format}.jsonl", [row])
         with warnings.catch_warnings():
-            warnings.simplefilter("error")
+            warnings.simplefilter("error")  # but the tiny policy's tokenizer: no capitals (tests/test_data_files.py)
+            warnings.filterwarnings("ignore", message=r".*the model's tokenizer cannot encode 'A', 'H' ")
             train, _ = _datasets("echo", ["--dataset_name", data, "--dataset_format", dataset_format])
         assert train[0]["prompt"][-1] == {"role": "user", "content": next(iter(row.values()))}, dataset_format
         assert train[0]["solution"] in ("25", "\\boxed{25}"), dataset_format
@@ -326,5 +328,8 @@ def test_overlong_prompts_are_counted_against_the_context_before_the_model_loads
     message = _train_refuses(tmp_path, rows, r"3 of 10 rows \(30.0%\) have prompts longer than the 208 tokens")
     assert "more than --max_overlong_prompt_fraction 0.1" in message and "e.g. row 0: " in message
     path = _jsonl(tmp_path / "long.jsonl", rows)
-    with pytest.warns(UserWarning, match="have prompts longer than the 208 tokens.*Training goes on"):
-        _datasets("echo", ["--dataset_name", path, "--max_overlong_prompt_fraction", "0.5"])
+    with pytest.warns(UserWarning, match="have prompts longer than the 208 tokens.*They are dropped: training goes on"
+                      " without them"):  # fmt: skip
+        train, held_out = _datasets("echo", ["--dataset_name", path, "--max_overlong_prompt_fraction", "0.5"])
+    # Was: announced as dropped, yet trained on (issue 46, broken 4: a 6,005-token prompt reached the policy)
+    assert len(train) == 7 and held_out is None and all("1+1+1+" not in str(p) for p in train["prompt"])

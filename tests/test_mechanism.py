@@ -136,13 +136,16 @@ def test_tracker_counts_optimizer_steps_on_the_step_mean():
     assert (toy.steps, toy.acted, pair.steps, pair.acted) == (2, 1, 1, 1)
     assert toy.observed == {"R": (0.95, 1.08), "share": 0.5}
     assert toy.text == "Toy's clip acted on 1 of 2 optimizer steps (R within [0.9500, 1.0800]; share: mean 0.5): " \
-                       "a toy ratio was clipped on 50% of them."  # fmt: skip
+                       "a toy ratio was clipped on 50% of them. Not counted: 1 step (3) on which toy/clipped was " \
+                       "undefined."  # fmt: skip
+    assert pair.text.endswith("Not counted: 2 steps (2 and 3) on which p/ours or p/theirs was undefined.")
     assert report.never_acted == [] and report.text.endswith("\nAdvantage estimator: grpo.")
     data = report.to_dict()
     assert data["method"] == "toy" and data["advantage_estimator"] == "grpo"
     assert data["mechanisms"][0] | {"text": None} == {
         "method": "toy", "mechanism": "Toy's clip", "acted_means": "a toy ratio was clipped", "metric": "acted/toy",
-        "steps": 2, "acted": 1, "fraction": 0.5, "observed": {"R": [0.95, 1.08], "share": 0.5}, "text": None,
+        "steps": 2, "acted": 1, "fraction": 0.5, "observed": {"R": [0.95, 1.08], "share": 0.5}, "undefined": 1,
+        "undefined_steps": [3], "text": None,
     }  # fmt: skip
     tracker.reset()
     assert tracker.report("toy", "grpo").outcomes[0].steps == 0
@@ -169,3 +172,25 @@ def test_report_of_a_mechanism_that_never_acted_says_what_ran_and_how_to_make_it
 def test_observed_stat_is_checked():
     with pytest.raises(ValueError, match="'range' or 'mean'"):
         Observed("R", "toy/ratio", "median")
+
+
+def test_the_steps_on_which_the_metric_was_undefined_are_named():
+    """Was: "acted on 9 of 19 optimizer steps" in a 20-step run, the 20th left out without a word (issue 46,
+    friction). The undefined steps are counted, the first of them named, and both survive a checkpoint."""
+    import json
+
+    tracker = MechanismTracker([TOY])
+    for step in range(1, 21):
+        if step != 20:  # step 20 logs no defined value (e.g. no token the clip applies to)
+            tracker.record("toy/clipped", float(step % 2))
+        tracker.end_step(step)
+    (outcome,) = tracker.report("toy", "grpo").outcomes
+    assert (outcome.steps, outcome.acted, outcome.undefined, outcome.undefined_steps) == (19, 10, 1, (20,))
+    assert outcome.text.startswith("Toy's clip acted on 10 of 19 optimizer steps")
+    assert outcome.text.endswith("Not counted: 1 step (20) on which toy/clipped was undefined.")
+    resumed = MechanismTracker([TOY])
+    resumed.restore(json.loads(json.dumps(tracker.state())))
+    for step in range(21, 31):
+        resumed.end_step(step)
+    (outcome,) = resumed.report("toy", "grpo").outcomes
+    assert outcome.text.endswith("Not counted: 11 steps (20, 21, 22, 23, 24, ...) on which toy/clipped was undefined.")

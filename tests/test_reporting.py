@@ -80,3 +80,18 @@ def test_heldout_accuracy_every_k_steps(tokenizer, base_model):
     off = HeldOutAccuracyCallback(trainer, make_arithmetic_dataset(4, split="test"), every=0)
     off.on_step_end(None, SimpleNamespace(global_step=1, is_world_process_zero=True), None)
     assert other_rank.points == off.points == []
+
+
+def test_the_final_line_counts_the_steps_trained_this_time(capsys):
+    """Was: "done in 12.9 s (30 steps)" after resuming 20 of 30 steps (issue 46, friction)."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from trl_groupopt.trainer.reporting import ReadableProgressCallback, format_log_line
+
+    assert format_log_line({"train_runtime": 52.14}, 60, 60) == "done in 52.1 s (60 steps)"
+    callback = ReadableProgressCallback(show_bar=False)
+    state = TrainerState(global_step=20, max_steps=30)  # a resumed run: the checkpoint's state, loaded
+    callback.on_train_begin(TrainingArguments(output_dir="unused", report_to="none"), state, TrainerControl())
+    state.global_step = 30
+    callback.on_log(None, state, None, logs={"train_runtime": 12.94})
+    assert capsys.readouterr().out == "done in 12.9 s (10 steps, 21-30 of 30)\n"

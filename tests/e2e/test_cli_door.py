@@ -46,3 +46,41 @@ def test_an_error_raised_while_training_keeps_its_traceback(tmp_path, monkeypatc
             "--output_dir", str(tmp_path / "out")]  # fmt: skip
     with pytest.raises(RuntimeError, match="failed mid-run"):  # not SystemExit: the console shows the traceback
         cli.main(argv)
+
+
+def test_training_on_ones_own_file_scores_held_out_rows_and_warns_without_a_stray_source_line(tmp_path):
+    """Issue 46, friction: a user's file trained with no held-out accuracy (only the synthetic task had one), and a
+    mechanism that never acted warned with this package's `trainer.train(...)` source line under it. Now `train`
+    holds a tenth of the rows out, scores them before and after, and the warning is the report alone."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "mine.jsonl"
+    rows = [{"prompt": r["prompt"][0]["content"], "solution": str(r["answer"])} for r in make_arithmetic_dataset(120)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    command = [
+        sys.executable,
+        "-m",
+        "trl_groupopt.cli",
+        "train",
+        "--method",
+        "echo",
+        "--dataset_name",
+        str(path),
+        "--batch_epsilon",
+        "0.9",
+        *FAST,
+        "--output_dir",
+        str(out),
+    ]  # fmt: skip  (0.9: R is never clipped)
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "12 of 120 rows held out to score greedy accuracy before and after training; 108 train" in run.stdout
+    results = json.loads((out / "results.json").read_text())
+    before, after = results["accuracy_before"], results["accuracy_after"]
+    assert results["heldout_examples"] == 12 and before is not None and after is not None
+    assert f"held-out greedy accuracy (12 prompts): {before:.1%} -> {after:.1%}" in run.stdout
+    warned = [line for line in run.stderr.splitlines() if "UserWarning: ECHO's batch clip acted on 0 of 2" in line]
+    assert len(warned) == 1, run.stderr[-3000:]
+    assert "trainer.train(" not in run.stderr, run.stderr[-3000:]  # Python's source line of the warning, gone

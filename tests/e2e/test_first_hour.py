@@ -48,6 +48,7 @@ def test_readme_snippet_runs_on_cpu(tmp_path):
                           text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (tmp_path / "tiny-ECHO").is_dir()
+    assert "save_steps=500 saves inside a generation cycle" not in proc.stderr  # issue 46: no checkpoint before step 5
 
 
 def test_training_with_a_reward_that_is_always_none_stops_before_any_checkpoint(tmp_path, arithmetic):

@@ -327,3 +327,26 @@ def test_adapter_on_the_embedded_policy_records_a_portable_base(tmp_path, monkey
     auto = AutoPeftModelForCausalLM.from_pretrained(moved)
     assert all(torch.equal(p, trained[n]) for n, p in auto.named_parameters() if "lora_" in n)
     assert not portable_adapter_config(tmp_path)  # no adapter there: nothing to do
+
+
+def test_a_saved_adapter_reloads_with_auto_peft_from_any_working_directory(tmp_path, monkeypatch):
+    """Issue 46, friction: a LoRA adapter saved by a run (no push) reloaded with
+    `AutoPeftModelForCausalLM.from_pretrained(DIR)` only from the folder that holds `trl_groupopt/`: its
+    `adapter_config.json` named the base by the relative `EMBEDDED_POLICY_REFERENCE`. A local save keeps PEFT's
+    absolute path; what a push uploads names it portably (tests/hub/test_push.py)."""
+    import torch
+    from peft import AutoPeftModelForCausalLM, LoraConfig
+
+    from trl_groupopt.data.offline import EMBEDDED_POLICY_PATH
+
+    args = ECHOConfig(**cpu_config_kwargs(tmp_path / "run", num_generations=2, steps_per_generation=1))
+    trainer = ECHOTrainer(EMBEDDED_POLICY_PATH, length_reward, args=args, train_dataset=tiny_dataset(8),
+                          peft_config=LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))  # fmt: skip
+    trainer.save_model(str(tmp_path / "adapter"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
+    trained = dict(trainer.model.named_parameters())
+    lora = [(n, p) for n, p in loaded.named_parameters() if "lora_" in n]
+    assert lora and all(torch.equal(p, trained[n].detach()) for n, p in lora)

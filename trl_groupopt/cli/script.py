@@ -4,12 +4,14 @@ shaped by public argparse hooks only (docs/getting-started.md, "The command line
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import inspect
 import os
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -22,6 +24,7 @@ from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_co
 from ..data import adapters, offline, rewards
 from ..data.offline import uses_embedded_policy
 from ..methods.registry import get_method
+from ..trainer.args_check import option_problems
 from ..trainer.card import SYNTHETIC_DATASET_NAME
 from ..trainer.device import device_supports_bf16, has_accelerator
 from ..trainer.reporting import HeldOutAccuracyCallback, ReadableProgressCallback, plot_reward_accuracy, write_results
@@ -29,6 +32,7 @@ from .defaults import EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS
 
 __all__ = ["Deferred", "DemoScriptArguments", "MethodParser", "run"]
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # trl_groupopt/
 #: The reward functions the command can use, by name (``--reward_funcs``).
 REWARD_FUNCS = {"accuracy_reward": rewards.accuracy_reward, "format_reward": rewards.format_reward}
 
@@ -59,8 +63,12 @@ class DemoScriptArguments(ScriptArguments):
         choices=adapters.STRING_PROMPTS,
     )
     num_train_examples: int = _option(2000, "Synthetic task (no --dataset_name): training prompts.")
-    num_eval_examples: int = _option(200, "Synthetic task: held-out prompts for accuracy.")
-    evaluate_accuracy: bool = _option(True, "Synthetic task: held-out greedy accuracy before and after.")
+    num_eval_examples: int | None = _option(
+        None,
+        "Held-out prompts for greedy accuracy: the synthetic task's test split (default 200), or rows of "
+        "--dataset_name carved off before training (default: a tenth of its rows, at most 200; none under 100 rows).",
+    )
+    evaluate_accuracy: bool = _option(True, "Held-out greedy accuracy before and after training.")
     heldout_eval_steps: int = _option(10, "Synthetic task: held-out accuracy every this many steps too; 0: never.")
     heldout_eval_examples: int = _option(64, "Synthetic task: prompts of that curve.")
     overwrite_output_dir: bool = _option(False, "A fresh run deletes the checkpoints of an earlier run first.")
@@ -69,6 +77,10 @@ class DemoScriptArguments(ScriptArguments):
         for name in ("max_unusable_answer_fraction", "max_overlong_prompt_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"--{name} must be within [0, 1], got {getattr(self, name)}.")
+        if self.num_eval_examples is not None and self.num_eval_examples < 0:
+            raise ValueError(
+                f"--num_eval_examples must be >= 0 (0: no held-out accuracy), got {self.num_eval_examples}."
+            )
 
 
 @dataclass(frozen=True)
@@ -193,6 +205,15 @@ class MethodParser(TrlParser):
         for dest in sorted(vars(namespace), key=lambda d: d == "bf16"):  # bf16 reads use_cpu
             if isinstance(value := getattr(namespace, dest), Deferred):
                 setattr(namespace, dest, value.resolve(namespace, tiny))
+        # before any config is built: TRL's `__post_init__` would divide by a 0 count, the rest fail after the model
+        problems = option_problems(namespace, unset_ok=True)
+        if problems:
+            self.error("; ".join(f"--{name} {_cli_value(value)}: {fix}" for name, value, fix in problems) + ".")
+        weights, funcs = getattr(namespace, "reward_weights", None), getattr(namespace, "reward_funcs", None)
+        if weights is not None and funcs is not None and len(weights) != len(funcs):
+            self.error(
+                f"--reward_weights {_cli_value(weights)}: give one weight per --reward_funcs ({' '.join(funcs)})."
+            )
         return namespace, rest
 
     def parse_args_and_config(self, args: Sequence[str], *rest: Any, **kwargs: Any):
@@ -212,6 +233,10 @@ class MethodParser(TrlParser):
             keys = [flag[2:] for flag in self._flags if flag.startswith("--")]
             self.error(f"--config {self._config}: " + unknown_option([u[2:] for u in unknown], keys, "key"))
         return []
+
+
+def _cli_value(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
 def unknown_option(unknown: Sequence[str], known: Sequence[str], what: str = "option") -> str:
@@ -277,8 +302,31 @@ def _save_outputs(trainer, method, training_args, model_args, dataset_name, curv
     say(f"saved the model, README.md (card), trainer_state.json, results.json and plots in {training_args.output_dir}")
 
 
+@contextlib.contextmanager
+def plain_warnings() -> Iterator[None]:
+    """Within it, a warning attributed to the library's own code is shown without that source line (a line of this
+    package, e.g. `trainer.train(...)` below, tells a command-line user nothing); the others as Python shows them."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        inside = os.path.abspath(filename).startswith(_PACKAGE + os.sep)
+        shown(message, category, filename, lineno, file, "" if inside else line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 def run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset=None):
-    """Train `method` on the datasets the door checked; save the model, card, state and results; returns the trainer."""
+    """Train `method` on the datasets the door checked; save the model, card, state and results; returns the trainer.
+    The library's warnings meanwhile show no source line of it (:func:`plain_warnings`)."""
+    with plain_warnings():
+        return _run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset)
+
+
+def _run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset):
     if training_args.use_cpu or not torch.cuda.is_available():  # docs/getting-started.md, "Threads on CPU"
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         tiny = uses_embedded_policy(model_args.model_name_or_path)  # one thread per process, else the cores shared
@@ -291,14 +339,17 @@ def run(method, script_args, training_args, model_args, demo, train_dataset, eva
         if main:
             print(f"[{method}] {text}", flush=True)
 
-    # one process measures; the others wait at training's first collective
-    evaluate = demo and script_args.evaluate_accuracy and eval_dataset is not None and main
+    # one process measures; the others wait at training's first collective. Held-out rows: the synthetic task's for
+    # the embedded policy, those carved from the user's --dataset_name (not the synthetic task for a named model).
+    evaluate = (demo or script_args.dataset_name is not None) and script_args.evaluate_accuracy
+    evaluate = evaluate and eval_dataset is not None and main
+    decode = {} if demo else {"max_new_tokens": training_args.max_completion_length}
     curve = None
     if evaluate:
         say(f"held-out greedy accuracy before training ({len(eval_dataset)} prompts)...")
-        before = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
+        before = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset, **decode)["accuracy"]
         say(f"  {before:.1%}")
-        if script_args.heldout_eval_steps > 0:
+        if demo and script_args.heldout_eval_steps > 0:
             subset = eval_dataset.select(range(min(script_args.heldout_eval_examples, len(eval_dataset))))
             curve = HeldOutAccuracyCallback(trainer, subset, script_args.heldout_eval_steps)
             trainer.add_callback(curve)
@@ -308,7 +359,7 @@ def run(method, script_args, training_args, model_args, demo, train_dataset, eva
         say(f"resuming from {training_args.resume_from_checkpoint}")
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     if evaluate:
-        after = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset)["accuracy"]
+        after = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset, **decode)["accuracy"]
         say(f"held-out greedy accuracy ({len(eval_dataset)} prompts): {before:.1%} -> {after:.1%}")
         trainer.heldout_accuracy = {"before": before, "after": after, "num_examples": len(eval_dataset)}
     dataset_name = script_args.dataset_name or SYNTHETIC_DATASET_NAME  # the card describes the synthetic task

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 from . import offline
+from .heldout import DEFAULT_MAX_HELDOUT, carve_heldout
+from .prompts import check_fraction, check_prompt_lengths, check_prompts, flatten_text_parts
 from .rewards import extract_last_boxed
 
 __all__ = [
@@ -99,20 +100,59 @@ def check_model_path(name: str | None) -> None:
     )
 
 
+def _json_kind(value: Any) -> str:
+    return {str: "a JSON string", list: "a JSON list", bool: "a JSON boolean", type(None): "null"}.get(
+        type(value), "a JSON number"
+    )
+
+
 def _unreadable_line(path: str, as_json: bool) -> str | None:
     """The first line of a local text file that is not UTF-8 or (`as_json`, JSON Lines) not one JSON object."""
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, 1):
             try:
-                text = line.decode("utf-8")
-                if as_json and text.strip():
-                    json.loads(text)
+                text = line.decode("utf-8").rstrip("\r\n")  # the column of an error is then within this line
+                value = json.loads(text) if as_json and text.strip() else {}
             except UnicodeDecodeError as err:
                 return f"line {number} is not UTF-8 (byte {line[err.start]:#04x}): save the file as UTF-8."
             except json.JSONDecodeError as err:
                 comma = " (remove the trailing comma: one object per line)" if text.rstrip().endswith(",") else ""
-                return f"line {number} is not one JSON object: {err.msg} at column {err.colno}{comma}."
+                return f"line {number} is not one JSON object: {err.msg.removesuffix(' at')} at column {err.colno}{comma}."
+            if not isinstance(value, dict):
+                row = json.dumps(EXAMPLE_ROWS["prompt-answer"])
+                return (
+                    f"line {number} is {_json_kind(value)}, not one JSON object: write one row per line, e.g. {row}."
+                )
     return None
+
+
+def _as_columns(document: Any) -> dict[str, list] | None:
+    """A JSON document laid out as columns (``{"prompt": [...], "solution": [...]}``, equal lengths), else None. A
+    list of mappings is one row's messages, not a column."""
+    if not isinstance(document, dict) or not document or not all(isinstance(v, list) for v in document.values()):
+        return None
+    lengths = {len(v) for v in document.values()}
+    if len(lengths) != 1 or any(isinstance(x, dict) for v in document.values() for x in v):
+        return None
+    return document
+
+
+def _read_json_document(path: str) -> tuple[Any, bool]:
+    """(the dataset, or None for datasets to read it; whether the file is one JSON document) of a ``.json`` file: a
+    document laid out as columns is read here, a broken list of rows raises naming the line and the column."""
+    import datasets
+
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as err:
+        if text.lstrip().startswith("["):
+            raise ValueError(f"--dataset_name {path}: line {err.lineno} is not valid JSON: {err.msg.removesuffix(' at')} at column "
+                             f"{err.colno}.") from None  # fmt: skip
+        return None, False  # JSON Lines in a .json file (or broken ones: the line check names the line)
+    columns = _as_columns(document)
+    return (None if columns is None else datasets.Dataset.from_dict(columns)), True
 
 
 def load_raw_dataset(name: str, config: str | None = None, split: str = "train"):
@@ -134,11 +174,16 @@ def load_raw_dataset(name: str, config: str | None = None, split: str = "train")
                     f"--dataset_name {name} is empty: there is nothing to train on. Give one row per line, e.g. {row}"
                 )
         problem = None if builder == "parquet" else _unreadable_line(name, as_json=False)
+        columns, document = (
+            _read_json_document(name) if problem is None and name.lower().endswith(".json") else (None, True)
+        )
+        if columns is not None:
+            return columns
         try:
             if problem is None:
                 return datasets.load_dataset(builder, data_files=name, split="train")
         except Exception as err:  # datasets' own errors name neither the file nor the line
-            line = _unreadable_line(name, as_json=name.lower().endswith(".jsonl"))
+            line = _unreadable_line(name, as_json=name.lower().endswith(".jsonl") or not document)
             problem = line or f"no rows could be read as {builder} ({err})."
         raise ValueError(f"--dataset_name {name}: {problem}")
     if os.path.isdir(name) and {"dataset_info.json", "dataset_dict.json"} & set(os.listdir(name)):  # save_to_disk
@@ -155,38 +200,6 @@ def load_raw_dataset(name: str, config: str | None = None, split: str = "train")
     elif _looks_local(name) or name.lower().endswith(tuple(LOCAL_DATA_BUILDERS)):
         raise FileNotFoundError(f"--dataset_name {name!r}: no such file or folder.")
     return datasets.load_dataset(name, config, split=split)
-
-
-def _message_problem(messages: list) -> str | None:
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not {"role", "content"} <= set(message):
-            return f"message {i} is not a {{'role', 'content'}} mapping"
-        if not isinstance(message["content"], str | list):
-            return f"message {i} has content {message['content']!r}, not text"
-    return None
-
-
-def check_prompts(prompts: Sequence[Any], column: str, source: str, messages_allowed: bool) -> None:
-    """Each prompt is a string or (`messages_allowed`) a list of ``{"role", "content"}`` messages with text content,
-    all in one form, not all empty: checked row by row, before any conversion."""
-    forms: dict[str, int] = {}
-    for row, prompt in enumerate(prompts):
-        if isinstance(prompt, list) and prompt and messages_allowed:
-            problem = _message_problem(prompt)
-            forms.setdefault("a list of messages", row)
-        else:
-            problem = None if isinstance(prompt, str) else f"is {prompt!r}, not a string"
-            forms.setdefault("a string", row)
-        if problem is not None:
-            raise ValueError(f"{source}: row {row}: {column!r} {problem}. Fix or drop that row.")
-    if len(forms) > 1:
-        rows = " and ".join(f"row {row} holds {form}" for form, row in forms.items())
-        raise ValueError(
-            f"{source}: {column!r} mixes forms ({rows}): write every prompt the same way, "
-            "as a string or as [{'role': 'user', 'content': ...}]."
-        )
-    if all(isinstance(p, str) and not p.strip() for p in prompts):
-        raise ValueError(f"{source}: every {column!r} is empty: there is nothing to prompt with.")
 
 
 def check_columns(columns: list[str], dataset_format: str) -> None:
@@ -225,16 +238,6 @@ def readable_gold(value: Any) -> bool:
         return bool(parse(str(value), extraction_mode="first_match"))
 
 
-def check_fraction(bad: list[int], total: int, what: str, name: str, option: str, limit: float, fix: str) -> None:
-    """More than `limit` of `total` rows in `bad` raises naming `option`; fewer warns; none passes."""
-    if not bad:
-        return
-    message = f"--dataset_name {name}: {len(bad)} of {total} rows ({len(bad) / total:.1%}) {what}"
-    if len(bad) / total > limit:
-        raise ValueError(f"{message}. That is more than --{option} {limit}: {fix} (or raise --{option}).")
-    warnings.warn(f"{message}. Training goes on without them; to use them, {fix}.", UserWarning, stacklevel=3)
-
-
 def check_answers(raw, converted, dataset_format: str, name: str, max_fraction: float) -> None:
     """Rows whose gold answer the accuracy reward cannot use, against ``--max_unusable_answer_fraction``."""
     column = FORMAT_COLUMNS[dataset_format][1]
@@ -250,27 +253,9 @@ def check_answers(raw, converted, dataset_format: str, name: str, max_fraction: 
     if other:
         parts.append(f"{len(other)} without {marker} (e.g. row {other[0]}: {str(answers[other[0]])[-60:]!r})")
     fix = "fix those rows or drop them" + (", or choose the --dataset_format that matches" if empty != bad else "")
-    what = f"have no usable answer in {column!r} ({', '.join(parts)}); they get no reward"
-    check_fraction(bad, len(answers), what, name, "max_unusable_answer_fraction", max_fraction, fix)
-
-
-def check_prompt_lengths(data, name: str, tokenizer, context: int | None, completion: int, limit: float) -> None:
-    """Prompts longer than the model's context leaves room for, against ``--max_overlong_prompt_fraction``."""
-    if context is None:
-        return
-    texts = [
-        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if isinstance(p, list) else p
-        for p in data["prompt"]
-    ]
-    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-    bad = [i for i, n in enumerate(lengths) if n > context - completion]
-    example = f"; e.g. row {bad[0]}: {lengths[bad[0]]} tokens" if bad else ""
-    what = (
-        f"have prompts longer than the {context - completion} tokens the model's context leaves ({context} "
-        f"positions minus --max_completion_length {completion}){example}"
-    )
-    fix = "shorten or drop those rows, or lower --max_completion_length"
-    check_fraction(bad, len(lengths), what, name, "max_overlong_prompt_fraction", limit, fix)
+    what = f"have no usable answer in {column!r} ({', '.join(parts)})"
+    outcome = "They stay in the training data, and the accuracy reward scores them None (no learning signal)"
+    check_fraction(bad, len(answers), what, name, "max_unusable_answer_fraction", max_fraction, fix, outcome)
 
 
 def prepare_prompts(data, name: str, tokenizer, mode: str):
@@ -284,7 +269,7 @@ def prepare_prompts(data, name: str, tokenizer, mode: str):
         warnings.warn(
             f"--dataset_name {name}: 'prompt' holds plain strings that bypass the tokenizer's chat template: the model"
             " continues the raw text (no reward). Use --string_prompts user_message or write prompts as messages.",
-            stacklevel=2,
+            stacklevel=3,
         )
         return data
     if os.environ.get("RANK", "0") == "0":
@@ -296,11 +281,13 @@ def prepare_prompts(data, name: str, tokenizer, mode: str):
 
 
 def load_datasets(script_args, model_args, training_args=None):
-    """(train, held-out) datasets: the synthetic task's splits, or ``--dataset_name`` checked (held-out None), its
-    prompts wrapped for the chat template and measured (with `training_args`) by the tokenizer, never the model."""
+    """(train, held-out) datasets: the synthetic task's splits, or ``--dataset_name`` checked, its prompts wrapped for
+    the chat template and measured (with `training_args`) by the tokenizer, never the model, its over-long rows
+    dropped and its held-out rows carved off (`trl_groupopt.data.heldout`)."""
     if script_args.dataset_name is None:
         train = offline.make_arithmetic_dataset(script_args.num_train_examples, seed=0, split="train")
-        return train, offline.make_arithmetic_dataset(script_args.num_eval_examples, seed=0, split="test")
+        size = DEFAULT_MAX_HELDOUT if script_args.num_eval_examples is None else script_args.num_eval_examples
+        return train, offline.make_arithmetic_dataset(size, seed=0, split="test")
     name, form = script_args.dataset_name, script_args.dataset_format
     raw = load_raw_dataset(name, script_args.dataset_config, script_args.dataset_train_split)
     if len(raw) == 0:
@@ -310,14 +297,19 @@ def load_datasets(script_args, model_args, training_args=None):
     check_prompts(raw[column], column, f"--dataset_name {name}", messages_allowed=form == "prompt-answer")
     data = to_prompt_solution(raw, form)
     check_answers(raw, data, form, name, script_args.max_unusable_answer_fraction)
+    if any(isinstance(p, list) and any(isinstance(m["content"], list) for m in p) for p in data["prompt"]):
+        data = data.map(flatten_text_parts)
     from transformers import AutoConfig, AutoTokenizer
 
     model, remote = model_args.model_name_or_path, bool(training_args and training_args.trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(model, revision=model_args.model_revision, trust_remote_code=remote)
     data = prepare_prompts(data, name, tokenizer, script_args.string_prompts)
-    if training_args is not None:
-        config = AutoConfig.from_pretrained(model, revision=model_args.model_revision, trust_remote_code=remote)
-        context = getattr(config.get_text_config(), "max_position_embeddings", None)
-        completion, limit = training_args.max_completion_length, script_args.max_overlong_prompt_fraction
-        check_prompt_lengths(data, name, tokenizer, context, completion, limit)
-    return data, None
+    if training_args is None:
+        return data, None
+    config = AutoConfig.from_pretrained(model, revision=model_args.model_revision, trust_remote_code=remote)
+    context = getattr(config.get_text_config(), "max_position_embeddings", None)
+    completion, limit = training_args.max_completion_length, script_args.max_overlong_prompt_fraction
+    overlong = set(check_prompt_lengths(data, name, tokenizer, context, completion, limit))
+    if overlong:  # the warning says they are dropped: the trainer never sees them
+        data = data.select([i for i in range(len(data)) if i not in overlong])
+    return carve_heldout(data, name, script_args.num_eval_examples, script_args.evaluate_accuracy)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from trl.trainer.utils import get_callable_name, is_async_callable
 
-from .adapters import check_prompts
+from .prompts import check_prompts
 
 #: Keyword arguments GRPOTrainer passes to every reward function besides the dataset columns
 #: (``GRPOTrainer._calculate_rewards``; ``environments`` only with an ``environment_factory``).
@@ -132,6 +132,43 @@ def check_finite_rewards(rewards_per_func: torch.Tensor, func_names: Sequence[st
         f"Reward function {func_names[column]!r} returned {rewards_per_func[row, column].item()} for completion {row} "
         f"of the generation batch ({int(infinite.sum())} infinite reward(s) in this batch). Rewards must be finite "
         "numbers within float32's range (|r| < 3.4e38); return None (or NaN) for a completion it cannot score."
+    )
+
+
+def _overflows(grouped: torch.Tensor) -> torch.Tensor:
+    """(K,) True where float32 cannot take the mean and standard deviation of a group's scored values (K, G)."""
+    from trl.trainer.utils import nanstd  # TRL's own, as its advantage code calls it
+
+    scored = (~torch.isnan(grouped)).sum(dim=1)  # (K,)
+    mean, std = torch.nanmean(grouped, dim=1), nanstd(grouped, dim=1)  # (K,), NaN below 1 / 2 scored values
+    return ((scored >= 1) & ~torch.isfinite(mean)) | ((scored >= 2) & ~torch.isfinite(std))
+
+
+def check_reward_scale(trainer: Any, rewards_per_func: torch.Tensor) -> None:
+    """Raise naming the reward function when float32 cannot centre (and scale) the (N, F) rewards of a generation
+    batch per group, as TRL's advantage code does: finite rewards near float32's limit overflow the group's mean or
+    standard deviation, TRL's `nan_to_num` then turns every advantage into 0, and the run trains nothing."""
+    group = trainer.group_size
+    weighted = rewards_per_func * trainer.reward_weights.to(rewards_per_func.device).unsqueeze(0)  # (N, F)
+    if trainer.multi_objective_aggregation == "normalize_then_sum":  # each function is centred on its own
+        bad = [k for k in range(weighted.shape[1]) if bool(_overflows(rewards_per_func[:, k].view(-1, group)).any())]
+    else:  # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): the weighted sum, centred per group
+        total = weighted.nansum(dim=1)
+        total[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        bad = (
+            [int(weighted.nan_to_num(0.0).abs().amax(dim=0).argmax())]
+            if bool(_overflows(total.view(-1, group)).any())
+            else []
+        )
+    if not bad:
+        return
+    column, limit = bad[0], (torch.finfo(torch.float32).max / (4 * group)) ** 0.5
+    largest = weighted[:, column].nan_to_num(0.0).abs().max().item()
+    raise ValueError(
+        f"Reward function {trainer.reward_func_names[column]!r} returned rewards so large (|reward x weight| up to "
+        f"{largest:.3g}) that float32 cannot take their group mean and standard deviation (groups of {group}): "
+        "every advantage would be 0 and nothing would be learnt. Rescale the reward so that |reward x weight| "
+        f"stays below {limit:.1e} (dividing every reward by one constant changes no scaled advantage)."
     )
 
 

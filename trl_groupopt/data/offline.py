@@ -143,8 +143,11 @@ CHAT_TEMPLATE = (
 
 def build_tokenizer():
     """The task's ``PreTrainedTokenizerFast``: a ``WordLevel`` model over ~70 symbols; ``decode(encode(s)) == s`` for
-    text inside the vocabulary, any other character is one ``<unk>``. No post-processor: the chat template writes
-    ``<bos>`` itself, so ``add_special_tokens`` never doubles it."""
+    text inside the vocabulary, any other character is one ``<unk>`` (capitals too, but in ``Compute``). The
+    vocabulary is the shipped policies' (``scripts/build_tiny_policy.py``): a new symbol would need new embedding and
+    output rows, i.e. a retrained policy, so the training command's data door warns instead, naming the characters a
+    user's prompts hold that it cannot encode (`trl_groupopt.data.prompts`). No post-processor: the chat template
+    writes ``<bos>`` itself, so ``add_special_tokens`` never doubles it."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -229,7 +232,9 @@ def greedy_accuracy(
     with torch.no_grad():
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start : start + batch_size]
-            texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in chunk]
+            # a string prompt as the trainer sends it; messages through the chat template
+            texts = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False,
+                     add_generation_prompt=True) for p in chunk]  # fmt: skip
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
             out = model.generate(**enc, **gen_kwargs)

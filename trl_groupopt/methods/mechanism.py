@@ -4,7 +4,7 @@ the run's report. Pure Python: no torch, no TRL."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,14 +66,28 @@ class Mechanism:
         return bool(self.acts(*args))
 
 
+#: The optimizer steps an outcome names among those its metric was undefined on (it counts them all).
+SHOWN_UNDEFINED_STEPS = 5
+
+
+def _steps_text(count: int, steps: Sequence[int]) -> str:
+    """``1 step (20)``, ``3 steps (4, 9 and 20)``, ``12 steps (1, 2, 3, 4, 5, ...)``."""
+    shown = [str(s) for s in steps[:SHOWN_UNDEFINED_STEPS]]
+    listed = ", ".join(shown) + ", ..." if count > len(shown) else " and ".join([", ".join(shown[:-1]), shown[-1]])
+    return f"{count} step{'s' * (count != 1)} ({listed.removeprefix(' and ')})"
+
+
 @dataclass
 class MechanismOutcome:
-    """One mechanism over one run: on how many measured optimizer steps it acted."""
+    """One mechanism over one run: on how many measured optimizer steps it acted, and on how many (which) its metric
+    was undefined (NaN or not logged: not counted)."""
 
     mechanism: Mechanism
     steps: int = 0
     acted: int = 0
     observed: dict[str, tuple[float, float] | float] = field(default_factory=dict)  # label -> (min, max) or mean
+    undefined: int = 0
+    undefined_steps: tuple[int, ...] = ()  # the first of them
 
     @property
     def never_acted(self) -> bool:
@@ -92,6 +106,9 @@ class MechanismOutcome:
             text = f"{head}: {m.what} on {self.acted / self.steps:.0%} of them."
         else:
             text = f"{head}: {m.inert}; to make it act, {m.hint}."
+        if self.undefined:
+            keys = " or ".join(m.keys)
+            text += f" Not counted: {_steps_text(self.undefined, self.undefined_steps)} on which {keys} was undefined."
         verdict = m.verdict(self.observed) if m.verdict is not None else None
         return f"{text} {verdict}" if verdict else text
 
@@ -99,7 +116,8 @@ class MechanismOutcome:
         m, fraction = self.mechanism, self.acted / self.steps if self.steps else None
         observed = {k: list(v) if isinstance(v, tuple) else v for k, v in self.observed.items()}
         return {"method": m.method, "mechanism": m.name, "acted_means": m.what, "metric": m.metric, "steps": self.steps,
-                "acted": self.acted, "fraction": fraction, "observed": observed, "text": self.text}  # fmt: skip
+                "acted": self.acted, "fraction": fraction, "observed": observed, "undefined": self.undefined,
+                "undefined_steps": list(self.undefined_steps), "text": self.text}  # fmt: skip
 
 
 @dataclass
@@ -137,15 +155,22 @@ class MechanismTracker:
     def reset(self) -> None:
         self._step: dict[str, list[float]] = {}  # key -> this step's finite micro-batch values
         self._counts = {m.method: [0, 0] for m in self.mechanisms}  # method -> [steps measured, steps acted]
+        self._undefined = {m.method: [0, []] for m in self.mechanisms}  # method -> [steps, the first of them]
         self._values: dict[str, list[float]] = {}  # key -> [min, max, sum, count] over the run
+        self._closed = 0  # optimizer steps closed
 
     def state(self) -> dict[str, Any]:
-        return {"counts": {k: list(v) for k, v in self._counts.items()}, "values": dict(self._values)}
+        return {"counts": {k: list(v) for k, v in self._counts.items()}, "values": dict(self._values),
+                "undefined": {k: [v[0], list(v[1])] for k, v in self._undefined.items()}, "closed": self._closed}  # fmt: skip
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.reset()
         self._counts.update({k: list(v) for k, v in state.get("counts", {}).items() if k in self._counts})
         self._values.update({k: list(v) for k, v in state.get("values", {}).items() if k in self.keys})
+        self._undefined.update({k: [v[0], list(v[1])] for k, v in state.get("undefined", {}).items()
+                                if k in self._undefined})  # fmt: skip
+        steps = (self._counts[k][0] + self._undefined[k][0] for k in self._counts)  # an older state: no "closed"
+        self._closed = int(state.get("closed", max(steps, default=0)))
 
     def record(self, key: str, value: float) -> None:
         if key not in self.keys or value is None or math.isnan(value):
@@ -154,15 +179,21 @@ class MechanismTracker:
         low, high, total, count = self._values.get(key, [value, value, 0.0, 0])
         self._values[key] = [min(low, value), max(high, value), total + value, count + 1]
 
-    def end_step(self) -> dict[str, float]:
-        """Close an optimizer step; returns ``{acted/<method>: 1.0 or 0.0}`` for the mechanisms it measured."""
+    def end_step(self, step: int | None = None) -> dict[str, float]:
+        """Close optimizer step `step` (None: the next one); returns ``{acted/<method>: 1.0 or 0.0}`` for the
+        mechanisms it measured, and counts it as undefined for the others."""
         means = {key: sum(values) / len(values) for key, values in self._step.items()}
+        self._closed = self._closed + 1 if step is None else step
         self._step, logged = {}, {}
         for m in self.mechanisms:
             if (acted := m.acted_on(means)) is not None:
                 self._counts[m.method][0] += 1
                 self._counts[m.method][1] += acted
                 logged[m.metric] = float(acted)
+            else:
+                undefined = self._undefined[m.method]
+                undefined[0] += 1
+                undefined[1] = [*undefined[1], self._closed][:SHOWN_UNDEFINED_STEPS]
         return logged
 
     def report(self, method: str, advantage_estimator: str) -> MechanismReport:
@@ -170,5 +201,7 @@ class MechanismTracker:
         for m in self.mechanisms:
             found = [(item, self._values[item.key]) for item in m.observed if self._values.get(item.key)]
             observed = {item.label: (v[0], v[1]) if item.stat == "range" else v[2] / v[3] for item, v in found}
-            outcomes.append(MechanismOutcome(m, *self._counts[m.method], observed=observed))
+            undefined, first = self._undefined[m.method]
+            outcomes.append(MechanismOutcome(m, *self._counts[m.method], observed=observed, undefined=undefined,
+                                             undefined_steps=tuple(first)))  # fmt: skip
         return MechanismReport(method, advantage_estimator, outcomes)

@@ -207,6 +207,7 @@ class GroupOptTrainer(GRPOTrainer):
         # Environment-owned rewards (`get_reward`) are one more column of TRL's (N_global, F) matrix, with weight 1.
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         checks.check_finite_rewards(rewards_per_func, self.reward_func_names)  # +-inf fails, naming the function
+        checks.check_reward_scale(self, rewards_per_func)  # so large that the group mean overflows: fails, naming it
         checks.watch_all_none_rewards(self, rewards_per_func, inputs)  # warn (then stop, for the method configs)
         self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
         return rewards_per_func
@@ -303,7 +304,8 @@ class GroupOptTrainer(GRPOTrainer):
         if self.args.should_save:
             from .card import portable_adapter_config
 
-            portable_adapter_config(output_dir)  # an adapter on the embedded policy: its base by a portable name
+            if self.args.push_to_hub:  # what the Hub gets names the embedded policy portably; a local folder keeps
+                portable_adapter_config(output_dir)  # PEFT's absolute path, which loads from any working directory
             self.create_model_card(output_dir=output_dir)
 
     def _save_checkpoint(self, model, trial) -> None:

@@ -15,6 +15,7 @@ from transformers import TrainingArguments
 from ..core.estimators import DEFAULT_ESTIMATOR, ESTIMATORS, AdvantageEstimator, estimator_of
 from ..data.checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
 from ..methods.registry import load_estimators
+from .args_check import check_before_post_init
 from .device import device_supports_bf16
 
 _WITHHOLD_TOKENS: ContextVar[bool] = ContextVar("trl_groupopt_withhold_tokens", default=False)
@@ -69,6 +70,7 @@ class TokenSafeConfigMixin:
     )
 
     def __post_init__(self):
+        check_before_post_init(type(self).__name__, self)  # the batch counts TRL's `__post_init__` divides by
         # TRL's `_BaseConfig.__post_init__` turns an unset bf16 into True, which transformers then rejects on a
         # CPU-only machine ("Your setup doesn't support bf16/gpu"). Decide first: bf16 only where the device has it.
         if self.bf16 is None:

@@ -47,7 +47,7 @@ class MechanismReportCallback(TrainerCallback, ExportableState):
 
     def on_step_end(self, args, state, control, **kwargs):
         # before the step's log: `on_step_end` precedes `_maybe_log_save_evaluate`
-        self.pending += self.tracker.end_step().items()
+        self.pending += self.tracker.end_step(getattr(state, "global_step", None)).items()
 
     def report(self) -> MechanismReport:
         return self.tracker.report(self.method or "", self.advantage_estimator)

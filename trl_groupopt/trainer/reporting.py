@@ -30,11 +30,15 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def format_log_line(logs: dict[str, Any], step: int, max_steps: int, headline_metric: str | None = None) -> str:
+def format_log_line(logs: dict[str, Any], step: int, max_steps: int, headline_metric: str | None = None,
+                    start_step: int = 0) -> str:  # fmt: skip
     """One line per log event, the same fields in the same order (``step  10/60 | reward 0.412 | acc 0.312 | loss
-    -0.0104 | len 30.1 | echo/batch_clipped 0 | 3.9 s/step``); the final summary: ``done in 52.1 s (60 steps)``."""
+    -0.0104 | len 30.1 | echo/batch_clipped 0 | 3.9 s/step``); the final summary: ``done in 52.1 s (60 steps)``, or
+    after resuming at step 20 (`start_step`): ``done in 12.9 s (10 steps, 21-30 of 30)``."""
     if "train_runtime" in logs:
-        return f"done in {logs['train_runtime']:.1f} s ({step} steps)"
+        if not start_step:
+            return f"done in {logs['train_runtime']:.1f} s ({step} steps)"
+        return f"done in {logs['train_runtime']:.1f} s ({step - start_step} steps, {start_step + 1}-{step} of {max_steps})"
     keys = _LINE_KEYS + (((headline_metric, headline_metric),) if headline_metric else ())
     parts = [f"step {step:>{len(str(max_steps))}}/{max_steps}"]
     parts += [f"{label} {_fmt(logs[key])}" for label, key in keys if key in logs]
@@ -48,9 +52,10 @@ class ReadableProgressCallback(ProgressCallback):
 
     def __init__(self, headline_metric: str | None = None, show_bar: bool = True):
         super().__init__()
-        self.headline_metric, self.show_bar = headline_metric, show_bar
+        self.headline_metric, self.show_bar, self.start_step = headline_metric, show_bar, 0
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.start_step = state.global_step  # > 0 when resumed: the checkpoint's state is loaded by now
         if self.show_bar:
             super().on_train_begin(args, state, control, **kwargs)
 
@@ -60,7 +65,7 @@ class ReadableProgressCallback(ProgressCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
-            line = format_log_line(logs, state.global_step, state.max_steps, self.headline_metric)
+            line = format_log_line(logs, state.global_step, state.max_steps, self.headline_metric, self.start_step)
             if self.training_bar is not None:
                 self.training_bar.write(line)
             else:
@@ -143,6 +148,7 @@ def _draw_mechanism(ax, log_history: Sequence[dict[str, Any]], report) -> None:
             ax.plot(*zip(*acted), linestyle="none", marker="x", markersize=5, color="black",
                     label=f"{mechanism.metric} (share of the logged steps)")  # fmt: skip
     ax.set_title("\n".join(f"{o.mechanism.name}: acted on {o.acted} of {o.steps} optimizer steps"
+                           + (f" ({o.undefined} more undefined)" if o.undefined else "")
                            for o in report.outcomes), fontsize=9)  # fmt: skip
     ax.set_xlabel("optimizer step")
     ax.grid(alpha=0.3)

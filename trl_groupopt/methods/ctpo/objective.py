@@ -65,9 +65,10 @@ def validate_ctpo(
 ) -> None:
     """Raise, naming the fix, unless `ctpo_loss` can take these (`CTPOConfig` runs it once; `names`: `common.named`)."""
     check_positive(
-        **named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high, dual_clip=dual_clip),
+        **named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high),
         reason=" for CTPO (a log-space bound)",
     )
+    check_positive(finite=True, reason=" for CTPO (a log-space bound)", **named(names, dual_clip=dual_clip))
     mode_name, power_name = names_of(names, "ratio_mode", "position_power")
     check_choice(mode_name, ratio_mode, RATIO_MODES)
     if not math.isfinite(position_power):

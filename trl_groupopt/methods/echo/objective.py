@@ -124,7 +124,10 @@ def validate_echo(
     """Raise unless every clip width is > 0 (`ECHOConfig` runs it once; `names`: see `common.named`).
     ``batch_epsilon_low >= 1`` is allowed here: no lower batch bound."""
     widths = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, batch_epsilon_low=batch_epsilon_low)
-    check_positive(**named(names, **widths, batch_epsilon_high=batch_epsilon_high))
+    check_positive(**named(names, **widths))
+    check_positive(
+        finite=True, reason=" (the upper batch bound is 1 + it)", **named(names, batch_epsilon_high=batch_epsilon_high)
+    )
 
 
 def echo_batch_ratio_coupling(
