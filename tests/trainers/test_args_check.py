@@ -110,7 +110,7 @@ TRL_RAISES_FIRST = {("grpo", "num_generations")}
 
 
 @pytest.mark.parametrize("option,value", [(o, v) for o, values in MORE_BAD.items() for v in values])
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_every_generic_option_is_refused_before_the_model_loads(method, option, value, tmp_path):
     if (method, option) in TRL_RAISES_FIRST:
         pytest.skip("TRL's GRPOConfig raises first; the command line refuses it at parse")

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tests.helpers import method_config, tiny_dataset, tiny_model, tiny_tokenizer
-from trl_groupopt import METHODS, get_method
+from tests.selection import tested_methods
+from trl_groupopt import get_method
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def _score(method, tmp_path, tiny, reward, **overrides):
     return trainer._generate_and_score_completions([tiny_dataset(8)[i // 4] for i in range(8)])
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", tested_methods())
 def test_a_reward_too_large_to_centre_is_refused_naming_the_function(method, tmp_path, tiny):
     with pytest.raises(ValueError, match=r"^Reward function 'huge_reward' returned rewards so large .*up to 3e\+38.* "
                        r"every advantage would be 0 .*stays below 4\.6e\+18"):  # fmt: skip
