@@ -26,7 +26,7 @@ from ..runfolder.lock import RunLock
 from ..runfolder.resume import disk_full_explained, missing_keys_to_report, prepare_train, run_record
 from . import batching, guard, loss
 from .args_check import check_numeric_args
-from .compat import check_loss_routed_through_compute_loss, dropping_trl_warning
+from .compat import check_loss_routed_through_compute_loss, check_trl_scores_tokens, dropping_trl_warning
 from .config import estimator_knobs, tokens_withheld
 from .energy import EnergyCapture
 from .metrics import MetricsQueue
@@ -92,6 +92,7 @@ class GroupOptTrainer(GRPOTrainer):
             args = self.config_class(f"{model_name.split('/')[-1]}-{self._name.split()[0]}")
         self.validate_args(args)
         check_loss_routed_through_compute_loss(type(self), bool(args.use_liger_kernel))
+        check_trl_scores_tokens()  # trl 1.15.0 without Triton (CPU builds of torch) has no log-prob kernel
         # Reward functions come back wrapped so a non-number fails with their name.
         reward_funcs = checks.prepare_trainer_inputs(reward_funcs, train_dataset, environment_factory)
         self._metrics_queue = MetricsQueue()

@@ -51,3 +51,20 @@ def dropping_trl_warning(text: str | None) -> Iterator[list[logging.LogRecord]]:
         yield dropped
     finally:
         trl_logger.removeFilter(keep)
+
+
+def check_trl_scores_tokens() -> None:
+    """Raise if TRL's fused LM head has no kernel here: TRL 1.15 computes every log-probability with a Triton kernel
+    only, so without Triton (PyTorch's CPU builds) its first loss would fail on `None.apply`. TRL 1.16 computes them
+    in torch where Triton is missing."""
+    import trl
+    import trl.trainer.utils as trl_utils
+
+    # mirrors trl.trainer.utils._ChunkedLogProbFunction (trl 1.15.0): None when its Triton import failed
+    if trl_utils._ChunkedLogProbFunction is None:
+        raise ValueError(
+            f"TRL {trl.__version__} computes log-probabilities with a Triton kernel only, and Triton is not installed "
+            "(PyTorch ships it with its CUDA builds for Linux): no GRPOTrainer can compute a loss on this machine. "
+            "Install trl>=1.16,<1.17 (which computes them in torch without Triton), or run on a GPU machine with "
+            "a CUDA build of torch."
+        )
