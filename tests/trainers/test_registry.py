@@ -38,7 +38,11 @@ from trl_groupopt.methods import registry as methods
 from trl_groupopt.methods.registry import unregister_method
 
 DOC = REPO_ROOT / "docs" / "adding-a-method.md"
-TOY_FILES = ("trl_groupopt/methods/toy/objective.py", "trl_groupopt/methods/toy/trainer.py", "trl_groupopt/methods/toy/spec.py")
+TOY_FILES = (
+    "trl_groupopt/methods/toy/objective.py",
+    "trl_groupopt/methods/toy/trainer.py",
+    "trl_groupopt/methods/toy/spec.py",
+)
 
 
 def doc_code_files() -> dict[str, str]:
@@ -80,7 +84,10 @@ def test_the_toy_is_four_files_and_the_doc_says_so(toy):
     """Files 1-3 are the doc's code; the spec names the classes (exported from there), the trainer overrides only
     `objective`, and the method's name is written once (the mechanism's comes from the spec)."""
     trainer_class, config_class = toy.trainer_class, toy.config_class
-    assert toy.exports == {"ToyTrainer": "trl_groupopt.methods.toy.trainer", "ToyConfig": "trl_groupopt.methods.toy.trainer"}
+    assert toy.exports == {
+        "ToyTrainer": "trl_groupopt.methods.toy.trainer",
+        "ToyConfig": "trl_groupopt.methods.toy.trainer",
+    }
     own = {name for name in vars(trainer_class) if not name.startswith("__")} - {"has_own_objective"}  # derived
     assert own == {"config_class", "objective"}
     assert config_class is trainer_class.config_class and toy.mechanism.method == "toy"
