@@ -681,7 +681,8 @@ def test_equal_rewards_give_zero_loss_and_gradient(energy_scale, reward, zero_ta
     rewards[37:42] = float("nan")  # group 5: 2 members (so does an unscorable row)
     energy = torch.rand(B, T, generator=gen, dtype=torch.float64) * 1.5 * energy_scale
     weights = torch.rand(B, T, generator=gen, dtype=torch.float64) + 0.5
-    advantages = otb_advantages(rewards, energy, mask, groups_of(ids), handle_zero_tail=zero_tail, token_positions=positions,
+    groups = groups_of(ids)
+    advantages = otb_advantages(rewards, energy, mask, groups, handle_zero_tail=zero_tail, token_positions=positions,
                                 importance_weights=weights)  # fmt: skip
     assert bool((advantages == 0).all()), advantages.abs().max()
 

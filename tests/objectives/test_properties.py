@@ -716,7 +716,8 @@ def test_dfpo_unclipped_with_is_weights(case, transform, weights_kind, loss_type
     if weights_kind != "none":
         size = (batch, 1) if weights_kind == "sequence" else (batch, length)
         weights = 3 * torch.rand(size, generator=gen) * (torch.rand(size, generator=gen) < 0.8)
-    out = dfpo_loss(leaf, old, adv, mask, groups_of(case.group_ids), transform=transform, epsilon_low=0.2, epsilon_high=0.28,
+    groups = groups_of(case.group_ids)
+    out = dfpo_loss(leaf, old, adv, mask, groups, transform=transform, epsilon_low=0.2, epsilon_high=0.28,
                     orthogonal_over="unclipped", importance_weights=weights, loss_type=loss_type)  # fmt: skip
     check_loss_and_grad(out.per_token_loss, leaf, mask, zero_at_mask=False, out_dtype=compute_dtype_of(tc.dtype))
     residual = out.metrics["dfpo/cancellation_residual"]

@@ -171,7 +171,8 @@ def test_multiplying_the_mask_after_the_objective_does_not_cancel():
     kept = DFPOTrainer.get_off_policy_mask(adv.unsqueeze(1), logp, inputs["old_per_token_logps"], mask,
                                            OFF_POLICY_THRESHOLD)  # fmt: skip
     leaf = logp.clone().requires_grad_(True)
-    out = dfpo_loss(leaf, inputs["old_per_token_logps"], adv, mask, groups_of(gids), transform="orth_proj", epsilon_low=EPS_LOW,
+    groups = groups_of(gids)
+    out = dfpo_loss(leaf, inputs["old_per_token_logps"], adv, mask, groups, transform="orth_proj", epsilon_low=EPS_LOW,
                     epsilon_high=EPS_HIGH)  # fmt: skip
     ((out.per_token_loss * kept * mask).sum() / mask.sum()).backward()
     shared, gross = _shared(leaf.grad, gids)

@@ -215,12 +215,7 @@ class GroupOptTrainer(TRLHooks):
             if mode == "train":
                 normalizer = normalizer * accumulation / self.args.steps_per_generation
         loss, policy_loss = aggregate(  # (), ()
-            per_token_loss,
-            mask,
-            self.loss_type,
-            accumulation=accumulation,
-            max_completion_length=self.max_completion_length,
-            normalizer=normalizer,
+            per_token_loss, mask, self.loss_type, accumulation, self.max_completion_length, normalizer
         )
         if self._entropy_bonus_enabled:
             effective_mask = mask if batch.weights.entropy_mask is None else mask * batch.weights.entropy_mask

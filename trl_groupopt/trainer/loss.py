@@ -78,17 +78,11 @@ def k3_kl(per_token_logps: Tensor, ref_per_token_logps: Tensor) -> Tensor:
 
 
 def aggregate(
-    per_token_loss: Tensor,
-    mask: Tensor,
-    loss_type: str,
-    *,
-    accumulation: float,
-    max_completion_length: int,
-    normalizer: Tensor | None = None,
+    per_token_loss: Tensor, mask: Tensor, loss_type: str, accumulation: float, max_length: int, normalizer=None
 ) -> tuple[Tensor, Tensor]:
     """TRL 1.16's `loss_type` aggregation, scaled for gradient accumulation: (loss, detached policy loss), 0-dim.
-    ``normalizer``: "dapo"'s token count of one accumulation window on one process, which already holds the
-    accumulation."""
+    ``max_length``: `max_completion_length` ("dr_grpo"); ``normalizer``: "dapo"'s 0-dim token count of one
+    accumulation window on one process, which already holds the accumulation."""
     # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `loss_type` branches (grpo, bnpo, dr_grpo, dapo, luspo)
     masked = per_token_loss * mask  # (B, T)
     if loss_type == "dapo":
@@ -99,7 +93,7 @@ def aggregate(
     elif loss_type == "bnpo":
         loss = masked.sum() / mask.sum().clamp(min=1.0)
     elif loss_type == "dr_grpo":
-        loss = masked.sum() / (per_token_loss.size(0) * max_completion_length)
+        loss = masked.sum() / (per_token_loss.size(0) * max_length)
     else:  # "luspo": `validate_args` admits SUPPORTED_LOSS_TYPES only
         loss = masked.sum(-1).mean()
     return loss / accumulation, loss.detach()

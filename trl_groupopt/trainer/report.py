@@ -56,7 +56,7 @@ class MechanismReportCallback(TrainerCallback, ExportableState):
         report = self.report()
         if state.is_world_process_zero:
             if report.never_acted:
-                warnings.warn(report.text, UserWarning, stacklevel=2)
+                warnings.warn(report.text, UserWarning, stacklevel=1)
             else:
                 print(report.text, flush=True)
 
