@@ -66,8 +66,7 @@ def variants() -> list[Variant]:
 
     out = [Variant(BASELINE, None, {}, "TRL GRPOTrainer")]
     for key, spec in METHODS.items():
-        label = spec.trainer_class.__name__ + "".join(f" {k}={v}" for k, v in spec.config_defaults.items())
-        label = "GroupOptTrainer (TRL's objective)" if key == "grpo" else label
+        label = "GroupOptTrainer (TRL's objective)" if key == "grpo" else spec.trainer_class.__name__
         why = REPORTED_ONLY_DEFAULTS.get(key)
         out.append(Variant("base" if key == "grpo" else key, key, {}, f"{label} ({why})" if why else label))
     out += [v for v in EXTRA_VARIANTS if v.method in METHODS]

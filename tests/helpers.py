@@ -83,8 +83,8 @@ def cpu_config_kwargs(output_dir, **overrides) -> dict:
 
 
 def method_config(name: str, output_dir, **overrides):
-    """The config of the registered method `name` (its mode's `config_defaults` applied) with the CPU test defaults
-    of `cpu_config_kwargs`; `overrides` win over both."""
+    """The config of the registered method `name` with the CPU test defaults of `cpu_config_kwargs`; `overrides` win
+    over them."""
     return get_method(name).make_config(**cpu_config_kwargs(output_dir, **overrides))
 
 
@@ -156,9 +156,10 @@ def random_batch(
 
 def _forward(trainer, model, batch):
     """TRL's log-prob forward (the loss's, without energy capture), for a GRPOTrainer or any of ours."""
-    from trl_groupopt.trainer.loss import forward_logps_and_entropies
+    from trl_groupopt.trainer.loss import forward_arguments
 
-    return forward_logps_and_entropies(trainer, model, batch)
+    arguments, keywords = forward_arguments(batch, aux_loss=trainer.aux_loss_enabled)
+    return trainer._get_per_token_logps_and_entropies(model, *arguments, **keywords)
 
 
 def float64_forward(trainer, model, batch):

@@ -19,6 +19,7 @@ from tests.selection import tested_methods
 from trl_groupopt import METHODS
 from trl_groupopt.cli import main as cli
 from trl_groupopt.cli import script
+from trl_groupopt.data import adapters
 from trl_groupopt.methods.registry import get_method
 
 
@@ -231,7 +232,7 @@ def test_ctrl_c_names_the_resume_command_and_exits_130(tmp_path, capsys, monkeyp
     assert status == 130 and "Traceback" not in err and err.strip().count("\n") == 0
     resume = f"trl-groupopt train --method echo --max_steps 5 --output_dir {out} --resume_from_checkpoint last"
     assert err.strip().endswith(resume), err
-    monkeypatch.setattr(cli, "prepare_output_dir", interrupted)  # while resolving an earlier resume's checkpoint
+    monkeypatch.setattr(adapters, "load_datasets", interrupted)  # while the data loads, before training
     monkeypatch.setattr(sys, "argv", ["examples/train_echo.py", "--output_dir", out, "--resume_from_checkpoint", "x"])
     status, _, err = _run(None, capsys, main=lambda argv: cli.command("echo"))
     assert status == 130 and err.strip().endswith(f"python examples/train_echo.py --output_dir {out} "

@@ -11,7 +11,6 @@ import types
 import pytest
 import torch
 
-from trl_groupopt.cli import main as cli
 from trl_groupopt.runfolder import resume
 from trl_groupopt.runfolder.checkpoints import write_checkpoint_record
 
@@ -22,6 +21,12 @@ def _args(**overrides) -> types.SimpleNamespace:
                   advantage_estimator="grpo", num_train_epochs=3.0, max_steps=8, save_strategy="steps", save_steps=2)  # fmt: skip
     values.update(overrides)
     return types.SimpleNamespace(**values)
+
+
+def _cli_trainer(output_dir, method: str = "echo", overwrite: bool = False, **overrides) -> types.SimpleNamespace:
+    """What the resume rules (`resume.prepare_train`) read of a trainer the command line built."""
+    args = _args(output_dir=str(output_dir), overwrite_output_dir=overwrite, process_index=0, **overrides)
+    return types.SimpleNamespace(args=args, command_line=True, method_spec=types.SimpleNamespace(name=method))
 
 
 def _checkpoint(root, step: int, method: str = "echo", max_steps: int = 8, **settings):
@@ -50,8 +55,8 @@ def test_a_fresh_run_over_an_earlier_run_refuses_unless_overwrite(tmp_path, left
     with pytest.raises(ValueError, match=r"--resume_from_checkpoint last .*--overwrite_output_dir"):
         resume.refuse_fresh_run(tmp_path, overwrite=False, cli=True)
     resume.refuse_fresh_run(tmp_path, overwrite=True)
-    with pytest.raises(ValueError, match="already holds"):
-        cli.prepare_output_dir(str(tmp_path), None, overwrite=False)
+    with pytest.raises(ValueError, match="already holds .*--overwrite_output_dir"):
+        resume.prepare_train(_cli_trainer(tmp_path), None)
 
 
 def test_a_folder_with_other_files_only_is_not_an_earlier_run(tmp_path):
@@ -70,7 +75,7 @@ def test_another_method_is_refused_naming_both_and_the_way_to_its_weights(tmp_pa
     assert "with ctpo" in message and "of a echo run" in message and "--method echo" in message
     assert f"--model_name_or_path {folder}" in message
     with pytest.raises(ValueError, match="of a echo run"):
-        cli.prepare_output_dir(str(tmp_path), "last", overwrite=False, method="ctpo", args=_args())
+        resume.prepare_train(_cli_trainer(tmp_path, method="ctpo"), "last")
 
 
 def test_changed_settings_warn_and_the_learning_rate_is_restored(tmp_path):
@@ -82,15 +87,17 @@ def test_changed_settings_warn_and_the_learning_rate_is_restored(tmp_path):
     assert "batch and group settings given now are used" in str(caught[0].message)
 
 
-def test_a_finished_run_is_named_and_the_cli_exits_0(tmp_path, capsys):
+def test_a_finished_run_is_named_in_the_words_of_its_caller(tmp_path):
     folder = _checkpoint(tmp_path, 8, max_steps=8)
     assert "The run is finished" in resume.finished_message(str(folder), _args(max_steps=8))
     assert resume.finished_message(str(folder), _args(max_steps=12)) is None  # raised: it trains on
     assert resume.finished_message(str(folder), _args(max_steps=-1)) is not None  # by epochs: the planned 8 steps
     assert resume.finished_message(str(folder), _args(max_steps=-1, num_train_epochs=6.0)) is None
-    with pytest.raises(SystemExit) as caught:
-        cli.prepare_output_dir(str(tmp_path), "last", overwrite=False, method="echo", args=_args(max_steps=8))
-    assert caught.value.code == 0 and "checkpoint-8 is at step 8 of 8" in capsys.readouterr().out
+    # the command line prints it and exits 0 (tests/e2e/test_resume_rules.py); `train()` warns it
+    checkpoint, finished = resume.prepare_train(_cli_trainer(tmp_path, max_steps=8), "last")
+    assert checkpoint == str(folder) and "checkpoint-8 is at step 8 of 8" in finished and "--max_steps" in finished
+    api = types.SimpleNamespace(**{**vars(_cli_trainer(tmp_path, max_steps=8)), "command_line": False})
+    assert "raise max_steps to train on" in resume.prepare_train(api, True)[1]
 
 
 # ------------------------------------------------------------------------------------------------ saving

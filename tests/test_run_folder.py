@@ -11,12 +11,14 @@ import hashlib
 import json
 import os
 import socket
+import types
 import warnings
 
 import pytest
 
 from trl_groupopt.cli import main as cli
 from trl_groupopt.runfolder import checkpoints as run_folder
+from trl_groupopt.runfolder import resume
 from trl_groupopt.runfolder.checkpoints import (
     CHECKPOINT_RECORD,
     checkpoint_problem,
@@ -25,6 +27,12 @@ from trl_groupopt.runfolder.checkpoints import (
     write_checkpoint_record,
 )
 from trl_groupopt.runfolder.lock import LOCK_NAME, OutputFolderInUseError, RunLock
+
+
+def _cli_trainer(output_dir, overwrite: bool = False) -> types.SimpleNamespace:
+    """What the resume rules (`resume.prepare_train`) read of a trainer the command line built."""
+    args = types.SimpleNamespace(output_dir=str(output_dir), overwrite_output_dir=overwrite, process_index=0)
+    return types.SimpleNamespace(args=args, command_line=True, method_spec=types.SimpleNamespace(name="echo"))
 
 
 def _checkpoint(root, step, record=True, files=None):
@@ -275,10 +283,10 @@ def test_a_fresh_run_over_checkpoints_refuses_naming_both_ways_on(tmp_path):
         assert part in message, part
     assert (out / "checkpoint-4").is_dir() and not (out / LOCK_NAME).exists()
     with pytest.raises(ValueError, match="cannot be combined"):
-        cli.prepare_output_dir(str(out), "last", overwrite=True)
-    assert cli.prepare_output_dir(str(out), None, overwrite=True) is None
+        resume.prepare_train(_cli_trainer(out, overwrite=True), "last")
+    assert resume.prepare_train(_cli_trainer(out, overwrite=True), None) == (None, None)
     assert not (out / "checkpoint-4").exists()  # --overwrite_output_dir: the earlier checkpoints are gone
-    assert cli.prepare_output_dir(str(tmp_path / "fresh"), None, overwrite=False) is None
+    assert resume.prepare_train(_cli_trainer(tmp_path / "fresh"), None) == (None, None)
 
 
 def test_cli_resume_last_names_the_checkpoint(tmp_path):
@@ -287,7 +295,7 @@ def test_cli_resume_last_names_the_checkpoint(tmp_path):
     _checkpoint(out, 4, record=False, files={"model.safetensors": b"w"})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert cli.prepare_output_dir(str(out), "last", overwrite=False) == str(out / "checkpoint-2")
+        assert resume.prepare_train(_cli_trainer(out), "last") == (str(out / "checkpoint-2"), None)
     assert any("checkpoint-4" in str(w.message) for w in caught)
 
 

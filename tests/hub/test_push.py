@@ -117,7 +117,7 @@ class Runs:
         name = key.split(":")[1]
         spec = get_method(name)
         repo_id = f"test-user/{name.replace('_', '-')}-run"
-        args = _config(spec.config_class, self.root / name, repo_id, **spec.config_defaults)
+        args = _config(spec.config_class, self.root / name, repo_id)
         trainer = self._trainer(spec.config_class, spec.trainer_class, args)
         trainer.train()
         trainer.push_to_hub(dataset_name=SYNTHETIC_DATASET_NAME)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.objectives.metrics import reduce_metrics
-from trl_groupopt.methods.ctpo.objective import ctpo_loss, validate_ctpo
+from trl_groupopt.methods.ctpo.objective import ctpo_loss
 
 F64 = torch.float64
 DEFAULTS = dict(epsilon_low=0.025, epsilon_high=0.05, dual_clip=0.05, position_power=0.5)  # authors' script
@@ -333,18 +333,9 @@ def test_empty_mask_and_rows():
 
 
 def test_input_validation():
-    """The hyper-parameter rules live in `validate_ctpo` (the config runs it once); the loss checks its tensors."""
+    """The loss checks its tensors; the hyper-parameters' rules are `CTPOConfig`'s, checked once
+    (tests/trainers/test_validation.py)."""
     logp, old, adv, mask = make_inputs(8)
-    validate_ctpo(**DEFAULTS, ratio_mode="cumprod")
-    for bad in (dict(epsilon_low=0.0), dict(epsilon_high=-1.0), dict(dual_clip=float("nan"))):
-        with pytest.raises(ValueError, match=next(iter(bad))):
-            validate_ctpo(**dict(DEFAULTS, ratio_mode="cumprod", **bad))
-    with pytest.raises(ValueError, match="position_power"):
-        validate_ctpo(**dict(DEFAULTS, position_power=-0.5, ratio_mode="cumprod"))
-    with pytest.raises(ValueError, match="position_power"):
-        validate_ctpo(**dict(DEFAULTS, position_power=float("nan"), ratio_mode="geomean"))
-    with pytest.raises(ValueError, match="ratio_mode"):
-        validate_ctpo(**dict(DEFAULTS, ratio_mode="mean"))
     with pytest.raises(ValueError, match="mask"):
         ctpo_loss(logp, old, adv, mask[:, 1:], **DEFAULTS)
     with pytest.raises(ValueError, match="advantages"):

@@ -20,9 +20,11 @@ import torch
 from scipy.optimize import minimize
 
 from tests.objectives.dfpo_logged import dfpo_logged as dfpo_loss
+from tests.objectives.groups import groups_of
 from tests.objectives.metrics import reduce_metrics
-from trl_groupopt.methods.dfpo.grpo_fix import symmetric_clip_loss, validate_grpo_fix
-from trl_groupopt.methods.dfpo.objective import TRANSFORMS, group_transform, validate_dfpo
+from trl_groupopt.core.common import Groups
+from trl_groupopt.methods.dfpo.grpo_fix import symmetric_clip_loss
+from trl_groupopt.methods.dfpo.objective import TRANSFORMS, group_transform
 
 FLOOR = 1e-6
 
@@ -165,15 +167,11 @@ def ref_asym(w: list[float], a: list[float], gids: list[int]) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def make_batch(seed: int, sizes: list[int], length: int = 6, spread: float = 0.3, centred: bool = True):
-    """Groups of the given sizes, shuffled, with arbitrary non-contiguous ids and ragged masks."""
+def make_batch(seed: int, num_groups: int, size: int, length: int = 6, spread: float = 0.3, centred: bool = True):
+    """`num_groups` consecutive groups of `size` (the trainer's layout), by arbitrary ids, with ragged masks."""
     gen = torch.Generator().manual_seed(seed)
-    batch = sum(sizes)
-    ids = []
-    for k, n in enumerate(sizes):
-        ids += [1000 - 37 * k] * n  # arbitrary, negative for large k, non-contiguous
-    perm = torch.randperm(batch, generator=gen)
-    gids = torch.tensor(ids, dtype=torch.int64)[perm]
+    batch = num_groups * size
+    gids = 1000 - 37 * torch.arange(num_groups).repeat_interleave(size)  # arbitrary, negative for large k
     rewards = torch.randint(0, 3, (batch,), generator=gen).to(torch.float64)
     adv = rewards.clone()
     if centred:
@@ -215,7 +213,7 @@ def test_toy_shared_prefix_gradient(method):
     adv = torch.tensor([-big_a, big_a], dtype=torch.float64)  # Eq. 32: A2 = -A1 = A > 0
     mask = torch.ones(2, 3, dtype=torch.float64)
     gids = torch.tensor([7, 7])
-    out = dfpo_loss(logp, old, adv, mask, gids, transform=method, epsilon_low=0.2, epsilon_high=0.2)
+    out = dfpo_loss(logp, old, adv, mask, groups_of(gids), transform=method, epsilon_low=0.2, epsilon_high=0.2)
     grpo_aggregate(out.per_token_loss, mask).backward()
     shared = logp.grad[:, :2].sum(0)  # (2,) summed over the two sequences
 
@@ -236,13 +234,12 @@ def test_toy_shared_prefix_gradient(method):
 # ---------------------------------------------------------------------------------------------
 
 
-def random_groups(seed: int, num_groups: int, max_size: int, kinds=("mixed", "pos", "neg", "zero", "centred")):
+def random_groups(seed: int, num_groups: int, size: int, kinds=("mixed", "pos", "neg", "zero", "centred")):
+    """`num_groups` consecutive groups of `size` (the trainer's layout), of each kind in turn."""
     rng = random.Random(seed)
     s, a, gids, kind_of = [], [], [], []
     for k in range(num_groups):
-        kind = kinds[k % len(kinds)]
-        n = rng.randint(1, max_size) if kind != "mixed" else rng.randint(2, max_size)
-        gid = rng.randint(-(10**6), 10**6) * 1000 + k  # arbitrary distinct ids
+        kind, n, gid = kinds[k % len(kinds)], size, k
         ss = [math.exp(rng.gauss(0, 0.6)) for _ in range(n)]
         if rng.random() < 0.2:  # some weights under the floor
             ss[rng.randrange(n)] = 10 ** rng.uniform(-9, -6.5)
@@ -264,15 +261,14 @@ def random_groups(seed: int, num_groups: int, max_size: int, kinds=("mixed", "po
         a += aa
         gids += [gid] * n
         kind_of += [kind] * n
-    perm = list(range(len(s)))
-    rng.shuffle(perm)
-    return ([s[i] for i in perm], [a[i] for i in perm], [gids[i] for i in perm], [kind_of[i] for i in perm])
+    return s, a, gids, kind_of
 
 
-def test_orth_proj_orthogonal_and_floored():
-    s, a, gids, kinds = random_groups(0, 600, 8)
+@pytest.mark.parametrize("size", [2, 5, 8])
+def test_orth_proj_orthogonal_and_floored(size):
+    s, a, gids, kinds = random_groups(size, 600, size)
     out = group_transform(
-        torch.tensor(s, dtype=torch.float64), torch.tensor(a, dtype=torch.float64), torch.tensor(gids), "orth_proj"
+        torch.tensor(s, dtype=torch.float64), torch.tensor(a, dtype=torch.float64), groups_of(gids), "orth_proj"
     ).tolist()
     ref = ref_group_transform(s, a, gids, "orth_proj")
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=0)  # Eq. 52-55 (+ guard), group by group
@@ -303,12 +299,12 @@ def test_orth_proj_paper_formula_and_guard_example():
     # delta > 0: alpha = sum_N (-A) s / sum_P A s, P scaled, N untouched (Eq. 54-55 as printed)
     s = torch.tensor([1.2, 0.9, 1.0], dtype=torch.float64)
     a = torch.tensor([1.0, 0.5, -1.0], dtype=torch.float64)
-    out = group_transform(s, a, torch.tensor([3, 3, 3]), "orth_proj")
+    out = group_transform(s, a, groups_of([3, 3, 3]), "orth_proj")
     alpha = 1.0 / (1.2 + 0.45)
     torch.testing.assert_close(out, torch.tensor([1.2 * alpha, 0.9 * alpha, 1.0], dtype=torch.float64))
     # delta < 0: beta = sum_P A s / sum_N (-A) s (positive; Eq. 55 as printed would be negative)
     a2 = torch.tensor([0.5, -1.0, -1.0], dtype=torch.float64)
-    out2 = group_transform(s, a2, torch.tensor([3, 3, 3]), "orth_proj")
+    out2 = group_transform(s, a2, groups_of([3, 3, 3]), "orth_proj")
     beta = 0.6 / 1.9
     assert 0 < beta <= 1
     torch.testing.assert_close(out2, torch.tensor([1.2, 0.9 * beta, 1.0 * beta], dtype=torch.float64))
@@ -316,15 +312,16 @@ def test_orth_proj_paper_formula_and_guard_example():
     out3 = group_transform(
         torch.tensor([1.0, 1e-9], dtype=torch.float64),
         torch.tensor([10.0, -1.0], dtype=torch.float64),
-        torch.tensor([0, 0]),
+        groups_of([0, 0]),
         "orth_proj",
     )
     torch.testing.assert_close(out3, torch.tensor([1e-6, 1e-5], dtype=torch.float64), rtol=1e-12, atol=0)
 
 
-def test_orth_proj_qp_matches_scipy_and_is_closer():
-    s, a, gids, kinds = random_groups(1, 1000, 6)
-    st, at, gt = torch.tensor(s, dtype=torch.float64), torch.tensor(a, dtype=torch.float64), torch.tensor(gids)
+@pytest.mark.parametrize("size", [2, 4, 6])
+def test_orth_proj_qp_matches_scipy_and_is_closer(size):
+    s, a, gids, kinds = random_groups(size, 1000, size)
+    st, at, gt = torch.tensor(s, dtype=torch.float64), torch.tensor(a, dtype=torch.float64), groups_of(gids)
     qp = group_transform(st, at, gt, "orth_proj_qp").tolist()
     orth = group_transform(st, at, gt, "orth_proj").tolist()
     members: dict[int, list[int]] = defaultdict(list)
@@ -342,33 +339,35 @@ def test_orth_proj_qp_matches_scipy_and_is_closer():
         assert dist_qp <= dist_orth + 1e-9  # orth_proj is feasible for Eq. 51, so never closer
 
 
-def test_orth_proj_qp_exact_kkt_float32():
+@pytest.mark.parametrize("size", [3, 16])
+def test_orth_proj_qp_exact_kkt_float32(size):
     # float32 inputs: still exact to float32 rounding, and the KKT structure holds
-    s, a, gids, _ = random_groups(2, 200, 16, kinds=("mixed", "centred"))
+    s, a, gids, _ = random_groups(2, 200, size, kinds=("mixed", "centred"))
     st, at = torch.tensor(s, dtype=torch.float32), torch.tensor(a, dtype=torch.float32)
-    v = group_transform(st, at, torch.tensor(gids), "orth_proj_qp")
+    v = group_transform(st, at, groups_of(gids), "orth_proj_qp")
     assert v.dtype == torch.float32
-    v64 = group_transform(st.double(), at.double(), torch.tensor(gids), "orth_proj_qp")
+    v64 = group_transform(st.double(), at.double(), groups_of(gids), "orth_proj_qp")
     torch.testing.assert_close(v.double(), v64, rtol=1e-5, atol=1e-6)
 
 
 def test_group_transform_min_replace_none_and_detached():
-    s = torch.tensor([1.1, 0.8, 1.3, 0.95, 1.0], dtype=torch.float64, requires_grad=True)
-    a = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0], dtype=torch.float64)
-    g = torch.tensor([5, 5, -2, -2, 9])
+    s = torch.tensor([1.1, 0.8, 1.3, 0.95, 1.0, 1.2], dtype=torch.float64, requires_grad=True)
+    a = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 0.0], dtype=torch.float64)
+    g = Groups.contiguous(6, 2)
     for method in TRANSFORMS:
         out = group_transform(s, a, g, method)
-        assert not out.requires_grad and out.shape == (5,)
+        assert not out.requires_grad and out.shape == (6,)
     torch.testing.assert_close(
-        group_transform(s, a, g, "min_replace"), torch.tensor([0.8, 0.8, 0.95, 0.95, 1.0], dtype=torch.float64)
+        group_transform(s, a, g, "min_replace"),
+        torch.tensor([0.8, 0.8, 0.95, 0.95, 1.0, 1.0], dtype=torch.float64),
     )
     torch.testing.assert_close(group_transform(s, a, g, "none"), s.detach())
     with pytest.raises(ValueError, match="min_replace"):
         group_transform(s, a, g, "minreplace")
     with pytest.raises(ValueError):
         group_transform(s, a[:3], g, "none")
-    with pytest.raises(ValueError):
-        group_transform(s, a, g.double(), "min_replace")
+    with pytest.raises(ValueError, match="cover 4 rows"):
+        group_transform(s, a, Groups.contiguous(4, 2), "min_replace")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,14 +388,14 @@ def trl_gspo(logp, old, adv, mask, eps_low, eps_high):
 
 @pytest.mark.parametrize("adv_shape", ["B", "BT"])
 def test_none_equals_trl_gspo(adv_shape):
-    logp, old, adv, mask, gids = make_batch(3, [4, 4, 3, 5], spread=0.5)
+    logp, old, adv, mask, gids = make_batch(3, 4, 4, spread=0.5)
     eps_low, eps_high = 0.2, 0.28
     lp_ref = logp.clone().requires_grad_(True)
     ref_ptl, ref_total = trl_gspo(lp_ref, old, adv, mask, eps_low, eps_high)
     ref_total.backward()
     lp = logp.clone().requires_grad_(True)
     a_in = adv if adv_shape == "B" else adv.unsqueeze(1).expand_as(logp)
-    out = dfpo_loss(lp, old, a_in, mask, gids, transform="none", epsilon_low=eps_low, epsilon_high=eps_high)
+    out = dfpo_loss(lp, old, a_in, mask, groups_of(gids), transform="none", epsilon_low=eps_low, epsilon_high=eps_high)
     total = grpo_aggregate(out.per_token_loss, mask)
     total.backward()
     assert out.per_token_loss.shape == (logp.shape[0], 1)
@@ -418,12 +417,12 @@ def test_none_equals_trl_gspo(adv_shape):
 
 @pytest.mark.parametrize("method", TRANSFORMS)
 def test_loop_reference_loss_grad_metrics(method):
-    logp, old, adv, mask, gids = make_batch(10 + TRANSFORMS.index(method), [3, 1, 5, 2, 6, 4], spread=0.4)
+    logp, old, adv, mask, gids = make_batch(10 + TRANSFORMS.index(method), 6, 3, spread=0.4)
     mask[2] = 0.0  # a row with no valid token
     eps_low, eps_high = 0.2, 0.25
     ref_loss, ref_grad, s_bar, s_til = ref_dfpo(logp, old, adv, mask, gids, method, eps_low, eps_high)
     lp = logp.clone().requires_grad_(True)
-    out = dfpo_loss(lp, old, adv, mask, gids, transform=method, epsilon_low=eps_low, epsilon_high=eps_high)
+    out = dfpo_loss(lp, old, adv, mask, groups_of(gids), transform=method, epsilon_low=eps_low, epsilon_high=eps_high)
     grpo_aggregate(out.per_token_loss, mask).backward()
     tol = 1e-10 if method != "orth_proj_qp" else 1e-7  # scipy reference: 1e-7
     np.testing.assert_allclose(out.per_token_loss.squeeze(1).tolist(), ref_loss, rtol=tol, atol=tol)
@@ -463,7 +462,9 @@ def test_clipped_sequences_get_no_gradient_and_s_til_is_constant(method):
     old = -torch.rand(8, length, generator=gen, dtype=torch.float64)
     logp = (old + torch.tensor(means, dtype=torch.float64).unsqueeze(1) + noise).requires_grad_(True)
     mask = torch.ones(8, length, dtype=torch.float64)
-    out = dfpo_loss(logp, old, adv, mask, gids, transform=method, epsilon_low=eps_low, epsilon_high=eps_high)
+    out = dfpo_loss(
+        logp, old, adv, mask, groups_of(gids), transform=method, epsilon_low=eps_low, epsilon_high=eps_high
+    )
     grpo_aggregate(out.per_token_loss, mask).backward()
 
     s = torch.exp(torch.tensor(means, dtype=torch.float64))
@@ -473,7 +474,7 @@ def test_clipped_sequences_get_no_gradient_and_s_til_is_constant(method):
     )
     s_bar = torch.where(clipped, bounds, s)
     s_bar_req = s_bar.clone().requires_grad_(True)
-    s_til = group_transform(s_bar_req, adv, gids, method)
+    s_til = group_transform(s_bar_req, adv, groups_of(gids), method)
     assert not s_til.requires_grad
     assert torch.all(logp.grad[clipped] == 0)
     # unclipped: grad_it = -A_i s_til_i (1/|y_i|) / B (s_til a constant, App. D stop-gradient)
@@ -500,7 +501,7 @@ def test_degenerate_inputs_are_finite(method, group_size, dtype):
     mask[0] = 0  # a row with no valid token
     mask[group_size, 2:] = 0
     out = dfpo_loss(
-        logp, old.to(dtype), adv.to(dtype), mask, gids, transform=method, epsilon_low=0.2, epsilon_high=0.2
+        logp, old.to(dtype), adv.to(dtype), mask, groups_of(gids), transform=method, epsilon_low=0.2, epsilon_high=0.2
     )
     assert out.per_token_loss.dtype == torch.float32
     total = grpo_aggregate(out.per_token_loss, mask)
@@ -515,35 +516,23 @@ def test_degenerate_inputs_are_finite(method, group_size, dtype):
 
 
 def test_dfpo_input_validation():
-    logp, old, adv, mask, gids = make_batch(0, [2, 2])
+    logp, old, adv, mask, gids = make_batch(0, 2, 2)
     kw = dict(transform="min_replace", epsilon_low=0.2, epsilon_high=0.2)
-    # the settings' rules are `validate_dfpo` (the config runs it once), not re-checked per loss call
-    settings = dict(transform="none", epsilon_low=0.2, epsilon_high=0.2, orth_floor=1e-6, orthogonal_over="all")
-    validate_dfpo(**settings)
-    with pytest.raises(ValueError, match="orth_proj_qp"):
-        validate_dfpo(**dict(settings, transform="orth"))
-    with pytest.raises(ValueError, match="epsilon_low"):
-        validate_dfpo(**dict(settings, epsilon_low=0.0))
-    with pytest.raises(ValueError, match="epsilon_high"):
-        validate_dfpo(**dict(settings, epsilon_high=-1.0))
-    with pytest.raises(ValueError, match="orth_floor"):
-        validate_dfpo(**dict(settings, orth_floor=float("inf")))
-    with pytest.raises(ValueError, match="min_replace only cancels"):
-        validate_dfpo(**dict(settings, transform="min_replace", orthogonal_over="unclipped"))
+    # the settings' rules are `DFPOConfig`'s, checked once (tests/trainers/test_validation.py), not per loss call
     with pytest.raises(ValueError):
-        dfpo_loss(logp, old[:, :3], adv, mask, gids, **kw)
+        dfpo_loss(logp, old[:, :3], adv, mask, groups_of(gids), **kw)
     with pytest.raises(ValueError):
-        dfpo_loss(logp, old, adv, mask[:, :3], gids, **kw)
+        dfpo_loss(logp, old, adv, mask[:, :3], groups_of(gids), **kw)
     with pytest.raises(ValueError):
-        dfpo_loss(logp, old, adv[:3], mask, gids, **kw)
+        dfpo_loss(logp, old, adv[:3], mask, groups_of(gids), **kw)
     with pytest.raises(ValueError):
-        dfpo_loss(logp, old, adv, mask, gids[:3], **kw)
+        dfpo_loss(logp, old, adv, mask, groups_of(gids[:2]), **kw)
     with pytest.raises(ValueError, match="constant along T"):
-        dfpo_loss(logp, old, adv.unsqueeze(1) + torch.randn_like(logp), mask, gids, **kw)
+        dfpo_loss(logp, old, adv.unsqueeze(1) + torch.randn_like(logp), mask, groups_of(gids), **kw)
     # (B, T) constant along T and (B, 1) are accepted and equal the (B,) result
-    base = dfpo_loss(logp, old, adv, mask, gids, **kw).per_token_loss
+    base = dfpo_loss(logp, old, adv, mask, groups_of(gids), **kw).per_token_loss
     for a2 in (adv.unsqueeze(1), adv.unsqueeze(1).expand_as(logp)):
-        torch.testing.assert_close(dfpo_loss(logp, old, a2, mask, gids, **kw).per_token_loss, base)
+        torch.testing.assert_close(dfpo_loss(logp, old, a2, mask, groups_of(gids), **kw).per_token_loss, base)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -570,7 +559,7 @@ def ref_symmetric(logp, old, adv_tok, mask, eps_high):
 
 @pytest.mark.parametrize("adv_shape", ["B", "BT"])
 def test_symmetric_clip_loop_reference(adv_shape):
-    logp, old, adv, mask, _ = make_batch(21, [4, 4, 4], spread=0.4, centred=False)
+    logp, old, adv, mask, _ = make_batch(22, 3, 4, spread=0.4, centred=False)
     batch, length = logp.shape
     if adv_shape == "B":
         adv_in, adv_tok = adv, adv.unsqueeze(1).expand(batch, length)
@@ -632,8 +621,6 @@ def test_symmetric_clip_edge_cases():
     assert torch.isfinite(out.per_token_loss).all() and torch.isfinite(logp.grad.float()).all()
     empty = symmetric_clip_loss(logp, old, adv, torch.zeros(4, 6), epsilon_high=0.2)
     assert torch.isnan(reduce_metrics(empty.metrics, torch.zeros(4, 6))["clip_ratio/high"])
-    with pytest.raises(ValueError, match="epsilon_high"):
-        validate_grpo_fix(epsilon_high=0.0)
     with pytest.raises(ValueError):
         symmetric_clip_loss(logp, old, adv[:3], mask, epsilon_high=0.2)
     with pytest.raises(ValueError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trl_groupopt.core.common import Groups
 from trl_groupopt.core.estimators import (
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
@@ -18,7 +19,10 @@ from trl_groupopt.core.estimators import (
     estimator_of,
     register_estimator,
 )
-from trl_groupopt.methods.otb.objective import otb_advantages, otb_zero_tail
+from trl_groupopt.methods.otb.objective import OTB_ESTIMATOR, otb_advantages, otb_zero_tail
+
+if "otb" not in ESTIMATORS:  # as the trainer's configs register it (`load_estimators`), when this file runs alone
+    register_estimator(OTB_ESTIMATOR)
 
 
 def _batch(seed: int = 0, tool_use: bool = False) -> EstimatorInputs:
@@ -29,7 +33,7 @@ def _batch(seed: int = 0, tool_use: bool = False) -> EstimatorInputs:
         mask=mask,
         trl_advantages=torch.randn(8, generator=g, dtype=torch.float64),
         rewards=torch.rand(8, generator=g, dtype=torch.float64),
-        group_ids=torch.arange(8) // 4,
+        group_size=4,
         energy=torch.rand(8, 6, generator=g, dtype=torch.float64) * mask,
         tool_use=tool_use,
     )
@@ -70,7 +74,7 @@ def test_otb_is_otb_advantages_with_its_knobs(tool_use, zero_tail, positions):
     out = ESTIMATORS["otb"].estimate(inputs, otb_token_positions=positions, otb_handle_zero_tail=zero_tail)
     resolved = tool_use if zero_tail is None else zero_tail
     assert otb_zero_tail(zero_tail, tool_use) is resolved
-    expected = otb_advantages(inputs.rewards, inputs.energy, inputs.mask, inputs.group_ids,
+    expected = otb_advantages(inputs.rewards, inputs.energy, inputs.mask, Groups.contiguous(8, 4),
                               handle_zero_tail=resolved, token_positions=positions)  # fmt: skip
     torch.testing.assert_close(out.advantages, expected, atol=0, rtol=0)
     assert out.advantages.shape == inputs.mask.shape

@@ -15,8 +15,9 @@ import math
 import pytest
 import torch
 
+from tests.objectives.groups import groups_of
 from tests.tensor_sizes import TensorSizeRecorder
-from trl_groupopt.core.common import energy_from_log_probs
+from trl_groupopt.core.common import Groups, energy_from_log_probs
 from trl_groupopt.methods.otb.objective import logit_gradient_energy, otb_advantages
 
 # --------------------------------------------------------------------------------------------------
@@ -158,19 +159,19 @@ def _reference_otb(rewards, energy, mask, group_ids, zero_tail, weights=None, ep
 
 def _random_batch(seed, holes=False, nan_frac=0.15):
     gen = torch.Generator().manual_seed(seed)
-    # unequal groups with arbitrary ids, interleaved (never contiguous), plus a group of one
-    ids = [7, -3, 7, 12, 7, -3, 12, 100, 7, 12, 5, 5, 5]
+    # four groups of four, as the trainer delivers them; unscorable or empty rows leave their group unequal
+    ids = [7] * 4 + [-3] * 4 + [12] * 4 + [5] * 4
     B, T = len(ids), 9
     lengths = torch.randint(0, T + 1, (B,), generator=gen)
     mask = (torch.arange(T) < lengths.unsqueeze(-1)).double()  # right-padded, some rows empty
     if holes:
         mask = mask * (torch.rand(B, T, generator=gen) > 0.25).double()  # tool-mask holes
-    mask[11, :3] = 1.0  # the group of one (below) has valid tokens
+    mask[13, :3] = 1.0  # the group of one (below) has valid tokens
     energy = torch.rand(B, T, generator=gen, dtype=torch.float64) * 1.5 + 0.05
     rewards = torch.randn(B, generator=gen, dtype=torch.float64)
     rewards[torch.rand(B, generator=gen) < nan_frac] = float("nan")
-    rewards[10:13] = float("nan")  # group 5: all unscorable
-    rewards[11] = 0.7  # ... except one: a group of one scorable member
+    rewards[12:16] = float("nan")  # group 5: all unscorable
+    rewards[13] = 0.7  # ... except one: a group of one scorable member
     weights = torch.rand(B, T, generator=gen, dtype=torch.float64) * 1.5 + 0.25
     return rewards, energy, mask, torch.tensor(ids), weights
 
@@ -183,7 +184,13 @@ def test_advantages_match_loop_reference(seed, zero_tail, holes, use_weights):
     rewards, energy, mask, ids, weights = _random_batch(seed, holes)
     w = weights if use_weights else None
     out = otb_advantages(
-        rewards, energy, mask, ids, handle_zero_tail=zero_tail, token_positions="absolute", importance_weights=w
+        rewards,
+        energy,
+        mask,
+        groups_of(ids),
+        handle_zero_tail=zero_tail,
+        token_positions="absolute",
+        importance_weights=w,
     )
     ref, _ = _reference_otb(
         rewards.tolist(),
@@ -201,25 +208,25 @@ def test_advantages_match_loop_reference(seed, zero_tail, holes, use_weights):
 
 
 def test_advantages_hand_example_zero_tail_and_nan():
-    # group 3: lengths 4, 2, 6 (all rewards 1 or 0); group 7: one NaN + one scorable -> group of one
-    mask = torch.ones(5, 6)
+    # group 3: lengths 4, 2, 6 (all rewards 1 or 0); group 7: two NaN + one scorable -> group of one
+    mask = torch.ones(6, 6)
     mask[0, 4:] = 0
     mask[1, 2:] = 0
-    rewards = torch.tensor([1.0, 0.0, 1.0, float("nan"), 2.0])
-    energy = torch.full((5, 6), 0.5)
-    ids = torch.tensor([3, 3, 3, 7, 7])
-    out = otb_advantages(rewards, energy, mask, ids, handle_zero_tail=True)
+    rewards = torch.tensor([1.0, 0.0, 1.0, float("nan"), 2.0, float("nan")])
+    energy = torch.full((6, 6), 0.5)
+    ids = torch.tensor([3, 3, 3, 7, 7, 7])
+    out = otb_advantages(rewards, energy, mask, groups_of(ids), handle_zero_tail=True)
     # t < 2: three active, equal W -> b = 2/3; t in [2, 4): rows 0, 2 (both G=1) -> b = 1
     # t >= 4: only row 2 (unique longest past the second-longest length 4) -> b = 0 (zero tail)
     b = torch.tensor([2 / 3, 2 / 3, 1.0, 1.0, 0.0, 0.0])
-    expected = torch.zeros(5, 6)
+    expected = torch.zeros(6, 6)
     expected[0, :4] = 1 - b[:4]
     expected[1, :2] = 0 - b[:2]
     expected[2] = 1 - b
     expected[4] = 2.0  # group of one scorable member: baseline 0
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-7)
     # without the zero tail, the lone tail compares the sequence with itself: b = G W/(W+1e-8) ~ 1
-    out_nozt = otb_advantages(rewards, energy, mask, ids, handle_zero_tail=False)
+    out_nozt = otb_advantages(rewards, energy, mask, groups_of(ids), handle_zero_tail=False)
     torch.testing.assert_close(out_nozt[2, 4:], torch.zeros(2), rtol=0, atol=1e-7)
     torch.testing.assert_close(out_nozt[4], torch.full((6,), 2.0))  # still baseline 0: N == 1
 
@@ -244,7 +251,7 @@ def test_zero_tail_rule_is_verl_positional_on_valid_counts():
         torch.tensor([1.0, 0.0], dtype=torch.float64),
         energy,
         mask,
-        torch.tensor([0, 0]),
+        groups_of(torch.tensor([0, 0])),
         handle_zero_tail=True,
         token_positions="absolute",
     )
@@ -257,43 +264,45 @@ def test_zero_tail_rule_is_verl_positional_on_valid_counts():
 
 def test_advantages_dtypes_detached_and_garbage_padding():
     rewards, energy, mask, ids, _ = _random_batch(3)
-    ref = otb_advantages(rewards, energy, mask, ids)
+    ref = otb_advantages(rewards, energy, mask, groups_of(ids))
     e32 = energy.float().requires_grad_(True)
-    out32 = otb_advantages(rewards.float(), e32, mask.bool(), ids)
+    out32 = otb_advantages(rewards.float(), e32, mask.bool(), groups_of(ids))
     assert out32.dtype == torch.float32 and not out32.requires_grad
     torch.testing.assert_close(out32.double(), ref, rtol=1e-5, atol=1e-5)
-    out_bf16 = otb_advantages(rewards.float(), energy.bfloat16(), mask.long(), ids)
+    out_bf16 = otb_advantages(rewards.float(), energy.bfloat16(), mask.long(), groups_of(ids))
     assert out_bf16.dtype == torch.float32 and torch.isfinite(out_bf16).all()
     # NaN / inf energies at padded positions must not leak into the cumulative energy
     dirty = energy.clone()
     dirty[mask == 0] = float("nan")
-    torch.testing.assert_close(otb_advantages(rewards, dirty, mask, ids), ref, rtol=0, atol=0)
+    torch.testing.assert_close(otb_advantages(rewards, dirty, mask, groups_of(ids)), ref, rtol=0, atol=0)
     # all-masked batch and empty batch stay finite
-    assert (otb_advantages(rewards, energy, torch.zeros_like(mask), ids) == 0).all()
+    assert (otb_advantages(rewards, energy, torch.zeros_like(mask), groups_of(ids)) == 0).all()
     assert otb_advantages(
-        torch.zeros(0), torch.zeros(0, 4), torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)
+        torch.zeros(0), torch.zeros(0, 4), torch.zeros(0, 4), groups_of(torch.zeros(0, dtype=torch.long))
     ).shape == (0, 4)
 
 
 def test_advantages_input_errors():
     r, e, m, g = torch.zeros(4), torch.ones(4, 3), torch.ones(4, 3), torch.tensor([0, 0, 1, 1])
     with pytest.raises(ValueError, match="rewards"):
-        otb_advantages(r.view(4, 1), e, m, g)
+        otb_advantages(r.view(4, 1), e, m, groups_of(g))
     with pytest.raises(ValueError, match="mask"):
-        otb_advantages(r, e, m[:, :2], g)
-    with pytest.raises(ValueError, match="group_ids"):
-        otb_advantages(r, e, m, g[:3])
+        otb_advantages(r, e, m[:, :2], groups_of(g))
+    with pytest.raises(ValueError, match="cover 2 rows"):
+        otb_advantages(r, e, m, Groups.contiguous(2, 2))
     with pytest.raises(ValueError, match="importance_weights"):
-        otb_advantages(r, e, m, g, importance_weights=torch.ones(4, 2))
+        otb_advantages(r, e, m, groups_of(g), importance_weights=torch.ones(4, 2))
     # token_positions is checked once, with the config (`otb_token_positions`: tests/objectives/test_estimators.py)
     # value checks read the device: only with check_values=True (the trainer checks rewards per generation batch)
     with pytest.raises(ValueError, match="finite or NaN"):
-        otb_advantages(torch.tensor([0.0, math.inf, 0.0, 0.0]), e, m, g, check_values=True)
+        otb_advantages(torch.tensor([0.0, math.inf, 0.0, 0.0]), e, m, groups_of(g), check_values=True)
     with pytest.raises(ValueError, match=">= 0"):
-        otb_advantages(r, -e, m, g, check_values=True)
+        otb_advantages(r, -e, m, groups_of(g), check_values=True)
     with pytest.raises(ValueError, match="finite"):
-        otb_advantages(r, torch.full((4, 3), math.nan), m, g, check_values=True)
-    assert otb_advantages(r, -e, m, g).abs().max() == 0  # unchecked: energies clamp to 0, equal rewards give 0
+        otb_advantages(r, torch.full((4, 3), math.nan), m, groups_of(g), check_values=True)
+    assert (
+        otb_advantages(r, -e, m, groups_of(g)).abs().max() == 0
+    )  # unchecked: energies clamp to 0, equal rewards give 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -357,25 +366,28 @@ def _verl_tool_use_port(token_rewards, mask, index, old_logp, sum_pi_sq, is_weig
 
 
 def _tool_use_batch(seed, holes=True):
-    """verl-style inputs: rewards in {0, 1, 2} at each row's last valid token, tool-result holes, a row
-    without valid tokens, unequal interleaved groups."""
+    """verl-style inputs: rewards in {0, 1, 2} at each row's last valid token, tool-result holes, and a group
+    left with a single member with valid tokens (the others have none)."""
     gen = torch.Generator().manual_seed(seed)
-    ids = [3, 3, 9, 3, 9, 3, 9, 4, 4, 9]
+    ids = [3] * 4 + [9] * 4 + [4] * 4
     B, T, V = len(ids), 12, 11
     lengths = torch.randint(1, T + 1, (B,), generator=gen)
+    lengths[:2] = T  # rows 0 and 1 long enough for a hole to move row 0's tokens
     mask = (torch.arange(T) < lengths.unsqueeze(-1)).double()
-    if holes:  # one or two tool-result spans per row
+    if holes:  # one or two tool-result spans per row, one early in row 0 for sure
+        mask[0, 1:3] = 0.0
         for i in range(B):
             for _ in range(int(torch.randint(1, 3, (1,), generator=gen))):
                 start = int(torch.randint(1, T - 2, (1,), generator=gen))
                 mask[i, start : start + int(torch.randint(1, 4, (1,), generator=gen))] = 0.0
-    mask[8] = 0.0  # group 4 keeps a single member with valid tokens
+    mask[[8, 10, 11]] = 0.0  # group 4 keeps a single member with valid tokens
     logits = torch.randn(B, T, V, generator=gen, dtype=torch.float64) * 2.0
     ids_tok = torch.randint(0, V, (B, T), generator=gen)
     logp_all = torch.log_softmax(logits, -1)
     old_logp = logp_all.gather(-1, ids_tok.unsqueeze(-1)).squeeze(-1)  # (B, T)
     sum_pi_sq = logp_all.exp().square().sum(-1)  # (B, T)
     outcome = torch.randint(0, 3, (B,), generator=gen).double()  # (B,) in {0, 1, 2}
+    outcome[[0, 4]], outcome[[1, 5]] = 2.0, 0.0  # a contrast in each group of several members
     token_rewards = torch.zeros(B, T, dtype=torch.float64)
     for i in range(B):
         valid = mask[i].nonzero()
@@ -408,7 +420,13 @@ def test_valid_positions_match_verl_tool_use_estimator(seed, zero_tail, use_weig
     w = weights if use_weights else None
     energy = energy_from_log_probs(old_logp, sum_pi_sq.log())  # what the trainer computes from TRL's fields
     out = otb_advantages(
-        outcome, energy, mask, ids, handle_zero_tail=zero_tail, token_positions="valid", importance_weights=w
+        outcome,
+        energy,
+        mask,
+        groups_of(ids),
+        handle_zero_tail=zero_tail,
+        token_positions="valid",
+        importance_weights=w,
     )
     ref = _verl_tool_use_port(
         token_rewards.tolist(), mask.tolist(), ids.tolist(), old_logp.tolist(), sum_pi_sq.tolist(),
@@ -418,7 +436,13 @@ def test_valid_positions_match_verl_tool_use_estimator(seed, zero_tail, use_weig
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     # not vacuous: with holes, absolute positions give other advantages
     absolute = otb_advantages(
-        outcome, energy, mask, ids, handle_zero_tail=zero_tail, token_positions="absolute", importance_weights=w
+        outcome,
+        energy,
+        mask,
+        groups_of(ids),
+        handle_zero_tail=zero_tail,
+        token_positions="absolute",
+        importance_weights=w,
     )
     assert float((absolute - out).abs().max()) > 1e-3
 
@@ -429,8 +453,8 @@ def test_valid_equals_absolute_without_holes(seed, zero_tail):
     outcome, token_rewards, mask, ids, old_logp, sum_pi_sq, weights = _tool_use_batch(seed, holes=False)
     energy = energy_from_log_probs(old_logp, sum_pi_sq.log())
     kw = dict(handle_zero_tail=zero_tail, importance_weights=weights)
-    valid = otb_advantages(outcome, energy, mask, ids, token_positions="valid", **kw)
-    absolute = otb_advantages(outcome, energy, mask, ids, token_positions="absolute", **kw)
+    valid = otb_advantages(outcome, energy, mask, groups_of(ids), token_positions="valid", **kw)
+    absolute = otb_advantages(outcome, energy, mask, groups_of(ids), token_positions="absolute", **kw)
     torch.testing.assert_close(valid, absolute, rtol=0, atol=0)
     ref = _verl_tool_use_port(
         token_rewards.tolist(), mask.tolist(), ids.tolist(), old_logp.tolist(), sum_pi_sq.tolist(),
@@ -450,11 +474,11 @@ def test_valid_positions_hand_example():
         torch.ones(2, 6, dtype=torch.float64),
         torch.tensor([0, 0]),
     )
-    valid = otb_advantages(rewards, energy, mask, ids, token_positions="valid")
+    valid = otb_advantages(rewards, energy, mask, groups_of(ids), token_positions="valid")
     # both rows have W_k = k + 1 at their k-th valid token: b_k = 2 (k+1) / (2 (k+1)) = 1 for k = 0..3
     expected = torch.tensor([[1, 1, 0, 0, 1, 1], [-1, -1, -1, -1, 0, 0]], dtype=torch.float64)
     torch.testing.assert_close(valid, expected, rtol=0, atol=1e-8)
-    absolute = otb_advantages(rewards, energy, mask, ids, token_positions="absolute")
+    absolute = otb_advantages(rewards, energy, mask, groups_of(ids), token_positions="absolute")
     # columns 2, 3: row 1 alone -> b = 0 (W/(W+1e-8)*0); columns 4, 5: row 0 alone -> b ~ 2
     torch.testing.assert_close(absolute[1, 2:4], torch.zeros(2, dtype=torch.float64), rtol=0, atol=1e-8)
     torch.testing.assert_close(absolute[0, 4:], torch.zeros(2, dtype=torch.float64), rtol=0, atol=1e-7)
@@ -471,7 +495,7 @@ def test_valid_positions_hand_example():
 def test_scale_and_shift_invariance(seed, zero_tail):
     rewards, energy, mask, ids, _ = _random_batch(seed, holes=seed % 2 == 1)
     kw = dict(handle_zero_tail=zero_tail, token_positions="absolute")
-    base = otb_advantages(rewards, energy, mask, ids, **kw)
+    base = otb_advantages(rewards, energy, mask, groups_of(ids), **kw)
     gen = torch.Generator().manual_seed(100 + seed)
     uniq = ids.unique()
     c = dict(zip(uniq.tolist(), (torch.rand(len(uniq), generator=gen, dtype=torch.float64) * 5 + 0.1).tolist()))
@@ -479,17 +503,17 @@ def test_scale_and_shift_invariance(seed, zero_tail):
     c_row = torch.tensor([c[g] for g in ids.tolist()], dtype=torch.float64)
     d_row = torch.tensor([d[g] for g in ids.tolist()], dtype=torch.float64)
 
-    scaled = otb_advantages(rewards * c_row, energy, mask, ids, **kw)
+    scaled = otb_advantages(rewards * c_row, energy, mask, groups_of(ids), **kw)
     torch.testing.assert_close(scaled, base * c_row.unsqueeze(-1), rtol=1e-10, atol=1e-12)
 
-    shifted = otb_advantages(rewards + d_row, energy, mask, ids, **kw)
+    shifted = otb_advantages(rewards + d_row, energy, mask, groups_of(ids), **kw)
     _, zero_b = _reference_otb(rewards.tolist(), energy.tolist(), mask.tolist(), ids.tolist(), zero_tail)
     zero_b = torch.tensor(zero_b)  # (B, T) positions whose baseline is 0 (zero tail, group of one)
     active = (mask > 0) & ~torch.isnan(rewards).unsqueeze(-1)
     expected_shift = torch.where(active & zero_b, d_row.unsqueeze(-1), torch.zeros_like(base))
     # elsewhere b shifts by d * sum W / (sum W + 1e-8): exact up to d * 1e-8 / sum W (W >= 0.05)
     torch.testing.assert_close(shifted - base, expected_shift, rtol=0, atol=1e-6)
-    assert bool((active & zero_b).any())  # the group of one (row 11) is always there
+    assert bool((active & zero_b).any())  # the group of one (row 13) is always there
 
 
 # --------------------------------------------------------------------------------------------------
@@ -585,7 +609,7 @@ def test_otb_gradient_variance_lower_than_group_mean():
         torch.testing.assert_close(g, manual, rtol=1e-12, atol=1e-12)
 
     group_ids = torch.arange(n_groups).repeat_interleave(n_gen)
-    adv_otb = otb_advantages(rewards, energy, mask, group_ids, handle_zero_tail=False)  # (rows, L)
+    adv_otb = otb_advantages(rewards, energy, mask, groups_of(group_ids), handle_zero_tail=False)  # (rows, L)
     grouped = rewards.view(n_groups, n_gen)
     adv_mean = (grouped - grouped.mean(1, keepdim=True)).reshape(rows, 1) * mask  # (rows, L)
     adv_rloo = (grouped - (grouped.sum(1, keepdim=True) - grouped) / (n_gen - 1)).reshape(rows, 1) * mask
@@ -638,25 +662,27 @@ def test_energy_memory_grows_with_chunk_not_with_rows():
 @pytest.mark.parametrize("reward", [0.5, 0.1, 1.0 / 3.0, -2.7])
 @pytest.mark.parametrize(("zero_tail", "positions"), [(False, "absolute"), (True, "valid"), (True, "absolute")])
 def test_equal_rewards_give_zero_loss_and_gradient(energy_scale, reward, zero_tail, positions):
-    """float64: groups of 2-7 members with one reward each (ragged, with holes, a unique longest member, importance
-    weights) get exactly zero advantages, so the trained surrogate has exactly zero loss and gradient, for energies
+    """float64: groups of 7, 4 and 2 members with one reward each (ragged, with holes, a unique longest member,
+    importance weights) get exactly zero advantages, so the trained surrogate has exactly zero loss and gradient, for energies
     down to 0. verl's b_t = sum W G / (sum W + 1e-8) gives c * 1e-8 / (sum W + 1e-8) there, and c itself where the
     summed energy is 0 (near-deterministic tokens)."""
     from trl_groupopt.core.common import clipped_surrogate_loss
 
     gen = torch.Generator().manual_seed(3)
-    sizes = [2, 3, 4, 5, 6, 7]
-    ids = torch.tensor([g for g, n in enumerate(sizes) for _ in range(n)])
+    ids = torch.arange(6).repeat_interleave(7)  # six groups of 7 rows
     B, T = len(ids), 10
     lengths = torch.randint(1, T + 1, (B,), generator=gen)
     lengths[0] = T  # group 0: a unique longest member (zero tail)
     lengths[1] = 3
     mask = (torch.arange(T) < lengths.unsqueeze(-1)).double() * (torch.rand(B, T, generator=gen) > 0.2).double()
     mask[:, 0] = 1.0
+    mask[28:31] = 0.0  # group 4: 4 members (a row without a valid token leaves its group)
     rewards = torch.tensor([reward + g for g in ids.tolist()], dtype=torch.float64)  # one reward per group
+    rewards[37:42] = float("nan")  # group 5: 2 members (so does an unscorable row)
     energy = torch.rand(B, T, generator=gen, dtype=torch.float64) * 1.5 * energy_scale
     weights = torch.rand(B, T, generator=gen, dtype=torch.float64) + 0.5
-    advantages = otb_advantages(rewards, energy, mask, ids, handle_zero_tail=zero_tail, token_positions=positions,
+    groups = groups_of(ids)
+    advantages = otb_advantages(rewards, energy, mask, groups, handle_zero_tail=zero_tail, token_positions=positions,
                                 importance_weights=weights)  # fmt: skip
     assert bool((advantages == 0).all()), advantages.abs().max()
 
@@ -678,7 +704,7 @@ def test_zero_summed_energy_falls_back_to_the_plain_group_mean():
     energy = torch.zeros(4, 3, dtype=torch.float64)
     energy[:, 2] = torch.tensor([1.0, 3.0, 3.0, 1.0])  # informative energy from the third token on
     energy[0, 1] = 1e-9  # below MIN_SUMMED_ENERGY: still the equal-weights limit
-    out = otb_advantages(rewards, energy, mask, ids)
+    out = otb_advantages(rewards, energy, mask, groups_of(ids))
     mean = rewards.mean()
     torch.testing.assert_close(out[:, :2], (rewards - mean).unsqueeze(-1).expand(4, 2), rtol=0, atol=0)
     cum = torch.tensor([1.0 + 1e-9, 3.0, 3.0, 1.0], dtype=torch.float64)  # W at the third token

@@ -13,9 +13,9 @@ import torch
 from trl.trainer.utils import nanstd
 
 from tests.objectives.dfpo_logged import dfpo_logged as dfpo_loss
+from tests.objectives.groups import groups_of
 from trl_groupopt import DFPOConfig
 from trl_groupopt.methods.dfpo.grpo_fix import symmetric_clip_loss
-from trl_groupopt.methods.dfpo.objective import validate_dfpo
 
 F64 = torch.float64
 EPS_LOW, EPS_HIGH = 3e-4, 4e-4  # GSPO's, DFPOConfig's defaults
@@ -75,7 +75,7 @@ def shared_grad(logp, old, adv, mask, gids, loss_type, **kwargs):
     """(d loss / d shared token, its gross scale sum_i |d loss / d logp_i0|, metrics) under ``loss_type``."""
     leaf = logp.clone().requires_grad_(True)
     kwargs = dict(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, loss_type=loss_type, **kwargs)
-    out = dfpo_loss(leaf, old, adv, mask, gids, **kwargs)
+    out = dfpo_loss(leaf, old, adv, mask, groups_of(gids), **kwargs)
     aggregate(out.per_token_loss, mask, loss_type).backward()
     return leaf.grad[:, 0].sum().item(), leaf.grad[:, 0].abs().sum().item(), out.metrics
 
@@ -142,7 +142,9 @@ def test_importance_weights_enter_the_transform(shape, transform):
     assert metrics["dfpo/cancellation_residual"] < 1e-6
     # multiplying the weights after the transform (what the trainer did before) does not cancel
     leaf = logp.clone().requires_grad_(True)
-    out = dfpo_loss(leaf, old, adv, mask, gids, transform=transform, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH)
+    out = dfpo_loss(
+        leaf, old, adv, mask, groups_of(gids), transform=transform, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH
+    )
     aggregate(out.per_token_loss * weights, mask, DEFAULT_LOSS_TYPE).backward()
     assert abs(leaf.grad[:, 0].sum().item()) > 1e-3 * gross
 
@@ -162,7 +164,7 @@ def test_none_with_importance_weights_is_trl(shape):
         ref_total.backward()
         leaf = logp.clone().requires_grad_(True)
         out = dfpo_loss(
-            leaf, old, adv, mask, gids, transform="none", epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH,
+            leaf, old, adv, mask, groups_of(gids), transform="none", epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH,
             importance_weights=weights,
         )  # fmt: skip
         total = aggregate(out.per_token_loss, mask, loss_type)
@@ -192,7 +194,7 @@ def test_all_equal_reward_group_contributes_nothing(reward, transform):
     kwargs = dict(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH)
     for name, expect_zero in ((transform, True), ("none", False)):
         leaf = logp.clone().requires_grad_(True)
-        out = dfpo_loss(leaf, old, advantages, mask, gids, transform=name, **kwargs)
+        out = dfpo_loss(leaf, old, advantages, mask, groups_of(gids), transform=name, **kwargs)
         loss = out.per_token_loss[:group]
         aggregate(loss, mask[:group], DEFAULT_LOSS_TYPE).backward()
         if expect_zero:
@@ -227,16 +229,17 @@ def test_grpo_fix_default_loss_type_cancels_a_shared_token():
             assert abs(grads["grpo"]) > 1e-2
 
 
-def test_unclipped_rejected_where_it_cannot_hold():
-    """`validate_dfpo` (DFPOConfig runs it once, naming its fields: tests/trainers/test_validation.py)."""
-    settings = dict(epsilon_low=0.2, epsilon_high=0.2, orth_floor=1e-6)
+def test_unclipped_rejected_where_it_cannot_hold(tmp_path):
+    """`DFPOConfig` refuses the settings the transforms cannot honour, naming its fields."""
+    kwargs = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     for transform in ("none", "min_replace"):
-        with pytest.raises(ValueError, match="Use transform='orth_proj' or 'orth_proj_qp', or orthogonal_over='all'"):
-            validate_dfpo(transform=transform, orthogonal_over="unclipped", **settings)
-    with pytest.raises(ValueError, match="orthogonal_over must be one of"):
-        validate_dfpo(transform="orth_proj", orthogonal_over="clipped", **settings)
+        with pytest.raises(ValueError, match="Use dfpo_transform='orth_proj' or 'orth_proj_qp', or "
+                                             "dfpo_orthogonal_over='all'"):  # fmt: skip
+            DFPOConfig(dfpo_transform=transform, dfpo_orthogonal_over="unclipped", **kwargs)
+    with pytest.raises(ValueError, match="dfpo_orthogonal_over must be one of"):
+        DFPOConfig(dfpo_transform="orth_proj", dfpo_orthogonal_over="clipped", **kwargs)
     with pytest.raises(ValueError, match="epsilon_high must be a finite number > 0"):
-        validate_dfpo(transform="none", orthogonal_over="all", **dict(settings, epsilon_high=float("inf")))
+        DFPOConfig(dfpo_transform="none", epsilon_high=float("inf"), **kwargs)
 
 
 @pytest.mark.parametrize("clip", [False, True])

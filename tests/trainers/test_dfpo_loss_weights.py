@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from tests.helpers import clone_model, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer
+from tests.objectives.groups import groups_of
 from tests.trainers.test_dfpo_cancellation import EPS_HIGH, EPS_LOW, clipped_toy
 from trl_groupopt import DFPOConfig, DFPOTrainer
 from trl_groupopt.methods.dfpo.objective import dfpo_loss
@@ -170,7 +171,8 @@ def test_multiplying_the_mask_after_the_objective_does_not_cancel():
     kept = DFPOTrainer.get_off_policy_mask(adv.unsqueeze(1), logp, inputs["old_per_token_logps"], mask,
                                            OFF_POLICY_THRESHOLD)  # fmt: skip
     leaf = logp.clone().requires_grad_(True)
-    out = dfpo_loss(leaf, inputs["old_per_token_logps"], adv, mask, gids, transform="orth_proj", epsilon_low=EPS_LOW,
+    groups = groups_of(gids)
+    out = dfpo_loss(leaf, inputs["old_per_token_logps"], adv, mask, groups, transform="orth_proj", epsilon_low=EPS_LOW,
                     epsilon_high=EPS_HIGH)  # fmt: skip
     ((out.per_token_loss * kept * mask).sum() / mask.sum()).backward()
     shared, gross = _shared(leaf.grad, gids)

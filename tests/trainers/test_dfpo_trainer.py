@@ -21,6 +21,7 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
+from tests.objectives.groups import groups_of
 from trl_groupopt import DFPOConfig, DFPOTrainer
 from trl_groupopt.data.offline import load_embedded_policy
 from trl_groupopt.methods.dfpo.grpo_fix import symmetric_clip_loss
@@ -65,7 +66,8 @@ def _predicted(trainer, inputs, *, is_weights=None) -> tuple[float, dict[str, to
         out = symmetric_clip_loss(logps, inputs["old_per_token_logps"], inputs["advantages"], mask,
                                   epsilon_high=args.epsilon_high, importance_weights=is_weights)  # fmt: skip
     else:
-        out = dfpo_loss(logps, inputs["old_per_token_logps"], inputs["advantages"], mask, inputs["group_ids"],
+        groups = groups_of(inputs["group_ids"])
+        out = dfpo_loss(logps, inputs["old_per_token_logps"], inputs["advantages"], mask, groups,
                         transform=args.dfpo_transform, epsilon_low=args.epsilon, epsilon_high=args.epsilon_high,
                         orth_floor=args.dfpo_orth_floor, orthogonal_over=args.dfpo_orthogonal_over,
                         importance_weights=is_weights)  # fmt: skip

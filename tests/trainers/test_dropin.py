@@ -35,10 +35,8 @@ from tests.helpers import (
 from tests.selection import tested_methods
 from trl_groupopt import METHODS, GroupOptTrainer
 
-#: registry name -> (trainer, config, overrides selecting the mode), for every registered method
-TRAINERS = {
-    name: (spec.trainer_class, spec.config_class, dict(spec.config_defaults)) for name, spec in METHODS.items()
-}
+#: registry name -> (trainer, config, overrides), for every registered method
+TRAINERS = {name: (spec.trainer_class, spec.config_class, {}) for name, spec in METHODS.items()}
 NO_REWARD_SOURCE = "No reward source provided"
 # TRL flags environment_factory / rollout_func as experimental at every construction.
 pytestmark = pytest.mark.filterwarnings("ignore:You are using .* experimental feature:UserWarning")

@@ -36,6 +36,7 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
+from tests.objectives.groups import groups_of
 from trl_groupopt import METHODS, DFPOConfig, ECHOConfig, OTBConfig, get_method
 from trl_groupopt.core.common import clipped_surrogate_loss
 from trl_groupopt.core.estimators import ESTIMATORS, AdvantageEstimator, EstimatorOutput, register_estimator
@@ -130,7 +131,7 @@ def _reference(method, args, model, inputs):
     """Loss and gradients of the pure objective on independently computed OTB advantages (dapo aggregation)."""
     reference_model = clone_model(model)
     mask = inputs["completion_mask"].double()
-    advantages = otb_advantages(inputs["rewards"], inputs["old_per_token_energy"], mask, inputs["group_ids"],
+    advantages = otb_advantages(inputs["rewards"], inputs["old_per_token_energy"], mask, groups_of(inputs["group_ids"]),
                                 handle_zero_tail=False, token_positions="valid")  # fmt: skip
     logps, _, _ = float64_forward(None, reference_model, inputs)
     out = _reference_objective(method, args)(logps, inputs["old_per_token_logps"], advantages, mask)
@@ -298,10 +299,8 @@ def test_model_card_names_the_estimator(setup, float_model, tmp_path):
 # ------------------------------------------------------------------------------------------------ a third estimator
 def _leave_one_out(inputs) -> EstimatorOutput:
     """RLOO: A_i = G_i - mean of the other members' rewards (one advantage per sequence)."""
-    rewards, group_ids = inputs.rewards, inputs.group_ids
-    totals = torch.zeros(int(group_ids.max()) + 1, dtype=rewards.dtype).index_add_(0, group_ids, rewards)
-    sizes = torch.bincount(group_ids).to(rewards.dtype)
-    others = (totals[group_ids] - rewards) / (sizes[group_ids] - 1)
+    rewards, groups = inputs.rewards, inputs.groups()
+    others = (groups.rows(rewards, "sum") - rewards) / (groups.size - 1)
     return EstimatorOutput(rewards - others)
 
 

@@ -174,7 +174,7 @@ def _pure_calls():
     calls["echo_loss/step"] = echo_step
 
     def dfpo(lp, o, a, m, r, transform, over):  # the loss and the diagnostics its trainer logs
-        out = dfpo_loss(lp, o, a, m, groups(lp.shape[0], device=lp.device), transform=transform, epsilon_low=3e-4,
+        out = dfpo_loss(lp, o, a, m, groups(lp.shape[0]), transform=transform, epsilon_low=3e-4,
                         epsilon_high=4e-4, orthogonal_over=over, importance_weights=m[:, :1])  # fmt: skip
         out.metrics.update(dfpo_diagnostics(out.weights, "dapo"))
         return out

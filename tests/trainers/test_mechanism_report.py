@@ -21,11 +21,10 @@ TRL_LOGGER = "trl.trainer.grpo_trainer"
 
 @pytest.mark.parametrize("method", tested_methods())
 def test_trainer_reports_its_methods_definition(method, tokenizer, base_model, tmp_path):
-    """Each registered method's trainer (GRPO-fix: the DFPO trainer in its mode) reports that method's definition;
-    before training, nothing was measured."""
+    """Each registered method's trainer reports that method's definition; before training, nothing was measured."""
     trainer = method_trainer(method, tmp_path, clone_model(base_model), tokenizer, num_generations=2)
-    assert trainer.mechanisms() == (get_method(method).mechanism,)
     report = trainer.mechanism_report
+    assert [outcome.mechanism for outcome in report.outcomes] == [get_method(method).mechanism]
     assert report.method == method and report.advantage_estimator == trainer.estimator.name
     (outcome,) = report.outcomes
     assert outcome.steps == 0 and "not measured" in outcome.text and not report.never_acted
@@ -35,8 +34,9 @@ def test_otb_advantages_add_otbs_definition(tokenizer, base_model, tmp_path):
     """A config whose `advantage_estimator` is "otb" (any method) reports OTB's token baseline too, and says so."""
     trainer = method_trainer("ctpo", tmp_path, clone_model(base_model), tokenizer, num_generations=2,
                              advantage_estimator="otb")  # fmt: skip
-    assert trainer.mechanisms() == (get_method("ctpo").mechanism, otb.METHOD.mechanism)
-    assert trainer.mechanism_report.advantage_estimator == "otb"
+    report = trainer.mechanism_report
+    assert [outcome.mechanism for outcome in report.outcomes] == [get_method("ctpo").mechanism, otb.METHOD.mechanism]
+    assert report.advantage_estimator == "otb"
 
 
 def test_a_custom_objective_on_the_base_spec_has_no_definition(tokenizer, base_model, tmp_path):
@@ -49,7 +49,7 @@ def test_a_custom_objective_on_the_base_spec_has_no_definition(tokenizer, base_m
     args = GRPOConfig(**cpu_config_kwargs(tmp_path, num_generations=2))
     trainer = Custom(clone_model(base_model), length_reward, args=args, train_dataset=tiny_dataset(8),
                      processing_class=tokenizer)  # fmt: skip
-    assert trainer.mechanisms() == () and trainer.mechanism_report is None
+    assert trainer.mechanism_report is None
 
 
 def _messages(caplog, logger: str) -> list[str]:

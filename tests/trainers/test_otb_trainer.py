@@ -24,10 +24,10 @@ from tests.helpers import (
     tiny_model,
     tiny_tokenizer,
 )
+from tests.objectives.groups import groups_of
 from trl_groupopt import OTBConfig, OTBTrainer
 from trl_groupopt.core.estimators import EstimatorInputs
 from trl_groupopt.methods.otb.objective import logit_gradient_energy, otb_advantages, otb_zero_tail
-from trl_groupopt.trainer import loss
 
 TEMPERATURE = 0.7
 # The in-code tokenizer's template plus tool calls and tool messages: TRL requires a template that renders a full
@@ -170,9 +170,9 @@ def test_environment_rewards_and_tool_mask_reach_the_otb_advantages(tmp_path, to
 
     # Defaults on a tool-use batch: valid positions and zero tail on (verl's tool-use estimator's defaults)
     zero_tail = trainer.args.otb_handle_zero_tail
-    assert otb_zero_tail(zero_tail, loss.estimator_inputs(trainer, batch, mask).tool_use) is True
+    assert otb_zero_tail(zero_tail, trainer._estimator_inputs(batch, mask).tool_use) is True
     single_turn = {k: v for k, v in batch.items() if k != "tool_mask"}
-    assert otb_zero_tail(zero_tail, loss.estimator_inputs(trainer, single_turn, mask).tool_use) is False
+    assert otb_zero_tail(zero_tail, trainer._estimator_inputs(single_turn, mask).tool_use) is False
 
     losses, advantages = {}, {}
     for zero_tail in (None, True, False):
@@ -188,7 +188,7 @@ def test_environment_rewards_and_tool_mask_reach_the_otb_advantages(tmp_path, to
             )  # fmt: skip
             losses[zero_tail, positions], advantages[zero_tail, positions] = _loss_and_advantages(knob_trainer, batch)
             predicted = otb_advantages(
-                batch["rewards"], energy, mask, batch["group_ids"],
+                batch["rewards"], energy, mask, groups_of(batch["group_ids"]),
                 handle_zero_tail=True if zero_tail is None else zero_tail, token_positions=positions,
             )  # fmt: skip
             torch.testing.assert_close(advantages[zero_tail, positions], predicted, rtol=0, atol=0, msg=name)
@@ -340,13 +340,18 @@ def test_otb_drops_unscorable_rows_from_the_baseline(tmp_path, tool_tokenizer, b
 
     inputs = {"rewards": rewards, "old_per_token_energy": energy, "group_ids": group_ids}
     full = trainer.compute_advantages(inputs, torch.zeros(12, 7), mask)  # (12, 7) groups of num_generations = 4
-    # the trainer's estimator on the scored rows alone: unequal groups, named by their ids
-    kept = trainer.estimator.estimate(
-        EstimatorInputs(
-            mask=mask[scored], rewards=rewards[scored], group_ids=group_ids[scored], energy=energy[scored]
-        ),
-        **trainer._estimator_knobs,
-    ).advantages  # (5, 7)
+    # the trainer's estimator on each group's scored rows alone (groups of 3, 2 and none)
+    members = [torch.nonzero(scored & (group_ids == g)).flatten() for g in group_ids.unique()]
+    kept = torch.cat(
+        [
+            trainer.estimator.estimate(
+                EstimatorInputs(mask=mask[rows], rewards=rewards[rows], energy=energy[rows], group_size=len(rows)),
+                **trainer._estimator_knobs,
+            ).advantages
+            for rows in members
+            if len(rows)
+        ]
+    )  # (5, 7)
     torch.testing.assert_close(full[scored], kept, atol=0.0, rtol=0.0)
     assert torch.equal(full[~scored], torch.zeros(int((~scored).sum()), 7))
     assert (full[scored] != 0).any()
@@ -359,19 +364,14 @@ def test_otb_drops_unscorable_rows_from_the_baseline(tmp_path, tool_tokenizer, b
 @pytest.mark.parametrize(
     "bad,match",
     [
-        (dict(epsilon=-0.1), "epsilon must be > 0, got -0.1.*positive"),
-        (dict(epsilon=0.0), "epsilon must be > 0"),
-        (dict(epsilon_high=-0.2), "epsilon_high must be > 0"),
-        (dict(epsilon=float("nan")), "epsilon must be > 0"),
-        (dict(delta=0.0), "delta must be > 0"),
-        (dict(importance_sampling_level="tokens"), "importance_sampling_level must be 'token' or 'sequence'"),
-        (dict(scale_rewards="groups"), "scale_rewards must be"),
+        (dict(advantage_estimator="grpo"), "advantage_estimator must be 'otb'"),
         (dict(otb_token_positions="compact"), "otb_token_positions must be one of"),
         (dict(otb_handle_zero_tail="yes"), "otb_handle_zero_tail must be True, False or None"),
     ],
 )
 def test_config_values_are_validated_at_construction(tmp_path, bad, match):
-    """Every value OTB reads fails at `OTBConfig(...)`, naming the field and the fix, before any folder is written."""
+    """Every value of OTB's own fails at `OTBConfig(...)`, naming the field and the fix, before any folder is written
+    (TRL's settings are checked where `GRPOTrainer`'s are: tests/trainers/test_args_check.py)."""
     with pytest.raises(ValueError, match=match):
         OTBConfig(**cpu_config_kwargs(tmp_path / "out", **bad))
     assert not (tmp_path / "out").exists()

@@ -128,6 +128,12 @@ CONFIG_CASES = [
     ),
     ("ctpo_unknown_ratio_mode", "ctpo", {"ctpo_ratio_mode": "mean"}, r"ctpo_ratio_mode must be one of"),
     (
+        "ctpo_nan_position_power",
+        "ctpo",
+        {"ctpo_ratio_mode": "geomean", "ctpo_position_power": float("nan")},
+        r"ctpo_position_power must be finite, got nan",
+    ),
+    (
         "ctpo_sequence_level",
         "ctpo",
         {"importance_sampling_level": "sequence"},
@@ -222,14 +228,6 @@ def test_token_level_methods_accept_partial_groups(tmp_path, method):
     )
 
 
-@pytest.mark.parametrize("method,overrides", WHOLE_GROUP_CASES, ids=WHOLE_GROUP_IDS)
-def test_group_methods_need_two_generations(tmp_path, method, overrides):
-    """Unreachable through the config (TRL's __post_init__ refuses 1), but a config mutated afterwards is caught."""
-    args = _config(method, tmp_path, **overrides)
-    args.num_generations = 1
-    _raises_at_construction(get_method(method).trainer_class, args, r"num_generations must be >= 2, got 1")
-
-
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo", "not_a_loss"])
 @pytest.mark.parametrize("method", tested_methods())
 def test_surrogate_replacing_loss_types_rejected_by_every_trainer(tmp_path, method, loss_type):
@@ -290,15 +288,10 @@ def test_trainer_needs_its_own_config_class(tmp_path, method):
 
 @pytest.mark.parametrize("method", tested_methods())
 def test_liger_and_unsloth_routing_on_the_real_trainers(tmp_path, method):
-    """TRL 1.16 keeps the loss in `_compute_loss` under Liger: every trainer passes the check. An old-TRL Liger route
-    (`compute_liger_loss`) or an Unsloth-derived class is refused by the constructor, before any model is loaded."""
+    """The supported TRL versions keep the loss in `_compute_loss` under Liger: every trainer passes the check. An
+    Unsloth-derived class is refused by the constructor, before any model is loaded."""
     trainer_cls = get_method(method).trainer_class
-    check_loss_routed_through_compute_loss(trainer_cls, use_liger_kernel=True)
-    liger_args = _config(method, tmp_path, use_liger_kernel=True)
-    old_trl = type("OldTRL" + trainer_cls.__name__, (trainer_cls,), {"compute_liger_loss": lambda self, *a: None})
-    with pytest.raises(ValueError, match=r"Set use_liger_kernel=False, or upgrade to trl>=1\.16"):
-        old_trl(None, None, args=liger_args)
-    check_loss_routed_through_compute_loss(old_trl, use_liger_kernel=False)  # without Liger the old route is unused
+    check_loss_routed_through_compute_loss(trainer_cls)
     unsloth = type("UnslothGRPOTrainer", (trainer_cls,), {})
     unsloth.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
     with pytest.raises(
@@ -316,11 +309,11 @@ def test_routing_check_sees_through_subclasses_and_foreign_patches():
     fake_unsloth.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
     ours_on_top = type("ECHOLikeTrainer", (fake_unsloth,), {})
     with pytest.raises(ValueError, match="Unsloth"):
-        check_loss_routed_through_compute_loss(ours_on_top, use_liger_kernel=False)
+        check_loss_routed_through_compute_loss(ours_on_top)
     patched = type("Patched", (GroupOptTrainer,), {"compute_loss": lambda self, *a, **k: None})
     patched.compute_loss.__module__ = "somebody_elses_patch"
     with pytest.raises(ValueError, match="not TRL"):
-        check_loss_routed_through_compute_loss(patched, use_liger_kernel=False)
+        check_loss_routed_through_compute_loss(patched)
 
 
 def test_liger_on_trl_116_still_computes_our_objective(tmp_path):

@@ -1,8 +1,8 @@
 """The training command's defaults (`trl_groupopt.cli.main`, `trl_groupopt.cli.script`, the benchmarks). They compose in layers,
 each filling what the layers before it left unset: the command line; the `--config` YAML; with the embedded policy
 only, :data:`EMBEDDED_POLICY_DEFAULTS`, the method's `demo_defaults` and fp32 on every device; :data:`RUN_DEFAULTS`
-(bf16 for a named model where the device runs it natively, CPU without an accelerator); the method's
-`config_defaults` (a mode of another method's trainer); the config class's own defaults."""
+(bf16 for a named model where the device runs it natively, CPU without an accelerator); the config class's own
+defaults."""
 
 from __future__ import annotations
 

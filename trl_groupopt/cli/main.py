@@ -11,7 +11,6 @@ import importlib
 import inspect
 import os
 import shlex
-import shutil
 import sys
 import traceback
 import warnings
@@ -20,9 +19,6 @@ from typing import TYPE_CHECKING, NoReturn
 
 from ..data.offline import uses_embedded_policy
 from ..methods.registry import METHODS, get_method
-from ..runfolder import resume
-from ..runfolder.checkpoints import checkpoints, resolve_resume
-from ..runfolder.lock import RunLock
 from .defaults import DEMO_DEFAULTS, EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS  # noqa: F401  (read here by benchmarks)
 
 if TYPE_CHECKING:
@@ -53,31 +49,10 @@ def parse(method: str, argv: Sequence[str] | None = None, *, prog: str | None = 
     return script_args, training_args, model_args, demo
 
 
-def prepare_output_dir(
-    output_dir: str, resume_from_checkpoint: str | None, overwrite: bool, main: bool = True, method=None, args=None
-):
-    """The checkpoint to resume from (None: a fresh run), after the resume rules of `trl_groupopt.runfolder.resume` (a finished
-    run: printed, exit 0). ``overwrite`` (a fresh run only) deletes the earlier checkpoints (on the main process)."""
-    if resume_from_checkpoint is not None and overwrite:
-        raise ValueError("--overwrite_output_dir (a fresh run) cannot be combined with --resume_from_checkpoint.")
-    if resume_from_checkpoint is not None:
-        checkpoint = resolve_resume(output_dir, resume_from_checkpoint)
-        if method is not None and args is not None:  # the trainer checks again, and warns on changed settings
-            resume.check_resume(checkpoint, method, args, warn=False)
-            if (finished := resume.finished_message(checkpoint, args)) is not None:
-                print(finished, flush=True)
-                raise SystemExit(0)
-        return checkpoint
-    resume.refuse_fresh_run(output_dir, overwrite, cli=True)
-    if overwrite and main:
-        for folder in checkpoints(output_dir):
-            shutil.rmtree(folder)
-    return None
-
-
 def train(method: str, argv: Sequence[str] | None = None, *, prog: str | None = None) -> GroupOptTrainer:
-    """Parse argv, check the data (before the output folder is touched and the model loads), then train `method`
-    holding its output folder (`RunLock`); returns the trainer. Errors raise (:func:`one_line_errors` prints them)."""
+    """Parse argv, check the data (before the model loads), then train `method`; returns the trainer. The trainer's
+    `train()` holds the output folder (`RunLock`) and runs the resume rules, worded for the command line. Errors raise
+    (:func:`one_line_errors` prints them)."""
     from ..data import adapters
     from . import script
 
@@ -87,13 +62,14 @@ def train(method: str, argv: Sequence[str] | None = None, *, prog: str | None = 
     if os.path.isfile(args.output_dir):
         raise ValueError(f"--output_dir {args.output_dir} is a file: give a folder (new or a run's).")
     train_dataset, eval_dataset = adapters.load_datasets(script_args, model_args, args)
-    main_process = int(os.environ.get("RANK", "0")) == 0
-    with RunLock(args.output_dir, enabled=main_process):
-        overwrite = args.overwrite_output_dir = script_args.overwrite_output_dir  # the trainer's check reads it
-        args.resume_from_checkpoint = prepare_output_dir(
-            args.output_dir, args.resume_from_checkpoint, overwrite, main_process, method, args
-        )
+    args.overwrite_output_dir = script_args.overwrite_output_dir  # read by the trainer's resume rules
+    created = not os.path.exists(args.output_dir)
+    try:
         return script.run(method, script_args, args, model_args, demo, train_dataset, eval_dataset)
+    except BaseException:  # a run that fails before writing anything leaves no folder (the trainer makes it)
+        if created and os.path.isdir(args.output_dir) and not os.listdir(args.output_dir):
+            os.rmdir(args.output_dir)
+        raise
 
 
 def take_debug_flag(argv: Sequence[str]) -> tuple[list[str], bool]:

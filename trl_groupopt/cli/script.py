@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import torch
 import yaml
-from transformers import TrainingArguments
+from transformers import TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_config
 
@@ -102,11 +102,11 @@ def by_model(embedded: Any, named: Any) -> Deferred:
 
 
 def deferred_defaults(method: str) -> dict[str, Any]:
-    """`trl_groupopt.cli.defaults`' layers as parser defaults: RUN_DEFAULTS and the method's mode, then per-model values."""
+    """`trl_groupopt.cli.defaults`' layers as parser defaults: RUN_DEFAULTS, then per-model values."""
     spec = get_method(method)
     embedded = {**EMBEDDED_POLICY_DEFAULTS, **spec.demo_defaults}
     defaults = {f.name: f.default for f in dataclasses.fields(spec.config_class) if f.name in embedded}
-    defaults.update({**spec.config_defaults, **RUN_DEFAULTS})  # what a named model gets
+    defaults.update(RUN_DEFAULTS)  # what a named model gets
     defaults.update({name: by_model(value, defaults[name]) for name, value in embedded.items()})
 
     def output_dir(namespace: argparse.Namespace, tiny: bool) -> str:
@@ -263,43 +263,77 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
         train_dataset=train_dataset,
         peft_config=get_peft_config(model_args),
     )
+    trainer.command_line = True  # the resume rules name the command's flags; a finished run exits 0 (`run`)
     trainer.remove_callback(ProgressCallback)  # one of these two is installed, by disable_tqdm
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(ReadableProgressCallback(spec.headline_metric, show_bar=not training_args.disable_tqdm))
     return trainer
 
 
-def _save_outputs(trainer, method, training_args, model_args, dataset_name, curve, wall_start, say) -> None:
-    """The card, trainer state, plot and results.json beside the saved model (main process)."""
-    trainer.create_model_card(dataset_name=dataset_name)  # after save_model: replaces PEFT's template card
-    trainer.save_state()
-    heldout = trainer.heldout_accuracy or {}
-    before, after = heldout.get("before", float("nan")), heldout.get("after", float("nan"))
-    report = trainer.mechanism_report
-    plot_reward_accuracy(
-        trainer.state.log_history,
-        os.path.join(training_args.output_dir, "reward_accuracy.png"),
-        heldout=[(0, before), (trainer.state.global_step, after)] if heldout else [],
-        heldout_curve=curve.points if curve else [],
-        heldout_label=f"accuracy (held-out, greedy, {heldout.get('num_examples')} prompts)",
-        curve_label=f"accuracy (held-out, greedy, first {len(curve.dataset)} prompts)" if curve else "",
-        mechanism_report=report,
-        title=f"{method}: {os.path.basename(os.path.normpath(model_args.model_name_or_path))}",
-    )
-    write_results(
-        training_args.output_dir,
-        method=method,
-        accuracy_before=before,
-        accuracy_after=after,
-        heldout_examples=heldout.get("num_examples"),
-        heldout_curve=[list(point) for point in curve.points] if curve else [],
-        heldout_curve_examples=len(curve.dataset) if curve else None,
-        mechanism=report.to_dict() if report is not None else None,
-        steps=trainer.state.global_step,
-        wall_seconds=round(time.perf_counter() - wall_start, 1),
-        num_processes=trainer.accelerator.num_processes,
-    )
-    say(f"saved the model, README.md (card), trainer_state.json, results.json and plots in {training_args.output_dir}")
+class _FinishRun(TrainerCallback):
+    """The command's lines around training and its outputs (the held-out accuracy after, the model, card, state,
+    plot, results.json, the push), written at the end of `train()`, inside the trainer's hold on the folder."""
+
+    def __init__(self, trainer, method, script_args, training_args, model_args, eval_dataset, say, start, decode):
+        self.trainer, self.method, self.script_args, self.say, self.start = trainer, method, script_args, say, start
+        self.decode = decode  # the held-out decoding settings, before and after
+        self.training_args, self.model_args, self.eval_dataset = training_args, model_args, eval_dataset
+        self.before: float | None = None  # the held-out accuracy before training, when measured
+        self.curve: HeldOutAccuracyCallback | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.say(f"training {args.max_steps if args.max_steps > 0 else ''} steps -> {args.output_dir}")
+        if self.trainer.resumed_from is not None:
+            self.say(f"resuming from {self.trainer.resumed_from}")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        trainer, training_args = self.trainer, self.training_args
+        if self.before is not None:
+            after = offline.greedy_accuracy(trainer.model, trainer.processing_class, self.eval_dataset, **self.decode)
+            after = after["accuracy"]
+            self.say(f"held-out greedy accuracy ({len(self.eval_dataset)} prompts): {self.before:.1%} -> {after:.1%}")
+            trainer.heldout_accuracy = {"before": self.before, "after": after, "num_examples": len(self.eval_dataset)}
+        dataset_name = self.script_args.dataset_name or SYNTHETIC_DATASET_NAME  # the card describes the synthetic task
+        trainer.save_model(training_args.output_dir)
+        if trainer.accelerator.is_main_process:
+            self._save_outputs(dataset_name)
+        if training_args.push_to_hub:
+            trainer.push_to_hub(dataset_name=dataset_name)
+
+    def _save_outputs(self, dataset_name: str) -> None:
+        """The card, trainer state, plot and results.json beside the saved model (main process)."""
+        trainer, training_args, curve, method = self.trainer, self.training_args, self.curve, self.method
+        trainer.create_model_card(dataset_name=dataset_name)  # after save_model: replaces PEFT's template card
+        trainer.save_state()
+        heldout = trainer.heldout_accuracy or {}
+        before, after = heldout.get("before", float("nan")), heldout.get("after", float("nan"))
+        report = trainer.mechanism_report
+        plot_reward_accuracy(
+            trainer.state.log_history,
+            os.path.join(training_args.output_dir, "reward_accuracy.png"),
+            heldout=[(0, before), (trainer.state.global_step, after)] if heldout else [],
+            heldout_curve=curve.points if curve else [],
+            heldout_label=f"accuracy (held-out, greedy, {heldout.get('num_examples')} prompts)",
+            curve_label=f"accuracy (held-out, greedy, first {len(curve.dataset)} prompts)" if curve else "",
+            mechanism_report=report,
+            title=f"{method}: {os.path.basename(os.path.normpath(self.model_args.model_name_or_path))}",
+        )
+        write_results(
+            training_args.output_dir,
+            method=method,
+            accuracy_before=before,
+            accuracy_after=after,
+            heldout_examples=heldout.get("num_examples"),
+            heldout_curve=[list(point) for point in curve.points] if curve else [],
+            heldout_curve_examples=len(curve.dataset) if curve else None,
+            mechanism=report.to_dict() if report is not None else None,
+            steps=trainer.state.global_step,
+            wall_seconds=round(time.perf_counter() - self.start, 1),
+            num_processes=trainer.accelerator.num_processes,
+        )
+        self.say(
+            f"saved the model, README.md (card), trainer_state.json, results.json and plots in {training_args.output_dir}"
+        )
 
 
 @contextlib.contextmanager
@@ -321,7 +355,8 @@ def plain_warnings() -> Iterator[None]:
 
 def run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset=None):
     """Train `method` on the datasets the door checked; save the model, card, state and results; returns the trainer.
-    The library's warnings meanwhile show no source line of it (:func:`plain_warnings`)."""
+    A run already finished prints so and exits 0, nothing written. The library's warnings meanwhile show no source
+    line of it (:func:`plain_warnings`)."""
     with plain_warnings():
         return _run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset)
 
@@ -344,28 +379,20 @@ def _run(method, script_args, training_args, model_args, demo, train_dataset, ev
     evaluate = (demo or script_args.dataset_name is not None) and script_args.evaluate_accuracy
     evaluate = evaluate and eval_dataset is not None and main
     decode = {} if demo else {"max_new_tokens": training_args.max_completion_length}
-    curve = None
+    finish = _FinishRun(trainer, method, script_args, training_args, model_args, eval_dataset, say, start, decode)
+    trainer.add_callback(finish)
     if evaluate:
         say(f"held-out greedy accuracy before training ({len(eval_dataset)} prompts)...")
-        before = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset, **decode)["accuracy"]
-        say(f"  {before:.1%}")
-        if demo and script_args.heldout_eval_steps > 0:
-            subset = eval_dataset.select(range(min(script_args.heldout_eval_examples, len(eval_dataset))))
-            curve = HeldOutAccuracyCallback(trainer, subset, script_args.heldout_eval_steps)
-            trainer.add_callback(curve)
-    steps = training_args.max_steps if training_args.max_steps > 0 else ""
-    say(f"training {steps} steps -> {training_args.output_dir}")
-    if training_args.resume_from_checkpoint is not None:
-        say(f"resuming from {training_args.resume_from_checkpoint}")
+        finish.before = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset, **decode)
+        finish.before = finish.before["accuracy"]
+        say(f"  {finish.before:.1%}")
+    if evaluate and demo and script_args.heldout_eval_steps > 0:
+        subset = eval_dataset.select(range(min(script_args.heldout_eval_examples, len(eval_dataset))))
+        finish.curve = HeldOutAccuracyCallback(trainer, subset, script_args.heldout_eval_steps)
+        trainer.add_callback(finish.curve)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    if evaluate:
-        after = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset, **decode)["accuracy"]
-        say(f"held-out greedy accuracy ({len(eval_dataset)} prompts): {before:.1%} -> {after:.1%}")
-        trainer.heldout_accuracy = {"before": before, "after": after, "num_examples": len(eval_dataset)}
-    dataset_name = script_args.dataset_name or SYNTHETIC_DATASET_NAME  # the card describes the synthetic task
-    trainer.save_model(training_args.output_dir)
-    if main:
-        _save_outputs(trainer, method, training_args, model_args, dataset_name, curve, start, say)
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=dataset_name)
+    if trainer.finished is not None:  # the resume rules found the run at its last step
+        if main:
+            print(trainer.finished, flush=True)
+        raise SystemExit(0)
     return trainer

@@ -4,7 +4,7 @@ empty mask reduces to 0, never a division by zero), TRL's clipped surrogate."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,17 +62,6 @@ def nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
     """Detached 0-dim float32 metric `value`, NaN when `count` is 0 (undefined on this micro-batch)."""
     value = value.detach().float()
     return torch.where(count > 0, value, torch.full_like(value, float("nan")))
-
-
-def named(names: Mapping[str, str] | None, **values: Any) -> dict[str, Any]:
-    """`values` keyed by the caller's names (`names`: argument -> config field, `trainers/binding.py`), so that a
-    `validate_<method>` error names the setting the user wrote."""
-    return dict(zip(names_of(names, *values), values.values()))
-
-
-def names_of(names: Mapping[str, str] | None, *arguments: str) -> tuple[str, ...]:
-    """What the caller calls each of `arguments` (see `named`)."""
-    return tuple((names or {}).get(argument, argument) for argument in arguments)
 
 
 def check_positive(*, finite: bool = False, reason: str = "", **values: float) -> None:
@@ -140,77 +129,41 @@ def as_token_advantages(advantages: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class Groups:
-    """The group layout of a (micro-)batch, built once so that no reduction reads the device (``K`` and the largest
-    group are host ints). `contiguous(B, G)`: the trainer's consecutive runs of ``G`` rows, reduced as ``view(K, G)``;
-    `from_ids(group_ids)`: integer ids in any order, one host sync (on a GPU) to read ``K``."""
+    """The group layout of a (micro-)batch: consecutive runs of ``size`` rows (the trainer's whole groups), reduced as
+    ``view(K, G)``, so that no reduction reads the device."""
 
-    index: Tensor  # (B,) int64 dense group of each row, 0..K-1 (groups in sorted-id order)
     num_groups: int  # K
-    max_size: int  # the largest group (G when contiguous)
-    size: int | None = None  # G when the groups are consecutive runs of G rows (then index = arange(B) // G)
-    slot: Tensor | None = None  # (B,) each row's position in its group (batch order); None when contiguous
+    size: int  # G
 
     @classmethod
-    def contiguous(cls, batch: int, size: int, device: torch.device | str | None = None) -> Groups:
+    def contiguous(cls, batch: int, size: int) -> Groups:
         """``batch`` rows in consecutive groups of ``size``."""
         if size < 1 or batch % size:
             raise ValueError(f"a batch of {batch} rows does not hold whole groups of {size}")
-        index = torch.arange(batch, device=device) // size  # (B,)
-        return cls(index, batch // size, size if batch else 0, size)
+        return cls(batch // size, size)
 
-    @classmethod
-    def from_ids(cls, group_ids: Tensor) -> Groups:
-        """Groups named by arbitrary integer ids (B,). Reads the group count on the host (a sync on a GPU)."""
-        dtype = group_ids.dtype
-        if group_ids.dim() != 1 or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
-            raise ValueError(f"group_ids must be a (B,) integer tensor, got {dtype} {tuple(group_ids.shape)}")
-        _, index, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)  # (B,), (K,)
-        order = torch.argsort(index, stable=True)  # (B,) rows grouped by group, in batch order
-        starts = torch.cumsum(counts, 0) - counts  # (K,) first sorted position of each group
-        slot = torch.empty_like(index)
-        slot[order] = torch.arange(index.shape[0], device=index.device) - starts[index[order]]
-        max_size = int(counts.max()) if counts.numel() else 0
-        return cls(index, counts.numel(), max_size, None, slot)
-
-    @property
-    def batch(self) -> int:
-        return self.index.shape[0]
+    def covering(self, batch: int) -> Groups:
+        """These groups, checked to cover ``batch`` rows."""
+        if self.num_groups * self.size != batch:
+            raise ValueError(f"the groups cover {self.num_groups * self.size} rows, the batch has {batch}")
+        return self
 
     def reduce(self, values: Tensor, reduce: str) -> Tensor:
         """(K, ...) ``reduce`` ("sum", "mean", "amin", "amax") of (B, ...) ``values`` over each group's rows."""
-        rest = values.shape[1:]
-        if self.size is not None:
-            grouped = values.reshape(self.num_groups, self.size, *rest)  # (K, G, ...)
-            return grouped.sum(1) if reduce == "sum" else getattr(grouped, reduce)(1)
-        index = self.index.view(-1, *([1] * len(rest))).expand_as(values)  # (B, ...)
-        out = values.new_zeros(self.num_groups, *rest)
-        return out.scatter_reduce(0, index, values, reduce=reduce, include_self=False)  # (K, ...)
+        grouped = values.reshape(self.num_groups, self.size, *values.shape[1:])  # (K, G, ...)
+        return grouped.sum(1) if reduce == "sum" else getattr(grouped, reduce)(1)
 
     def broadcast(self, per_group: Tensor) -> Tensor:
-        """(K, ...) -> (B, ...): each row gets its group's value (a gather, contiguous or not)."""
-        return per_group[self.index]
+        """(K, ...) -> (B, ...): each row gets its group's value."""
+        return per_group.repeat_interleave(self.size, dim=0)
 
     def rows(self, values: Tensor, reduce: str) -> Tensor:
         """(B, ...) `reduce` over each row's group, broadcast back to the rows."""
         return self.broadcast(self.reduce(values, reduce))
 
-    def dense(self, values: Tensor, fill: float = 0.0) -> Tensor:
-        """(B,) -> (K, G_max): row b at ``[index[b], slot[b]]``, unused slots ``fill``."""
-        if self.size is not None:
-            return values.view(self.num_groups, self.size)
-        out = values.new_full((self.num_groups, self.max_size), fill)
-        return out.index_put((self.index, self.slot), values)
-
-
-def as_groups(groups: Groups | Tensor, batch: int) -> Groups:
-    """``groups`` as a `Groups` of ``batch`` rows; a (B,) tensor of group ids goes through `Groups.from_ids`."""
-    if isinstance(groups, Tensor):
-        if groups.dim() != 1 or groups.shape[0] != batch:
-            raise ValueError(f"group_ids must be ({batch},), got shape {tuple(groups.shape)}")
-        groups = Groups.from_ids(groups)
-    if groups.batch != batch:
-        raise ValueError(f"the groups cover {groups.batch} rows, the batch has {batch}")
-    return groups
+    def dense(self, values: Tensor) -> Tensor:
+        """(B,) -> (K, G): row b at ``[b // G, b % G]``."""
+        return values.view(self.num_groups, self.size)
 
 
 def log_importance_weights(log_ratio: Tensor, mask: Tensor, importance_sampling_level: str) -> Tensor:

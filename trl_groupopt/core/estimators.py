@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import Tensor
 
-from .common import Groups, as_groups
+from .common import Groups
 from .registry import Registry
 
 
@@ -23,19 +23,16 @@ class EstimatorInputs:
     mask: Tensor  # (B, T) loss mask (completion mask without tool results)
     trl_advantages: Tensor | None = None  # (B,) TRL's group-normalised advantages (`scale_rewards` applied)
     rewards: Tensor | None = None  # (B,) raw weighted rewards, NaN where unscorable (`needs_raw_rewards`)
-    group_ids: Tensor | None = None  # (B,) integer group of each row (`needs_whole_groups`)
-    group_size: int | None = None  # G: the rows form consecutive groups of G (`needs_whole_groups`); None: group_ids
+    group_size: int | None = None  # G: the rows form consecutive groups of G (`needs_whole_groups`)
     energy: Tensor | None = None  # (B, T) energy of the policy that sampled the batch (`needs_energy`)
     importance_weights: Tensor | None = None  # (B, T) vLLM rollout importance weights, when the batch has them
     tool_use: bool = False  # the batch has a tool mask (multi-turn tool use)
 
     def groups(self) -> Groups:
-        """The group layout: consecutive groups of `group_size` (no host sync), else from `group_ids` (one sync)."""
-        if self.group_size is not None:
-            return Groups.contiguous(self.mask.shape[0], self.group_size, self.mask.device)
-        if self.group_ids is None:
-            raise ValueError("this estimator needs whole groups: give EstimatorInputs a group_size or group_ids")
-        return as_groups(self.group_ids, self.mask.shape[0])
+        """The group layout: consecutive groups of `group_size` (no host sync)."""
+        if self.group_size is None:
+            raise ValueError("this estimator needs whole groups: give EstimatorInputs a group_size")
+        return Groups.contiguous(self.mask.shape[0], self.group_size)
 
 
 @dataclass(frozen=True)

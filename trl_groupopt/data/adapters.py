@@ -233,7 +233,7 @@ def readable_gold(value: Any) -> bool:
         float(str(value).replace(",", ""))
         return True
     except ValueError:
-        from math_verify import parse  # mirrors trl.rewards.accuracy_reward's gold parsing (trl 1.16.0)
+        from math_verify import parse  # mirrors trl.rewards.accuracy_reward (trl 1.16.0): its gold parsing
 
         return bool(parse(str(value), extraction_mode="first_match"))
 

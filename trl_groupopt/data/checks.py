@@ -14,8 +14,9 @@ from trl.trainer.utils import get_callable_name, is_async_callable
 
 from .prompts import check_prompts
 
-#: Keyword arguments GRPOTrainer passes to every reward function besides the dataset columns
-#: (``GRPOTrainer._calculate_rewards``; ``environments`` only with an ``environment_factory``).
+#: Keyword arguments GRPOTrainer passes to every reward function besides the dataset columns (``environments`` only
+#: with an ``environment_factory``).
+# mirrors GRPOTrainer._calculate_rewards (trl 1.16.0): the reward functions' keyword arguments
 TRL_REWARD_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 #: Dataset columns GRPOTrainer does not forward to reward functions (they arrive as ``prompts``/``completions``).
 _NOT_FORWARDED = ("prompt", "completion", "completion_ids")

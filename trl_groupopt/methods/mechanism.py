@@ -153,7 +153,7 @@ class MechanismTracker:
         self.reset()
 
     def reset(self) -> None:
-        self._step: dict[str, list[float]] = {}  # key -> this step's finite micro-batch values
+        self._this_step: dict[str, list[float]] = {}  # key -> this step's finite micro-batch values
         self._counts = {m.method: [0, 0] for m in self.mechanisms}  # method -> [steps measured, steps acted]
         self._undefined = {m.method: [0, []] for m in self.mechanisms}  # method -> [steps, the first of them]
         self._values: dict[str, list[float]] = {}  # key -> [min, max, sum, count] over the run
@@ -175,16 +175,16 @@ class MechanismTracker:
     def record(self, key: str, value: float) -> None:
         if key not in self.keys or value is None or math.isnan(value):
             return
-        self._step.setdefault(key, []).append(value)
+        self._this_step.setdefault(key, []).append(value)
         low, high, total, count = self._values.get(key, [value, value, 0.0, 0])
         self._values[key] = [min(low, value), max(high, value), total + value, count + 1]
 
     def end_step(self, step: int | None = None) -> dict[str, float]:
         """Close optimizer step `step` (None: the next one); returns ``{acted/<method>: 1.0 or 0.0}`` for the
         mechanisms it measured, and counts it as undefined for the others."""
-        means = {key: sum(values) / len(values) for key, values in self._step.items()}
+        means = {key: sum(values) / len(values) for key, values in self._this_step.items()}
         self._closed = self._closed + 1 if step is None else step
-        self._step, logged = {}, {}
+        self._this_step, logged = {}, {}
         for m in self.mechanisms:
             if (acted := m.acted_on(means)) is not None:
                 self._counts[m.method][0] += 1

@@ -44,15 +44,13 @@ def register_method(name: str, *, config_class: type, trainer_class: type, **fie
     return METHODS.register(name, MethodSpec(name, trainer_class, config_class=config_class, **fields))
 
 
-def spec_for(trainer_class: type, config: Any) -> MethodSpec | None:
-    """The spec of the nearest class in `trainer_class`'s MRO that a spec names (a mode's when `config` matches it);
-    None when a class in between has its own `objective`."""
+def spec_for(trainer_class: type) -> MethodSpec | None:
+    """The spec of the nearest class in `trainer_class`'s MRO that a spec names; None when a class in between has its
+    own `objective` (it trains another method)."""
     for klass in trainer_class.__mro__:
-        named_as = (klass, f"{klass.__module__}:{klass.__qualname__}")  # a spec names its class, or its import path
-        specs = [spec for spec in METHODS.values() if spec.__dict__["_trainer_class"] in named_as]
-        if specs:
-            modes = [spec for spec in specs if spec.config_defaults and spec.matches(config)]
-            return (modes or [spec for spec in specs if not spec.config_defaults] or [None])[0]
+        spec = next((spec for spec in METHODS.values() if spec.names_trainer(klass)), None)
+        if spec is not None:
+            return spec
         if "objective" in klass.__dict__:
             return None
     return None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from .mechanism import Mechanism
@@ -54,7 +53,7 @@ class _ClassField:
             if self.default is MISSING:
                 raise AttributeError(self.stored)
             return self.default
-        target = spec.__dict__[self.stored]
+        target = _given(spec, self.stored[1:])
         if target is None and self.fallback:
             return self.fallback(spec)
         if isinstance(target, str):  # an import path, "package.module:ClassName"
@@ -68,8 +67,7 @@ class _ClassField:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """What the rest of the library needs to know about one method (docs/adding-a-method.md). A *mode* of a trainer
-    (GRPO-fix is the DFPO trainer with ``dfpo_transform="symmetric_clip"``) is a spec with ``config_defaults``."""
+    """What the rest of the library needs to know about one method (docs/adding-a-method.md)."""
 
     name: str  # the registry key, e.g. "echo"; also the CLI's --method value
     trainer_class: type = _ClassField()  # type: ignore[assignment]  # a GroupOptTrainer subclass
@@ -77,7 +75,6 @@ class MethodSpec:
     headline_metric: str  # the logged metric that shows the mechanism acting, e.g. "echo/batch_clipped"
     summary: str = ""  # one line: what changes versus GRPO
     config_class: type = _ClassField(None, lambda spec: spec.trainer_class.config_class)  # type: ignore[assignment]
-    config_defaults: Mapping[str, Any] = field(default_factory=dict)  # a mode's fixed settings
     demo_defaults: Mapping[str, Any] = field(default_factory=dict)  # the CLI's settings on the embedded tiny policy
     display_name: str = ""  # the name model cards give the method (TRL's `_name`); default: name upper-cased
     mechanism: Mechanism | None = None  # when the method acted on an optimizer step; None: no report
@@ -89,7 +86,6 @@ class MethodSpec:
     estimator: Any = _ClassField(None)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "config_defaults", MappingProxyType(dict(self.config_defaults)))
         if not self.display_name:
             object.__setattr__(self, "display_name", self.name.upper())
         if self.mechanism is not None:
@@ -97,21 +93,28 @@ class MethodSpec:
 
     @property
     def is_estimator(self) -> bool:
-        return self.__dict__["_estimator"] is not None
+        return _given(self, "estimator") is not None
 
     @property
     def trainer_name(self) -> str:
-        target = self.__dict__["_trainer_class"]
+        target = _given(self, "trainer_class")
         return target.rpartition(":")[2] if isinstance(target, str) else target.__name__
 
     @property
     def exports(self) -> dict[str, str]:
         """``{class name: module}`` of the classes this spec names by import path."""
-        paths = (self.__dict__["_trainer_class"], self.__dict__["_config_class"])
+        paths = (_given(self, "trainer_class"), _given(self, "config_class"))
         return {path.rpartition(":")[2]: path.partition(":")[0] for path in paths if isinstance(path, str)}
 
-    def matches(self, config: Any) -> bool:
-        return all(getattr(config, key, MISSING) == value for key, value in self.config_defaults.items())
+    def names_trainer(self, klass: type) -> bool:
+        """Whether this spec's trainer is `klass` (given as the class or its import path; nothing is imported)."""
+        return _given(self, "trainer_class") in (klass, f"{klass.__module__}:{klass.__qualname__}")
 
     def make_config(self, **kwargs: Any) -> Any:
-        return self.config_class(**{**self.config_defaults, **kwargs})
+        """The method's config, ``config_class(**kwargs)``."""
+        return self.config_class(**kwargs)
+
+
+def _given(spec: MethodSpec, name: str) -> str | type | None:
+    """What `spec` was given for the class field `name`: the class, its import path or None (nothing imported)."""
+    return spec.__dict__["_" + name]

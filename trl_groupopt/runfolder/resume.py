@@ -99,31 +99,28 @@ def finished_message(checkpoint: str, args: Any) -> str | None:
 
 
 def _method_name(trainer: Any) -> str:
-    method_for = getattr(type(trainer), "method_for", None)
-    spec = method_for(trainer.args) if method_for is not None else getattr(trainer, "method_spec", None)
-    return getattr(spec, "name", type(trainer).__name__)
+    return getattr(getattr(trainer, "method_spec", None), "name", type(trainer).__name__)
 
 
-def prepare_train(trainer: Any, resume_from_checkpoint: str | bool | None) -> tuple[str | None, Any]:
-    """`(checkpoint to resume from or None, None)` for `trainer.train()`, or, for a finished run, `(checkpoint, the
-    TrainOutput train() returns without a step)` with the checkpoint's weights and state loaded."""
-    args = trainer.args
+def prepare_train(trainer: Any, resume_from_checkpoint: str | bool | None) -> tuple[str | None, str | None]:
+    """The resume rules, run once per run by `GroupOptTrainer.train()` (the Python API and the command line):
+    `(checkpoint to resume from or None, None)`, or for a run already at its last step `(checkpoint, the line saying
+    so)`. With `trainer.command_line` (the `trl-groupopt` command) the messages name its flags, and a fresh
+    `--overwrite_output_dir` run deletes the earlier checkpoints (on the main process)."""
+    args, cli = trainer.args, bool(getattr(trainer, "command_line", False))
+    overwrite = bool(getattr(args, "overwrite_output_dir", False))
+    if cli and overwrite and resume_from_checkpoint not in (None, False):
+        raise ValueError("--overwrite_output_dir (a fresh run) cannot be combined with --resume_from_checkpoint.")
     checkpoint = resolve_resume(args.output_dir, resume_from_checkpoint)
     if checkpoint is None:
-        refuse_fresh_run(args.output_dir, getattr(args, "overwrite_output_dir", False))
+        refuse_fresh_run(args.output_dir, overwrite, cli=cli)
+        if cli and overwrite and getattr(args, "process_index", 0) == 0:
+            for folder in checkpoints(args.output_dir):
+                shutil.rmtree(folder)
         return None, None
     check_resume(checkpoint, _method_name(trainer), args)
     message = finished_message(checkpoint, args)
-    if message is None:
-        return checkpoint, None
-    from transformers import TrainerState
-    from transformers.trainer_utils import TrainOutput
-
-    trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
-    trainer._load_from_checkpoint(checkpoint)
-    warnings.warn(message.replace("--max_steps (max_steps)", "max_steps"), UserWarning, stacklevel=3)
-    losses = [entry["train_loss"] for entry in trainer.state.log_history if "train_loss" in entry]
-    return checkpoint, TrainOutput(trainer.state.global_step, losses[-1] if losses else math.nan, {})
+    return checkpoint, message if cli or message is None else message.replace("--max_steps (max_steps)", "max_steps")
 
 
 def missing_keys_to_report(model: Any, missing_keys: list[str]) -> list[str]:

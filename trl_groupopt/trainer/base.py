@@ -1,34 +1,44 @@
-"""`GroupOptTrainer`: TRL's `GRPOTrainer` with the policy objective as a pluggable pure function. Each TRL hook the
-library changes is overridden here, once, in the order a run meets it; with the default objective and estimator it *is*
-TRL's GRPO/GSPO/DAPO (tests/trainers/test_base_parity.py). TRL upgrade checklist: docs/trl-upgrade.md."""
+"""`GroupOptTrainer`: TRL's `GRPOTrainer` with the policy objective and the advantages as pluggable pure functions.
+The loss reads top to bottom in `_compute_loss` (inputs -> advantages -> objective -> TRL's loss weights, KL,
+aggregation, entropy bonus, aux loss, metrics); the other TRL hooks it wraps are in `boundary.TRLHooks`. With the
+default objective and estimator it *is* TRL's GRPO/GSPO/DAPO (tests/trainers/test_base_parity.py). TRL upgrades:
+docs/trl-upgrade.md."""
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 from trl.trainer.utils import get_config_model_id
 
-from ..core.common import ObjectiveOutput, clipped_surrogate_loss
-from ..core.estimators import AdvantageEstimator, estimator_of
+from ..core.common import ObjectiveOutput, clipped_surrogate_loss, log_importance_weights
+from ..core.estimators import AdvantageEstimator, EstimatorInputs, estimator_of
 from ..data import checks
-from ..methods.mechanism import Mechanism, MechanismReport
+from ..methods.mechanism import MechanismReport
 from ..methods.registry import spec_for
-from ..methods.spec import MethodSpec, Paper
-from ..runfolder.checkpoints import remove_checkpoint_record, write_checkpoint_record
+from ..methods.spec import MethodSpec
 from ..runfolder.lock import RunLock
-from ..runfolder.resume import disk_full_explained, missing_keys_to_report, prepare_train, run_record
-from . import batching, guard, loss
+from ..runfolder.resume import prepare_train
 from .args_check import check_numeric_args
+from .boundary import TRLHooks, finished_run_output
 from .compat import check_loss_routed_through_compute_loss, check_trl_scores_tokens, dropping_trl_warning
-from .config import estimator_knobs, tokens_withheld
 from .energy import EnergyCapture
+from .guard import check_loss
+from .loss import (
+    SUPPORTED_LOSS_TYPES,
+    TRL_SURROGATE_LOSS_TYPES,
+    LossInputs,
+    LossWeights,
+    aggregate,
+    forward_arguments,
+    k3_kl,
+)
 from .metrics import MetricsQueue
 from .report import MechanismReportCallback
 from .schedule import check_dataset_holds_a_generation_batch, warn_if_inert_on_policy
@@ -36,26 +46,9 @@ from .schedule import check_dataset_holds_a_generation_batch, warn_if_inert_on_p
 __all__ = ["GroupOptTrainer"]
 
 
-class _FromSpec:
-    """TRL's card metadata (`_name`, `_tag_names`, `_paper`) from the class's registered spec (else GRPOTrainer's)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, trainer: Any, owner: type) -> Any:
-        spec = spec_for(owner, None)
-        if spec is None:
-            return getattr(GRPOTrainer, self.name)
-        paper = spec.paper.trl_fields() if isinstance(spec.paper, Paper) else {"title": str(spec.paper)}
-        return {"_name": spec.display_name, "_tag_names": ["trl", spec.name, "trl-groupopt"], "_paper": paper}[
-            self.name
-        ]
-
-
-class GroupOptTrainer(GRPOTrainer):
+class GroupOptTrainer(TRLHooks):
     """`GRPOTrainer` whose policy objective is a pure function (see the module docstring)."""
 
-    _name, _tag_names, _paper = _FromSpec(), _FromSpec(), _FromSpec()
     config_class: ClassVar[type[GRPOConfig]] = GRPOConfig  # where the knobs are
     #: The objective needs whole groups (and `group_ids`) in every micro-batch (or a function of the config).
     requires_whole_groups: ClassVar[bool | Callable[[Any], bool]] = False
@@ -68,7 +61,12 @@ class GroupOptTrainer(GRPOTrainer):
     has_own_objective: ClassVar[bool] = False
     #: (text of a misleading TRL construction warning, the line logged in its place, formatted with `args`).
     replaces_trl_warning: ClassVar[tuple[str, str] | None] = None
+    #: Set by the `trl-groupopt` command: the resume rules name its flags, `--overwrite_output_dir` deletes the
+    #: earlier checkpoints, and a finished run is not warned about (the command prints it and exits 0).
+    command_line: bool = False
     heldout_accuracy: dict[str, Any] | None = None  # {"before", "after", "num_examples"} when measured (the card)
+    resumed_from: str | None = None  # the checkpoint `train()` resumed from
+    finished: str | None = None  # after `train()`: the line saying the run was already finished (nothing trained)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -91,7 +89,7 @@ class GroupOptTrainer(GRPOTrainer):
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = self.config_class(f"{model_name.split('/')[-1]}-{self._name.split()[0]}")
         self.validate_args(args)
-        check_loss_routed_through_compute_loss(type(self), bool(args.use_liger_kernel))
+        check_loss_routed_through_compute_loss(type(self))
         check_trl_scores_tokens()  # trl 1.15.0 without Triton (CPU builds of torch) has no log-prob kernel
         # Reward functions come back wrapped so a non-number fails with their name.
         reward_funcs = checks.prepare_trainer_inputs(reward_funcs, train_dataset, environment_factory)
@@ -108,20 +106,23 @@ class GroupOptTrainer(GRPOTrainer):
         if dropped:
             logging.getLogger(type(self).__module__).warning(replaced[1].format(args=self.args))
         self.estimator: AdvantageEstimator = estimator_of(self.args)
-        self._estimator_knobs = estimator_knobs(self.args, self.estimator)
+        self._estimator_knobs = {
+            knob: getattr(self.args, knob) for knob in self.estimator.knobs
+        }  # fields of the config
         if self.estimator.needs_energy:
             self._energy = EnergyCapture(self)  # after TRL's `__init__`, which patched the LM head
         self.whole_groups = self.needs_whole_groups(self.args)
         check_dataset_holds_a_generation_batch(self.args, self.train_dataset)
         warn_if_inert_on_policy(type(self).__name__, self.args, self.inert_on_policy)
-        spec = self.method_for(self.args)
+        spec = self.method_spec
         report = MechanismReportCallback(spec.name if spec is not None else None, self.estimator.name)
         if report.tracker.mechanisms:
             self.add_callback(report)
 
-    @classmethod
-    def method_for(cls, args: Any) -> MethodSpec | None:
-        return spec_for(cls, args)
+    @property
+    def method_spec(self) -> MethodSpec | None:
+        """The registered method this trainer's class trains (`spec_for`), None for a class that is none."""
+        return spec_for(type(self))
 
     @classmethod
     def needs_whole_groups(cls, args: GRPOConfig) -> bool:
@@ -141,8 +142,8 @@ class GroupOptTrainer(GRPOTrainer):
             )
         check_numeric_args(cls.__name__, args)
         estimator = estimator_of(args)
-        trl_loss = args.loss_type in loss.TRL_SURROGATE_LOSS_TYPES
-        if args.loss_type not in loss.SUPPORTED_LOSS_TYPES and not (
+        trl_loss = args.loss_type in TRL_SURROGATE_LOSS_TYPES
+        if args.loss_type not in SUPPORTED_LOSS_TYPES and not (
             trl_loss and not cls.has_own_objective and estimator.trl_advantages
         ):
             # The one check for every trainer and estimator: TRL's loss would drop another objective or estimator.
@@ -155,84 +156,137 @@ class GroupOptTrainer(GRPOTrainer):
             )
             raise ValueError(
                 f"loss_type={args.loss_type!r} is not supported by {cls.__name__}: TRL's cispo/sapo/vespo {reason}. "
-                f"Use one of {loss.SUPPORTED_LOSS_TYPES}."
+                f"Use one of {SUPPORTED_LOSS_TYPES}."
             )
         if args.delta is not None and not cls.supports_delta:
             raise ValueError(f"delta={args.delta} has no meaning for {cls.__name__}'s objective; leave delta=None.")
-        if cls.needs_whole_groups(args):
-            groups, batch_size = args.num_generations, args.per_device_train_batch_size
-            if groups is None or groups < 2:
-                raise ValueError(
-                    f"{cls.__name__} compares the completions of a group: num_generations must be >= 2, got {groups}."
-                )
-            if batch_size % groups != 0:
-                raise ValueError(
-                    f"{cls.__name__} needs whole groups in every micro-batch: per_device_train_batch_size "
-                    f"({batch_size}) must be a multiple of num_generations ({groups}). Use per_device_train_batch_size "
-                    f"in {[groups * k for k in range(1, 5)]}, or a num_generations that divides {batch_size}."
-                )
+        batch_size, groups = args.per_device_train_batch_size, args.num_generations  # TRL's config: groups >= 2
+        if cls.needs_whole_groups(args) and batch_size % groups != 0:
+            raise ValueError(
+                f"{cls.__name__} needs whole groups in every micro-batch: per_device_train_batch_size "
+                f"({batch_size}) must be a multiple of num_generations ({groups}). Use per_device_train_batch_size "
+                f"in {[groups * k for k in range(1, 5)]}, or a num_generations that divides {batch_size}."
+            )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        """transformers' `train` in the locked run folder (docs/reliability.md), then the mechanism report: printed, or
-        a warning when a mechanism never acted."""
+        """transformers' `train` holding the run folder (`RunLock`), after the resume rules: the one place of both, for
+        the Python API and the command line (docs/reliability.md). The mechanism report prints at the end."""
         with RunLock(self.args.output_dir, enabled=self.args.process_index == 0):
-            checkpoint, finished = prepare_train(self, resume_from_checkpoint)
-            if finished is not None:  # a finished run: nothing trains, nothing changes (`resume.py`)
-                return finished
-            output = super().train(
+            checkpoint, self.finished = prepare_train(self, resume_from_checkpoint)
+            self.resumed_from = checkpoint
+            if self.finished is not None:  # a finished run: nothing trains, nothing changes (`resume.py`)
+                if not self.command_line:
+                    warnings.warn(self.finished, UserWarning, stacklevel=2)
+                return finished_run_output(self, checkpoint)
+            return super().train(
                 resume_from_checkpoint=checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs
             )
-        report = self.mechanism_report
-        if report is not None and self.is_world_process_zero():
-            if report.never_acted:
-                warnings.warn(report.text, UserWarning, stacklevel=2)
-            else:
-                print(report.text, flush=True)
-        return output
-
-    def _prepare_inputs(self, generation_batch):
-        if not self.whole_groups or not self.model.training:
-            return super()._prepare_inputs(generation_batch)
-        return batching.prepare_whole_groups(self, generation_batch)
-
-    def _generate_and_score_completions(self, inputs):
-        self._raw_rewards_per_func = None  # filled by `_calculate_rewards` during TRL's call
-        if self._energy is not None:
-            self._energy.records = []
-        output = super()._generate_and_score_completions(inputs)
-        if self._energy is not None:
-            self._energy.add_behaviour_energy(output)
-        return batching.add_batch_fields(self, output, inputs)
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        # Environment-owned rewards (`get_reward`) are one more column of TRL's (N_global, F) matrix, with weight 1.
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        checks.check_finite_rewards(rewards_per_func, self.reward_func_names)  # +-inf fails, naming the function
-        checks.check_reward_scale(self, rewards_per_func)  # so large that the group mean overflows: fails, naming it
-        checks.watch_all_none_rewards(self, rewards_per_func, inputs)  # warn (then stop, for the method configs)
-        self._raw_rewards_per_func = rewards_per_func  # (N_global, F), gathered over processes
-        return rewards_per_func
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        output = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        guard.check_loss(self, model, output)
-        return output
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)  # TRL's: `_compute_loss`
+        check_loss(self, model, loss)  # the non-finite guard, before the backward pass
+        return loss
 
     def _compute_loss(self, model, inputs):
-        if self.loss_type in loss.TRL_SURROGATE_LOSS_TYPES and not self.has_own_objective:
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): its steps, terms and metric names in TRL's order; only the
+        # advantages (`compute_advantages`) and the surrogate (`objective`) are pluggable
+        if self.loss_type in TRL_SURROGATE_LOSS_TYPES and not self.has_own_objective:
             return super()._compute_loss(model, inputs)  # TRL's cispo/sapo/vespo, warnings and metrics included
-        return loss.policy_loss(self, model, inputs)
+        mode = "train" if self.model.training else "eval"
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accumulation in eval
+        batch = self.loss_inputs(model, inputs)  # the forward, mask, old log-probs, advantages, TRL's loss weights
+        logps, old_logps, _, mask = batch.objective_args  # (B, T) each
+        if self.objective_applies_loss_weights:
+            out = self.objective(*batch.objective_args, inputs, loss_weights=batch.weights.product())
+            per_token_loss = out.per_token_loss  # (B, T) or (B, 1)
+        else:
+            out = self.objective(*batch.objective_args, inputs)
+            per_token_loss = batch.weights.apply(out.per_token_loss)  # (B, T) or (B, 1)
+        shared = {"entropy": batch.entropies}  # (B, T) metrics every objective logs
+        if self.beta != 0.0:
+            per_token_kl = k3_kl(logps, inputs["ref_per_token_logps"])  # (B, T)
+            if self.args.use_bias_correction_kl:  # times the importance weight, as the default objective's
+                log_weights = log_importance_weights(logps - old_logps, mask, self.importance_sampling_level)
+                per_token_kl = per_token_kl * torch.exp(log_weights)  # (B, T)
+            per_token_loss = per_token_loss + self.beta * per_token_kl  # (B, T)
+            shared["kl"] = per_token_kl
+        normalizer = None
+        if self.loss_type == "dapo":  # the generation batch's token count, rescaled to one window on one process
+            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes  # ()
+            if mode == "train":
+                normalizer = normalizer * accumulation / self.args.steps_per_generation
+        loss, policy_loss = aggregate(  # (), ()
+            per_token_loss, mask, self.loss_type, accumulation, self.max_completion_length, normalizer
+        )
+        if self._entropy_bonus_enabled:
+            effective_mask = mask if batch.weights.entropy_mask is None else mask * batch.weights.entropy_mask
+            loss = loss - self._entropy_bonus(batch.entropies, effective_mask, mode, accumulation)  # ()
+            self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * batch.aux_loss / accumulation  # ()
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(batch.aux_loss).mean().item())
+        self._metrics_queue.add({**out.metrics, **shared}, mask, mode)
+        self._flush_metrics()  # this micro-batch's metrics (and any a hook queued): one collective, one sync
+        return loss
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        trl_forward = super()._get_per_token_logps_and_entropies
-        if self._energy is None:
-            return trl_forward(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-        return self._energy.recorded(trl_forward, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+    def loss_inputs(self, model, inputs: dict[str, Any]) -> LossInputs:
+        """The loss's forward and what the objective reads (ECHO's step totals run it too)."""
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): `mask` less tool results, old log-probs, and the
+        # off-policy mask, entropy mask and vLLM IS blocks
+        mask = inputs["completion_mask"]  # (B, T)
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]  # (B, T) no loss on tool results
+        per_token_logps, entropies, aux_loss = self._forward_logps_and_entropies(model, inputs)  # (B, T), (B, T)
+        old_per_token_logps = inputs.get("old_per_token_logps")  # (B, T)
+        if old_per_token_logps is None:  # on-policy TRL skips the behaviour forward: the ratio is exactly 1
+            old_per_token_logps = per_token_logps.detach()
+        advantages = self.compute_advantages(inputs, per_token_logps, mask)  # (B,) or (B, T)
+        off_policy_mask = entropy_mask = importance_weights = None
+        if self.off_policy_mask_threshold is not None:
+            off_policy_mask = self.get_off_policy_mask(  # (B, 1)
+                advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,  # (B, 1) or (B, T)
+                per_token_logps=per_token_logps, mask=mask, off_policy_threshold=self.off_policy_mask_threshold,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+            )  # fmt: skip
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)  # (B, T)
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            importance_weights = inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
+        weights = LossWeights(off_policy_mask, entropy_mask, importance_weights)
+        return LossInputs(per_token_logps, old_per_token_logps, advantages, mask, weights, entropies, aux_loss)
 
-    def _get_grad_norm(self, model, grad_norm=None):
-        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        guard.check_grad_norm(self, grad_norm)
-        return grad_norm
+    def _forward_logps_and_entropies(self, model, inputs: dict[str, Any]):
+        """(log-probs, entropies, aux loss) of the completion tokens: TRL's loss forward (with the energy capture)."""
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): its `_get_per_token_logps_and_entropies` call
+        arguments, keywords = forward_arguments(inputs, aux_loss=self.aux_loss_enabled)
+        forward = functools.partial(self._get_per_token_logps_and_entropies, model, *arguments, **keywords)
+        return forward() if self._energy is None else self._energy.training_forward(forward, inputs)
+
+    def _entropy_bonus(self, entropies: Tensor, effective_mask: Tensor, mode: str, accumulation: float) -> Tensor:
+        """coef * mean token entropy, TRL's static or adaptive entropy bonus (to be subtracted from the loss)."""
+        # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `_entropy_bonus_enabled` block and adaptive controller
+        entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation  # ()
+        # The coefficient from the end of the previous optimizer step: every micro-batch of a window applies the same.
+        apply_coef = self.entropy_coef
+        if self.use_adaptive_entropy and self._last_world_entropy > self.args.entropy_target:
+            apply_coef = 0.0
+        if self.use_adaptive_entropy and mode == "train":
+            stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()  # (2,)
+            previous = self._entropy_window_stats
+            self._entropy_window_stats = stats if previous is None else previous + stats
+            if self.accelerator.sync_gradients:  # an optimizer-step boundary: update the coefficient
+                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")  # (2,)
+                world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+                args = self.args
+                if world_entropy <= args.entropy_target:
+                    self.entropy_coef = min(self.entropy_coef + args.entropy_coef_delta, args.entropy_coef_max)
+                else:
+                    self.entropy_coef = max(self.entropy_coef - args.entropy_coef_delta, args.entropy_coef_min)
+                self._last_world_entropy = world_entropy
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        return apply_coef * entropy_loss
 
     def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
                   inputs: dict[str, Any]) -> ObjectiveOutput:  # fmt: skip
@@ -245,90 +299,33 @@ class GroupOptTrainer(GRPOTrainer):
 
     def compute_advantages(self, inputs: dict[str, Any], per_token_logps: Tensor, mask: Tensor) -> Tensor:
         """(B,) or (B, T) advantages for this micro-batch from the config's estimator."""
-        out = self.estimator.estimate(loss.estimator_inputs(self, inputs, mask), **self._estimator_knobs)
+        out = self.estimator.estimate(self._estimator_inputs(inputs, mask), **self._estimator_knobs)
         if out.metrics:
             mode = "train" if self.model.training else "eval"
             self._metrics_queue.add(dict(out.metrics), out.metrics_mask, mode)
         return out.advantages
 
-    # What a method's extra forward reuses (ECHO's step totals): the loss's forward and metric queue.
-    def _forward_logps_and_entropies(self, model, inputs: dict[str, Any]):
-        if self._energy is None:
-            return loss.forward_logps_and_entropies(self, model, inputs)
-        return self._energy.training_forward(lambda m, i: loss.forward_logps_and_entropies(self, m, i), model, inputs)
+    def _estimator_inputs(self, inputs: dict[str, Any], mask: Tensor) -> EstimatorInputs:
+        estimator = self.estimator
+        energy = self._energy.rollout_energy(inputs) if estimator.needs_energy else None  # (B, T)
+        weights = inputs.get("importance_sampling_ratio")  # vLLM IS ratio: (B, T) or (B, 1)
+        if weights is not None:
+            weights = weights.expand_as(mask).to(energy.dtype if energy is not None else weights.dtype)  # (B, T)
+        rewards = inputs["rewards"] if estimator.needs_raw_rewards else None  # (B,)
+        return EstimatorInputs(mask=mask, trl_advantages=inputs.get("advantages"), rewards=rewards, energy=energy,
+                               group_size=self.group_size, importance_weights=weights,
+                               tool_use="tool_mask" in inputs)  # fmt: skip
 
     def _metrics_discarded(self):
+        """Within it, metrics queued are dropped (a forward that only prepares the loss, e.g. ECHO's step totals)."""
         return self._metrics_queue.discarded()
-
-    def _flush_metrics(self) -> None:
-        report = self._report_callback
-        for mode, name, value in self._metrics_queue.flush(self.accelerator):
-            self._metrics[mode][name].append(value)
-            if mode == "train" and report is not None:
-                report.tracker.record(name, value)
-
-    def log_step_metric(self, name: str, value: float) -> None:
-        """Log `value` under `name` with the trainer's next log (averaged over the values since)."""
-        self._metrics["train"][name].append(value)
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        report = self._report_callback
-        if report is not None and self.model.training:  # the `acted/<method>` of the steps since the last log
-            for name, value in report.pending:
-                self.log_step_metric(name, value)
-            report.pending = []
-        super().log(logs, start_time)
-
-    @property
-    def _report_callback(self) -> MechanismReportCallback | None:
-        handler = self.__dict__.get("callback_handler")
-        callbacks = handler.callbacks if handler else []
-        return next((cb for cb in callbacks if isinstance(cb, MechanismReportCallback)), None)
-
-    def mechanisms(self) -> tuple[Mechanism, ...]:
-        """The mechanisms this run reports: its method's, and its advantage estimator's."""
-        report = self._report_callback
-        return report.tracker.mechanisms if report is not None else ()
 
     @property
     def mechanism_report(self) -> MechanismReport | None:
-        """Whether the mechanisms acted, over the whole run so far (None for a class without a definition)."""
+        """Whether the mechanisms this run reports (its method's and its advantage estimator's) acted, over the whole
+        run so far (None for a class without a definition)."""
         report = self._report_callback
         return report.report() if report is not None else None
-
-    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """transformers' `_save` (weights checked finite, `training_args.bin` without the token), then our card."""
-        guard.check_weights(self, state_dict, output_dir)
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        with tokens_withheld(), disk_full_explained(output_dir):
-            super()._save(output_dir, state_dict=state_dict)
-        if self.args.should_save:
-            from .card import portable_adapter_config
-
-            if self.args.push_to_hub:  # what the Hub gets names the embedded policy portably; a local folder keeps
-                portable_adapter_config(output_dir)  # PEFT's absolute path, which loads from any working directory
-            self.create_model_card(output_dir=output_dir)
-
-    def _save_checkpoint(self, model, trial) -> None:
-        # mirrors Trainer._save_checkpoint (transformers 5.24): the checkpoint folder's path
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        if self.args.should_save:
-            remove_checkpoint_record(folder)  # a re-save cut short must not pass for the earlier save
-        with disk_full_explained(folder):
-            super()._save_checkpoint(model, trial)
-        self.accelerator.wait_for_everyone()  # the completion record follows every process's part
-        if self.args.should_save and os.path.isdir(folder):
-            write_checkpoint_record(folder, run_record(self))
-
-    def _issue_warnings_after_load(self, load_result) -> None:
-        """transformers' warnings, less a tied weight reported missing (restored by the tie)."""
-        # every caller in transformers 5.24 passes torch's `_IncompatibleKeys`, a named tuple
-        load_result = load_result._replace(missing_keys=missing_keys_to_report(self.model, load_result.missing_keys))
-        super()._issue_warnings_after_load(load_result)
-
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        with tokens_withheld():
-            super()._push_from_checkpoint(checkpoint_folder)
 
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None, **kwargs):
         from .card import create_model_card

@@ -74,7 +74,8 @@ def add_batch_fields(trainer, output: dict[str, Any], inputs) -> dict[str, Any]:
     t = trainer
     num_rows = output["completion_ids"].shape[0]
     num_generations = t.group_size
-    start = t.accelerator.process_index * num_rows  # mirrors TRL's `process_slice` (trl 1.16.0)
+    # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): `process_slice`
+    start = t.accelerator.process_index * num_rows
     if t.whole_groups:
         output["group_ids"] = group_ids_for_local_batch(
             num_rows, num_generations, t.accelerator.process_index, output["completion_ids"].device
@@ -105,7 +106,7 @@ def global_raw_rewards(trainer) -> Tensor:
 
 
 def prepare_whole_groups(trainer, generation_batch):
-    # mirrors GRPOTrainer._prepare_inputs (trl 1.16.0), train branch; only the shuffle differs
+    # mirrors GRPOTrainer._prepare_inputs (trl 1.16.0): the train branch; only the shuffle differs
     t = trainer
     generate_every = t.args.steps_per_generation * t.num_iterations
     if t._step % generate_every == 0 or t._buffered_inputs is None:

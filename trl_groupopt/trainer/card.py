@@ -214,7 +214,7 @@ def render_model_card(trainer, model_name: str | None = None, dataset_name: str 
         title=html.escape(" ".join(model_name.split())), location=_literal(_model_location(trainer, output_dir)),
         base_id=base_id, base_kind=base_kind, embedded=EMBEDDED_POLICY_REFERENCE, dataset_id=dataset_id,
         dataset_name=dataset_name and os.path.basename(os.path.normpath(dataset_name)),  # never a machine path
-        synthetic=dataset_name == SYNTHETIC_DATASET_NAME, trainer_name=trainer._name,
+        synthetic=dataset_name == SYNTHETIC_DATASET_NAME, trainer_name=trainer.display_name,
         trainer_class=type(trainer).__name__, description=doc[0] if doc else "", adapter=adapter and adapter[0],
         question=_literal(question or default_question), max_new_tokens=max_new_tokens,
         config_class=type(args).__name__, estimator=estimator_of(args), knobs=method_knobs(args),

@@ -1,4 +1,4 @@
-"""Guards against stacks that would compute a loss other than `GroupOptTrainer._compute_loss` (Unsloth, old Liger),
+"""A guard against stacks that would compute a loss other than `GroupOptTrainer._compute_loss` (Unsloth),
 and our own word in place of a TRL warning that would mislead a method's user (`dropping_trl_warning`)."""
 
 from __future__ import annotations
@@ -8,10 +8,9 @@ import logging
 from collections.abc import Iterator
 
 
-def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: bool) -> None:
+def check_loss_routed_through_compute_loss(trainer_cls: type) -> None:
     """Raise if the installed stack would compute a loss other than our `_compute_loss`: Unsloth rebinds
-    `trl.GRPOTrainer` and replaces `compute_loss`; TRL <= 1.13 routed Liger to a fused loss (detected by its
-    `compute_liger_loss`), while TRL 1.16 only patches model kernels."""
+    `trl.GRPOTrainer` and replaces `compute_loss` (in the supported TRL versions, Liger only patches model kernels)."""
     for klass in trainer_cls.__mro__:
         if "unsloth" in (klass.__module__ or "").lower() or "unsloth" in klass.__name__.lower():
             raise ValueError(
@@ -25,12 +24,6 @@ def check_loss_routed_through_compute_loss(trainer_cls: type, use_liger_kernel: 
         raise ValueError(
             f"{trainer_cls.__name__}.compute_loss comes from {compute_loss_module!r}, not TRL: something (e.g. "
             "Unsloth) patched the trainer and this method's objective would not be used. Remove the patch."
-        )
-    if use_liger_kernel and hasattr(trainer_cls, "compute_liger_loss"):
-        raise ValueError(
-            "use_liger_kernel=True makes this TRL version compute Liger's fused GRPO loss instead of `_compute_loss`, "
-            "which would silently drop this method's objective. Set use_liger_kernel=False, or upgrade to trl>=1.16 "
-            "where Liger only patches model kernels."
         )
 
 

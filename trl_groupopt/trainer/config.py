@@ -12,7 +12,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from ..core.estimators import DEFAULT_ESTIMATOR, ESTIMATORS, AdvantageEstimator, estimator_of
+from ..core.estimators import DEFAULT_ESTIMATOR, ESTIMATORS, estimator_of
 from ..data.checks import DEFAULT_MAX_ALL_NONE_REWARD_BATCHES
 from ..methods.registry import load_estimators
 from .args_check import check_before_post_init
@@ -87,24 +87,13 @@ class TokenSafeConfigMixin:
         return str(self)
 
 
-def estimator_knobs(config: Any, estimator: AdvantageEstimator) -> dict[str, Any]:
-    """`{knob: value}` of `estimator`'s knobs in `config`."""
-    missing = [knob for knob in estimator.knobs if not hasattr(config, knob)]
-    if missing:
-        raise ValueError(
-            f"advantage_estimator={estimator.name!r} reads {missing}, which {type(config).__name__} does not have: "
-            "use a config with AdvantageEstimatorConfigMixin (every trl-groupopt method config)."
-        )
-    return {knob: getattr(config, knob) for knob in estimator.knobs}
-
-
 class _EstimatorChecks:
     def __post_init__(self):
         # Checked before TRL's own post-init: a bad value fails at once, naming the field and the fix.
         try:
             selected = estimator_of(self)
             if selected.validate is not None:
-                selected.validate(**estimator_knobs(self, selected))
+                selected.validate(**{knob: getattr(self, knob) for knob in selected.knobs})
         except ValueError as err:
             raise ValueError(f"{type(self).__name__}: {err}") from None
         # A knob of an estimator other than the selected one would silently do nothing.

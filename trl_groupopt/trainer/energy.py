@@ -3,6 +3,7 @@ that declare `needs_energy`: docs/otb.md, "Where the energy comes from"."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,7 +59,8 @@ class EnergyCapture:
         output = trl_method(recorder, input_ids, attention_mask, logits_to_keep, *args, **kwargs)  # (logps, ...)
         fields, energy = recorder.log_sum_sq_probs, None
         if fields and all(f is not None for f in fields):
-            # mirrors TRL's `_get_per_token_logps_and_entropies`: `log_probs[:, -logits_to_keep:]` per chunk, concatenated
+            # mirrors GRPOTrainer._get_per_token_logps_and_entropies (trl 1.16.0): `log_probs[:, -logits_to_keep:]`
+            # per chunk, concatenated
             log_sum_sq = torch.cat([f[:, -logits_to_keep:] for f in fields])  # (B, T)
             energy = energy_from_log_probs(output[0], log_sum_sq)  # (B, T), detached
         self.records.append((output[0], energy))
@@ -83,15 +85,17 @@ class EnergyCapture:
             output["old_per_token_energy"] = self.take(old, "behaviour-policy")
         self.records = []
 
-    def training_forward(self, forward, model, inputs):
+    def training_forward(self, forward: Callable[[], tuple], inputs: dict[str, Any]) -> tuple:
+        """The loss's forward (`forward()`), keeping the training energy on-policy; off-policy the rollout's energy
+        is used, so TRL's own head runs it."""
         self.records = []
         if "old_per_token_energy" not in inputs:
-            output = forward(model, inputs)
+            output = forward()
             self.training_energy = self.take(output[0], "training")
             return output
-        self.head.forward = self.trl_forward  # off-policy the rollout's energy is used: TRL's head suffices
+        self.head.forward = self.trl_forward
         try:
-            output = forward(model, inputs)
+            output = forward()
         finally:
             self.head.forward = self.fused_forward
         self.records, self.training_energy = [], None

@@ -1,8 +1,10 @@
-"""The mechanism report's callback: closes each optimizer step (`acted/<method>`) and, as an `ExportableState`, is
-saved in every checkpoint and restored on resume, so the report counts the whole run."""
+"""The mechanism report's callback: closes each optimizer step (`acted/<method>`), prints the report at the end of
+training and, as an `ExportableState`, is saved in every checkpoint and restored on resume, so the report counts the
+whole run."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from transformers import TrainerCallback
@@ -48,6 +50,15 @@ class MechanismReportCallback(TrainerCallback, ExportableState):
     def on_step_end(self, args, state, control, **kwargs):
         # before the step's log: `on_step_end` precedes `_maybe_log_save_evaluate`
         self.pending += self.tracker.end_step(getattr(state, "global_step", None)).items()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        """The run's report: printed, or a warning when a mechanism never acted (main process)."""
+        report = self.report()
+        if state.is_world_process_zero:
+            if report.never_acted:
+                warnings.warn(report.text, UserWarning, stacklevel=1)
+            else:
+                print(report.text, flush=True)
 
     def report(self) -> MechanismReport:
         return self.tracker.report(self.method or "", self.advantage_estimator)

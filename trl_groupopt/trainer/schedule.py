@@ -39,7 +39,8 @@ class OffPolicyScheduleMixin:
 
 def warn_if_inert_on_policy(trainer_name: str, args: Any, inert: str | None) -> None:
     """Warn when `args` train on-policy and the trainer's mechanism is then `inert` (None: it acts on-policy too)."""
-    # TRL's condition for skipping the behaviour forward (every importance ratio is exactly 1)
+    # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): its condition for skipping the behaviour
+    # forward (every importance ratio is then exactly 1)
     on_policy = args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0
     if inert is None or not on_policy or (args.use_vllm and args.vllm_importance_sampling_correction):
         return

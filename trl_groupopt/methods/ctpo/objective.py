@@ -22,7 +22,6 @@ GRPO. Bias analysis, numerics and deviations from the authors' code: docs/ctpo.m
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -30,19 +29,15 @@ from torch import Tensor
 from ...core.common import (
     ObjectiveOutput,
     as_token_advantages,
-    check_choice,
-    check_positive,
     check_token_inputs,
     clip_indicators,
     compute_dtype,
     masked_log_ratio,
     masked_mean,
-    named,
-    names_of,
     nan_if_empty,
 )
 
-__all__ = ["DEFAULT_POSITION_POWER", "RATIO_MODES", "ctpo_loss", "validate_ctpo"]
+__all__ = ["DEFAULT_POSITION_POWER", "RATIO_MODES", "ctpo_loss"]
 
 LOG_RATIO_CLAMP = 20.0  # per-token log-ratio clamp before the cumulative sum (authors' code)
 MAX_LOG_RHO = 10.0  # cap on the cumulative log ratio (authors' code)
@@ -52,33 +47,6 @@ _MAX_DUAL_LOG = 20.0  # > MAX_LOG_RHO: never changes a value, avoids exp overflo
 DEFAULT_POSITION_POWER = {"cumprod": 0.5, "geomean": -0.5}
 RATIO_MODES = tuple(DEFAULT_POSITION_POWER)  # the authors' cum-token-cumprod-la and cum-token-geomean-la
 POSITION_BUCKETS = ((0, 16, "t<=16"), (16, 256, "t<=256"), (256, math.inf, "t>256"))  # (lo, hi] in t
-
-
-def validate_ctpo(
-    *,
-    epsilon_low: float,
-    epsilon_high: float,
-    dual_clip: float,
-    position_power: float,
-    ratio_mode: str,
-    names: Mapping[str, str] | None = None,
-) -> None:
-    """Raise, naming the fix, unless `ctpo_loss` can take these (`CTPOConfig` runs it once; `names`: `common.named`)."""
-    check_positive(
-        **named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high),
-        reason=" for CTPO (a log-space bound)",
-    )
-    check_positive(finite=True, reason=" for CTPO (a log-space bound)", **named(names, dual_clip=dual_clip))
-    mode_name, power_name = names_of(names, "ratio_mode", "position_power")
-    check_choice(mode_name, ratio_mode, RATIO_MODES)
-    if not math.isfinite(position_power):
-        raise ValueError(f"{power_name} must be finite, got {position_power}.")
-    if ratio_mode == "cumprod" and position_power < 0:
-        raise ValueError(
-            f"{power_name} must be >= 0 with {mode_name}='cumprod' (0.5 = the paper's sqrt(t): the prefix log-ratio's "
-            f"spread grows with t), got {position_power}. Negative powers (the authors' -0.5) go with "
-            f"{mode_name}='geomean'."
-        )
 
 
 def ctpo_loss(
@@ -93,8 +61,7 @@ def ctpo_loss(
     position_power: float,
     ratio_mode: str = "cumprod",
 ) -> ObjectiveOutput:
-    """CTPO per-token loss (the module docstring's symbols; docs/ctpo.md); `validate_ctpo` checks the settings once,
-    in `CTPOConfig`. Returns the (B, T) loss (0 off the mask), TRL's clip indicators (log_rho beyond its bound),
+    """CTPO per-token loss (the module docstring's symbols; docs/ctpo.md); `CTPOConfig` checks the settings once. Returns the (B, T) loss (0 off the mask), TRL's clip indicators (log_rho beyond its bound),
     "ctpo/dual_clip" (fraction of valid tokens where it binds), "ctpo/abs_cum_log_ratio/t<=16|t<=256|t>256" (mean
     |L_t| over valid tokens per position bucket; NaN when empty).
     """

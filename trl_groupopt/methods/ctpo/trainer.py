@@ -3,21 +3,18 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from torch import Tensor
 from trl import GRPOConfig
 
-from ...core.common import ObjectiveOutput
+from ...core.common import ObjectiveOutput, check_choice, check_positive
 from ...trainer.base import GroupOptTrainer
-from ...trainer.binding import config_arguments, validate_config
 from ...trainer.config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 from ...trainer.schedule import OffPolicyScheduleMixin
-from .objective import DEFAULT_POSITION_POWER, ctpo_loss, validate_ctpo
-
-#: CTPOConfig's fields for `ctpo_loss`'s arguments: `ctpo_<argument>`, and TRL's `epsilon` / `epsilon_high`.
-PREFIX = "ctpo_"
+from .objective import DEFAULT_POSITION_POWER, RATIO_MODES, ctpo_loss
 
 
 @dataclass(repr=False)
@@ -58,7 +55,17 @@ class CTPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
             self.epsilon_high = self.epsilon
         if self.ctpo_position_power is None and self.ctpo_ratio_mode in DEFAULT_POSITION_POWER:
             self.ctpo_position_power = DEFAULT_POSITION_POWER[self.ctpo_ratio_mode]
-        validate_config(validate_ctpo, self, PREFIX)
+        check_positive(epsilon=self.epsilon, epsilon_high=self.epsilon_high, reason=" for CTPO (a log-space bound)")
+        check_positive(finite=True, reason=" for CTPO (a log-space bound)", ctpo_dual_clip=self.ctpo_dual_clip)
+        check_choice("ctpo_ratio_mode", self.ctpo_ratio_mode, RATIO_MODES)
+        if not math.isfinite(self.ctpo_position_power):
+            raise ValueError(f"ctpo_position_power must be finite, got {self.ctpo_position_power}.")
+        if self.ctpo_ratio_mode == "cumprod" and self.ctpo_position_power < 0:
+            raise ValueError(
+                "ctpo_position_power must be >= 0 with ctpo_ratio_mode='cumprod' (0.5 = the paper's sqrt(t): the "
+                f"prefix log-ratio's spread grows with t), got {self.ctpo_position_power}. Negative powers (the "
+                "authors' -0.5) go with ctpo_ratio_mode='geomean'."
+            )
         if self.importance_sampling_level != "token":
             raise ValueError(
                 "CTPO builds its own cumulative (prefix) ratio from token log-ratios: set importance_sampling_level="
@@ -75,5 +82,15 @@ class CTPOTrainer(GroupOptTrainer):
 
     def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
                   inputs: dict[str, Any]) -> ObjectiveOutput:  # fmt: skip
-        arguments = config_arguments(ctpo_loss, self.args, PREFIX)
-        return ctpo_loss(per_token_logps, old_per_token_logps, advantages, mask, **arguments)
+        args = self.args
+        return ctpo_loss(
+            per_token_logps,
+            old_per_token_logps,
+            advantages,
+            mask,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            dual_clip=args.ctpo_dual_clip,
+            position_power=args.ctpo_position_power,
+            ratio_mode=args.ctpo_ratio_mode,
+        )

@@ -4,39 +4,20 @@ App. H, Eq. 79-80); `DFPOTrainer` runs it as ``dfpo_transform="symmetric_clip"``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 from torch import Tensor
 
 from ...core.common import (
     ObjectiveOutput,
     as_token_advantages,
-    check_positive,
     check_token_inputs,
     clip_indicators,
     compute_dtype,
     masked_mean,
-    named,
-    names_of,
     nan_if_empty,
 )
 
-__all__ = ["symmetric_clip_loss", "validate_grpo_fix"]
-
-
-def validate_grpo_fix(
-    *, epsilon_high: float, orthogonal_over: str = "all", names: Mapping[str, str] | None = None
-) -> None:
-    """Raise unless ``epsilon_high`` is finite and > 0 and ``orthogonal_over`` is ``"all"`` (GRPO-fix has no in-group
-    constraint to restrict; `DFPOConfig` runs it once; `names`: see `common.named`)."""
-    check_positive(**named(names, epsilon_high=epsilon_high), finite=True)
-    if orthogonal_over != "all":
-        (over_name,) = names_of(names, "orthogonal_over")
-        raise ValueError(
-            f"{over_name}={orthogonal_over!r} needs one of DFPO's in-group transforms, not GRPO-fix "
-            "(dfpo_transform='symmetric_clip', which clips each token on its own): leave it 'all'."
-        )
+__all__ = ["symmetric_clip_loss"]
 
 
 def symmetric_clip_loss(
@@ -63,7 +44,7 @@ def symmetric_clip_loss(
     upper = 1.0 + epsilon_high
     phi = torch.clamp(ratio, min=0.0, max=upper)  # (B, T) Eq. 79, same for both signs of A
     per_token_loss = -adv * phi  # (B, T) Eq. 80 (negated for minimisation)
-    if importance_weights is not None:  # mirrors GRPOTrainer._compute_loss: loss * importance_sampling_ratio
+    if importance_weights is not None:  # mirrors GRPOTrainer._compute_loss (trl 1.16.0): loss * IS weights
         per_token_loss = per_token_loss * importance_weights.detach().to(dtype)
 
     above = (ratio > upper).to(dtype)  # (B, T) a comparison: no gradient

@@ -16,7 +16,6 @@ gets no gradient under a loss_type that weighs every token alike (``"dapo"``, no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -26,17 +25,12 @@ from torch import Tensor
 from ...core.common import (
     Groups,
     ObjectiveOutput,
-    as_groups,
-    check_choice,
-    check_positive,
     check_token_inputs,
     clip_indicators,
     compute_dtype,
     log_importance_weights,
     loss_weights,
     masked_mean,
-    named,
-    names_of,
 )
 
 #: The in-group transforms of the post-clip weights (the one list of names; the trainer imports it).
@@ -44,33 +38,7 @@ TRANSFORMS: tuple[str, ...] = ("none", "min_replace", "orth_proj", "orth_proj_qp
 #: Which members of a group the orthogonality constraint ranges over (see `dfpo_loss`).
 ORTHOGONAL_OVER: tuple[str, ...] = ("all", "unclipped")
 #: The transforms that can enforce ``sum_i A_i s_til_i = 0`` over an arbitrary subset of a group.
-_SUBSET_TRANSFORMS: tuple[str, ...] = ("orth_proj", "orth_proj_qp")
-
-
-def validate_dfpo(
-    *,
-    transform: str,
-    epsilon_low: float,
-    epsilon_high: float,
-    orth_floor: float,
-    orthogonal_over: str,
-    names: Mapping[str, str] | None = None,
-) -> None:
-    """Raise, naming the fix, unless `dfpo_loss` can take these settings (`DFPOConfig` runs it once; `names`: see
-    `common.named`). Why ``"unclipped"`` needs a projection: docs/dfpo.md, Deviations."""
-    transform_name, over_name = names_of(names, "transform", "orthogonal_over")
-    check_choice(transform_name, transform, TRANSFORMS)
-    check_positive(
-        **named(names, epsilon_low=epsilon_low, epsilon_high=epsilon_high, orth_floor=orth_floor), finite=True
-    )
-    check_choice(over_name, orthogonal_over, ORTHOGONAL_OVER)
-    if orthogonal_over == "unclipped" and transform not in _SUBSET_TRANSFORMS:
-        raise ValueError(
-            f"{over_name}='unclipped' needs a transform that enforces sum_i A_i s_til_i = 0 over the unclipped "
-            f"members of a group ({', '.join(_SUBSET_TRANSFORMS)}), not {transform_name}={transform!r} (min_replace "
-            "only cancels when the advantages of those members sum to zero; 'none' has no constraint). Use "
-            f"{transform_name}='orth_proj' or 'orth_proj_qp', or {over_name}='all'."
-        )
+SUBSET_TRANSFORMS: tuple[str, ...] = ("orth_proj", "orth_proj_qp")
 
 
 def both_signs(adv: Tensor, groups: Groups) -> Tensor:
@@ -122,13 +90,13 @@ def _orth_proj(s_bar: Tensor, adv: Tensor, groups: Groups, floor: float) -> Tens
 
 def _orth_proj_qp(s_bar: Tensor, adv: Tensor, groups: Groups) -> Tensor:
     """Exact solution of Eq. 51 per group via the sorted KKT breakpoints (docs/dfpo.md)."""
-    max_size = groups.max_size
+    size = groups.size
     inf = float("inf")
     tiny = torch.finfo(s_bar.dtype).tiny
 
-    dense_adv = groups.dense(adv)  # (K, G) padding: A = 0
+    dense_adv = groups.dense(adv)  # (K, G)
     dense_s = groups.dense(s_bar)  # (K, G)
-    active = dense_adv != 0  # (K, G) padding and A = 0 have no breakpoint
+    active = dense_adv != 0  # (K, G) A = 0 has no breakpoint
     safe_adv = torch.where(active, dense_adv, torch.ones_like(dense_adv))  # (K, G)
     breaks = torch.where(active, dense_s / safe_adv, torch.full_like(dense_s, inf))  # (K, G)
 
@@ -153,7 +121,7 @@ def _orth_proj_qp(s_bar: Tensor, adv: Tensor, groups: Groups) -> Tensor:
     c0 = prefix(torch.where(is_neg, as_sorted, 0.0)) + suffix(torch.where(is_pos, as_sorted, 0.0))  # (K, G + 1)
     c1 = prefix(torch.where(is_neg, aa_sorted, 0.0)) + suffix(torch.where(is_pos, aa_sorted, 0.0))  # (K, G + 1)
 
-    valid = torch.arange(max_size, device=s_bar.device) < num_breaks.unsqueeze(1)  # (K, G)
+    valid = torch.arange(size, device=s_bar.device) < num_breaks.unsqueeze(1)  # (K, G)
     finite_breaks = torch.where(valid, breaks, torch.zeros_like(breaks))  # (K, G)
     g_at_break = c0[:, :-1] - finite_breaks * c1[:, :-1]  # (K, G) g(b_k), from piece k
     crossed = (g_at_break <= 0) & valid  # (K, G)
@@ -162,7 +130,7 @@ def _orth_proj_qp(s_bar: Tensor, adv: Tensor, groups: Groups) -> Tensor:
 
     c0_p = c0.gather(1, piece.unsqueeze(1)).squeeze(1)  # (K,)
     c1_p = c1.gather(1, piece.unsqueeze(1)).squeeze(1)  # (K,)
-    last = max(max_size - 1, 0)
+    last = max(size - 1, 0)
     left = breaks.gather(1, (piece - 1).clamp(0, last).unsqueeze(1)).squeeze(1)  # (K,)
     right = breaks.gather(1, piece.clamp(0, last).unsqueeze(1)).squeeze(1)  # (K,)
     has_left = piece > 0  # (K,)
@@ -182,7 +150,7 @@ def _orth_proj_qp(s_bar: Tensor, adv: Tensor, groups: Groups) -> Tensor:
 def group_transform(
     s_bar: Tensor,
     advantages: Tensor,
-    groups: Groups | Tensor,
+    groups: Groups,
     method: str,
     *,
     orth_floor: float = 1e-6,
@@ -193,7 +161,7 @@ def group_transform(
     not take both signs gets 0 where ``A != 0`` (docs/dfpo.md, Degenerate groups)."""
     if s_bar.dim() != 1 or advantages.shape != s_bar.shape:
         raise ValueError(f"s_bar and advantages must be (B,), got {tuple(s_bar.shape)}, {tuple(advantages.shape)}")
-    groups = as_groups(groups, s_bar.shape[0])
+    groups = groups.covering(s_bar.shape[0])
     dtype = compute_dtype(s_bar, advantages)
     s = s_bar.detach().to(dtype)  # (B,)
     if s.numel() == 0 or method == "none":
@@ -236,7 +204,7 @@ def dfpo_loss(
     old_per_token_logps: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    groups: Groups | Tensor,
+    groups: Groups,
     *,
     transform: str,
     epsilon_low: float,
@@ -245,14 +213,14 @@ def dfpo_loss(
     orthogonal_over: str = "all",
     importance_weights: Tensor | None = None,
 ) -> DFPOOutput:
-    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K; the module docstring, docs/dfpo.md); `validate_dfpo`
-    checks the settings once, in `DFPOConfig`. Advantages constant along T; ``importance_weights``: TRL's per-token
+    """DFPO on GSPO (App. B, Eq. 44-55; phi-form of App. C/K; the module docstring, docs/dfpo.md); `DFPOConfig`
+    checks the settings once. Advantages constant along T; ``importance_weights``: TRL's per-token
     loss weights, applied here: the transform acts on ``s_bar_i w_i``, so the cancellation includes them (under
     ``"none"``: per token, as TRL). Returns per_token_loss (B, 1) = ``-A_i s_til_i`` in value ((B, T) for ``"none"``
     with (B, T) weights), TRL's (B, 1) clip indicators, and `weights` for `dfpo_diagnostics`.
     """
     check_token_inputs(per_token_logps, old_per_token_logps, mask, advantages)
-    groups = as_groups(groups, mask.shape[0])
+    groups = groups.covering(mask.shape[0])
     adv = advantages if advantages.dim() == 1 else advantages[:, 0]  # (B,); TRL expands (B,) to (B, T) this way
     if advantages.dim() == 2 and not torch.equal(advantages, adv.unsqueeze(1).expand_as(advantages)):
         raise ValueError(

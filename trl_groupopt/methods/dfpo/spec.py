@@ -1,4 +1,5 @@
-"""DFPO (in-group re-weighting on GSPO) and its GRPO-fix mode (equations: `trl_groupopt/methods/dfpo/objective.py`)."""
+"""DFPO (in-group re-weighting on GSPO) and GRPO-fix, its symmetric-clip mode (equations:
+`trl_groupopt/methods/dfpo/objective.py`)."""
 
 from dataclasses import replace
 
@@ -13,7 +14,7 @@ PAPER = Paper.arxiv(
     year=2026,
 )
 
-#: The `dfpo_transform` that selects GRPO-fix (App. H): a mode of the DFPO trainer.
+#: The `dfpo_transform` that selects GRPO-fix (App. H): `GRPOFixConfig`'s default; `DFPOTrainer` trains it too.
 GRPO_FIX = "symmetric_clip"
 
 #: The residuals within this fraction of GSPO's on the same batches: clipping, not the transform, decides the run.
@@ -62,11 +63,10 @@ METHOD = MethodSpec(
 
 GRPO_FIX_METHOD = MethodSpec(
     name="grpo_fix",
-    trainer_class="trl_groupopt.methods.dfpo.trainer:DFPOTrainer",
-    config_class="trl_groupopt.methods.dfpo.trainer:DFPOConfig",
+    trainer_class="trl_groupopt.methods.dfpo.trainer:GRPOFixTrainer",
+    config_class="trl_groupopt.methods.dfpo.trainer:GRPOFixConfig",
     paper=replace(PAPER, section="App. H"),
     headline_metric="dfpo/sym_clip_ratio",
-    config_defaults={"dfpo_transform": GRPO_FIX},
     summary="GRPO with the symmetric clip -A * clip(r, 0, 1 + epsilon_high) for both advantage signs (Eq. 80)",
     # GRPO-fix acted on a step when its symmetric clip removed a token (r > 1 + epsilon_high, either advantage sign).
     mechanism=Mechanism(

@@ -1,4 +1,4 @@
-"""DFPO and GRPO-fix: config and trainer. Equations: `trl_groupopt/methods/dfpo/objective.py`; docs/dfpo.md."""
+"""DFPO and GRPO-fix: configs and trainers. Equations: `trl_groupopt/methods/dfpo/objective.py`; docs/dfpo.md."""
 
 from __future__ import annotations
 
@@ -8,18 +8,14 @@ from typing import Any
 from torch import Tensor
 from trl import GRPOConfig
 
-from ...core.common import Groups, ObjectiveOutput, check_choice
+from ...core.common import Groups, ObjectiveOutput, check_choice, check_positive
 from ...core.estimators import estimator_of
 from ...trainer.base import GroupOptTrainer
-from ...trainer.binding import config_arguments, validate_config
 from ...trainer.config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 from .diagnostics import dfpo_diagnostics
-from .grpo_fix import symmetric_clip_loss, validate_grpo_fix
-from .objective import TRANSFORMS, dfpo_loss, validate_dfpo
+from .grpo_fix import symmetric_clip_loss
+from .objective import ORTHOGONAL_OVER, SUBSET_TRANSFORMS, TRANSFORMS, dfpo_loss
 from .spec import GRPO_FIX
-
-#: DFPOConfig's fields for `dfpo_loss`'s arguments: `dfpo_<argument>`, and TRL's `epsilon` / `epsilon_high`.
-PREFIX = "dfpo_"
 
 #: The opening words of TRL's warning (`GRPOTrainer.__init__`, trl 1.16.0) advising loss_type="grpo" with sequence-level
 #: ratios: the opposite of DFPO's choice, so the trainer replaces it with `SUM_LOSS_NOTE` (formatted with its `args`).
@@ -87,7 +83,26 @@ class DFPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig
         if self.epsilon_high is None:
             self.epsilon_high = GRPO_FIX_EPSILON_HIGH if grpo_fix else GSPO_EPSILON_HIGH
         super().__post_init__()
-        validate_config(validate_grpo_fix if grpo_fix else validate_dfpo, self, PREFIX)
+        if grpo_fix:  # one clip, above (Eq. 80), and no in-group constraint
+            check_positive(epsilon_high=self.epsilon_high, finite=True)
+            if self.dfpo_orthogonal_over != "all":
+                raise ValueError(
+                    f"dfpo_orthogonal_over={self.dfpo_orthogonal_over!r} needs one of DFPO's in-group transforms, not "
+                    "GRPO-fix (dfpo_transform='symmetric_clip', which clips each token on its own): leave it 'all'."
+                )
+            return
+        check_positive(
+            epsilon=self.epsilon, epsilon_high=self.epsilon_high, dfpo_orth_floor=self.dfpo_orth_floor, finite=True
+        )
+        check_choice("dfpo_orthogonal_over", self.dfpo_orthogonal_over, ORTHOGONAL_OVER)
+        if self.dfpo_orthogonal_over == "unclipped" and self.dfpo_transform not in SUBSET_TRANSFORMS:
+            raise ValueError(  # why "unclipped" needs a projection: docs/dfpo.md, Deviations
+                "dfpo_orthogonal_over='unclipped' needs a transform that enforces sum_i A_i s_til_i = 0 over the "
+                f"unclipped members of a group ({', '.join(SUBSET_TRANSFORMS)}), not dfpo_transform="
+                f"{self.dfpo_transform!r} (min_replace only cancels when the advantages of those members sum to zero; "
+                "'none' has no constraint). Use dfpo_transform='orth_proj' or 'orth_proj_qp', or "
+                "dfpo_orthogonal_over='all'."
+            )
 
 
 class DFPOTrainer(GroupOptTrainer):
@@ -105,12 +120,38 @@ class DFPOTrainer(GroupOptTrainer):
 
     def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
                   inputs: dict[str, Any], *, loss_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
-        inputs = (per_token_logps, old_per_token_logps, advantages, mask)
-        if self.args.dfpo_transform == GRPO_FIX:
-            arguments = config_arguments(symmetric_clip_loss, self.args)
-            return symmetric_clip_loss(*inputs, **arguments, importance_weights=loss_weights)
-        groups = Groups.contiguous(mask.shape[0], self.group_size, mask.device)
-        arguments = config_arguments(dfpo_loss, self.args, PREFIX)
-        out = dfpo_loss(*inputs, groups, **arguments, importance_weights=loss_weights)
+        inputs, args = (per_token_logps, old_per_token_logps, advantages, mask), self.args
+        if args.dfpo_transform == GRPO_FIX:
+            return symmetric_clip_loss(*inputs, epsilon_high=self.epsilon_high, importance_weights=loss_weights)
+        groups = Groups.contiguous(mask.shape[0], self.group_size)
+        out = dfpo_loss(
+            *inputs,
+            groups,
+            transform=args.dfpo_transform,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            orth_floor=args.dfpo_orth_floor,
+            orthogonal_over=args.dfpo_orthogonal_over,
+            importance_weights=loss_weights,
+        )
         out.metrics.update(dfpo_diagnostics(out.weights, self.loss_type))  # logged with this micro-batch's metrics
         return out
+
+
+@dataclass(repr=False)
+class GRPOFixConfig(DFPOConfig):
+    r"""
+    Configuration class for [`GRPOFixTrainer`]: [`DFPOConfig`] with `dfpo_transform="symmetric_clip"` by default,
+    GRPO-fix (Ding et al., arXiv:2604.13088, App. H): the token ratio clipped to `[0, 1 + epsilon_high]` for both
+    advantage signs (Eq. 80), `epsilon` / `epsilon_high` `0.2`, token-level ratios.
+    """
+
+    dfpo_transform: str = field(
+        default=GRPO_FIX, metadata={"help": "symmetric_clip (GRPO-fix); DFPO's transforms select DFPO."}
+    )
+
+
+class GRPOFixTrainer(DFPOTrainer):
+    """[`trl.GRPOTrainer`] with GRPO-fix's symmetric clip (`DFPOTrainer` on a [`GRPOFixConfig`])."""
+
+    config_class = GRPOFixConfig

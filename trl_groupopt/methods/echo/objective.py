@@ -18,7 +18,6 @@ of ``L``): the scopes, their exactness, the Eq. 15 vs Eq. 34 discrepancy and the
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -27,13 +26,11 @@ from torch import Tensor
 from ...core.common import (
     ObjectiveOutput,
     as_token_advantages,
-    check_positive,
     check_token_inputs,
     clip_indicators,
     compute_dtype,
     loss_weights,
     masked_log_ratio,
-    named,
     nan_if_empty,
 )
 
@@ -113,23 +110,6 @@ class _Prepared:
         return grad.detach()
 
 
-def validate_echo(
-    *,
-    epsilon_low: float,
-    epsilon_high: float,
-    batch_epsilon_low: float,
-    batch_epsilon_high: float,
-    names: Mapping[str, str] | None = None,
-) -> None:
-    """Raise unless every clip width is > 0 (`ECHOConfig` runs it once; `names`: see `common.named`).
-    ``batch_epsilon_low >= 1`` is allowed here: no lower batch bound."""
-    widths = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, batch_epsilon_low=batch_epsilon_low)
-    check_positive(**named(names, **widths))
-    check_positive(
-        finite=True, reason=" (the upper batch bound is 1 + it)", **named(names, batch_epsilon_high=batch_epsilon_high)
-    )
-
-
 def echo_batch_ratio_coupling(
     per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor, **settings: Any
 ) -> Tensor:
@@ -154,8 +134,8 @@ def echo_loss(
     coupling_sum: Tensor | float | None = None,
     importance_weights: Tensor | None = None,
 ) -> ObjectiveOutput:
-    """ECHO per-token loss (Eq. 6-11; the module docstring, docs/echo.md); `validate_echo` checks the clip widths
-    once, in `ECHOConfig`. Wider scopes: the parts' summed `echo_log_ratio_totals` (``log_ratio_sum``,
+    """ECHO per-token loss (Eq. 6-11; the module docstring, docs/echo.md); `ECHOConfig` checks the clip widths
+    once. Wider scopes: the parts' summed `echo_log_ratio_totals` (``log_ratio_sum``,
     ``token_count``) and `echo_batch_ratio_coupling` (``coupling_sum``). Returns the (B, T) loss (0 off the mask),
     "echo/batch_ratio" (R), "echo/batch_clipped" (0/1) and TRL's clip indicators of rho.
     """

@@ -11,13 +11,13 @@ from torch import Tensor
 from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
 
-from ...core.common import ObjectiveOutput, check_choice
+from ...core.common import ObjectiveOutput, check_choice, check_positive
 from ...trainer.base import GroupOptTrainer
-from ...trainer.binding import config_arguments, validate_config
+from ...trainer.boundary import buffered_batches, micro_step
 from ...trainer.config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
-from ...trainer.loss import objective_inputs
+from ...trainer.loss import LossInputs
 from ...trainer.schedule import OffPolicyScheduleMixin
-from .objective import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss, validate_echo
+from .objective import echo_batch_ratio_coupling, echo_log_ratio_totals, echo_loss
 
 BATCH_RATIO_SCOPES = ("step", "global", "micro_batch")
 # Loss types with one normaliser shared by every micro-batch and process: the only ones for which the coupling of the
@@ -51,7 +51,9 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
             self.batch_epsilon = self.epsilon
         if self.batch_epsilon_high is None:
             self.batch_epsilon_high = self.batch_epsilon
-        validate_config(validate_echo, self)
+        widths = dict(epsilon=self.epsilon, epsilon_high=self.epsilon_high, batch_epsilon=self.batch_epsilon)
+        check_positive(**{name: width for name, width in widths.items() if width is not None})
+        check_positive(finite=True, reason=" (the upper batch bound is 1 + it)", batch_epsilon_high=self.batch_epsilon_high)
         if self.batch_epsilon >= 1:  # the objective reads it as "no lower bound"; a config asks for one
             raise ValueError(
                 f"batch_epsilon must be < 1 (the lower batch bound is 1 - batch_epsilon), got {self.batch_epsilon} "
@@ -109,22 +111,23 @@ class ECHOTrainer(GroupOptTrainer):
     #: ({(global_step, micro-step) it serves}, echo_loss's totals) of the current optimizer step ("step" scope)
     _step_totals: tuple[set[tuple[int, int]], dict[str, Tensor]] | None = None
 
-    def _compute_loss(self, model, inputs):
+    def loss_inputs(self, model, inputs: dict[str, Any]) -> LossInputs:
+        """The base's, after this optimizer step's totals ("step" scope, training): computed on its first micro-batch."""
         if self.args.batch_ratio_scope == "step" and self.model.training:
-            key = (self.state.global_step, self._step)
+            key = (self.state.global_step, micro_step(self))
             if self._step_totals is None or key not in self._step_totals[0]:
                 batches, keys = self._step_micro_batches(inputs)
                 self._step_totals = (keys, self._compute_step_totals(model, batches))
-        return super()._compute_loss(model, inputs)
+        return super().loss_inputs(model, inputs)
 
     def _step_micro_batches(self, inputs: dict[str, Any]) -> tuple[list[dict[str, Any]], set[tuple[int, int]]]:
         """The micro-batches of the optimizer step that starts with `inputs` (TRL serves micro-step k the buffered batch
         `k % steps_per_generation`; the config keeps a step inside one generation batch) and the (global_step,
         micro-step) keys they are served at; outside TRL's loop (nothing buffered), `inputs` alone, uncached."""
-        buffered = self._buffered_inputs
+        buffered = buffered_batches(self)
         if buffered is None:
             return [inputs], set()
-        first, length = self._step, int(self.current_gradient_accumulation_steps)
+        first, length = micro_step(self), int(self.current_gradient_accumulation_steps)
         if buffered[first % len(buffered)] is not inputs:
             raise RuntimeError(
                 "ECHO batch_ratio_scope='step' reads the optimizer step's micro-batches from TRL's buffered generation "
@@ -138,22 +141,34 @@ class ECHOTrainer(GroupOptTrainer):
         """`echo_loss`'s log_ratio_sum, token_count and coupling_sum over `batches` on every process: one no-grad forward
         per micro-batch, at the parameters its training forward will see (hence the same loss weights)."""
         parts = []
-        # mirrors the no-grad behaviour forward of `GRPOTrainer._generate_and_score_completions`
-        # (the estimator's metrics are logged by the loss's own call of `compute_advantages`, not here)
+        # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): its no-grad behaviour forward (the
+        # estimator's metrics are logged by the loss's own call of `compute_advantages`, not here)
         with (
             torch.no_grad(),
             disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
             self._metrics_discarded(),
         ):
             for batch in batches:
-                objective_args, weights, _, _ = objective_inputs(self, model, batch)
-                parts.append((*objective_args, weights.product()))
-        return _scope_totals(self.accelerator, parts, config_arguments(echo_loss, self.args), coupling=True)
+                loss_inputs = super().loss_inputs(model, batch)  # the loss's forward and inputs, as it runs them
+                parts.append((*loss_inputs.objective_args, loss_inputs.weights.product()))
+        return _scope_totals(self.accelerator, parts, self.echo_settings, coupling=True)
+
+    @property
+    def echo_settings(self) -> dict[str, Any]:
+        """`echo_loss`'s hyper-parameters from the config, by hand (TRL's resolved clip widths)."""
+        args = self.args
+        return dict(
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            token_clip=args.token_clip,
+            batch_epsilon_low=args.batch_epsilon,
+            batch_epsilon_high=args.batch_epsilon_high,
+        )
 
     def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
                   inputs: dict[str, Any], *, loss_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
         part = (per_token_logps, old_per_token_logps, advantages, mask, loss_weights)
-        settings, totals, scope = config_arguments(echo_loss, self.args), {}, self.args.batch_ratio_scope
+        settings, totals, scope = self.echo_settings, {}, self.args.batch_ratio_scope
         if scope == "step" and self.model.training:
             totals = self._step_totals[1]
         elif scope in ("step", "global"):  # evaluation has no accumulation: "step" is the processes' batch

@@ -18,7 +18,7 @@ from dataclasses import field
 import torch
 from torch import Tensor
 
-from ...core.common import Groups, as_groups, check_choice, compute_dtype, energy_from_log_probs
+from ...core.common import Groups, check_choice, compute_dtype, energy_from_log_probs
 from ...core.estimators import AdvantageEstimator, EstimatorInputs, EstimatorOutput
 
 __all__ = ["OTB_ESTIMATOR", "TOKEN_POSITIONS", "logit_gradient_energy", "otb_advantages", "otb_zero_tail"]
@@ -71,7 +71,7 @@ def otb_advantages(
     rewards: Tensor,
     energy: Tensor,
     mask: Tensor,
-    groups: Groups | Tensor,
+    groups: Groups,
     *,
     handle_zero_tail: bool = False,
     token_positions: str = "valid",
@@ -89,7 +89,7 @@ def otb_advantages(
             f"rewards must be (B,) and energy, mask, importance_weights one (B, T) shape, got {tuple(rewards.shape)}, "
             f"{shapes}"
         )
-    groups = as_groups(groups, rewards.shape[0])
+    groups = groups.covering(rewards.shape[0])
 
     dtype = compute_dtype(rewards, energy, importance_weights)
     returns = rewards.detach().to(dtype)  # (B,)

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from ...core.common import check_positive
 from ...trainer.base import GroupOptTrainer
 from ...trainer.config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 
@@ -25,30 +24,11 @@ class OTBConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, GRPOConfig)
     scale_rewards: str = field(default="none", metadata={"help": "OTB uses raw rewards; as the reference, 'none'."})
 
     def __post_init__(self):
-        # Checked before TRL's own post-init: a bad value fails at once, naming the field and the fix.
+        # OTB's one rule; TRL's settings are checked where GRPOTrainer's are (epsilon: trainer/args_check.py).
         if self.advantage_estimator != "otb":
             raise ValueError(
                 f"OTBConfig: advantage_estimator must be 'otb' (OTB is TRL's objective on OTB's advantages), got "
                 f"{self.advantage_estimator!r}; for TRL's advantages use GRPOConfig with GroupOptTrainer or GRPOTrainer."
-            )
-        try:
-            widths = {"epsilon": self.epsilon, "epsilon_high": self.epsilon_high}
-            check_positive(**{name: value for name, value in widths.items() if value is not None})
-        except ValueError as err:
-            raise ValueError(
-                f"OTBConfig: {err}. The surrogate clips the ratio to [1 - epsilon, 1 + epsilon_high]: use a positive "
-                "value (TRL's default epsilon is 0.2; leave epsilon_high unset to use epsilon)."
-            ) from None
-        if self.delta is not None and not self.delta > 0:
-            raise ValueError(f"OTBConfig: delta must be > 0 (the surrogate's upper clip, e.g. 1.5), got {self.delta}.")
-        if self.importance_sampling_level not in ("token", "sequence"):
-            raise ValueError(
-                "OTBConfig: importance_sampling_level must be 'token' or 'sequence', "
-                f"got {self.importance_sampling_level!r}."
-            )
-        if self.scale_rewards not in (True, False, "group", "batch", "none"):
-            raise ValueError(
-                f"OTBConfig: scale_rewards must be 'none' (OTB's default), 'group' or 'batch', got {self.scale_rewards!r}."
             )
         super().__post_init__()
 
