@@ -53,7 +53,9 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
             self.batch_epsilon_high = self.batch_epsilon
         widths = dict(epsilon=self.epsilon, epsilon_high=self.epsilon_high, batch_epsilon=self.batch_epsilon)
         check_positive(**{name: width for name, width in widths.items() if width is not None})
-        check_positive(finite=True, reason=" (the upper batch bound is 1 + it)", batch_epsilon_high=self.batch_epsilon_high)
+        check_positive(
+            finite=True, reason=" (the upper batch bound is 1 + it)", batch_epsilon_high=self.batch_epsilon_high
+        )
         if self.batch_epsilon >= 1:  # the objective reads it as "no lower bound"; a config asks for one
             raise ValueError(
                 f"batch_epsilon must be < 1 (the lower batch bound is 1 - batch_epsilon), got {self.batch_epsilon} "
