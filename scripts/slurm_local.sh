@@ -102,7 +102,7 @@ print(*(s.getsockname()[1] for s in socks))
 EOF
 )
 host="$(hostname -s)"
-cpus="${SLURM_LOCAL_CPUS:-$(nproc)}"
+cpus="${SLURM_LOCAL_CPUS:-$(getconf _NPROCESSORS_ONLN)}"  # not nproc: it reads OMP_NUM_THREADS
 mem_mb="${SLURM_LOCAL_MEM_MB:-$(awk '/MemTotal/ { printf "%d", $2 / 1024 * 0.9 }' /proc/meminfo)}"
 cat >"$conf" <<EOF
 ClusterName=local

@@ -271,8 +271,9 @@ class SlurmLauncher:
         head = f"  {runfile.progress_line(done, total, time.perf_counter() - started)} {self.grid.tag(record)}"
         where = f" (job {record.get('slurm_job_id')})"
         if "error" in record:
-            print(f"{head}{where}: FAILED, runs again next time: {record['error'].strip().splitlines()[-1]}"
-                  f"\n    log: {record.get('log')}", flush=True)  # fmt: skip
+            last = record["error"].strip().splitlines()[-1]
+            log = "" if str(record.get("log")) in last else f"\n    log: {record.get('log')}"
+            print(f"{head}{where}: FAILED, runs again next time: {last}{log}", flush=True)
         else:
             print(f"{head}{where}: {describe(record)}", flush=True)
 
