@@ -97,6 +97,9 @@ def test_a_comparison_goes_through_slurm_and_no_secret_reaches_a_file(tmp_path):
     wrong = _run(out, "--slurm_partition", "nope")
     assert wrong.returncode == 2 and "--slurm_partition nope: sinfo knows debug" in wrong.stderr
     assert not out.exists()  # refused before anything was written or submitted
+    refused = _run(tmp_path / "big", "--slurm_mem", "900G")  # more than the node has: sbatch refuses
+    assert refused.returncode == 1 and "error: sbatch refused the jobs (" in refused.stderr, refused.stderr[-2000:]
+    assert not (tmp_path / "big" / "slurm" / "jobs.jsonl").exists() and not _queue(tmp_path / "big")
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
     setup = 'echo "token sha256 $(printf %s "$HF_TOKEN" | sha256sum | cut -c1-64)"'  # proves it arrived, unwritten
     seen: dict[str, str] = {}

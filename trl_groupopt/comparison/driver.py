@@ -208,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CompareError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
+    except slurm.SubmitError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 1
     for row in result["comparisons"]:
         print(f"{row['method']} vs {row['baseline']}: {row['verdict']} ({row['n']} seeds)")
     print(f"wrote {Path(options.output_dir) / 'compare.md'} (and runs.jsonl, compare.json, compare.png)")

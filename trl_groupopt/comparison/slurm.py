@@ -43,6 +43,15 @@ RESULT_GRACE_S = 10.0
 KEY = ("method", "seed")
 
 
+class SubmitError(RuntimeError):
+    """The cluster refused a submission (an account, a limit): one line, nothing submitted."""
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(error).__name__)[-300:]
+
+
 @dataclass
 class SlurmOptions:
     """`--slurm_*`: what each job asks of the cluster. `setup`: lines run before each job (e.g. a module load)."""
@@ -103,8 +112,9 @@ def check(options: SlurmOptions) -> str | None:
     if problem := check_commands():
         return problem
     if options.time is None or minutes(options.time) is None:
-        return (f"--slurm_time {options.time or ''}: give each job's time limit (minutes, or H:MM:SS / D-HH:MM:SS), "
-                "about 1.5x one run's time (docs/compare.md, Cost).").replace("--slurm_time :", "--slurm_time:")  # fmt: skip
+        given = f"--slurm_time {options.time}" if options.time is not None else "--slurm_time"
+        return (f"{given}: give each job's time limit (minutes, or H:MM:SS / D-HH:MM:SS), about 1.5x one run's "
+                "time (docs/compare.md, Cost).")  # fmt: skip
     if options.mem is not None and not re.fullmatch(r"\d+[KMGT]?B?", options.mem.strip(), re.IGNORECASE):
         return f"--slurm_mem {options.mem}: give a size Slurm reads, e.g. 32G or 16000M."
     try:
@@ -227,7 +237,7 @@ class SlurmLauncher:
         for (method, seed), job in zip(keys, submitted):
             entry = {"method": method, "seed": seed, "job_id": str(job.job_id), "submitted": now,
                      "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr), "array": len(calls) > 1,
-                     "resources": {k: v for k, v in vars(self.options).items() if k != "setup"}}  # fmt: skip
+                     "resources": dict(vars(self.options))}  # fmt: skip
             runfile.append_line(self.jobs_path, entry)
             entries.append(entry)
         return entries
@@ -294,7 +304,11 @@ class SlurmLauncher:
             print(f"slurm: {len(live)} job(s) of this comparison live (re-attached), {len(missing)} to submit",
                   flush=True)  # fmt: skip
             if missing and not stop.is_set():
-                entries = self.submit(missing)
+                try:
+                    entries = self.submit(missing)
+                except Exception as error:  # noqa: BLE001 - sbatch's refusal, said in one line
+                    raise SubmitError(f"sbatch refused the jobs ({_one_line(error)}); nothing was submitted: fix "
+                                      "the --slurm_* options and run the same command again.") from error  # fmt: skip
                 submitted = len(entries)
                 live |= set(missing)
                 ids = [e["job_id"] for e in entries]
