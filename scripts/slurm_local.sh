@@ -45,13 +45,10 @@ stop_all() {
       sleep 1
     done
   fi
-  local entry name pid
-  for entry in "${started[@]}"; do
-    read -r name pid <<<"$entry"
+  local i name pid
+  for ((i = ${#started[@]} - 1; i >= 0; i--)); do  # slurmd, slurmctld, then munged
+    read -r name pid <<<"${started[$i]}"
     kill "$pid" 2>/dev/null
-  done
-  for entry in "${started[@]}"; do
-    read -r name pid <<<"$entry"
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     if kill -0 "$pid" 2>/dev/null; then
       kill -9 "$pid" 2>/dev/null
@@ -77,8 +74,13 @@ stop_all() {
   exit "$status"
 }
 trap stop_all EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+cmd=""  # COMMAND's pid while it runs: a signal to this script stops it too, then the daemons
+on_signal() {
+  [ -n "$cmd" ] && kill -TERM "$cmd" 2>/dev/null && wait "$cmd" 2>/dev/null
+  exit "$1"
+}
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
 
 # munge, with its own socket, key copy and pid file in the temporary folder (a munged already running is left alone)
 mkdir -p "$tmp/munge" "$tmp/state" "$tmp/spool" "$tmp/log"
@@ -154,7 +156,10 @@ echo "slurm_local: cluster up (SLURM_CONF=$conf, ports $ctld_port/$d_port, $cpus
   "${started[*]}"
 
 set +e
-"$@"
+"$@" &  # in the background, so that a signal reaches the trap at once (bash defers it for a foreground command)
+cmd=$!
+wait "$cmd"
 status=$?
+cmd=""
 set -e
 exit "$status"

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -208,9 +210,12 @@ def test_slurm_results_are_collected_once_and_a_job_ended_without_one_is_reporte
     slurm_job.write_result(
         tmp_path, "7_0", {"method": "grpo", "seed": 0, "accuracy_after": 0.3, "slurm_job_id": "7_0"}
     )
-    states = {"7_0": "COMPLETED", "7_1": "RUNNING", "7_2": "CANCELLED"}
+    keys.append(("otb", 1))
+    _job(launcher, "otb", 1, "7_3")
+    slurm_job.write_result(tmp_path, "7_3", {"method": "otb", "seed": 1, "error": "boom", "slurm_job_id": "7_3"})
+    states = {"7_0": "COMPLETED", "7_1": "RUNNING", "7_2": "CANCELLED", "7_3": "COMPLETED"}
     new, live = launcher.collect(keys, states)
-    assert [r.get("slurm_job_id") for r in new] == ["7_0", "7_2"] and live == {("otb", 0)}
+    assert [r.get("slurm_job_id") for r in new] == ["7_0", "7_2", "7_3"] and live == {("otb", 0)}
     assert "ended as CANCELLED without a result" in new[1]["error"] and new[1]["log"] == "/logs/7_2_0_log.err"
     again, live = launcher.collect(keys, states)  # nothing is counted twice
     assert again == [] and live == {("otb", 0)}
@@ -219,7 +224,36 @@ def test_slurm_results_are_collected_once_and_a_job_ended_without_one_is_reporte
     new, _ = launcher.collect(keys, {"7_1": "RUNNING"})  # "8" not in squeue: its result file says it finished
     assert [r["slurm_job_id"] for r in new] == ["8"]
     records = runfile.read_runs(tmp_path / "runs.jsonl", launcher.grid).records
-    assert [(r["method"], r["seed"], "error" in r) for r in records] == [("grpo", 0, False), ("grpo", 1, False)]
+    assert [(r["method"], r["seed"], "error" in r) for r in records] == [("grpo", 0, False), ("otb", 1, True),
+                                                                          ("grpo", 1, False)]  # fmt: skip
+    assert runfile.pending(launcher.grid, runfile.read_runs(tmp_path / "runs.jsonl", launcher.grid), keys) == [
+        ("otb", 0), ("otb", 1)]  # fmt: skip
+
+
+def test_a_job_writes_its_record_or_an_error_and_nothing_when_slurm_stops_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    spec = trainrun.RunSpec(str(tmp_path), (), False, 8)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("exit status 1; log: ValueError: boom")
+
+    monkeypatch.setattr(trainrun, "run_one", failing)
+    record = slurm_job.run_job(spec, "otb", 1, {"train_args": []})
+    written = json.loads((tmp_path / "slurm" / "results" / "12_3.json").read_text())
+    assert written == record and "boom" in record["error"] and record["slurm_job_id"] == "12_3"
+    assert record["log"] == str(tmp_path / "runs" / "otb-1.log")
+
+    def cancelled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # as scancel would, while the run trains
+        raise RuntimeError("exit status -15")
+
+    monkeypatch.setattr(trainrun, "run_one", cancelled)
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "4")
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RuntimeError, match="exit status -15"):  # raised on: submitit marks the job failed
+        slurm_job.run_job(spec, "otb", 2, {"train_args": []})
+    assert not (tmp_path / "slurm" / "results" / "12_4.json").exists() and signal.getsignal(signal.SIGTERM) == before
 
 
 def test_a_job_ended_without_a_result_is_given_the_grace_first(tmp_path, monkeypatch):

@@ -179,6 +179,7 @@ class SlurmLauncher:
         self.name = job_name(self.dir)
         self.grid = runfile.Grid(KEY, None, describe)
         self._ended_at: dict[str, float] = {}  # job id -> when this driver first saw it ended without a result
+        self._progress: list = [0, 0, time.perf_counter()]  # done, total, started: the progress lines
 
     # ---------------------------------------------------------------------------------------------- the files
     def jobs(self) -> dict[tuple, dict[str, Any]]:
@@ -262,7 +263,7 @@ class SlurmLauncher:
             if entry is None or (
                 record is not None and ("error" not in record or record.get("slurm_job_id") == entry["job_id"])
             ):
-                continue  # never submitted, finished, or this job's record is in already  # fmt: skip
+                continue  # never submitted, finished, or this job's record is in already
             result, state = self._result(entry["job_id"]), states.get(entry["job_id"])
             if result is None and state in LIVE_STATES:
                 live.add(key)
@@ -277,7 +278,10 @@ class SlurmLauncher:
             new.append(result)
         return new, live
 
-    def _report(self, record: dict[str, Any], done: int, total: int, started: float) -> None:
+    def _report(self, record: dict[str, Any]) -> None:
+        """The progress line of a record just collected (`self._progress`: done, total, started)."""
+        self._progress[0] += "error" not in record
+        done, total, started = self._progress
         head = f"  {runfile.progress_line(done, total, time.perf_counter() - started)} {self.grid.tag(record)}"
         where = f" (job {record.get('slurm_job_id')})"
         if "error" in record:
@@ -291,47 +295,49 @@ class SlurmLauncher:
     def run(self, keys: Sequence[tuple]) -> None:
         """Collect what ended, submit the keys with neither a finished run nor a live job, then collect as jobs
         finish until none of `keys` is live (or a signal stops the driver, leaving the jobs running)."""
-        started, stop, total = time.perf_counter(), threading.Event(), len(keys)
-        collected = submitted = 0
+        started, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+        stop, collected, submitted = threading.Event(), 0, 0
+        finished = {k for k, r in self._records().items() if "error" not in r}
+        self._progress = [sum(k in finished for k in keys), len(keys), started]
         with _stop_on_signals(stop):
             states = self._wait_for_states(stop)
             if states is None:
                 return
-            live = self._settle(keys, states, stop)
+            collected, live = self._settle(keys, states, stop)
             finished = {k for k, r in self._records().items() if "error" not in r}
             missing = [k for k in keys if k not in finished and k not in live]
-            done = sum(k in finished for k in keys)
             print(f"slurm: {len(live)} job(s) of this comparison live (re-attached), {len(missing)} to submit",
                   flush=True)  # fmt: skip
             if missing and not stop.is_set():
-                try:
-                    entries = self.submit(missing)
-                except Exception as error:  # noqa: BLE001 - sbatch's refusal, said in one line
-                    raise SubmitError(f"sbatch refused the jobs ({_one_line(error)}); nothing was submitted: fix "
-                                      "the --slurm_* options and run the same command again.") from error  # fmt: skip
-                submitted = len(entries)
+                submitted = self._submit_missing(missing)
                 live |= set(missing)
-                ids = [e["job_id"] for e in entries]
-                print(f"slurm: submitted {submitted} job(s) ({ids[0]}{'..' + ids[-1] if len(ids) > 1 else ''}), "
-                      f"job name {self.name}; logs in {self.dir / 'slurm' / 'jobs'}", flush=True)  # fmt: skip
             while live and not stop.is_set():
                 stop.wait(min(30.0, 3.0 + 0.05 * (time.perf_counter() - started)))
                 states = queue_states(self.name)
                 if states is None:  # the controller did not answer: nothing is decided on no answer
                     continue
                 new, live = self.collect(keys, states)
+                collected += len(new)
                 for record in new:
-                    collected += 1
-                    done += "error" not in record
-                    self._report(record, done, total, started)
+                    self._report(record)
         if live:
             print(f"slurm: {len(live)} job(s) left running; run the same command again to re-attach (it submits "
                   "only what is missing), or add --cancel to cancel them", flush=True)  # fmt: skip
         if collected or submitted:
             invocation = {"command": self.command, "launcher": "slurm", "runs": collected, "submitted": submitted,
-                          "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                          "wall_s": time.perf_counter() - started}  # fmt: skip
+                          "started": started_at, "wall_s": time.perf_counter() - started}  # fmt: skip
             runfile.append_line(self.dir / "runs.jsonl", {runfile.INVOCATION: invocation})
+
+    def _submit_missing(self, missing: list[tuple]) -> int:
+        try:
+            entries = self.submit(missing)
+        except Exception as error:  # noqa: BLE001 - sbatch's refusal, said in one line
+            raise SubmitError(f"sbatch refused the jobs ({_one_line(error)}); nothing was submitted: fix the "
+                              "--slurm_* options and run the same command again.") from error  # fmt: skip
+        ids = [e["job_id"] for e in entries]
+        print(f"slurm: submitted {len(ids)} job(s) ({ids[0]}{'..' + ids[-1] if len(ids) > 1 else ''}), job name "
+              f"{self.name}; logs in {self.dir / 'slurm' / 'jobs'}", flush=True)  # fmt: skip
+        return len(ids)
 
     def _wait_for_states(self, stop: threading.Event) -> dict[str, str] | None:
         for _ in range(10):
@@ -341,15 +347,18 @@ class SlurmLauncher:
         print("slurm: squeue did not answer; nothing submitted (run the same command again)", file=sys.stderr)
         return None
 
-    def _settle(self, keys: Sequence[tuple], states: dict[str, str], stop: threading.Event) -> set[tuple]:
-        """Collect what ended before this invocation (waiting out the grace for jobs ended without a result)."""
+    def _settle(self, keys: Sequence[tuple], states: dict[str, str], stop: threading.Event) -> tuple[int, set]:
+        """Collect what ended before this invocation, waiting out the grace of jobs ended without a result: (how
+        many records it collected, the keys whose jobs are live)."""
+        collected = 0
         while True:
             new, live = self.collect(keys, states)
+            collected += len(new)
             for record in new:
-                self._report(record, 0, len(keys), time.perf_counter())
+                self._report(record)
             waiting = [k for k in live if states.get(self.jobs()[k]["job_id"]) not in LIVE_STATES]
             if not waiting or stop.is_set():
-                return live
+                return collected, live
             stop.wait(2.0)
             states = queue_states(self.name) or states
 
