@@ -18,6 +18,7 @@
 #   3 deepspeed_zero2/3 every method 5 steps under accelerate launch with examples/accelerate_configs/ (ZeRO-3 as
 #                       two processes, deepspeed_zero3_0/1, half the methods each)
 #   4 main_job          accelerate launch examples/train_echo.py: held-out accuracy before/after
+#     compare           trl-groupopt compare, 2 methods x 2 seeds on the embedded policy, on the GPU(s) found
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -106,6 +107,7 @@ if [ "$smoke" -eq 0 ]; then
   done
   stage main_job 150 $launch_plain --main_process_port 29516 \
     examples/train_echo.py --output_dir "$OUT/main_job_run" &
+  stage compare 150 "$PY" scripts/gpu_check_stages.py compare "$OUT/compare.json" "$OUT/compare_run" &
   wait
 else
   stage train_bf16_gc 150 "$PY" scripts/gpu_check_stages.py train "$OUT/train_bf16_gc.json" --modes bf16_gc --smoke
@@ -118,6 +120,7 @@ else
   stage main_job 240 "$PY" -m accelerate.commands.launch --cpu --num_processes 1 --num_machines 1 --mixed_precision no \
     examples/train_echo.py --output_dir "$OUT/main_job_run" --max_steps 2 --num_eval_examples 8 \
     --heldout_eval_steps 0 --save_strategy no
+  stage compare 150 "$PY" scripts/gpu_check_stages.py compare "$OUT/compare.json" "$OUT/compare_run" --smoke
 fi
 "$PY" scripts/gpu_check_stages.py main-job "$OUT/main_job.json" "$OUT/main_job_run" || true
 "$PY" scripts/gpu_check_stages.py summary "$OUT"

@@ -1,4 +1,5 @@
-"""The Python stages of `scripts/gpu_check.sh` (docs/gpu.md): versions, short training runs, DeepSpeed, summary.
+"""The Python stages of `scripts/gpu_check.sh` (docs/gpu.md): versions, short training runs, DeepSpeed, compare,
+summary.
 
 Every training unit trains one registered method (`trl_groupopt.METHODS`) on the overhead benchmark's workload
 (`benchmarks.overhead`): a Qwen2.5-0.5B-shaped model with random weights built from its config in code (the task
@@ -13,6 +14,7 @@ unit, so a stage stopped by its time cap keeps what it measured.
     accelerate launch --config_file examples/accelerate_configs/deepspeed_zero2.yaml --num_processes 1 \\
         scripts/gpu_check_stages.py train OUT/deepspeed_zero2.json --modes zero2
     python scripts/gpu_check_stages.py main-job OUT/main_job.json OUT/main_job   # reads the run's results.json
+    python scripts/gpu_check_stages.py compare OUT/compare.json OUT/compare_run [--smoke]   # trl-groupopt compare
     python scripts/gpu_check_stages.py summary OUT
 """
 
@@ -239,6 +241,37 @@ def main_job(out: Path, run_dir: Path) -> int:
     return 0 if payload["ok"] else 1
 
 
+def compare(out: Path, run_dir: Path, smoke: bool) -> int:
+    """`trl-groupopt compare`, 2 methods x 2 seeds on the embedded policy, on every GPU found (one run per GPU at a
+    time); `--smoke`: 1-step runs on the CPU with `--devices 0,1` as slots (the device pool without GPUs). Records
+    each run's devices, wall time and time span, and the comparison."""
+    size = ["--max_steps", "1", "--eval_examples", "8", "--devices", "0,1"] if smoke else ["--max_steps", "5",
+                                                                                           "--eval_examples", "64"]  # fmt: skip
+    command = [sys.executable, "-m", "trl_groupopt.cli", "compare", "--methods", "grpo,otb", "--seeds", "2",
+               "--output_dir", str(run_dir), *size, "--save_strategy", "no"]  # fmt: skip
+    started = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True)
+    print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n")
+    payload: dict[str, Any] = {"stage": "compare", "command": command, "rc": proc.returncode,
+                               "seconds": time.perf_counter() - started}  # fmt: skip
+    result_path = run_dir / "compare.json"
+    if result_path.is_file():
+        result = json.loads(result_path.read_text())
+        payload["runs"] = [{k: r.get(k) for k in ("method", "seed", "devices", "wall_s", "start_time", "end_time",
+                                                  "accuracy_before", "accuracy_after", "error")}
+                           for r in result["runs"]]  # fmt: skip
+        payload["comparisons"] = [{k: c[k] for k in ("method", "baseline", "n", "difference", "ci95", "verdict")}
+                                  for c in result["comparisons"]]  # fmt: skip
+    runs = payload.get("runs", [])
+    finished = [r for r in runs if not r["error"]]
+    # on a GPU every run was pinned to one of them; on the CPU smoke, to one of the two slots
+    payload["ok"] = proc.returncode == 0 and len(finished) == 4 and all(r["devices"] for r in finished)
+    write(out, payload)
+    print(f"  compare: rc={proc.returncode}, {len(finished)} runs on devices "
+          f"{sorted({','.join(r['devices'] or []) for r in finished})}")  # fmt: skip
+    return 0 if payload["ok"] else 1
+
+
 def summary(out_dir: Path) -> int:
     """summary.json: every stage's exit status and seconds (stages.tsv, written by gpu_check.sh) and its JSON."""
     stages = {}
@@ -277,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("main-job")
     p.add_argument("out", type=Path)
     p.add_argument("run_dir", type=Path)
+    p = sub.add_parser("compare")
+    p.add_argument("out", type=Path)
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--smoke", action="store_true", help="1-step runs on the CPU, --devices 0,1 as slots.")
     sub.add_parser("summary").add_argument("out_dir", type=Path)
     args = parser.parse_args(argv)
     if args.stage == "versions":
@@ -286,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         return train(args.out, args.modes.split(","), args.smoke, args.max_seconds, methods, args.shard)
     if args.stage == "main-job":
         return main_job(args.out, args.run_dir)
+    if args.stage == "compare":
+        return compare(args.out, args.run_dir, args.smoke)
     return summary(args.out_dir)
 
 

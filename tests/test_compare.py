@@ -16,7 +16,7 @@ import pytest
 from tests.selection import tested_methods
 from trl_groupopt.comparison import driver as compare_module
 from trl_groupopt.comparison import runs as runfile
-from trl_groupopt.comparison import stats
+from trl_groupopt.comparison import stats, trainrun
 from trl_groupopt.comparison.driver import CompareError, Options, check, parse_options
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -94,7 +94,7 @@ def test_power_note_is_the_fewest_seeds_for_two_points():
      (["--methods", "grpo,otb", "--seeds", "2", "--num_eval_examples", "9"], "use --eval_examples")],
 )  # fmt: skip
 def test_bad_input_stops_before_the_first_run_with_one_line(argv, fix, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(compare_module.Trainer, "__call__", lambda *a: pytest.fail("a run started"))
+    monkeypatch.setattr(trainrun, "run_one", lambda *a, **k: pytest.fail("a run started"))
     assert compare_module.main([*argv, "--output_dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("trl-groupopt compare: error: ") and fix in err, err
@@ -112,7 +112,7 @@ def test_seed_is_not_read_as_an_abbreviation_of_seeds():
 def _fake_runs(monkeypatch, calls: list, fail: set | None = None, sigterm_at: tuple | None = None) -> None:
     """Replace training: each (method, seed) 'trains' in no time, OTB 5 points ahead of GRPO on every seed."""
 
-    def fake(self, method, seed, settings):
+    def fake(spec, method, seed, env, before=None, track=None, device=None):
         calls.append((method, seed))
         if (method, seed) == sigterm_at:
             os.kill(os.getpid(), signal.SIGTERM)  # as `kill -TERM` would, while this run trains
@@ -124,7 +124,7 @@ def _fake_runs(monkeypatch, calls: list, fail: set | None = None, sigterm_at: tu
                 "heldout_examples": 8, "steps": 3, "acted": {"what": "it acted", "steps": 3, "acted": 2},
                 "wall_s": 1.0, "cpu_s": 0.5, "output_dir": "x"}  # fmt: skip
 
-    monkeypatch.setattr(compare_module.Trainer, "__call__", fake)
+    monkeypatch.setattr(trainrun, "run_one", fake)
 
 
 def test_four_files_resume_and_refuse_other_settings(tmp_path, monkeypatch):
@@ -239,12 +239,16 @@ def test_heldout_rows_are_carved_once_and_left_out_of_training(tmp_path):
 
 def test_each_run_goes_through_the_train_command():
     options = Options(["grpo", "otb"], 2, "DIR", train_args=["--max_steps", "3"])
-    trainer = compare_module.Trainer(options, *compare_module.carve_heldout(options, Path("DIR") / "data"))
-    assert not trainer.score_here  # the embedded policy's runs score the synthetic test split themselves
-    command = trainer.command("otb", 1)
+    run_args, score_here = compare_module.carve_heldout(options, Path("DIR") / "data")
+    assert not score_here  # the embedded policy's runs score the synthetic test split themselves
+    command = trainrun.RunSpec("DIR", tuple(run_args), score_here, 200).command("otb", 1)
     assert command[1:5] == ["-m", "trl_groupopt.cli", "train", "--method"]
     assert command[5:9] == ["otb", "--seed", "1", "--output_dir"] and Path(command[9]) == Path("DIR/runs/otb-1")
     assert command[-4:] == ["--max_steps", "3", "--num_eval_examples", "200"]  # the shared held-out split's size
+    several = trainrun.RunSpec("DIR", tuple(run_args), score_here, 200, processes=2).command("otb", 1, port=29555)
+    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+              "--main_process_port", "29555", "--module", "trl_groupopt.cli", "train", "--method", "otb"]  # fmt: skip
+    assert several[1:15] == launch and several[-4:] == command[-4:]
 
 
 def test_workers_run_several_at_once_with_the_same_result(tmp_path, monkeypatch):

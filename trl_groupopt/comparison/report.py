@@ -57,6 +57,13 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {method} | {len(rs)} | {_percent(stats.mean([r['accuracy_before'] for r in rs]))} | "
                      f"{_percent(after['mean'])}{ci} | {stats.mean([r['wall_s'] for r in rs]) or 0:.0f} | "
                      f"{stats.mean([r['cpu_s'] for r in rs]) or 0:.0f} |")  # fmt: skip
+    if plan := result.get("seed_plan"):
+        spreads = ", ".join(f"{m} {_points(r['pilot_sd']).lstrip('+')} points over {r['pilot_n']} seeds "
+                            f"(needs {r['needed']})" for m, r in plan["methods"].items())  # fmt: skip
+        capped = (f" (capped at --max_seeds {plan['max_seeds']}: the intervals are wider than "
+                  f"+-{100 * plan['target_half_width']:.0f} points)" if plan["capped"] else "")  # fmt: skip
+        lines += ["", f"Seeds: `--seeds auto`, {plan['pilot_seeds']} pilot seeds; the pilot's paired sd: {spreads}; "
+                  f"planned total **{plan['total']} seeds**{capped}. Rule: {plan['rule']}."]  # fmt: skip
     notes = [f"- {row['method']}: {row['power']['text']}." for row in result["comparisons"] if row.get("power")]
     if notes:
         lines += ["", "Power (from the observed paired spread):", "", *notes]
@@ -66,6 +73,11 @@ def markdown(result: dict[str, Any]) -> str:
         "accuracy after training minus the baseline's with the same seed, in points. "
         f"Verdict rule: {result['verdict_rule']}.",
     ]
+    launcher = result.get("launcher") or {}
+    if launcher.get("launcher") == "slurm":
+        lines += ["", "Runs: one Slurm job each (job ids, logs and resources in DIR/slurm/jobs.jsonl)."]
+    elif devices := sorted({",".join(r["devices"]) for r in ok if r.get("devices")}):
+        lines += ["", f"Runs: on devices {'; '.join(devices)} (each run's in runs.jsonl, `devices`)."]
     if result.get("failed_runs"):
         lines += ["", f"Failed runs (see DIR/runs/<run>.log): {', '.join(result['failed_runs'])}."]
     return "\n".join(lines) + "\n"

@@ -29,11 +29,22 @@ VERDICT_RULE = (
 )
 
 
+# beyond df 30: the tables' rows 40, 60, 120 and infinity, interpolated linearly in 1/df as the tables intend (within
+# 1e-3 of scipy up to df 1000: tests/test_compare.py)
+_T975_TAIL = ((30, 2.042), (40, 2.021), (60, 2.000), (120, 1.980), (math.inf, 1.960))
+
+
 def t_quantile_975(df: int) -> float:
     """Two-sided 95% Student-t quantile for `df` degrees of freedom (NaN below 1)."""
     if df < 1:
         return float("nan")
-    return _T975[df - 1] if df <= len(_T975) else 1.96
+    if df <= len(_T975):
+        return _T975[df - 1]
+    for (df0, t0), (df1, t1) in zip(_T975_TAIL, _T975_TAIL[1:]):
+        if df <= df1:
+            share = (1 / df0 - 1 / df) / (1 / df0 - 1 / df1)
+            return t0 + share * (t1 - t0)
+    return _T975_TAIL[-1][1]
 
 
 def present(values: Sequence[float | None]) -> list[float]:
@@ -77,6 +88,29 @@ def seeds_needed(sd: float, target: float, minimum: int = 2) -> int:
     return n
 
 
+def stein_total(pilot_sd: float, pilot_n: int, target: float = EQUIVALENCE_MARGIN) -> int:
+    """Stein's two-stage rule (Stein 1945, Ann. Math. Statist. 16:243): after a pilot of `pilot_n` values of standard
+    deviation `pilot_sd`, the smallest total N >= pilot_n with t(0.975, pilot_n - 1) * pilot_sd / sqrt(N) <= target.
+    N depends on the pilot's spread alone, so :func:`stein_ci` over the N values keeps its 95% coverage."""
+    t = t_quantile_975(pilot_n - 1)
+    n = max(pilot_n, math.ceil((t * pilot_sd / target) ** 2))
+    while t * pilot_sd / math.sqrt(n) > target:  # the float square root of the ceiling: never one short
+        n += 1
+    while n > pilot_n and t * pilot_sd / math.sqrt(n - 1) <= target:
+        n -= 1
+    return n
+
+
+def stein_ci(values: Sequence[float | None], pilot_sd: float, pilot_n: int) -> dict[str, Any]:
+    """`mean_ci`'s result for Stein's interval: the mean of all the measured values (pilot included) +- t(0.975,
+    pilot_n - 1) * pilot_sd / sqrt(n), the pilot's spread and degrees of freedom (`std` stays the observed one)."""
+    result = {**mean_ci(values), "pilot_sd": pilot_sd, "pilot_n": pilot_n}
+    if result["n"] < 1 or pilot_n < 2:
+        return result
+    half = t_quantile_975(pilot_n - 1) * pilot_sd / math.sqrt(result["n"])
+    return {**result, "ci95": half, "low": result["mean"] - half, "high": result["mean"] + half}
+
+
 def verdict(stats: Mapping[str, Any], better: int = +1, margin: float | None = EQUIVALENCE_MARGIN) -> str:
     """:data:`VERDICT_RULE` on the interval of the mean paired difference (`mean_ci`'s result): `better` is +1 when
     a larger outcome is better, -1 when smaller is; `margin` the equivalence band (None: no band, e.g. a mechanism
@@ -94,13 +128,20 @@ def verdict(stats: Mapping[str, Any], better: int = +1, margin: float | None = E
 
 
 def compare_pair(
-    ours: Outcomes, theirs: Outcomes | None, *, better: int = +1, accuracy: bool = True, acted: Mapping | None = None
+    ours: Outcomes,
+    theirs: Outcomes | None,
+    *,
+    better: int = +1,
+    accuracy: bool = True,
+    acted: Mapping | None = None,
+    pilot: tuple[int, float] | None = None,
 ) -> dict[str, Any]:
     """One comparison by :data:`VERDICT_RULE` of seed -> outcome maps (`theirs` None: `ours` are already the paired
     differences); `accuracy` applies the band and the floor; `acted` ({"steps", "acted", "what"}) is how often the
-    mechanism acted. Returns {"n", "difference" (`mean_ci`), "per_seed", "verdict", "note", "power"}."""
+    mechanism acted; `pilot` (n, sd) makes the interval Stein's (`stein_ci`: the seeds were planned from that pilot).
+    Returns {"n", "difference" (`mean_ci`), "per_seed", "verdict", "note", "power"}."""
     per_seed = list(ours.values()) if theirs is None else paired_differences(ours, theirs)
-    stats = mean_ci(per_seed)
+    stats = mean_ci(per_seed) if pilot is None else stein_ci(per_seed, pilot[1], pilot[0])
     row: dict[str, Any] = {"n": stats["n"], "difference": stats, "per_seed": per_seed, "note": None}
     row["verdict"] = verdict(stats, better, EQUIVALENCE_MARGIN if accuracy else None)
     levels = [mean(list(ours.values())), mean(list(theirs.values())) if theirs is not None else None]

@@ -1,0 +1,189 @@
+"""The options of `trl-groupopt compare` (`Options`, `parse_options`), the command they make, and the checks that
+refuse bad input before anything runs or is submitted, with one line naming the fix (`check`)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..methods.registry import METHODS
+from . import local, slurm
+from . import seeds as seedplan
+from .argv import scan, take_secrets
+
+#: Options `compare` sets on each run itself.
+OWN_OPTIONS = ("method", "output_dir", "seed")
+#: Rows held out of a user's dataset (the synthetic task: prompts of its test split), unless --eval_examples says.
+DEFAULT_EVAL_EXAMPLES = 200
+PROG = "trl-groupopt compare"
+DESCRIPTION = "Does a method beat the baseline on your model and task? Paired seeds, 95% intervals (docs/compare.md)."
+LAUNCHERS = ("local", "slurm")
+
+
+class CompareError(ValueError):
+    """Bad input, found before the first run: the message is one line that names the fix."""
+
+
+@dataclass
+class Options:
+    """A comparison as asked: `train_args` are passed to every run (without secrets: `secrets` reach the runs
+    through their environment only, `argv.take_secrets`)."""
+
+    methods: list[str]
+    seeds: int | str  # N, or "auto" (seeds.py)
+    output_dir: str
+    baseline: str = "grpo"
+    workers: int = 1
+    eval_examples: int = DEFAULT_EVAL_EXAMPLES
+    train_args: list[str] = field(default_factory=list)
+    launcher: str = "local"
+    gpus_per_run: int | None = None  # local: devices per run (None: 1)
+    devices: list[str] | None = None  # local: the devices to use (None: every one here)
+    max_seeds: int = seedplan.MAX_SEEDS
+    pilot_seeds: int = seedplan.PILOT_SEEDS
+    slurm: slurm.SlurmOptions = field(default_factory=slurm.SlurmOptions)
+    cancel: bool = False
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What every run of DIR must share (a run's key is its method and seed under these)."""
+        return {"train_args": list(self.train_args), "eval_examples": self.eval_examples}
+
+
+def _parser() -> argparse.ArgumentParser:
+    epilog = ("Any other option is a `train` option, passed to every run (trl-groupopt train --method NAME --help "
+              "lists them). See docs/compare.md.")  # fmt: skip
+    # no abbreviations: `--seed 3`, a train option, must not be read as `--seeds 3`
+    parser = argparse.ArgumentParser(prog=PROG, allow_abbrev=False, description=DESCRIPTION, epilog=epilog)
+    add = parser.add_argument
+    add("--methods", help="comma-separated methods, the baseline among them")
+    add("--seeds", help="seeds 0..N-1 per method (at least 2), or auto: a pilot, then the seeds it shows are needed")
+    add("--output_dir", required=True, help="runs.jsonl, compare.json/.md/.png and the runs")
+    add("--baseline", default="grpo", help="the method the others are paired against")
+    add("--workers", type=int, default=1, help="runs at once, on the CPU (default 1)")
+    add("--eval_examples", type=int, default=DEFAULT_EVAL_EXAMPLES,
+        help="held-out prompts every run is scored on, before and after training")  # fmt: skip
+    add("--pilot_seeds", type=int, default=seedplan.PILOT_SEEDS, help="--seeds auto: the pilot's seeds (default 8)")
+    add("--max_seeds", type=int, default=seedplan.MAX_SEEDS, help="--seeds auto: at most this many (default 40)")
+    add("--launcher", choices=LAUNCHERS, default="local", help="local: this machine (default); slurm: a job per run")
+    add("--gpus_per_run", type=int, help="local: devices per run (default 1; N > 1: accelerate launch)")
+    add("--devices", help="local: comma-separated devices to use (default: every GPU here)")
+    add("--cancel", action="store_true", help="slurm: cancel this comparison's queued and running jobs")
+    add("--slurm_partition", help="slurm: the partition (default: the cluster's default)")
+    add("--slurm_time", help="slurm: each job's time limit (minutes, H:MM:SS or D-HH:MM:SS)")
+    add("--slurm_gpus_per_run", type=int, default=1, help="slurm: GPUs per job (default 1; 0: CPU jobs)")
+    add("--slurm_cpus_per_run", type=int, help="slurm: CPUs per job (default: the partition's)")
+    add("--slurm_mem", help="slurm: memory per job, e.g. 32G (default: the partition's)")
+    add("--slurm_account", help="slurm: the account to charge")
+    add("--slurm_setup", action="append", default=[], help="slurm: a line run before each job (repeatable)")
+    return parser
+
+
+def parse_options(argv: Sequence[str]) -> Options:
+    """`Options` from the command line; the options `compare` does not know are train options."""
+    known, rest = _parser().parse_known_args(list(argv))
+    methods = [m.strip() for m in (known.methods or "").split(",") if m.strip()]
+    count: int | str | None = known.seeds
+    if count is not None and count != seedplan.AUTO:
+        count = int(count) if count.strip().lstrip("-").isdigit() else count
+    train_args, secrets = take_secrets(rest)
+    slurm_options = slurm.SlurmOptions(known.slurm_partition, known.slurm_time, known.slurm_gpus_per_run,
+                                       known.slurm_cpus_per_run, known.slurm_mem, known.slurm_account,
+                                       known.slurm_setup)  # fmt: skip
+    devices = [d.strip() for d in known.devices.split(",") if d.strip()] if known.devices is not None else None
+    return Options(methods, count, known.output_dir, known.baseline, known.workers, known.eval_examples, train_args,
+                   known.launcher, known.gpus_per_run, devices, known.max_seeds, known.pilot_seeds, slurm_options,
+                   known.cancel, secrets)  # fmt: skip
+
+
+def _check_methods(options: Options) -> None:
+    known = ", ".join(METHODS)
+    if not options.methods:
+        example = ",".join(list(METHODS)[:2])
+        raise CompareError(f"--methods is empty: name two or more of {known}, e.g. --methods {example}.")
+    for method in options.methods:
+        if method not in METHODS:
+            raise CompareError(f"--methods: unknown method {method!r}; choose from {known}.")
+    if len(set(options.methods)) != len(options.methods):
+        raise CompareError("--methods names a method twice: name each once.")
+    if options.baseline not in options.methods:
+        raise CompareError(f"--baseline {options.baseline} is not in --methods {','.join(options.methods)}: add it "
+                           "to --methods, or choose one of them with --baseline.")  # fmt: skip
+    if len(options.methods) < 2:
+        raise CompareError(f"--methods {options.methods[0]}: name a method to compare with the baseline too.")
+
+
+def _check_seeds(options: Options) -> None:
+    if options.seeds == seedplan.AUTO:
+        if options.pilot_seeds < 2:
+            raise CompareError(f"--pilot_seeds {options.pilot_seeds}: a pilot needs at least 2 seeds (default "
+                               f"{seedplan.PILOT_SEEDS}).")  # fmt: skip
+        if options.max_seeds < options.pilot_seeds:
+            raise CompareError(f"--max_seeds {options.max_seeds} is below the pilot of {options.pilot_seeds} seeds: "
+                               "raise --max_seeds, or lower --pilot_seeds.")  # fmt: skip
+        return
+    if options.seeds is None:
+        raise CompareError("--seeds is required: N (seeds 0..N-1, at least 2), or auto (docs/compare.md).")
+    if not isinstance(options.seeds, int) or options.seeds < 2:
+        raise CompareError(f"--seeds {options.seeds}: a paired interval needs at least 2 seeds; pass --seeds 2 or "
+                           "more (docs/compare.md: 8 for a first look), or --seeds auto.")  # fmt: skip
+
+
+def _check_launcher(options: Options) -> local.Placement | None:
+    """The local placement of the runs (None for Slurm), or CompareError."""
+    given = [name for name, value in (("--gpus_per_run", options.gpus_per_run), ("--devices", options.devices),
+                                      ("--workers", options.workers if options.workers != 1 else None))
+             if value is not None]  # fmt: skip
+    if options.launcher == "slurm":
+        if given:
+            raise CompareError(f"{', '.join(given)}: with --launcher slurm each job gets what --slurm_gpus_per_run "
+                               "and --slurm_cpus_per_run ask for; drop them.")  # fmt: skip
+        if problem := slurm.check(options.slurm):
+            raise CompareError(problem)
+        return None
+    if asked := [f"--slurm_{name}" for name, value in vars(options.slurm).items()
+                 if value != getattr(slurm.SlurmOptions(), name)]:  # fmt: skip
+        raise CompareError(f"{', '.join(asked)}: these are for --launcher slurm; add it, or drop them.")
+    use_cpu = scan(options.train_args, "use_cpu")[0]["use_cpu"]
+    placed = local.place(options.devices, options.gpus_per_run or 1, options.workers,
+                         use_cpu is not None and use_cpu.lower() not in ("false", "0", "no"))  # fmt: skip
+    if isinstance(placed, str):
+        raise CompareError(placed)
+    return placed
+
+
+def check(options: Options) -> local.Placement | None:
+    """Refuse bad input before the first run (or job), with one line naming the fix; the local placement of the runs
+    (None for Slurm)."""
+    _check_methods(options)
+    _check_seeds(options)
+    if options.workers < 1 or options.eval_examples < 1:
+        raise CompareError("--workers and --eval_examples must be at least 1.")
+    given, _ = scan(options.train_args, "num_eval_examples", *OWN_OPTIONS)
+    if given["num_eval_examples"] is not None:
+        raise CompareError("--num_eval_examples: compare sets the held-out size of every run; use --eval_examples.")
+    if own := [f"--{name}" for name in OWN_OPTIONS if given[name] is not None]:
+        raise CompareError(f"{', '.join(own)}: compare sets these for each run (DIR/runs/METHOD-SEED); use "
+                           "--methods, --seeds and --output_dir.")  # fmt: skip
+    return _check_launcher(options)
+
+
+def command_line(options: Options) -> str:
+    """The command (its secrets left out: they reach the runs through the environment)."""
+    words = ["trl-groupopt", "compare", "--methods", ",".join(options.methods), "--seeds", str(options.seeds),
+             "--output_dir", options.output_dir, "--baseline", options.baseline]  # fmt: skip
+    defaults = Options([], 2, "")
+    for name in ("workers", "eval_examples", "max_seeds", "pilot_seeds", "launcher", "gpus_per_run"):
+        if getattr(options, name) != getattr(defaults, name) or name == "eval_examples":
+            words += [f"--{name}", str(getattr(options, name))]
+    if options.devices is not None:
+        words += ["--devices", ",".join(options.devices)]
+    for name, value in vars(options.slurm).items():
+        for item in value if name == "setup" else [value]:
+            if value != getattr(slurm.SlurmOptions(), name):
+                words += [f"--slurm_{name}", str(item)]
+    return shlex.join([*words, *options.train_args])
