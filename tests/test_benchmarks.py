@@ -552,10 +552,19 @@ def test_power_analysis_reproduces_and_sized_the_claims_grid(tmp_path, capsys):
     for key in ("settings", "claims", "sd_ratio_pilot_over_committed"):
         assert common.jsonable(rebuilt[key]) == committed[key], key
     assert power.power_markdown(committed) == (results / "power.md").read_text()
-    # the seeds the claims grid ran are the ones this analysis plans
+    # the seeds the claims grid ran are the ones this analysis plans, but where a plan's stage 1 exceeds 30 seeds: the
+    # grid was sized when `stats` read t = 1.96 past 30 degrees of freedom; with the tabulated quantiles the same rule
+    # asks for a few more seeds there (benchmarks/README.md, "Power analysis")
     runs = {name: read_runs(results / f"{name}_runs.jsonl", stress.GRID).records for name in ("stress", "claims")}
     planned = power.analyse(runs["stress"], runs["claims"])["claims"]
-    assert {row["id"]: (row["planned_seeds"], row["stage2_seeds"]) for row in planned} == stress.CLAIM_SEEDS
+    for row in planned:
+        ran = stress.CLAIM_SEEDS[row["id"]]
+        now = (row["planned_seeds"], row["stage2_seeds"])
+        if ran[0] <= 30:
+            assert now == ran, row["id"]
+        else:
+            assert ran[0] <= now[0] <= 1.1 * ran[0] and (now[1] is None) == (ran[1] is None), (row["id"], ran, now)
+    assert set(stress.CLAIM_SEEDS) == {row["id"] for row in planned}
     # ECHO's claims are where the declared rule puts them, on the committed probe
     echo = {(c["regime"], c["value"]) for c in stress.CLAIMS if c.get("probe") == "echo"}
     assert echo == {acting_setting(runs["claims"])}
