@@ -11,8 +11,9 @@ import types
 import pytest
 import torch
 
+from trl_groupopt.runfolder import checkpoints as records
 from trl_groupopt.runfolder import resume
-from trl_groupopt.runfolder.checkpoints import FINAL_RECORD, write_checkpoint_record, write_final_record
+from trl_groupopt.runfolder.checkpoints import write_checkpoint_record
 
 
 def _args(**overrides) -> types.SimpleNamespace:
@@ -101,7 +102,7 @@ def test_a_run_at_its_last_step_is_named_in_the_words_of_its_caller(tmp_path):
 def _final_outputs(out, step: int) -> None:
     for name in ("model.safetensors", "results.json"):
         (out / name).write_text(name)
-    write_final_record(out, step)
+    records.write_final_record(out, step)
 
 
 def test_the_command_line_finishes_a_run_only_with_its_final_outputs_complete(tmp_path):
@@ -114,7 +115,7 @@ def test_the_command_line_finishes_a_run_only_with_its_final_outputs_complete(tm
     checkpoint, done, finished = resume.decide(args, "echo", "last", cli=True)
     assert (checkpoint, finished) == (str(folder), False)
     assert done.startswith(f"{folder} is at the run's last step (8 of 8), but its final outputs are not complete")
-    assert done.endswith(f"(no {FINAL_RECORD}): writing them from that checkpoint, without training.")
+    assert done.endswith(f"(no {records.FINAL_RECORD}): writing them from that checkpoint, without training.")
     _final_outputs(tmp_path, 8)
     checkpoint, done, finished = resume.decide(args, "echo", "last", cli=True)
     assert finished and done.startswith(f"The run is finished: {tmp_path} holds its final model and results")

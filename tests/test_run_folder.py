@@ -144,9 +144,9 @@ def test_a_checkpoint_without_a_record_is_incomplete_even_when_its_state_parses(
     good = _checkpoint(tmp_path, 2)
     files = {"model.safetensors": b"corrupt", "optimizer.pt": b"o" * 128, "trainer_state.json": b'{"global_step": 4}'}
     unrecorded = _checkpoint(tmp_path, 4, record=False, files=files)
-    assert checkpoint_problem(unrecorded) == run_folder.NO_RECORD
     with pytest.warns(UserWarning, match=r"checkpoint-4: no trl_groupopt_checkpoint.json: its save was cut short"):
         assert resolve_resume(tmp_path, "last") == str(good)
+    assert checkpoint_problem(unrecorded) == run_folder.NO_RECORD
     partial = _checkpoint(tmp_path, 6, record=False, files={"model.safetensors": b"w"})
     assert checkpoint_problem(partial) == run_folder.NO_RECORD
     assert checkpoint_problem(tmp_path / "checkpoint-8") == "it is not a folder"
@@ -164,7 +164,7 @@ def test_an_interrupted_resave_of_a_damaged_checkpoint_is_not_resumed(tmp_path):
         handle.write(bytes([handle.read(1)[0] ^ 0xFF]))
     with pytest.warns(UserWarning, match="checkpoint-4: optimizer.pt has the recorded size but not"):
         assert resolve_resume(tmp_path, "last") == str(good)
-    run_folder.remove_record(damaged)  # the re-save's first step, then the kill
+    (damaged / CHECKPOINT_RECORD).unlink()  # the re-save's first step (`remove_record`), then the kill
     with pytest.warns(UserWarning, match="checkpoint-4: no trl_groupopt_checkpoint.json"):
         assert resolve_resume(tmp_path, "last") == str(good)
     with pytest.raises(

@@ -17,10 +17,9 @@ from tests.test_resume_rules import _args, _checkpoint
 from trl_groupopt.cli import main as cli
 from trl_groupopt.cli import script
 from trl_groupopt.data import adapters
+from trl_groupopt.runfolder import checkpoints as records
 from trl_groupopt.runfolder import resume
-from trl_groupopt.runfolder.checkpoints import FINAL_RECORD, write_final_record
 from trl_groupopt.runfolder.lock import LOCK_NAME, OutputFolderInUseError, RunLock
-from trl_groupopt.runfolder.run import open_run
 
 
 # ------------------------------------------------------------------------------------------------ the lock
@@ -173,7 +172,7 @@ def _finished_run(out, step: int = 4) -> None:
     _checkpoint(out, step, max_steps=step)
     for name in ("model.safetensors", "config.json", "trainer_state.json", "results.json"):
         (out / name).write_text("{}")
-    write_final_record(out, step)
+    records.write_final_record(out, step)
 
 
 def test_a_finished_run_exits_0_before_the_model_loads(tmp_path, no_model, capsys):
@@ -191,6 +190,8 @@ def test_a_finished_run_exits_0_before_the_model_loads(tmp_path, no_model, capsy
 def test_overwrite_deletes_the_earlier_run_only_when_training_begins(tmp_path):
     """A fresh `--overwrite_output_dir` run decides at once and deletes the earlier checkpoints (and the record of
     its final outputs) only when training begins: a run that fails to load its model loses nothing."""
+    from trl_groupopt.runfolder.run import open_run
+
     out = tmp_path / "out"
     _finished_run(out)
     args = _args(output_dir=str(out), overwrite_output_dir=True, max_steps=4)
@@ -198,9 +199,9 @@ def test_overwrite_deletes_the_earlier_run_only_when_training_begins(tmp_path):
         pass
     with open_run(args, "echo", None, cli=True) as opened:
         assert (opened.checkpoint, opened.done, opened.finished) == (None, None, False)
-        assert (out / "checkpoint-4").is_dir() and (out / FINAL_RECORD).is_file()  # nothing deleted yet
+        assert (out / "checkpoint-4").is_dir() and (out / records.FINAL_RECORD).is_file()  # nothing deleted yet
         opened.begin()
-        assert not (out / "checkpoint-4").exists() and not (out / FINAL_RECORD).exists()
+        assert not (out / "checkpoint-4").exists() and not (out / records.FINAL_RECORD).exists()
         assert (out / "model.safetensors").is_file()  # replaced by the new run's own save
     with open_run(_args(output_dir=str(tmp_path / "new")), "echo", None, cli=True) as opened:
         assert (opened.checkpoint, opened.finished) == (None, False) and (tmp_path / "new" / LOCK_NAME).is_file()
@@ -208,6 +209,8 @@ def test_overwrite_deletes_the_earlier_run_only_when_training_begins(tmp_path):
 
 
 def test_open_run_decides_once_and_holds_the_lock_while_open(tmp_path, monkeypatch):
+    from trl_groupopt.runfolder.run import open_run
+
     out = tmp_path / "out"
     _checkpoint(out, 2, max_steps=4)
     calls, decide = [], resume.decide
