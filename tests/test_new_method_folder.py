@@ -98,11 +98,14 @@ def test_a_copied_method_folder_passes_every_shared_test(tmp_path, capsys):
     env = process_environment(PYTHONPATH=str(copy), **{ENVIRONMENT_VARIABLE: NEW})
 
     probe = ("import trl_groupopt, tests\nfrom trl_groupopt import METHODS\n"
-             f"print(trl_groupopt.__file__, tests.__file__, METHODS[{NEW!r}].trainer_class.__module__)")  # fmt: skip
+             f"print('PROBE', trl_groupopt.__file__, tests.__file__, METHODS[{NEW!r}].trainer_class.__module__, sep=chr(9))")  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-c", probe], cwd=copy, env=env, capture_output=True, text=True, timeout=300
     )
-    package, tests_package, module = proc.stdout.split()
+    # Only the marked line: an inherited environment may make imports print (a warning, a banner).
+    probed = [line.split("\t")[1:] for line in proc.stdout.splitlines() if line.startswith("PROBE\t")]
+    assert len(probed) == 1 and len(probed[0]) == 3, proc.stdout + proc.stderr
+    package, tests_package, module = probed[0]
     assert Path(package).is_relative_to(copy) and Path(tests_package).is_relative_to(copy), proc.stdout
     assert module == f"trl_groupopt.methods.{NEW}.trainer"
 

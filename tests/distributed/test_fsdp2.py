@@ -22,7 +22,7 @@ ATOL, RTOL = 1e-6, 1e-5  # as test_sharding_invariance.py
 LEARNING_RATE = 0.5  # workers/one_step.py
 #: registry name -> the cases of workers/one_step.py run under FSDP2 (a sharding-invariant configuration of the method);
 #: a method not named here runs its default case, named after it.
-FSDP_CASES = {"grpo": ["grpo/grpo", "grpo/dapo"], "echo": ["echo/global/split"], "dfpo": ["dfpo/min_replace"]}
+FSDP_CASES = {"grpo": ["grpo/grpo", "grpo"], "echo": ["echo/global/split"], "dfpo": ["dfpo/min_replace"]}
 CASES = [case for method in METHODS for case in FSDP_CASES.get(method, [method])] + ["lora/otb"]
 OTB_METRICS = ("otb/energy_mean", "otb/baseline_mean", "otb/adv_abs_mean", "otb/grad_second_moment",
                "otb/grad_second_moment_group_mean_baseline")  # fmt: skip

@@ -146,7 +146,7 @@ def run_case(name, cli, tokenizer, batch):
             for n, p in trainer.model.named_parameters():
                 if "lora_B" in n:
                     p.normal_(0.0, 0.1)
-    local_losses = one_step.install_fixed_batch(trainer, batch, scenario)
+    local_losses = one_step.install_fixed_batch(trainer, batch, one_step.scenario_of(trainer.args, scenario))
     otb = {}
     if isinstance(trainer, OTBTrainer):  # keep the advantages (they carry the energy) and the behaviour energy
         compute_advantages = trainer.compute_advantages
