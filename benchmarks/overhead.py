@@ -32,8 +32,12 @@ CONTROL = "trl_grpo_again"  # a second TRL GRPOTrainer in every run: its ratio t
 #: Time-ratio targets against TRL's GRPOTrainer, by registry method (issue 18). Variants inherit their method's.
 METHOD_TARGETS = {"grpo": 1.01, "echo": 1.03, "dfpo": 1.03, "grpo_fix": 1.03, "ctpo": 1.03, "otb": 1.05}
 #: Defaults reported, not targeted: ECHO's batch_ratio_scope="step" costs one extra no-grad forward per micro-batch
-#: by design; the ECHO target applies to its "micro_batch" scope (EXTRA_VARIANTS).
-REPORTED_ONLY_DEFAULTS = {"echo": "batch_ratio_scope='step' (default): one extra no-grad forward"}
+#: by design on each optimizer step of a rollout but the first, where a step has several micro-batches (none with
+#: one: docs/echo.md); the ECHO target applies to its "micro_batch" scope (EXTRA_VARIANTS).
+REPORTED_ONLY_DEFAULTS = {
+    "echo": "batch_ratio_scope='step' (default): an extra no-grad forward after a rollout's first step, at 2+ "
+    "micro-batches a step"
+}
 
 
 @dataclass(frozen=True)

@@ -295,7 +295,15 @@ def test_each_trl_hook_is_overridden_once_in_the_shared_layer():
 
 
 #: What a method trainer may define besides `objective`: ECHO's extra forward (the step totals of its wide scopes).
-EXTRA_FORWARD = {"ECHOTrainer": {"loss_inputs", "_step_micro_batches", "_compute_step_totals"}}
+EXTRA_FORWARD = {
+    "ECHOTrainer": {
+        "loss_inputs",
+        "_step_micro_batches",
+        "_compute_step_totals",
+        "_why_step_totals_need_a_forward",
+        "_step_spans_micro_batches",
+    }
+}
 
 
 def test_method_trainers_override_objective_only():

@@ -129,6 +129,52 @@ def test_method_syncs_no_more_than_trl(setup, trl_syncs, case):
     assert syncs.total <= trl_syncs.total, f"{case}: {dict(syncs.counts)} at {sites} vs TRL's {dict(trl_syncs.counts)}"
 
 
+def _trace_echo_step(trainer, buffered: list[dict], step: int) -> SyncCounter:
+    """Syncs of one optimizer step of two micro-batches served from TRL's buffer (`_step` 2 * step, 2 * step + 1),
+    `_compute_loss` and backward each; `scoped` holds those inside `objective` and `compute_advantages`."""
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 2
+    trainer._buffered_inputs, trainer._step_totals, trainer.state.global_step = buffered, None, step
+    hooks = {hook: getattr(trainer, hook) for hook in ("objective", "compute_advantages")}
+    try:
+        with SyncCounter() as syncs:
+            for hook, method in hooks.items():
+                setattr(trainer, hook, syncs.scope(hook, method))
+            for micro_step in (0, 1):
+                trainer._step = 2 * step + micro_step
+                trainer._compute_loss(trainer.model, buffered[micro_step]).backward()
+    finally:
+        for hook in hooks:
+            delattr(trainer, hook)
+        trainer._buffered_inputs, trainer._step = None, 0
+    return syncs
+
+
+@pytest.mark.skipif("echo" not in tested_methods(), reason="ECHO is not among the tested methods")
+def test_echo_step_scope_syncs_over_a_rollout(setup, trl_syncs):
+    """ECHO's default "step" scope over 2 micro-batches per optimizer step, 2 steps per rollout: on the rollout's
+    first step (no extra forward: docs/echo.md) the syncs of the base trainer, on its second the extra no-grad
+    forward's too; never more per micro-batch than TRL's, none inside the method's hooks."""
+    tokenizer, model, inputs, root = setup
+    schedule = dict(SETTINGS, gradient_accumulation_steps=2, num_iterations=2)
+    args = method_config("echo", root / "echo_step", **schedule)
+    trainer = get_method("echo").trainer_class(clone_model(model), length_reward, args=args,
+                                               train_dataset=tiny_dataset(16), processing_class=tokenizer)  # fmt: skip
+    assert args.batch_ratio_scope == "step"
+    buffered = [dict(inputs), dict(inputs)]  # two micro-batches (distinct objects, as TRL's split makes them)
+    base = get_method("grpo").trainer_class(clone_model(model), length_reward,
+                                            args=method_config("grpo", root / "grpo_two", **schedule),
+                                            train_dataset=tiny_dataset(16), processing_class=tokenizer)  # fmt: skip
+    base_syncs = _trace(base, inputs).total
+    for step, extra in ((0, 0), (1, 2)):  # (optimizer step of the rollout, extra forwards' syncs per micro-batch)
+        syncs = _trace_echo_step(trainer, buffered, step)
+        print(f"\necho step scope, optimizer step {step + 1} of the rollout: {syncs.total / 2:g} host syncs per "
+              f"micro-batch {dict(syncs.counts)} (TRL GRPOTrainer {trl_syncs.total}, base {base_syncs})")  # fmt: skip
+        assert not syncs.scoped, syncs.scoped
+        assert syncs.total / 2 <= trl_syncs.total
+        assert syncs.total == 2 * (base_syncs + extra)
+
+
 def _token_inputs(dtype=torch.float32, seed: int = 0):
     """(logp leaf, old, advantages (B,), mask) of realistic shapes: ragged rows, one empty row, off-policy ratios."""
     gen = torch.Generator().manual_seed(seed)

@@ -231,12 +231,17 @@ class GroupOptTrainer(TRLHooks):
 
     def loss_inputs(self, model, inputs: dict[str, Any]) -> LossInputs:
         """The loss's forward and what the objective reads (ECHO's step totals run it too)."""
+        return self.loss_inputs_at(inputs, *self._forward_logps_and_entropies(model, inputs))
+
+    def loss_inputs_at(self, inputs: dict[str, Any], per_token_logps: Tensor, entropies: Tensor | None,
+                       aux_loss: Tensor | None = None) -> LossInputs:  # fmt: skip
+        """What the objective reads of `inputs` at these (B, T) log-probs and entropies: the loss forward's in
+        `loss_inputs` (`entropies` may be None where the entropy mask is off)."""
         # mirrors GRPOTrainer._compute_loss (trl 1.16.0): `mask` less tool results, old log-probs, and the
         # off-policy mask, entropy mask and vLLM IS blocks
         mask = inputs["completion_mask"]  # (B, T)
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]  # (B, T) no loss on tool results
-        per_token_logps, entropies, aux_loss = self._forward_logps_and_entropies(model, inputs)  # (B, T), (B, T)
         old_per_token_logps = inputs.get("old_per_token_logps")  # (B, T)
         if old_per_token_logps is None:  # on-policy TRL skips the behaviour forward: the ratio is exactly 1
             old_per_token_logps = per_token_logps.detach()

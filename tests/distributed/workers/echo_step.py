@@ -8,13 +8,20 @@ behaviour log-probs are fixed as in `one_step.py` (whose patched generation this
 "step" with TRL's per-sequence and per-token loss multipliers on: the off-policy mask and vLLM IS weights
 (`token_mask` mode, from fixed sampling log-probs), which do not depend on the split either.
 
+The step is the rollout's first (micro-steps 0-1 of 2), which "step" trains without the extra forward on the premise
+that the behaviour policy is the current one (docs/echo.md). The fixed log-ratios make another behaviour policy, so
+these cases run with the forward (`forward_forced`); "step_first" and "step_first_forward" take the current
+log-probs as the behaviour ones (log-ratio 0, the premise), with the shortcut and with the forward.
+
 Writes `rank{R}.json` ({"world_size", "cases": {scope: {"batch_ratio": [...]}}}) and `rank{R}_tensors.pt`
 ({scope: {"grads"}}: the all-reduced gradients entering the optimizer).
 """
 
 import argparse
+import contextlib
 import os
 import sys
+from unittest import mock
 
 import torch
 
@@ -30,7 +37,14 @@ from tests.distributed.workers.one_step import GradRecorder, fixed_generation  #
 from tests.helpers import _forward, cpu_config_kwargs, length_reward, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
 from trl_groupopt import ECHOConfig, ECHOTrainer  # noqa: E402
 
-CASES = {"step": "step", "micro_batch": "micro_batch", "step_weighted": "step"}  # case -> batch_ratio_scope
+# case -> (batch_ratio_scope, the fixed log-ratios' scenario or None (the current log-probs), the forward forced)
+CASES = {
+    "step": ("step", "split", True),
+    "micro_batch": ("micro_batch", "split", True),
+    "step_weighted": ("step", "split", True),
+    "step_first": ("step", None, False),
+    "step_first_forward": ("step", None, True),
+}
 OFF_POLICY_THRESHOLD = 0.02  # masks the negative-advantage rows of the "split" half with log-ratio -0.3
 IS_CLIP_MAX, SAMPLING_NOISE = 3.0, 0.6  # TRL's default clip; sampling log-probs 0.6 off the behaviour policy
 
@@ -46,8 +60,18 @@ def vllm_fields(old, mask):
     return {"sampling_per_token_logps": sampling, "importance_sampling_ratio": ratio}
 
 
+@contextlib.contextmanager
+def forward_forced(forced: bool):
+    """The step totals from the extra forward on every step (the first step's shortcut off), where `forced`."""
+    if not forced:
+        yield
+        return
+    with mock.patch.object(ECHOTrainer, "_why_step_totals_need_a_forward", lambda self, batches: "forced"):
+        yield
+
+
 def run_scope(case, cli, tokenizer, batch):
-    scope = CASES[case]
+    scope, scenario, forced = CASES[case]
     world = cli.world_size
     args = ECHOConfig(
         **cpu_config_kwargs(
@@ -73,7 +97,7 @@ def run_scope(case, cli, tokenizer, batch):
     assert trainer.accelerator.num_processes == world
     with torch.no_grad():  # initial log-probs over the whole global batch, identical on every rank
         logps, _, _ = _forward(trainer, trainer.model, batch)
-    old = (logps - batches.log_ratios("split")).detach()
+    old = (logps - (0.0 if scenario is None else batches.log_ratios(scenario))).detach()
     trainer._fixed = {"batch": batch, "old_per_token_logps": old}
     if case == "step_weighted":  # as TRL sets them with use_vllm=True (generation is fixed: no engine needed)
         trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
@@ -81,7 +105,8 @@ def run_scope(case, cli, tokenizer, batch):
     recorder = GradRecorder()
     trainer.add_callback(recorder)
     set_seed(0)
-    trainer.train()
+    with forward_forced(forced):
+        trainer.train()
     ratios = [entry["echo/batch_ratio"] for entry in trainer.state.log_history if "echo/batch_ratio" in entry]
     return {"batch_ratio": ratios}, {"grads": recorder.grads}
 

@@ -11,7 +11,7 @@ from torch import Tensor
 from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
 
-from ...core.common import ObjectiveOutput, check_choice, check_positive
+from ...core.common import ObjectiveOutput, check_choice, check_positive, compute_dtype
 from ...trainer.base import GroupOptTrainer
 from ...trainer.boundary import buffered_batches, micro_step
 from ...trainer.config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
@@ -114,8 +114,9 @@ class ECHOTrainer(GroupOptTrainer):
     _step_totals: tuple[set[tuple[int, int]], dict[str, Tensor]] | None = None
 
     def loss_inputs(self, model, inputs: dict[str, Any]) -> LossInputs:
-        """The base's, after this optimizer step's totals ("step" scope, training): computed on its first micro-batch."""
-        if self.args.batch_ratio_scope == "step" and self.model.training:
+        """The base's, after this optimizer step's totals ("step" scope, training, a step of several micro-batches):
+        computed on its first micro-batch."""
+        if self._step_spans_micro_batches():
             key = (self.state.global_step, micro_step(self))
             if self._step_totals is None or key not in self._step_totals[0]:
                 batches, keys = self._step_micro_batches(inputs)
@@ -141,7 +142,9 @@ class ECHOTrainer(GroupOptTrainer):
 
     def _compute_step_totals(self, model, batches: list[dict[str, Any]]) -> dict[str, Tensor]:
         """`echo_loss`'s log_ratio_sum, token_count and coupling_sum over `batches` on every process: one no-grad forward
-        per micro-batch, at the parameters its training forward will see (hence the same loss weights)."""
+        per micro-batch, at the parameters its training forward will see (hence the same loss weights); none on the
+        first optimizer step after a rollout, where those parameters are the behaviour policy's (docs/echo.md)."""
+        forward = self._why_step_totals_need_a_forward(batches) is not None  # the same on every process
         parts = []
         # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): its no-grad behaviour forward (the
         # estimator's metrics are logged by the loss's own call of `compute_advantages`, not here)
@@ -151,9 +154,37 @@ class ECHOTrainer(GroupOptTrainer):
             self._metrics_discarded(),
         ):
             for batch in batches:
-                loss_inputs = super().loss_inputs(model, batch)  # the loss's forward and inputs, as it runs them
+                if forward:
+                    loss_inputs = super().loss_inputs(model, batch)  # the loss's forward and inputs, as it runs them
+                else:  # the behaviour log-probs are the current ones: log r = 0, R = 1 (docs/echo.md)
+                    loss_inputs = self.loss_inputs_at(batch, _behaviour_log_probs(batch), entropies=None)
                 parts.append((*loss_inputs.objective_args, loss_inputs.weights.product()))
         return _scope_totals(self.accelerator, parts, self.echo_settings, coupling=True)
+
+    def _why_step_totals_need_a_forward(self, batches: list[dict[str, Any]]) -> str | None:
+        """Why the step totals need a forward of `batches` (the step's buffered micro-batches), None where the buffer
+        gives them: on the first optimizer step after a rollout nothing has changed the parameters since TRL's
+        behaviour forward, so every token ratio is 1 (docs/echo.md, "The first optimizer step after a rollout")."""
+        # mirrors GRPOTrainer._prepare_inputs (trl 1.16.0): it generates and scores a new generation batch, and so
+        # computes the behaviour log-probs, at the micro-steps where `_step % generate_every == 0`
+        if buffered_batches(self) is None:
+            return "outside TRL's training loop: who computed the old log-probs is unknown"
+        if micro_step(self) % (self.args.steps_per_generation * self.args.num_iterations):
+            return "a later optimizer step of the rollout: the policy has moved since the behaviour forward"
+        if self.top_entropy_quantile < 1.0:
+            return "the entropy mask (top_entropy_quantile < 1) needs the current entropies, which TRL does not buffer"
+        if self.estimator.needs_energy and any("old_per_token_energy" not in batch for batch in batches):
+            return f"advantage_estimator={self.estimator.name!r} reads the energy of the training forward (on-policy)"
+        return None
+
+    def _step_spans_micro_batches(self) -> bool:
+        """Whether R's set is wider than the processes' current micro-batches: the "step" scope in training, over an
+        optimizer step of several micro-batches (a step of one is the processes' micro-batch: no extra forward)."""
+        return (
+            self.args.batch_ratio_scope == "step"
+            and self.model.training
+            and int(self.current_gradient_accumulation_steps) > 1
+        )
 
     @property
     def echo_settings(self) -> dict[str, Any]:
@@ -171,11 +202,21 @@ class ECHOTrainer(GroupOptTrainer):
                   inputs: dict[str, Any], *, loss_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
         part = (per_token_logps, old_per_token_logps, advantages, mask, loss_weights)
         settings, totals, scope = self.echo_settings, {}, self.args.batch_ratio_scope
-        if scope == "step" and self.model.training:
+        if self._step_spans_micro_batches():
             totals = self._step_totals[1]
-        elif scope in ("step", "global"):  # evaluation has no accumulation: "step" is the processes' batch
+        elif scope in ("step", "global"):  # a step of one micro-batch, and evaluation: "step" is the processes' batch
             totals = _scope_totals(self.accelerator, [part], settings, coupling=self.accelerator.num_processes > 1)
         return echo_loss(*part[:4], **settings, **totals, importance_weights=loss_weights)
+
+
+def _behaviour_log_probs(batch: dict[str, Any]) -> Tensor:
+    """(B, T) log-probs of a buffered micro-batch under the behaviour policy: TRL's old log-probs; on-policy TRL
+    buffers none, and any log-probs serve (the loss inputs take them as the old ones too: log r = 0 exactly)."""
+    old = batch.get("old_per_token_logps")
+    if old is not None:
+        return old
+    mask = batch["completion_mask"]
+    return torch.zeros(mask.shape, dtype=compute_dtype(batch.get("advantages")), device=mask.device)
 
 
 def _scope_totals(accelerator, parts: list[tuple], settings: dict[str, Any], coupling: bool) -> dict[str, Tensor]:
