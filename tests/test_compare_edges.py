@@ -379,3 +379,18 @@ def test_a_folder_holding_other_methods_and_seeds_exits_0_when_this_comparison_i
     assert compare_module.main(["--methods", "grpo,otb,dfpo", "--seeds", "3", "--output_dir", out]) == 0
     calls.clear()
     assert compare_module.main([*BASE, "--output_dir", out]) == 0 and calls == []
+
+
+def test_ctrl_c_outside_the_slurm_wait_says_the_submitted_jobs_run_on(tmp_path, monkeypatch, capsys):
+    from trl_groupopt.comparison import slurm
+
+    monkeypatch.setattr(slurm, "check", lambda options: None)  # a cluster that takes the jobs (tests/slurm: real)
+
+    def interrupted(self, keys):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(slurm.SlurmLauncher, "run", interrupted)
+    argv = [*BASE, "--output_dir", str(tmp_path / "cmp"), "--launcher", "slurm", "--slurm_time", "9"]
+    assert _interrupted(argv) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(submitted jobs run on); resume with: trl-groupopt compare" in err

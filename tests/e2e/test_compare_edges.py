@@ -146,15 +146,17 @@ def _records(out: Path) -> list[tuple]:
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 def test_a_comparison_killed_hard_leaves_nothing_training_and_resumes(tmp_path):
     out = tmp_path / "cmp"
-    driver = _start(out)
+    driver = _start(out, "--max_steps", "100")  # ~1 s a step: the run cannot end by itself while the test waits
     try:
-        _wait_for(lambda: _training(out) and "[grpo]" in _log(out / "runs" / "grpo-0.log"))  # a run trains
+        _wait_for(lambda: _training(out) and "[grpo] training" in _log(out / "runs" / "grpo-0.log"))  # it trains
         os.killpg(driver.pid, signal.SIGKILL)
         driver.communicate()
         _wait_for(lambda: not _training(out), 20.0)  # no run outlived it
     finally:
         for pid in _training(out):
             os.kill(int(pid), signal.SIGKILL)
+    assert not (out / "runs" / "grpo-0" / "results.json").exists()  # stopped, not trained to its end
+    # no run finished, so the folder takes the short settings (the same command would train 4 x 100 steps)
     again = subprocess.run([sys.executable, "-m", "trl_groupopt.cli", "compare", *TINY, "--output_dir", str(out)],
                            cwd=REPO, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

@@ -197,8 +197,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         kept = [r for r in runfile.read_runs(runs_file, GRID).records if "error" not in r and r["method"] in
                 options.methods]  # fmt: skip
-        print(f"{PROG}: interrupted: {len(kept)} finished run(s) kept in {runs_file} (a run in flight was stopped "
-              f"and trains again); resume with: {command_line(options)}", file=sys.stderr, flush=True)  # fmt: skip
+        flight = (
+            "submitted jobs run on" if options.launcher == "slurm" else "a run in flight was stopped and trains again"
+        )
+        print(f"{PROG}: interrupted: {len(kept)} finished run(s) kept in {runs_file} ({flight}); resume with: "
+              f"{command_line(options)}", file=sys.stderr, flush=True)  # fmt: skip
         return 130
     except OSError as error:
         if error.errno != errno.ENOSPC:
