@@ -1,15 +1,19 @@
 """The command line on TRL's own parser (issue 36): a method's `--help` leads with its own knobs (within the first 30
 lines), then the script's options, then TRL's and transformers'; the defaults it shows are the ones parsing applies;
 argument and `--config` errors are one line naming the fix; an error before training is one line, its traceback
-behind `--debug` or `TRL_GROUPOPT_DEBUG=1`; Ctrl-C names the resume command and exits 130; `compare` dispatches to
-`trl_groupopt.comparison.driver.main`. (The lazy imports of `--help` without a method: tests/e2e/test_lazy_imports.py.)"""
+behind `--debug` or `TRL_GROUPOPT_DEBUG=1`; Ctrl-C and SIGTERM name what to run next and exit 130 and 143; `compare`
+dispatches to `trl_groupopt.comparison.driver.main`. (The lazy imports of `--help` without a method:
+tests/e2e/test_lazy_imports.py.)"""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import re
+import signal
 import sys
+import time
 import types
 
 import pytest
@@ -221,22 +225,93 @@ def test_an_existing_file_as_output_dir_is_one_line(tmp_path, capsys):
     assert status == 1 and err.count("\n") == 1 and f"--output_dir {taken} is a file: give a folder" in err
 
 
-def test_ctrl_c_names_the_resume_command_and_exits_130(tmp_path, capsys, monkeypatch):
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
+def _interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
 
-    monkeypatch.setattr(script, "run", interrupted)
-    out = str(tmp_path / "out")
-    argv = ["--max_steps", "5", "--output_dir", out, "--overwrite_output_dir"]
+
+def test_ctrl_c_names_what_works_next_and_exits_130(tmp_path, capsys, monkeypatch):
+    """Issue 46, weak: Ctrl-C before the first checkpoint printed a resume command that failed ("holds no
+    checkpoint"). What it prints now follows what the run left: its last complete checkpoint to resume, or the same
+    command again (with --overwrite_output_dir where an incomplete checkpoint would refuse it); never the token."""
+    from tests.test_resume_rules import _checkpoint
+
+    monkeypatch.setattr(script, "run", _interrupted)
+    out = tmp_path / "out"
+    argv = ["--max_steps", "5", "--output_dir", str(out), "--overwrite_output_dir", "--hub_token", "hf_secret"]
     status, _, err = _run(["train", "--method", "echo", *argv], capsys)
-    assert status == 130 and "Traceback" not in err and err.strip().count("\n") == 0
-    resume = f"trl-groupopt train --method echo --max_steps 5 --output_dir {out} --resume_from_checkpoint last"
-    assert err.strip().endswith(resume), err
-    monkeypatch.setattr(adapters, "load_datasets", interrupted)  # while the data loads, before training
-    monkeypatch.setattr(sys, "argv", ["examples/train_echo.py", "--output_dir", out, "--resume_from_checkpoint", "x"])
+    assert status == 130 and "Traceback" not in err and err.strip().count("\n") == 0 and "hf_secret" not in err
+    again = f"trl-groupopt train --method echo --max_steps 5 --output_dir {out}"
+    assert err.strip().endswith(f"nothing to resume; run it again with: {again} (--hub_token left out: give it "
+                                "again, or set HF_TOKEN)"), err  # fmt: skip
+    assert not out.exists()  # the run created it and wrote nothing
+    _checkpoint(out, 2, max_steps=5)
+    (out / "checkpoint-2" / "optimizer.pt").write_bytes(b"cut")  # incomplete: no resume, a fresh run refuses
+    status, _, err = _run(["train", "--method", "echo", *argv[:-2]], capsys)
+    assert status == 130 and err.strip().endswith(f"run it again with: {again} --overwrite_output_dir"), err
+    monkeypatch.setattr(adapters, "load_datasets", _interrupted)  # while the data loads, before training
+    (out / "checkpoint-2").rename(out / "checkpoint-3")
+    _checkpoint(out, 2, max_steps=5)
+    monkeypatch.setattr(sys, "argv", ["examples/train_echo.py", "--output_dir", str(out), "--max_steps", "5",
+                                      "--resume_from_checkpoint", "last"])  # fmt: skip
     status, _, err = _run(None, capsys, main=lambda argv: cli.command("echo"))
-    assert status == 130 and err.strip().endswith(f"python examples/train_echo.py --output_dir {out} "
-                                                   "--resume_from_checkpoint last")  # fmt: skip
+    assert status == 130 and err.strip().endswith(
+        f"Resume from the last checkpoint with: python examples/train_echo.py --output_dir {out} --max_steps 5 "
+        "--resume_from_checkpoint last"
+    ), err
+
+
+def test_a_second_ctrl_c_while_stopping_gives_no_traceback(tmp_path, capsys, monkeypatch):
+    """Issue 46, weak: a second Ctrl-C while the first was handled (`gc.collect()`, the lock's release) raised a
+    KeyboardInterrupt traceback from there. The command ignores further signals once it is stopping."""
+
+    def second_ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # where the default handler raised
+
+    def first_ctrl_c(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+
+    monkeypatch.setattr(script, "run", first_ctrl_c)
+    monkeypatch.setattr(cli.gc, "collect", second_ctrl_c)
+    try:
+        status, _, err = _run(["train", "--method", "echo", "--output_dir", str(tmp_path / "out")], capsys)
+    except KeyboardInterrupt:
+        pytest.fail("the second Ctrl-C escaped as a KeyboardInterrupt")
+    assert status == 130 and "Traceback" not in err and "interrupted." in err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after the command
+
+
+def test_sigterm_is_handled_like_ctrl_c(tmp_path, capsys, monkeypatch):
+    """Issue 46, weak: SIGTERM (a scheduler's stop) exited 143 with no message and left the lock, taken over on
+    resume. Now: one line naming what to run next, the lock released, exit 143."""
+    from tests.test_resume_rules import _checkpoint
+    from trl_groupopt.runfolder.lock import LOCK_NAME
+
+    out = tmp_path / "out"
+    _checkpoint(out, 2, max_steps=5)
+    held = []
+
+    def terminated(*args, **kwargs):
+        held.append((out / LOCK_NAME).is_file())
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    def unhandled(signum, frame):  # what the default does to this test process, short of ending it
+        raise RuntimeError("SIGTERM reached the default handler")
+
+    monkeypatch.setattr(script, "run", terminated)
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        argv = ["train", "--method", "echo", "--output_dir", str(out), "--max_steps", "5"]
+        status, _, err = _run([*argv, "--resume_from_checkpoint", "last"], capsys)
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # restored after the command
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert held == [True] and status == 143 and "Traceback" not in err and err.strip().count("\n") == 0
+    resume = f"trl-groupopt {' '.join(argv)} --resume_from_checkpoint last"
+    assert err.strip().endswith(f"echo: terminated (SIGTERM). Resume from the last checkpoint with: {resume}"), err
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2"]  # the lock released
 
 
 def test_bare_debug_is_ours_and_debug_with_a_value_is_transformers():

@@ -11,6 +11,7 @@ import types
 import pytest
 import torch
 
+from trl_groupopt.runfolder import checkpoints as records
 from trl_groupopt.runfolder import resume
 from trl_groupopt.runfolder.checkpoints import write_checkpoint_record
 
@@ -23,10 +24,9 @@ def _args(**overrides) -> types.SimpleNamespace:
     return types.SimpleNamespace(**values)
 
 
-def _cli_trainer(output_dir, method: str = "echo", overwrite: bool = False, **overrides) -> types.SimpleNamespace:
-    """What the resume rules (`resume.prepare_train`) read of a trainer the command line built."""
-    args = _args(output_dir=str(output_dir), overwrite_output_dir=overwrite, process_index=0, **overrides)
-    return types.SimpleNamespace(args=args, command_line=True, method_spec=types.SimpleNamespace(name=method))
+def _run_args(output_dir, overwrite: bool = False, **overrides) -> types.SimpleNamespace:
+    """What the resume rules (`resume.decide`) read of a run's settings."""
+    return _args(output_dir=str(output_dir), overwrite_output_dir=overwrite, process_index=0, **overrides)
 
 
 def _checkpoint(root, step: int, method: str = "echo", max_steps: int = 8, **settings):
@@ -56,7 +56,7 @@ def test_a_fresh_run_over_an_earlier_run_refuses_unless_overwrite(tmp_path, left
         resume.refuse_fresh_run(tmp_path, overwrite=False, cli=True)
     resume.refuse_fresh_run(tmp_path, overwrite=True)
     with pytest.raises(ValueError, match="already holds .*--overwrite_output_dir"):
-        resume.prepare_train(_cli_trainer(tmp_path), None)
+        resume.decide(_run_args(tmp_path), "echo", None, cli=True)
 
 
 def test_a_folder_with_other_files_only_is_not_an_earlier_run(tmp_path):
@@ -75,7 +75,7 @@ def test_another_method_is_refused_naming_both_and_the_way_to_its_weights(tmp_pa
     assert "with ctpo" in message and "of a echo run" in message and "--method echo" in message
     assert f"--model_name_or_path {folder}" in message
     with pytest.raises(ValueError, match="of a echo run"):
-        resume.prepare_train(_cli_trainer(tmp_path, method="ctpo"), "last")
+        resume.decide(_run_args(tmp_path), "ctpo", "last", cli=True)
 
 
 def test_changed_settings_warn_and_the_learning_rate_is_restored(tmp_path):
@@ -87,17 +87,46 @@ def test_changed_settings_warn_and_the_learning_rate_is_restored(tmp_path):
     assert "batch and group settings given now are used" in str(caught[0].message)
 
 
-def test_a_finished_run_is_named_in_the_words_of_its_caller(tmp_path):
+def test_a_run_at_its_last_step_is_named_in_the_words_of_its_caller(tmp_path):
     folder = _checkpoint(tmp_path, 8, max_steps=8)
-    assert "The run is finished" in resume.finished_message(str(folder), _args(max_steps=8))
-    assert resume.finished_message(str(folder), _args(max_steps=12)) is None  # raised: it trains on
-    assert resume.finished_message(str(folder), _args(max_steps=-1)) is not None  # by epochs: the planned 8 steps
-    assert resume.finished_message(str(folder), _args(max_steps=-1, num_train_epochs=6.0)) is None
-    # the command line prints it and exits 0 (tests/e2e/test_resume_rules.py); `train()` warns it
-    checkpoint, finished = resume.prepare_train(_cli_trainer(tmp_path, max_steps=8), "last")
-    assert checkpoint == str(folder) and "checkpoint-8 is at step 8 of 8" in finished and "--max_steps" in finished
-    api = types.SimpleNamespace(**{**vars(_cli_trainer(tmp_path, max_steps=8)), "command_line": False})
-    assert "raise max_steps to train on" in resume.prepare_train(api, True)[1]
+    assert resume.training_complete(str(folder), _args(max_steps=8)) == (8, 8)
+    assert resume.training_complete(str(folder), _args(max_steps=12)) is None  # raised: it trains on
+    assert resume.training_complete(str(folder), _args(max_steps=-1)) == (8, 8)  # by epochs: the planned 8 steps
+    assert resume.training_complete(str(folder), _args(max_steps=-1, num_train_epochs=6.0)) is None
+    # `train()` loads the checkpoint, warns and returns (tests/e2e/test_resume_rules.py)
+    checkpoint, done, finished = resume.decide(_run_args(tmp_path, max_steps=8), "echo", True)
+    assert (checkpoint, finished) == (str(folder), False)
+    assert "checkpoint-8 is at step 8 of 8" in done and "raise max_steps to train on" in done
+
+
+def _final_outputs(out, step: int) -> None:
+    for name in ("model.safetensors", "results.json"):
+        (out / name).write_text(name)
+    records.write_final_record(out, step)
+
+
+def test_the_command_line_finishes_a_run_only_with_its_final_outputs_complete(tmp_path):
+    """Issue 46, broken 2: Ctrl-C in the held-out pass after training, or a full disk at the final save, left a
+    checkpoint at the last step and no model or results.json; every resume said "The run is finished ... Nothing
+    was trained or written" and exited 0. A run is finished when its final outputs are complete on disk, recorded
+    (`FINAL_RECORD`) and of the checkpoint's step; else the command writes them from that checkpoint."""
+    folder = _checkpoint(tmp_path, 8, max_steps=8)
+    args = _run_args(tmp_path, max_steps=8)
+    checkpoint, done, finished = resume.decide(args, "echo", "last", cli=True)
+    assert (checkpoint, finished) == (str(folder), False)
+    assert done.startswith(f"{folder} is at the run's last step (8 of 8), but its final outputs are not complete")
+    assert done.endswith(f"(no {records.FINAL_RECORD}): writing them from that checkpoint, without training.")
+    _final_outputs(tmp_path, 8)
+    checkpoint, done, finished = resume.decide(args, "echo", "last", cli=True)
+    assert finished and done.startswith(f"The run is finished: {tmp_path} holds its final model and results")
+    assert "--max_steps to train on" in done
+    (tmp_path / "results.json").write_text("results.jsoX")  # changed after the save (the same size)
+    assert "results.json has the recorded size but not" in resume.decide(args, "echo", "last", cli=True)[1]
+    _final_outputs(tmp_path, 6)  # the outputs of an earlier stretch of the run, resumed since to step 8
+    _, done, finished = resume.decide(args, "echo", "last", cli=True)
+    assert not finished and "(they are of step 6, not 8)" in done
+    (tmp_path / "model.safetensors").unlink()
+    assert "missing model.safetensors" in resume.decide(args, "echo", "last", cli=True)[1]
 
 
 # ------------------------------------------------------------------------------------------------ saving
@@ -117,6 +146,34 @@ def test_a_full_disk_says_so_naming_the_folder(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="iostream"):  # with space left: another error, passed on as it is
         with resume.disk_full_explained(tmp_path):
             raise RuntimeError("basic_ios::clear: iostream error")
+
+
+#: What safetensors' writer raises on a full disk (its Rust `io::Error`, debug-formatted)
+SAFETENSORS_ENOSPC = (
+    'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+)
+
+
+def test_a_full_disk_while_writing_safetensors_is_one_line_too(tmp_path, monkeypatch):
+    """Issue 46, weak: ENOSPC while writing model.safetensors gave a raw `SafetensorError` traceback (the explanation
+    took OSError and RuntimeError only). The final output folder's line says how its outputs are written again; a
+    save inside another (the model inside a checkpoint) is explained once."""
+    from safetensors import SafetensorError
+
+    monkeypatch.setattr(resume.shutil, "disk_usage", lambda path: types.SimpleNamespace(free=1 << 40))
+    with pytest.raises(resume.DiskFullError) as caught:
+        with resume.disk_full_explained(tmp_path / "out"):
+            raise SafetensorError(SAFETENSORS_ENOSPC)
+    message = str(caught.value)
+    assert message.startswith(f"[Errno 28] No space left on the device while saving {tmp_path / 'out'}")
+    assert "final outputs there are incomplete" in message and "--resume_from_checkpoint last, which writes" in message
+    with pytest.raises(resume.DiskFullError) as caught:
+        with resume.disk_full_explained(tmp_path / "checkpoint-4"), resume.disk_full_explained(tmp_path / "x"):
+            raise SafetensorError(SAFETENSORS_ENOSPC)
+    assert str(caught.value).count("No space left on the device") == 1 and "checkpoint-4" not in str(caught.value)
+    with pytest.raises(SafetensorError, match="header too large"):  # any other error: passed on as it is
+        with resume.disk_full_explained(tmp_path / "out"):
+            raise SafetensorError("Error while serializing: header too large")
 
 
 @pytest.mark.parametrize(

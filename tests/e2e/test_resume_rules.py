@@ -5,11 +5,13 @@ as a checkpoint, a fresh run over an earlier one, and the tied-weight "missing k
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers.utils import logging as hf_logging
 
 from tests.helpers import clone_model, method_trainer, tiny_model, tiny_tokenizer
@@ -142,3 +144,89 @@ def test_cli_two_runs_without_checkpoints_into_one_folder(tmp_path):
     assert _snapshot(out) == before
     cli.train("ctpo", _cli_args(out, "--save_strategy", "no", "--overwrite_output_dir"))
     assert _snapshot(out)["results.json"] != before["results.json"]
+
+
+# ------------------------------------------------------------------------------------------------ issue 46
+def test_one_lock_and_one_resume_check_per_run(tmp_path, tiny, monkeypatch):
+    """The command line opens the run before the model loads and hands it to `train()`, which opens one itself only
+    when nobody did (the Python API): one hold of the lock and one pass of the resume rules per run, either way."""
+    from trl_groupopt.runfolder import lock, resume
+
+    holds, checks = [], []
+    enter, decide = lock.RunLock.__enter__, resume.decide
+    monkeypatch.setattr(lock.RunLock, "__enter__", lambda self: holds.append(self.enabled) or enter(self))
+    monkeypatch.setattr(resume, "decide", lambda *a, **k: checks.append(a[2]) or decide(*a, **k))
+    cli.train("echo", _cli_args(tmp_path / "run"))
+    cli.train("echo", _cli_args(tmp_path / "run", "--max_steps", "4", "--resume_from_checkpoint", "last"))
+    assert (holds, checks) == ([True, True], [None, "last"])
+    _trainer(tiny, tmp_path / "api").train()
+    assert (holds[2:], checks[2:]) == ([True], [None])
+
+
+def _final_save_fails(monkeypatch, out: Path, how: str) -> None:
+    """The first run's end: Ctrl-C in the held-out pass after training, or a full disk writing the final model."""
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    from trl_groupopt.cli import script
+
+    if how == "ctrl-c in the held-out pass":
+        measure, calls = script.offline.greedy_accuracy, []
+
+        def interrupted_after(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:  # the pass after training
+                raise KeyboardInterrupt
+            return measure(*args, **kwargs)
+
+        monkeypatch.setattr(script.offline, "greedy_accuracy", interrupted_after)
+        return
+    save = transformers.modeling_utils.safe_save_file
+
+    def full_disk(tensors, filename, *args, **kwargs):
+        if Path(filename).parent == out:
+            raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                                  '"No space left on device" })')  # fmt: skip
+        return save(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full_disk)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c in the held-out pass", "disk full on the final save"])
+def test_a_run_stopped_after_training_writes_its_outputs_on_resume(tmp_path, capsys, monkeypatch, how):
+    """Issue 46, broken 2: stopped after its last step (Ctrl-C in the held-out pass, or ENOSPC writing
+    model.safetensors, which also gave a raw `SafetensorError` traceback), the run had a checkpoint at max_steps and
+    no model or results.json, and every resume said "The run is finished ... Nothing was trained or written", exit 0.
+    Now the resume writes the final outputs from that checkpoint, without training; then the run is finished."""
+    out = tmp_path / "run"
+    argv = _cli_args(out, "--evaluate_accuracy", "true", "--num_eval_examples", "8", "--heldout_eval_steps", "0")
+    with monkeypatch.context() as patched:
+        _final_save_fails(patched, out, how)
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(["train", "--method", "echo", *argv])
+    err = capsys.readouterr().err
+    if how == "disk full on the final save":  # one line, not the SafetensorError traceback
+        last = err.strip().splitlines()[-1]  # after the loading bars and warnings
+        assert stopped.value.code == 1 and "Traceback" not in err and "SafetensorError" not in err
+        assert last.startswith(f"trl-groupopt train --method echo: error: [Errno 28] No space left on the device while "
+                               f"saving {out} ") and "final outputs there are" in last  # fmt: skip
+    else:
+        assert stopped.value.code == 130 and err.strip().endswith("--resume_from_checkpoint last")
+    assert not (out / "results.json").exists() and (out / "checkpoint-2" / "trl_groupopt_checkpoint.json").exists()
+    resumed = cli.train("echo", [*argv, "--resume_from_checkpoint", "last"])
+    said = capsys.readouterr().out
+    assert f"{out / 'checkpoint-2'} is at the run's last step (2 of 2), but its final outputs are not complete" in said
+    assert "training 2 steps" not in said and resumed.state.global_step == 2  # nothing trained
+    results = json.loads((out / "results.json").read_text())
+    assert results["steps"] == 2 and results["heldout_examples"] == 8
+    assert 0.0 <= results["accuracy_before"] <= 1.0 and 0.0 <= results["accuracy_after"] <= 1.0
+    final, saved = (
+        load_file(str(out / "model.safetensors")),
+        load_file(str(out / "checkpoint-2" / "model.safetensors")),
+    )
+    assert final.keys() == saved.keys() and all(torch.equal(final[k], saved[k]) for k in final)
+    before = _snapshot(out)
+    with pytest.raises(SystemExit) as finished:
+        cli.train("echo", [*argv, "--resume_from_checkpoint", "last"])
+    assert finished.value.code == 0 and "The run is finished" in capsys.readouterr().out
+    assert _snapshot(out) == before

@@ -5,7 +5,8 @@
 - A truncated newest checkpoint, or one zeroed at its size: `train(resume_from_checkpoint=True)` warns, resumes from the previous one and ends
   where the uninterrupted run ends.
 - The CLI: a run interrupted with SIGINT after a checkpoint, resumed with `--resume_from_checkpoint last`, ends with
-  the uninterrupted run's weights, bit for bit; the checkpoint it resumed from is untouched.
+  the uninterrupted run's weights, bit for bit; the checkpoint it resumed from is untouched. (Issue 46's kills and
+  SIGTERM: tests/e2e/test_resume_damage.py.)
 - A group whose rewards are all equal trains nothing, in every method's trained objective.
 - Reward forms GRPOTrainer accepts train; an infinite reward stops at the first batch; all-NaN rewards stop saying
   NaN; with TRL's plain `GRPOConfig` all-None batches warn and training goes on, as in GRPOTrainer; a dataset without

@@ -1,4 +1,4 @@
-"""Property-based tests (hypothesis) for every objective and advantage function in ``objectives/``.
+"""Property-based tests (hypothesis) for every objective and advantage function in ``trl_groupopt/methods/*/objective.py``.
 
 Inputs are built from drawn seeds and shapes (``torch.Generator``): B in 1..12 and T in 1..40
 (a separate strategy makes one 64-member group, B = 64), masks with empty rows and holes,

@@ -11,7 +11,9 @@ import importlib
 import inspect
 import os
 import shlex
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Sequence
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from ..data.offline import uses_embedded_policy
 from ..methods.registry import METHODS, get_method
+from ..runfolder.resume import DiskFullError
 from .defaults import DEMO_DEFAULTS, EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS  # noqa: F401  (read here by benchmarks)
 
 if TYPE_CHECKING:
@@ -50,10 +53,12 @@ def parse(method: str, argv: Sequence[str] | None = None, *, prog: str | None = 
 
 
 def train(method: str, argv: Sequence[str] | None = None, *, prog: str | None = None) -> GroupOptTrainer:
-    """Parse argv, check the data (before the model loads), then train `method`; returns the trainer. The trainer's
-    `train()` holds the output folder (`RunLock`) and runs the resume rules, worded for the command line. Errors raise
-    (:func:`one_line_errors` prints them)."""
+    """Parse argv and open the run (`trl_groupopt.runfolder.run.open_run`: its lock and the resume rules, worded for
+    the command line) before the data is read and the model loads: a folder in use, another method's checkpoint or a
+    fresh run over an earlier one refuse at once, and a finished run prints so and exits 0. Then check the data and
+    train `method` within the opened run; returns the trainer. Errors raise (:func:`one_line_errors` prints them)."""
     from ..data import adapters
+    from ..runfolder.run import open_run
     from . import script
 
     # TRL 1.16 reads `model.is_gradient_checkpointing` (deprecated in transformers 5) at every generation
@@ -61,14 +66,17 @@ def train(method: str, argv: Sequence[str] | None = None, *, prog: str | None = 
     script_args, args, model_args, demo = parse(method, argv, prog=prog)
     if os.path.isfile(args.output_dir):
         raise ValueError(f"--output_dir {args.output_dir} is a file: give a folder (new or a run's).")
-    train_dataset, eval_dataset = adapters.load_datasets(script_args, model_args, args)
-    args.overwrite_output_dir = script_args.overwrite_output_dir  # read by the trainer's resume rules
-    created = not os.path.exists(args.output_dir)
-    try:
-        return script.run(method, script_args, args, model_args, demo, train_dataset, eval_dataset)
-    except BaseException:  # a run that fails before writing anything leaves no folder (the trainer makes it)
-        if created and os.path.isdir(args.output_dir) and not os.listdir(args.output_dir):
-            os.rmdir(args.output_dir)
+    args.overwrite_output_dir = script_args.overwrite_output_dir  # read by the resume rules
+    try:  # the lock removes the folder it created if the run leaves it empty
+        with open_run(args, get_method(method).name, args.resume_from_checkpoint, cli=True) as opened:
+            if opened.done is not None and opened.main:  # at its last step: finished, or only its outputs to write
+                print(opened.done if opened.finished else f"[{method}] {opened.done}", flush=True)
+            if opened.finished:  # nothing to do: exit 0 (a job-retry loop stops here)
+                raise SystemExit(0)
+            train_dataset, eval_dataset = adapters.load_datasets(script_args, model_args, args)
+            return script.run(method, script_args, args, model_args, demo, train_dataset, eval_dataset, opened)
+    except KeyboardInterrupt as interrupt:
+        interrupt.output_dir = args.output_dir  # what to do next depends on what the run left there
         raise
 
 
@@ -91,42 +99,96 @@ def _raised_while_training(error: BaseException) -> bool:
     return any(frame.f_code is code for frame, _ in traceback.walk_tb(error.__traceback__))
 
 
-def resume_command(command_line: str, argv: Sequence[str]) -> str:
-    """`command_line argv`, without a fresh run's or an earlier resume's flags, resuming from the last checkpoint."""
-    dropped = ("resume_from_checkpoint", "overwrite_output_dir")  # spelled with "_" or "-"
-    kept, i = [], 0
+def _rerun_argv(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """(`argv` without a fresh run's or a resume's flags and without the hub token, whether a token was dropped)."""
+    dropped = ("resume_from_checkpoint", "overwrite_output_dir", "hub_token")  # spelled with "_" or "-"
+    kept, i, token = [], 0, False
     while i < len(argv):
-        if argv[i].startswith("--") and argv[i][2:].partition("=")[0].replace("-", "_") in dropped:  # and its value
+        name = argv[i][2:].partition("=")[0].replace("-", "_") if argv[i].startswith("--") else None
+        if name in dropped:  # and its value
+            token = token or name == "hub_token"
             i += 1 + ("=" not in argv[i] and i + 1 < len(argv) and not argv[i + 1].startswith("-"))
             continue
         kept.append(argv[i])
         i += 1
-    return f"{command_line} {shlex.join([*kept, '--resume_from_checkpoint', 'last'])}"
+    return kept, token
+
+
+def resume_command(command_line: str, argv: Sequence[str]) -> str:
+    """`command_line argv`, without a fresh run's or an earlier resume's flags, resuming from the last checkpoint."""
+    return f"{command_line} {shlex.join([*_rerun_argv(argv)[0], '--resume_from_checkpoint', 'last'])}"
+
+
+def after_interrupt(command_line: str, argv: Sequence[str], output_dir: str | None) -> str:
+    """What works after an interrupted run, from what it left on disk: resuming its newest complete checkpoint, or,
+    with none, running it again (with --overwrite_output_dir where an earlier run's files refuse a fresh run)."""
+    from ..runfolder.checkpoints import newest_complete_checkpoint
+    from ..runfolder.resume import refuse_fresh_run
+
+    kept, token = _rerun_argv(argv)
+    token_note = " (--hub_token left out: give it again, or set HF_TOKEN)" if token else ""
+    if output_dir is not None and newest_complete_checkpoint(output_dir, warn=False) is not None:
+        return f"Resume from the last checkpoint with: {resume_command(command_line, argv)}{token_note}"
+    try:
+        refuse_fresh_run(output_dir, overwrite=False) if output_dir is not None else None
+    except ValueError:
+        kept.append("--overwrite_output_dir")  # what it left (incomplete checkpoints) would refuse a fresh run
+    again = f"{command_line} {shlex.join(kept)}"
+    return f"No checkpoint was saved, nothing to resume; run it again with: {again}{token_note}"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM, `signum`, during the command."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, frame) -> NoReturn:
+    _ignore_signals()  # a second Ctrl-C while the run winds down (lock, folder, progress bar) is ignored
+    raise Interrupted(signum)
+
+
+def _ignore_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        for each in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(each, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
-def one_line_errors(prog: str, debug: bool, resume: str = ""):
+def one_line_errors(prog: str, debug: bool, command_line: str = "", argv: Sequence[str] = ()):
     """An error before training prints ``prog: error: message``, exit 1 (with `debug`, or raised while training: the
-    traceback); Ctrl-C prints `resume`, the command that resumes the run, exit 130."""
+    traceback; a full disk is one line wherever it happens); Ctrl-C and SIGTERM print one line saying what to run
+    next (:func:`after_interrupt`), exit 130 and 143, the run's lock released on the way."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    handlers = {each: signal.signal(each, _stop) for each in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
     try:
         yield
     except KeyboardInterrupt as interrupt:
+        _ignore_signals()
         traceback.clear_frames(interrupt.__traceback__)  # the run's objects (its progress bar) close first
         gc.collect()
-        sys.stderr.write(f"\n{prog}: interrupted. Resume from the last checkpoint with: {resume}\n")
-        raise SystemExit(130) from None
+        signum = getattr(interrupt, "signum", signal.SIGINT)
+        said = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
+        next_step = after_interrupt(command_line, argv, getattr(interrupt, "output_dir", None))
+        sys.stderr.write(f"\n{prog}: {said}. {next_step}\n")
+        raise SystemExit(128 + signum) from None
     except Exception as error:
-        if debug or _raised_while_training(error):
+        if debug or (_raised_while_training(error) and not isinstance(error, DiskFullError)):
             raise
         text = str(error) if isinstance(error, ValueError | OSError) else f"{type(error).__name__}: {error}"
         die(prog, f"{text} (--debug shows the traceback)", status=1)
+    finally:
+        for each, handler in handlers.items():
+            signal.signal(each, handler)
 
 
 def command(method: str) -> None:
     """The example scripts' entry point: train `method` with `sys.argv`, errors as :func:`one_line_errors`."""
     argv, debug = take_debug_flag(sys.argv[1:])
     prog = os.path.basename(sys.argv[0])
-    with one_line_errors(prog, debug, resume_command(f"python {shlex.quote(sys.argv[0])}", argv)):
+    with one_line_errors(prog, debug, f"python {shlex.quote(sys.argv[0])}", argv):
         train(method, argv, prog=prog)
 
 
@@ -175,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(importlib.import_module("trl_groupopt.comparison.driver").main(list(rest)))
     elif known.command == "train" and known.method is not None:
         prog = f"trl-groupopt train --method {known.method}"
-        with one_line_errors(prog, debug, resume_command(prog, rest)):
+        with one_line_errors(prog, debug, prog, rest):
             train(known.method, rest, prog=prog)
     elif known.command == "train" and {"-h", "--help"} & set(rest):
         train_parser.print_help()

@@ -24,6 +24,7 @@ from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_co
 from ..data import adapters, offline, rewards
 from ..data.offline import uses_embedded_policy
 from ..methods.registry import get_method
+from ..runfolder.checkpoints import FINAL_RECORD, remove_record, write_final_record
 from ..trainer.args_check import option_problems
 from ..trainer.card import SYNTHETIC_DATASET_NAME
 from ..trainer.device import device_supports_bf16, has_accelerator
@@ -249,12 +250,8 @@ def unknown_option(unknown: Sequence[str], known: Sequence[str], what: str = "op
 def _build_trainer(method, script_args, training_args, model_args, train_dataset):
     """The method's trainer as TRL's grpo.py builds it, with the readable progress callback."""
     spec = get_method(method)
-    model_init_kwargs = dict(
-        revision=model_args.model_revision,
-        trust_remote_code=training_args.trust_remote_code,
-        attn_implementation=model_args.attn_implementation,
-        dtype=model_args.dtype,
-    )
+    model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
+                             attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
     training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
     trainer = spec.trainer_class(
         model=model_args.model_name_or_path,
@@ -263,7 +260,6 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
         train_dataset=train_dataset,
         peft_config=get_peft_config(model_args),
     )
-    trainer.command_line = True  # the resume rules name the command's flags; a finished run exits 0 (`run`)
     trainer.remove_callback(ProgressCallback)  # one of these two is installed, by disable_tqdm
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(ReadableProgressCallback(spec.headline_metric, show_bar=not training_args.disable_tqdm))
@@ -272,13 +268,13 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
 
 class _FinishRun(TrainerCallback):
     """The command's lines around training and its outputs (the held-out accuracy after, the model, card, state,
-    plot, results.json, the push), written at the end of `train()`, inside the trainer's hold on the folder."""
+    plot, results.json, the push), written at the end of `train()`, in the opened run (its lock held)."""
 
     def __init__(self, trainer, method, script_args, training_args, model_args, eval_dataset, say, start, decode):
         self.trainer, self.method, self.script_args, self.say, self.start = trainer, method, script_args, say, start
         self.decode = decode  # the held-out decoding settings, before and after
         self.training_args, self.model_args, self.eval_dataset = training_args, model_args, eval_dataset
-        self.before: float | None = None  # the held-out accuracy before training, when measured
+        self.before: float | None = None  # the held-out accuracy before training, when measured (and its curve)
         self.curve: HeldOutAccuracyCallback | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -287,7 +283,12 @@ class _FinishRun(TrainerCallback):
             self.say(f"resuming from {self.trainer.resumed_from}")
 
     def on_train_end(self, args, state, control, **kwargs):
+        self.write_outputs()
+
+    def write_outputs(self) -> None:
+        """The held-out accuracy after training and the final outputs, recorded last: the run is finished then."""
         trainer, training_args = self.trainer, self.training_args
+        remove_record(training_args.output_dir, FINAL_RECORD)  # outputs rewritten: unfinished until recorded again
         if self.before is not None:
             after = offline.greedy_accuracy(trainer.model, trainer.processing_class, self.eval_dataset, **self.decode)
             after = after["accuracy"]
@@ -299,6 +300,9 @@ class _FinishRun(TrainerCallback):
             self._save_outputs(dataset_name)
         if training_args.push_to_hub:
             trainer.push_to_hub(dataset_name=dataset_name)
+        trainer.accelerator.wait_for_everyone()  # every process's part of the model is saved
+        if trainer.accelerator.is_main_process:  # trl_groupopt/runfolder/resume.py, `decide`, reads it
+            write_final_record(training_args.output_dir, trainer.state.global_step)
 
     def _save_outputs(self, dataset_name: str) -> None:
         """The card, trainer state, plot and results.json beside the saved model (main process)."""
@@ -353,21 +357,21 @@ def plain_warnings() -> Iterator[None]:
         warnings.showwarning = shown
 
 
-def run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset=None):
-    """Train `method` on the datasets the door checked; save the model, card, state and results; returns the trainer.
-    A run already finished prints so and exits 0, nothing written. The library's warnings meanwhile show no source
-    line of it (:func:`plain_warnings`)."""
+def run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset=None, opened=None):
+    """Train `method` in the run the command opened, then write the model, card, state and results (only those for a
+    run trained to its end); returns the trainer. Warnings show no source line of this package (`plain_warnings`)."""
     with plain_warnings():
-        return _run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset)
+        return _run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset, opened)
 
 
-def _run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset):
+def _run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset, opened):
     if training_args.use_cpu or not torch.cuda.is_available():  # docs/getting-started.md, "Threads on CPU"
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         tiny = uses_embedded_policy(model_args.model_name_or_path)  # one thread per process, else the cores shared
         torch.set_num_threads(1 if tiny else max(1, (os.cpu_count() or 1) // local_processes))
     start = time.perf_counter()
     trainer = _build_trainer(method, script_args, training_args, model_args, train_dataset)
+    trainer.opened_run = opened  # `train()` takes it: the lock and the resume rules once per run
     main = trainer.accelerator.is_main_process
 
     def say(text: str) -> None:
@@ -390,9 +394,7 @@ def _run(method, script_args, training_args, model_args, demo, train_dataset, ev
         subset = eval_dataset.select(range(min(script_args.heldout_eval_examples, len(eval_dataset))))
         finish.curve = HeldOutAccuracyCallback(trainer, subset, script_args.heldout_eval_steps)
         trainer.add_callback(finish.curve)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    if trainer.finished is not None:  # the resume rules found the run at its last step
-        if main:
-            print(trainer.finished, flush=True)
-        raise SystemExit(0)
+    trainer.train()  # in `opened`, which decided the checkpoint
+    if trainer.finished is not None:  # its training was complete (loaded, not trained): the outputs are written now
+        finish.write_outputs()
     return trainer

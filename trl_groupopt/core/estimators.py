@@ -57,7 +57,7 @@ class AdvantageEstimator:
     needs_raw_rewards: bool = False  # the weighted, un-normalised rewards (`inputs.rewards`)
     # micro-batches of whole groups, consecutive runs of `inputs.group_size` rows: reductions read nothing from device
     needs_whole_groups: bool = False
-    needs_energy: bool = False  # the rollout policy's logit-gradient energy (`trainers/energy.py`); no other pays it
+    needs_energy: bool = False  # the rollout logit-gradient energy (`trainer/energy.py`); no other pays it
     per_token: bool = False  # (B, T) advantages (objectives defined on one advantage per sequence refuse them)
     trl_advantages: bool = False  # TRL's own: TRL's surrogate-replacing loss types (cispo, sapo, vespo) may run
     #: The knobs' config fields, `(name, type, dataclasses.field(...))` as `make_dataclass` takes them: every method

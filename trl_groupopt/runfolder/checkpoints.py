@@ -1,5 +1,7 @@
-"""A run folder's checkpoints: which are complete (`CHECKPOINT_RECORD`), and which one to resume from:
-docs/reliability.md, "Runs that survive". Imports neither TRL nor torch (the CLI reads it first)."""
+"""A run folder's records: which checkpoints are complete (`CHECKPOINT_RECORD`), whether the final outputs are
+(`FINAL_RECORD`), and which checkpoint to resume from: docs/reliability.md, "Runs that survive". Imports neither TRL
+nor torch (the CLI reads it first). `python -m trl_groupopt.runfolder.checkpoints DIR` records a checkpoint that
+another Trainer wrote (whose files cannot be verified otherwise), vouching for its files as they are."""
 
 from __future__ import annotations
 
@@ -7,19 +9,27 @@ import hashlib
 import json
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 #: Written into a checkpoint folder after everything else: {"files": {relative path: {"size": bytes, "sha256": hex}},
-#: "run": {...}} ("run": what `trl_groupopt.runfolder.resume` checks on resume; older records: {"files": {path: size}}).
+#: "run": {...}} ("run": what `trl_groupopt.runfolder.resume` checks on resume; older records: {"files": {path: int}}).
 CHECKPOINT_RECORD = "trl_groupopt_checkpoint.json"
+#: The same record of a run's final outputs (the top-level files of its output folder), written by the command line
+#: after the model, card, state and results.json: {"files": ..., "run": {"step": the step they are of}}.
+FINAL_RECORD = "trl_groupopt_final.json"
 #: transformers' checkpoint folder names (`PREFIX_CHECKPOINT_DIR`-<step>).
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 #: What a checkpoint holds and a run's final output folder does not (transformers' optimizer, scheduler, RNG state).
 _TRAINING_STATE_FILES = ("optimizer*", "scheduler*", "rng_state*", "global_step*")
 NOT_A_CHECKPOINT = "it is not a checkpoint (no optimizer, scheduler or RNG state: a run's final output folder?)"
+NO_RECORD = (
+    f"no {CHECKPOINT_RECORD}: its save was cut short (our trainers write it last, after every file), or another "
+    "Trainer wrote it, and nothing vouches for its files"
+)
 
 
 def checkpoints(output_dir: str | os.PathLike) -> list[Path]:
@@ -53,27 +63,44 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def write_checkpoint_record(folder: str | os.PathLike, run: dict | None = None) -> None:
-    """Record every file of the saved checkpoint `folder` (size, SHA-256) and `run` (what the resume rules read)."""
-    folder = Path(folder)
-    paths = [p for p in sorted(folder.rglob("*")) if p.is_file() and CHECKPOINT_RECORD not in p.name]  # and its .tmp
+def _write_record(folder: Path, name: str, paths: list[Path], run: dict | None) -> None:
+    """Record `paths` (size, SHA-256 of their fsynced bytes) and `run` as `folder/name`, atomically and durably."""
     files = {
         str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": file_digest(p, sync=True)} for p in paths
     }
     for sub in {p.parent for p in paths} - {folder}:
         _fsync_folder(sub)
-    temporary = folder / f".{CHECKPOINT_RECORD}.tmp"
+    temporary = folder / f".{name}.tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
         json.dump({"files": files, "run": run or {}}, handle, indent=1)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(temporary, folder / CHECKPOINT_RECORD)
+    os.replace(temporary, folder / name)
     _fsync_folder(folder)
 
 
-def remove_checkpoint_record(folder: str | os.PathLike) -> None:
+def write_checkpoint_record(folder: str | os.PathLike, run: dict | None = None) -> None:
+    """Record every file of the saved checkpoint `folder` (size, SHA-256) and `run` (what the resume rules read)."""
+    folder = Path(folder)
+    paths = [p for p in sorted(folder.rglob("*")) if p.is_file() and CHECKPOINT_RECORD not in p.name]  # and its .tmp
+    _write_record(folder, CHECKPOINT_RECORD, paths, run)
+
+
+def write_final_record(output_dir: str | os.PathLike, step: int) -> None:
+    """Record the final outputs of a run at `step`: the top-level files of `output_dir` but its lock and records."""
+    folder = Path(output_dir)
+    paths = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(("_", "."))
+             and p.name not in (FINAL_RECORD, CHECKPOINT_RECORD)]  # fmt: skip
+    _write_record(folder, FINAL_RECORD, paths, {"step": step})
+
+
+def remove_record(folder: str | os.PathLike, name: str = CHECKPOINT_RECORD) -> None:
     """Drop the record of `folder` before it is saved again: a save cut short must not pass for the earlier one."""
-    Path(folder, CHECKPOINT_RECORD).unlink(missing_ok=True)
+    try:
+        Path(folder, name).unlink()
+    except FileNotFoundError:
+        return
+    _fsync_folder(Path(folder))  # the removal reaches the disk before any rewritten byte can
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -84,54 +111,81 @@ def read_json(path: str | os.PathLike) -> Any:
         return None
 
 
-def read_checkpoint_record(folder: str | os.PathLike) -> dict | None:
+def read_checkpoint_record(folder: str | os.PathLike, name: str = CHECKPOINT_RECORD) -> dict | None:
     """The parsed record of `folder`, or None if it has none or it does not parse."""
-    record = read_json(Path(folder, CHECKPOINT_RECORD))
+    record = read_json(Path(folder, name))
     return record if isinstance(record, dict) and isinstance(record.get("files"), dict) else None
 
 
-#: (folder, record's mtime, each file's (size, mtime)) of checkpoints verified in this process: a resume checks the
-#: same folder from the CLI and again in `train()`, and digesting a large checkpoint twice would double its cost.
+#: (folder, record's mtime, each file's (size, mtime)) of records verified in this process: digesting a large
+#: checkpoint twice (e.g. a resume that is refused and asked again) would double its cost.
 _VERIFIED: set[tuple] = set()
 
 
-def checkpoint_problem(folder: str | os.PathLike) -> str | None:
-    """What makes `folder` an incomplete or damaged checkpoint ("x.pt is 40 bytes, 128 recorded"), or None."""
+def _recorded_entries(recorded: dict, name: str, required: str | None) -> dict[str, dict] | str:
+    """{file: {"size": int, "sha256": hex (absent in records of sizes only)}}, or what makes the record unusable."""
+    entries = {}
+    for file, entry in recorded.items():
+        entry = entry if isinstance(entry, dict) else {"size": entry}
+        size, digest = entry.get("size"), entry.get("sha256", "")
+        if type(size) is not int or size < 0 or not isinstance(digest, str):
+            return f"{name} is malformed: the entry of {file} has no valid size or digest"
+        entries[file] = entry
+    if not entries:
+        return f"{name} lists no files"
+    if required is not None and required not in entries:
+        return f"{name} does not list {required} (every checkpoint holds one)"
+    return entries
+
+
+def record_problem(folder: str | os.PathLike, name: str, required: str | None = None) -> str | None:
+    """What makes the files `folder/name` records incomplete or damaged ("x.pt is 40 bytes, 128 recorded"), or None."""
     folder = Path(folder)
-    if not folder.is_dir():
-        return "it is not a folder"
-    if not (folder / CHECKPOINT_RECORD).is_file():
-        if not _CHECKPOINT.match(folder.name) and not any(any(folder.glob(g)) for g in _TRAINING_STATE_FILES):
-            return NOT_A_CHECKPOINT
-        if read_json(folder / TRAINER_STATE) is not None:
-            return None
-        if not (folder / TRAINER_STATE).is_file():
-            return f"no {CHECKPOINT_RECORD} and no {TRAINER_STATE} (the save was cut short)"
-        return f"no {CHECKPOINT_RECORD}, and {TRAINER_STATE} is cut short"
-    record = read_checkpoint_record(folder)
+    record = read_checkpoint_record(folder, name)
     if record is None:
-        return f"{CHECKPOINT_RECORD} is unreadable"
-    recorded = record["files"]
-    missing = [name for name in recorded if not (folder / name).is_file()]
+        return f"{name} is unreadable" if (folder / name).exists() else f"no {name}"
+    entries = _recorded_entries(record["files"], name, required)
+    if isinstance(entries, str):
+        return entries
+    missing = [file for file in entries if not (folder / file).is_file()]
     if missing:
         return f"missing {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-    entries = {name: entry if isinstance(entry, dict) else {"size": entry} for name, entry in recorded.items()}
-    for name, entry in entries.items():
-        actual = (folder / name).stat().st_size
-        if actual != entry.get("size"):
-            return f"{name} is {actual:,} bytes, {entry.get('size'):,} recorded (truncated)"
-    stamp = (str(folder.resolve()), (folder / CHECKPOINT_RECORD).stat().st_mtime_ns,
-             tuple((name, (folder / name).stat().st_mtime_ns) for name in sorted(entries)))  # fmt: skip
+    for file, entry in entries.items():
+        if (actual := (folder / file).stat().st_size) != entry["size"]:
+            return f"{file} is {actual:,} bytes, {entry['size']:,} recorded (truncated)"
+    stamp = (str(folder.resolve()), (folder / name).stat().st_mtime_ns,
+             tuple((file, (folder / file).stat().st_mtime_ns) for file in sorted(entries)))  # fmt: skip
     if stamp in _VERIFIED:
         return None
-    for name, entry in entries.items():
-        if "sha256" in entry and file_digest(folder / name) != entry["sha256"]:
+    for file, entry in entries.items():
+        if entry.get("sha256") and file_digest(folder / file) != entry["sha256"]:
             return (
-                f"{name} has the recorded size but not the recorded content (SHA-256 differs: its bytes changed "
+                f"{file} has the recorded size but not the recorded content (SHA-256 differs: its bytes changed "
                 "after the save, e.g. a power loss or a copy cut short)"
             )
     _VERIFIED.add(stamp)
     return None
+
+
+def checkpoint_problem(folder: str | os.PathLike) -> str | None:
+    """What makes `folder` an incomplete or damaged checkpoint ("x.pt is 40 bytes, 128 recorded"), or None. Without
+    a record it is incomplete: a save cut short and another Trainer's save look alike (both may parse)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return "it is not a folder"
+    if not (folder / CHECKPOINT_RECORD).exists():
+        if not _CHECKPOINT.match(folder.name) and not any(any(folder.glob(g)) for g in _TRAINING_STATE_FILES):
+            return NOT_A_CHECKPOINT
+        return NO_RECORD
+    return record_problem(folder, CHECKPOINT_RECORD, required=TRAINER_STATE)
+
+
+def final_output_problem(output_dir: str | os.PathLike, step: int) -> str | None:
+    """What keeps the final outputs of `output_dir` from being the complete outputs of step `step`, or None."""
+    problem = record_problem(output_dir, FINAL_RECORD)
+    run = (read_checkpoint_record(output_dir, FINAL_RECORD) or {}).get("run")
+    recorded = run.get("step") if isinstance(run, dict) else None
+    return problem if problem is not None or recorded == step else f"they are of step {recorded}, not {step}"
 
 
 def newest_complete_checkpoint(output_dir: str | os.PathLike, *, warn: bool = True) -> str | None:
@@ -172,8 +226,21 @@ def resolve_resume(output_dir: str | os.PathLike, resume_from_checkpoint: str | 
         )
     if problem is not None:
         parent = Path(resume_from_checkpoint).parent
+        vouch = (
+            f"; if another Trainer wrote it and you trust its files, record them first: python -m "
+            f"trl_groupopt.runfolder.checkpoints {resume_from_checkpoint}"
+        )
         raise ValueError(
             f"Cannot resume from {resume_from_checkpoint}: {problem}. Resume from the newest complete checkpoint "
-            f"instead (resume_from_checkpoint=True, or --resume_from_checkpoint last with --output_dir {parent})."
+            f"instead (resume_from_checkpoint=True, or --resume_from_checkpoint last with --output_dir {parent})"
+            f"{vouch if problem == NO_RECORD else ''}."
         )
     return str(resume_from_checkpoint)
+
+
+if __name__ == "__main__":  # vouch for checkpoints another Trainer wrote (see the module docstring)
+    for name in sys.argv[1:]:
+        if (problem := checkpoint_problem(name)) != NO_RECORD:
+            sys.exit(f"{name}: {problem or 'it is recorded and complete'}; nothing written.")
+        write_checkpoint_record(name)
+        print(f"recorded {name}: its files as they are now")

@@ -13,7 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import TRAINER_STATE, checkpoints, read_checkpoint_record, read_json, resolve_resume
+from .checkpoints import (
+    TRAINER_STATE,
+    checkpoints,
+    final_output_problem,
+    read_checkpoint_record,
+    read_json,
+    resolve_resume,
+)
 
 #: Files a finished run leaves in its output folder (the model, the state, the CLI's results).
 _FINISHED_RUN_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
@@ -46,7 +53,7 @@ def refuse_fresh_run(output_dir: str | os.PathLike, overwrite: bool, *, cli: boo
 def run_record(trainer: Any) -> dict[str, Any]:
     """The record's "run": the trainer's method, `RESUME_SETTINGS` and the epochs (which end a `max_steps=-1` run)."""
     names = (*RESUME_SETTINGS, "num_train_epochs", "max_steps")
-    return {"method": _method_name(trainer), "settings": {name: getattr(trainer.args, name, None) for name in names}}
+    return {"method": method_name(trainer), "settings": {name: getattr(trainer.args, name, None) for name in names}}
 
 
 def _recorded_run(checkpoint: str) -> dict[str, Any]:
@@ -81,8 +88,8 @@ def check_resume(checkpoint: str, method: str, args: Any, *, warn: bool = True) 
     warnings.warn(f"Resuming {checkpoint} with changed settings: {said}.", UserWarning, stacklevel=3)
 
 
-def finished_message(checkpoint: str, args: Any) -> str | None:
-    """A line saying the run is finished when `checkpoint` is already at the run's last step, else None."""
+def training_complete(checkpoint: str, args: Any) -> tuple[int, int] | None:
+    """(step, last step) when `checkpoint` is already at the run's last step (its training is complete), else None."""
     state = read_json(Path(checkpoint, TRAINER_STATE)) or {}
     step = state.get("global_step")
     limit = args.max_steps if getattr(args, "max_steps", -1) > 0 else None
@@ -92,35 +99,41 @@ def finished_message(checkpoint: str, args: Any) -> str | None:
             limit = state.get("max_steps")
     if not isinstance(step, int) or not isinstance(limit, int) or limit <= 0 or step < limit:
         return None
-    return (
-        f"The run is finished: {checkpoint} is at step {step} of {limit}. Nothing was trained or written; raise "
-        "--max_steps (max_steps) to train on."
-    )
+    return step, limit
 
 
-def _method_name(trainer: Any) -> str:
+def method_name(trainer: Any) -> str:
+    """The registry name of the method `trainer` trains (its class name for a class that is none)."""
     return getattr(getattr(trainer, "method_spec", None), "name", type(trainer).__name__)
 
 
-def prepare_train(trainer: Any, resume_from_checkpoint: str | bool | None) -> tuple[str | None, str | None]:
-    """The resume rules, run once per run by `GroupOptTrainer.train()` (the Python API and the command line):
-    `(checkpoint to resume from or None, None)`, or for a run already at its last step `(checkpoint, the line saying
-    so)`. With `trainer.command_line` (the `trl-groupopt` command) the messages name its flags, and a fresh
-    `--overwrite_output_dir` run deletes the earlier checkpoints (on the main process)."""
-    args, cli = trainer.args, bool(getattr(trainer, "command_line", False))
-    overwrite = bool(getattr(args, "overwrite_output_dir", False))
+def decide(args: Any, method: str, resume_from_checkpoint: str | bool | None, *, cli: bool = False):
+    """The resume rules, once per run (`trl_groupopt.runfolder.run.open_run`), for the Python API and (`cli`, whose
+    messages name its flags) the command line: `(checkpoint to resume from or None, done, finished)`. `done`: the
+    line saying the checkpoint is at the run's last step (nothing to train); `finished`: the command line's final
+    outputs are complete too, so nothing at all is left to do (else the command writes them from the checkpoint)."""
+    out, overwrite = args.output_dir, bool(getattr(args, "overwrite_output_dir", False))
     if cli and overwrite and resume_from_checkpoint not in (None, False):
         raise ValueError("--overwrite_output_dir (a fresh run) cannot be combined with --resume_from_checkpoint.")
-    checkpoint = resolve_resume(args.output_dir, resume_from_checkpoint)
+    checkpoint = resolve_resume(out, resume_from_checkpoint)
     if checkpoint is None:
-        refuse_fresh_run(args.output_dir, overwrite, cli=cli)
-        if cli and overwrite and getattr(args, "process_index", 0) == 0:
-            for folder in checkpoints(args.output_dir):
-                shutil.rmtree(folder)
-        return None, None
-    check_resume(checkpoint, _method_name(trainer), args)
-    message = finished_message(checkpoint, args)
-    return checkpoint, message if cli or message is None else message.replace("--max_steps (max_steps)", "max_steps")
+        refuse_fresh_run(out, overwrite, cli=cli)
+        return None, None, False
+    check_resume(checkpoint, method, args)
+    if (complete := training_complete(checkpoint, args)) is None:
+        return checkpoint, None, False
+    step, limit = complete
+    if not cli:
+        done = f"The run is finished: {checkpoint} is at step {step} of {limit}. Nothing was trained or written"
+        return checkpoint, f"{done}; raise max_steps to train on.", False
+    problem = final_output_problem(out, step)
+    if problem is None:
+        done = (
+            f"The run is finished: {out} holds its final model and results, of step {step} of {limit} ({checkpoint})"
+        )
+        return checkpoint, f"{done}. Nothing was trained or written; raise --max_steps to train on.", True
+    done = f"{checkpoint} is at the run's last step ({step} of {limit}), but its final outputs are not complete"
+    return checkpoint, f"{done} ({problem}): writing them from that checkpoint, without training.", False
 
 
 def missing_keys_to_report(model: Any, missing_keys: list[str]) -> list[str]:
@@ -141,25 +154,42 @@ def _free_bytes(folder: str | os.PathLike) -> int | None:
         return None
 
 
+class DiskFullError(OSError):
+    """A save that ran out of space, said in one line (the command line prints it so, even mid-training)."""
+
+
+def _says_disk_full(error: BaseException) -> bool:
+    seen: BaseException | None = error
+    while seen is not None:  # safetensors' writer: "... IoError(Os { code: 28, kind: StorageFull, ... })"
+        if (isinstance(seen, OSError) and seen.errno == errno.ENOSPC) or any(
+            words in str(seen) for words in ("No space left", "StorageFull", "os error 28")
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 @contextlib.contextmanager
 def disk_full_explained(folder: str | os.PathLike) -> Iterator[None]:
-    """Within it, a save that fails for want of space raises one line saying so, naming `folder`."""
+    """Within it, a save that fails for want of space raises one line saying so, naming `folder` (`DiskFullError`)."""
     try:
         yield
-    except (OSError, RuntimeError) as err:
-        said, seen = False, err
-        while seen is not None and not said:
-            said = (isinstance(seen, OSError) and seen.errno == errno.ENOSPC) or "No space left" in str(seen)
-            seen = seen.__cause__ or seen.__context__
+    except DiskFullError:
+        raise
+    except Exception as err:
         free = _free_bytes(folder)  # torch's writer reports a full disk as "basic_ios::clear: iostream error"
-        if not said and (free is None or free >= 64 << 20):
+        low = isinstance(err, OSError | RuntimeError) and free is not None and free < 64 << 20
+        if not (_says_disk_full(err) or low):
             raise
-        raise OSError(
-            errno.ENOSPC,
-            f"No space left on the device while saving {folder} ({free or 0:,} bytes free; {err}). "
-            "A partial checkpoint has no completion record and is skipped on resume; free space or choose another "
-            "output_dir, then resume with --resume_from_checkpoint last (resume_from_checkpoint=True in Python).",
-        ) from err
+        if Path(folder).name.startswith("checkpoint-"):
+            after = "A partial checkpoint has no completion record and is skipped on resume; free space or choose "
+            after += "another output_dir, then resume with --resume_from_checkpoint last (resume_from_checkpoint=True)"
+        else:
+            after = "The final outputs there are incomplete; free space or choose another output_dir, then resume "
+            after += "with --resume_from_checkpoint last, which writes them from the last checkpoint (Python: save "
+            after += "again)"
+        said = f"No space left on the device while saving {folder} ({free or 0:,} bytes free; {err}). {after}."
+        raise DiskFullError(errno.ENOSPC, said) from err
 
 
 def inexact_resume_warning(args: Any) -> str | None:

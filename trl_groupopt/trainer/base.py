@@ -23,8 +23,8 @@ from ..data import checks
 from ..methods.mechanism import MechanismReport
 from ..methods.registry import spec_for
 from ..methods.spec import MethodSpec
-from ..runfolder.lock import RunLock
-from ..runfolder.resume import prepare_train
+from ..runfolder.resume import method_name
+from ..runfolder.run import OpenedRun, open_run
 from .args_check import check_numeric_args
 from .boundary import TRLHooks, finished_run_output
 from .compat import check_loss_routed_through_compute_loss, check_trl_scores_tokens, dropping_trl_warning
@@ -61,12 +61,11 @@ class GroupOptTrainer(TRLHooks):
     has_own_objective: ClassVar[bool] = False
     #: (text of a misleading TRL construction warning, the line logged in its place, formatted with `args`).
     replaces_trl_warning: ClassVar[tuple[str, str] | None] = None
-    #: Set by the `trl-groupopt` command: the resume rules name its flags, `--overwrite_output_dir` deletes the
-    #: earlier checkpoints, and a finished run is not warned about (the command prints it and exits 0).
-    command_line: bool = False
+    #: Set by the `trl-groupopt` command: the run it opened before the model loaded, which `train()` takes (once).
+    opened_run: OpenedRun | None = None
     heldout_accuracy: dict[str, Any] | None = None  # {"before", "after", "num_examples"} when measured (the card)
     resumed_from: str | None = None  # the checkpoint `train()` resumed from
-    finished: str | None = None  # after `train()`: the line saying the run was already finished (nothing trained)
+    finished: str | None = None  # after `train()`: the line saying the run was at its last step (nothing trained)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -169,18 +168,25 @@ class GroupOptTrainer(TRLHooks):
             )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        """transformers' `train` holding the run folder (`RunLock`), after the resume rules: the one place of both, for
-        the Python API and the command line (docs/reliability.md). The mechanism report prints at the end."""
-        with RunLock(self.args.output_dir, enabled=self.args.process_index == 0):
-            checkpoint, self.finished = prepare_train(self, resume_from_checkpoint)
-            self.resumed_from = checkpoint
-            if self.finished is not None:  # a finished run: nothing trains, nothing changes (`resume.py`)
-                if not self.command_line:
-                    warnings.warn(self.finished, UserWarning, stacklevel=2)
-                return finished_run_output(self, checkpoint)
-            return super().train(
-                resume_from_checkpoint=checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs
-            )
+        """transformers' `train` in the opened run (`trl_groupopt.runfolder.run.open_run`: the lock held, the resume
+        rules decided, once per run): the one the command line opened before the model loaded (`opened_run`, which
+        then decides the checkpoint), else one opened here (the Python API). The mechanism report prints at the end."""
+        opened, self.opened_run = self.opened_run, None  # a later `train()` opens its own
+        if opened is not None:
+            return self._train_opened(opened, trial, ignore_keys_for_eval, **kwargs)
+        with open_run(self.args, method_name(self), resume_from_checkpoint) as opened:
+            return self._train_opened(opened, trial, ignore_keys_for_eval, **kwargs)
+
+    def _train_opened(self, opened: OpenedRun, trial, ignore_keys_for_eval, **kwargs):
+        self.resumed_from, self.finished = opened.checkpoint, opened.done
+        if opened.done is not None:  # at its last step: nothing trains, nothing changes (`resume.decide`)
+            if not opened.cli:
+                warnings.warn(opened.done, UserWarning, stacklevel=3)
+            return finished_run_output(self, opened.checkpoint)
+        opened.begin()
+        return super().train(
+            resume_from_checkpoint=opened.checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs
+        )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)  # TRL's: `_compute_loss`

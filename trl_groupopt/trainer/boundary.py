@@ -10,13 +10,13 @@ import os
 from typing import Any
 
 from transformers import TrainerState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints
 from trl import GRPOTrainer
 
 from ..data import checks
 from ..methods.registry import spec_for
 from ..methods.spec import Paper
-from ..runfolder.checkpoints import TRAINER_STATE, remove_checkpoint_record, write_checkpoint_record
+from ..runfolder.checkpoints import TRAINER_STATE, remove_record, write_checkpoint_record
 from ..runfolder.resume import disk_full_explained, missing_keys_to_report, run_record
 from . import batching, guard
 from .config import tokens_withheld
@@ -125,15 +125,22 @@ class TRLHooks(GRPOTrainer):
             self.create_model_card(output_dir=output_dir)
 
     def _save_checkpoint(self, model, trial) -> None:
-        # mirrors Trainer._save_checkpoint (transformers 5.24): the checkpoint folder's path
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        # mirrors Trainer._save_checkpoint (transformers 5.24): the checkpoint folder's path, and its rotation moved
+        # after our record (a run killed in between would otherwise have deleted its last complete checkpoint)
+        run_dir = self._get_output_dir(trial=trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if self.args.should_save:
-            remove_checkpoint_record(folder)  # a re-save cut short must not pass for the earlier save
-        with disk_full_explained(folder):
-            super()._save_checkpoint(model, trial)
+            remove_record(folder)  # a re-save cut short must not pass for the earlier save
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            with disk_full_explained(folder):
+                super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
         self.accelerator.wait_for_everyone()  # the completion record follows every process's part
         if self.args.should_save and os.path.isdir(folder):
             write_checkpoint_record(folder, run_record(self))
+            rotate_checkpoints(run_dir, limit, self.state.best_model_checkpoint, use_mtime=True)
 
     def _issue_warnings_after_load(self, load_result) -> None:
         """transformers' warnings, less a tied weight reported missing (restored by the tie)."""
