@@ -16,7 +16,7 @@ import pytest
 from tests.selection import tested_methods
 from trl_groupopt.comparison import driver as compare_module
 from trl_groupopt.comparison import runs as runfile
-from trl_groupopt.comparison import stats, trainrun
+from trl_groupopt.comparison import split, stats, trainrun
 from trl_groupopt.comparison.driver import CompareError, Options, check, parse_options
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -140,7 +140,13 @@ def test_four_files_resume_and_refuse_other_settings(tmp_path, monkeypatch):
     assert row == result["comparisons"][0]
     assert (row["method"], row["baseline"], row["n"], row["verdict"]) == ("otb", "grpo", 3, "better")
     assert row["difference"] == pytest.approx(0.05) and row["ci95"] == pytest.approx([0.05, 0.05])
-    assert row["acted"] == {"what": "it acted", "steps": 9, "acted": 6, "fraction": pytest.approx(2 / 3)}
+    assert row["acted"] == {
+        "what": "it acted",
+        "steps": 9,
+        "acted": 6,
+        "fraction": pytest.approx(2 / 3),
+        "undefined": 0,
+    }
     assert "| otb | grpo | 3 | +5.0 | [+5.0, +5.0] | **better** |" in (out / "compare.md").read_text()
     lines = (out / "runs.jsonl").read_text().splitlines()
     assert len(lines) == 7 and json.loads(lines[-1])["invocation"]["runs"] == 6
@@ -216,9 +222,11 @@ def test_heldout_rows_are_carved_once_and_left_out_of_training(tmp_path):
     )
     options = Options(["grpo", "otb"], 2, str(tmp_path / "out"), eval_examples=8,
                       train_args=["--dataset_name", str(data), "--max_steps", "2"])  # fmt: skip
-    args = compare_module.carve_heldout(options, tmp_path / "out" / "data")
+    args = split.carve_heldout(options, tmp_path / "out" / "data")
     train_file = str(tmp_path / "out" / "data" / "train.jsonl")
-    assert args == (["--max_steps", "2", "--dataset_name", train_file, "--dataset_format", "prompt-answer"], True)
+    # the runs train on the rest and hold no rows of their own out (compare scores them): --num_eval_examples 0
+    assert args == (["--max_steps", "2", "--dataset_name", train_file, "--dataset_format", "prompt-answer",
+                     "--num_eval_examples", "0"], True)  # fmt: skip
 
     def rows(name):
         return [json.loads(line) for line in (tmp_path / "out" / "data" / name).read_text().splitlines()]
@@ -227,19 +235,20 @@ def test_heldout_rows_are_carved_once_and_left_out_of_training(tmp_path):
     assert len(heldout) == 8 and len(train) == 22
     assert {r["prompt"] for r in heldout}.isdisjoint(r["prompt"] for r in train)
     first = (tmp_path / "out" / "data" / "heldout.jsonl").read_text()
-    compare_module.carve_heldout(options, tmp_path / "again")  # the same rows, from a fixed seed
+    split.carve_heldout(options, tmp_path / "again")  # the same rows, from a fixed seed
     assert (tmp_path / "again" / "heldout.jsonl").read_text() == first
     other = Options(["grpo", "otb"], 2, "o", eval_examples=5, train_args=["--model_name_or_path", str(tmp_path)])
-    assert compare_module.carve_heldout(other, tmp_path / "synthetic") == (other.train_args, True)  # scored here
+    expected = ([*other.train_args, "--num_eval_examples", "0"], True)  # scored here, not by the runs
+    assert split.carve_heldout(other, tmp_path / "synthetic") == expected
     assert len((tmp_path / "synthetic" / "heldout.jsonl").read_text().splitlines()) == 5  # the synthetic test split
-    with pytest.raises(CompareError, match="lower --eval_examples"):
-        compare_module.carve_heldout(Options(["grpo", "otb"], 2, "o", eval_examples=30, train_args=[
+    with pytest.raises(CompareError, match="leaving 0 to train on.*pass --eval_examples 15 or fewer"):
+        split.carve_heldout(Options(["grpo", "otb"], 2, "o", eval_examples=30, train_args=[
             "--dataset_name", str(data)]), tmp_path / "small")  # fmt: skip
 
 
 def test_each_run_goes_through_the_train_command():
     options = Options(["grpo", "otb"], 2, "DIR", train_args=["--max_steps", "3"])
-    run_args, score_here = compare_module.carve_heldout(options, Path("DIR") / "data")
+    run_args, score_here = split.carve_heldout(options, Path("DIR") / "data")
     assert not score_here  # the embedded policy's runs score the synthetic test split themselves
     command = trainrun.RunSpec("DIR", tuple(run_args), score_here, 200).command("otb", 1)
     assert command[1:5] == ["-m", "trl_groupopt.cli", "train", "--method"]

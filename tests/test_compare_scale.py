@@ -197,6 +197,11 @@ def _launcher(tmp_path) -> slurm.SlurmLauncher:
     return slurm.SlurmLauncher(spec, slurm.SlurmOptions(time="10"), {}, {"train_args": []}, "cmd")
 
 
+def _result(method, seed, job_id, accuracy):
+    return {"method": method, "seed": seed, "accuracy_before": 0.1, "accuracy_after": accuracy, "wall_s": 1.0,
+            "cpu_s": 1.0, "slurm_job_id": job_id}  # fmt: skip
+
+
 def _job(launcher, method, seed, job_id):
     entry = {"method": method, "seed": seed, "job_id": job_id, "stderr": f"/logs/{job_id}_0_log.err"}
     runfile.append_line(launcher.jobs_path, entry)
@@ -207,9 +212,7 @@ def test_slurm_results_are_collected_once_and_a_job_ended_without_one_is_reporte
     launcher, keys = _launcher(tmp_path), [("grpo", 0), ("otb", 0), ("grpo", 1)]
     for key, job_id in zip(keys, ("7_0", "7_1", "7_2")):
         _job(launcher, *key, job_id)
-    slurm_job.write_result(
-        tmp_path, "7_0", {"method": "grpo", "seed": 0, "accuracy_after": 0.3, "slurm_job_id": "7_0"}
-    )
+    slurm_job.write_result(tmp_path, "7_0", _result("grpo", 0, "7_0", 0.3))
     keys.append(("otb", 1))
     _job(launcher, "otb", 1, "7_3")
     slurm_job.write_result(tmp_path, "7_3", {"method": "otb", "seed": 1, "error": "boom", "slurm_job_id": "7_3"})
@@ -220,7 +223,7 @@ def test_slurm_results_are_collected_once_and_a_job_ended_without_one_is_reporte
     again, live = launcher.collect(keys, states)  # nothing is counted twice
     assert again == [] and live == {("otb", 0)}
     _job(launcher, "grpo", 1, "8")  # the next invocation's job for the lost run
-    slurm_job.write_result(tmp_path, "8", {"method": "grpo", "seed": 1, "accuracy_after": 0.2, "slurm_job_id": "8"})
+    slurm_job.write_result(tmp_path, "8", _result("grpo", 1, "8", 0.2))
     new, _ = launcher.collect(keys, {"7_1": "RUNNING"})  # "8" not in squeue: its result file says it finished
     assert [r["slurm_job_id"] for r in new] == ["8"]
     records = runfile.read_runs(tmp_path / "runs.jsonl", launcher.grid).records

@@ -6,6 +6,7 @@ docs/compare.md."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -14,51 +15,20 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from . import local, slurm, stats
+from . import local, slurm, stats, trainrun
 from . import runs as runfile
 from . import seeds as seedplan
-from .argv import scan
-from .options import PROG, CompareError, Options, check, command_line, parse_options
+from .options import PROG, CompareError, Options, check, command_line, other_settings, parse_options
 from .report import describe, markdown, write_plot
+from .split import carve_heldout
 from .trainrun import RunSpec
 
 __all__ = ["CompareError", "Options", "check", "compare", "main", "parse_options", "run"]
 
-#: Options naming the user's data: replaced, for the runs, by the training part of the carved split.
-DATA_OPTIONS = ("dataset_name", "dataset_config", "dataset_format", "dataset_train_split")
-CARVE_SEED = 0  # the held-out rows of a user's dataset: the first --eval_examples of a shuffle with this seed
 #: DIR/launcher.json: how DIR's runs are launched (another launcher would not know the first one's jobs)
 LAUNCHER_FILE = "launcher.json"
-
-
-def carve_heldout(options: Options, data_dir: Path) -> tuple[list[str], bool]:
-    """(every run's train options, whether compare scores DATA/heldout.jsonl itself): the held-out split every run
-    shares, carved once from `--dataset_name` (`CARVE_SEED`; the rest in DATA/train.jsonl). See docs/compare.md."""
-    from ..data.offline import make_arithmetic_dataset, uses_embedded_policy
-
-    given, rest = scan(options.train_args, *DATA_OPTIONS)
-    name, heldout_path, train_path = given["dataset_name"], data_dir / "heldout.jsonl", data_dir / "train.jsonl"
-    if name is None:
-        if uses_embedded_policy(scan(options.train_args, "model_name_or_path")[0]["model_name_or_path"]):
-            return [*options.train_args, "--num_eval_examples", str(options.eval_examples)], False
-        if not heldout_path.exists():
-            data_dir.mkdir(parents=True, exist_ok=True)
-            test = make_arithmetic_dataset(options.eval_examples, seed=0, split="test")
-            test.select_columns(["prompt", "solution"]).to_json(str(heldout_path), lines=True)
-        return list(options.train_args), True
-    if not (train_path.exists() and heldout_path.exists()):
-        from ..data.adapters import load_raw_dataset, to_prompt_solution
-
-        raw = load_raw_dataset(name, given["dataset_config"], given["dataset_train_split"] or "train")
-        data = to_prompt_solution(raw, given["dataset_format"] or "prompt-answer")
-        if len(data) <= options.eval_examples:
-            raise CompareError(f"--dataset_name {name} has {len(data)} rows, not more than --eval_examples "
-                               f"{options.eval_examples}: lower --eval_examples so rows are left to train on.")  # fmt: skip
-        data = data.select_columns(["prompt", "solution"]).shuffle(seed=CARVE_SEED)
-        data_dir.mkdir(parents=True, exist_ok=True)
-        data.select(range(options.eval_examples)).to_json(str(heldout_path), lines=True)
-        data.select(range(options.eval_examples, len(data))).to_json(str(train_path), lines=True)
-    return [*rest, "--dataset_name", str(train_path), "--dataset_format", "prompt-answer"], True
+#: DIR/runs.jsonl's records: a run's, or why a line is not one (skipped, with a warning)
+GRID = runfile.Grid(("method", "seed"), None, describe, trainrun.record_problem)
 
 
 def comparisons(records: list[dict[str, Any]], methods: Sequence[str], baseline: str,
@@ -76,8 +46,9 @@ def comparisons(records: list[dict[str, Any]], methods: Sequence[str], baseline:
     for method in (m for m in methods if m != baseline):
         acts = [r["acted"] for r in ok if r["method"] == method and r.get("acted")]
         steps, count = sum(a["steps"] for a in acts), sum(a["acted"] for a in acts)
-        fraction = count / steps if steps else None
-        acted = {"what": acts[0]["what"], "steps": steps, "acted": count, "fraction": fraction} if acts else None
+        undefined = sum(a.get("undefined") or 0 for a in acts)  # steps its metric was undefined on: not counted
+        acted = {"what": acts[0].get("what", ""), "steps": steps, "acted": count, "fraction": count / steps if steps
+                 else None, "undefined": undefined} if acts else None  # fmt: skip
         pilot = None
         if seed_plan is not None and (row := seed_plan["methods"][method])["pilot_sd"] is not None:
             pilot = (row["pilot_n"], row["pilot_sd"])
@@ -118,20 +89,28 @@ def _launcher_record(options: Options, placement: local.Placement | None) -> dic
     return {"launcher": "local", "gpus_per_run": 0 if placement is None or placement.on_cpu else placement.per_run}
 
 
-def _check_folder(options: Options, out: Path, launcher: dict[str, Any]) -> runfile.Grid:
-    """Refuse a comparison folder made with other settings or another launcher."""
-    grid = runfile.Grid(("method", "seed"), None, describe)
-    runs = runfile.read_runs(out / "runs.jsonl", grid)
-    if conflict := runfile.settings_conflict(grid, runs, options.settings):
-        raise CompareError(f"{conflict}: pass the train options those runs were made with, or another --output_dir.")
+def _check_folder(options: Options, out: Path, launcher: dict[str, Any]) -> runfile.Runs:
+    """DIR's runs, its damaged lines warned about once; refuse a folder made with other settings or another
+    launcher."""
+    runs = runfile.read_runs(out / "runs.jsonl", GRID)
+    for warning in runs.skipped:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr, flush=True)
+    for record in runs.records:
+        if "settings" in record and (differ := other_settings(record["settings"], options.settings)):
+            raise CompareError(f"{runs.path}: the run {GRID.tag(record)} was made with other settings ({differ}): "
+                               "pass the train options those runs were made with, or another --output_dir.")  # fmt: skip
     path = out / LAUNCHER_FILE
-    made = json.loads(path.read_text()) if path.exists() else None
+    values, _ = runfile.read_lines(path)
+    made = values[0][1] if values else None
+    if path.exists() and not isinstance(made, dict):
+        raise CompareError(f"{path} is damaged: delete it if {out}'s runs were made with these launcher options "
+                           "(this command writes it again), or use another --output_dir.")  # fmt: skip
     if made is not None and made != launcher:
         differ = ", ".join(f"{k} {made.get(k)!r} there, {launcher.get(k)!r} here" for k in sorted(set(made) | set(
             launcher)) if made.get(k) != launcher.get(k))  # fmt: skip
         raise CompareError(f"{path}: {out} was run otherwise ({differ}): pass --launcher {made.get('launcher')} with "
                            "the GPUs per run it had, or another --output_dir.")  # fmt: skip
-    return grid
+    return runs
 
 
 def run(options: Options) -> dict[str, Any]:
@@ -140,32 +119,34 @@ def run(options: Options) -> dict[str, Any]:
     placement = check(options)
     out = Path(options.output_dir)
     launcher = _launcher_record(options, placement)
-    grid = _check_folder(options, out, launcher)
-    run_args, score_here = carve_heldout(options, out / "data")  # once, before anything runs or is submitted
+    made = _check_folder(options, out, launcher)
+    # once, before anything runs or is submitted
+    run_args, score_here = carve_heldout(options, out / "data", bool(made.records))
     one_thread = placement is not None and placement.on_cpu and placement.concurrency > 1
     spec = RunSpec(
         str(out), tuple(run_args), score_here, options.eval_examples, max(1, launcher["gpus_per_run"]), one_thread
     )
     out.mkdir(parents=True, exist_ok=True)
-    (out / LAUNCHER_FILE).write_text(json.dumps(launcher) + "\n")
+    (out / f"{LAUNCHER_FILE}.partial").write_text(json.dumps(launcher) + "\n")
+    os.replace(out / f"{LAUNCHER_FILE}.partial", out / LAUNCHER_FILE)  # whole or absent
     command = command_line(options)
     if options.launcher == "slurm":
         launch = slurm.SlurmLauncher(spec, options.slurm, options.secrets, options.settings, command).run
     else:
 
         def launch(keys: list[tuple]) -> None:
-            jobs = runfile.pending(grid, runfile.read_runs(out / "runs.jsonl", grid), keys)
+            jobs = runfile.pending(GRID, runfile.read_runs(out / "runs.jsonl", GRID), keys)
             done = len(keys) - len(jobs)
             print(f"{PROG}: {done} of {len(keys)} runs done in {out / 'runs.jsonl'}; {len(jobs)} to run "
                   f"({placement.concurrency} at a time{_where(placement)})", flush=True)  # fmt: skip
             local.run_local(spec, placement, options.secrets, jobs, options.settings, command)
 
     def records() -> list[dict[str, Any]]:
-        return runfile.read_runs(out / "runs.jsonl", grid).records
+        return runfile.read_runs(out / "runs.jsonl", GRID).records
 
     seed_plan = seedplan.drive(options.methods, options.seeds, options.baseline, options.pilot_seeds,
                             options.max_seeds, launch, records)  # fmt: skip
-    result = payload(options, runfile.read_runs(out / "runs.jsonl", grid), seed_plan, launcher)
+    result = payload(options, runfile.read_runs(out / "runs.jsonl", GRID), seed_plan, launcher)
     (out / "compare.json").write_text(json.dumps(runfile.jsonable(result), indent=2) + "\n")
     (out / "compare.md").write_text(markdown(result))
     write_plot(result, out / "compare.png")
@@ -199,8 +180,10 @@ def compare(methods: Sequence[str] | str, seeds: int | str, output_dir: str | os
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`trl-groupopt compare ...`: 0 when every run finished, 1 when one failed (locally the comparison stops at it),
-    2 for bad input (one line), 143 when a signal stopped it (Slurm jobs run on: the same command re-attaches)."""
+    2 for bad input (one line), 143 when a signal stopped it (Slurm jobs run on: the same command re-attaches), 130
+    on Ctrl-C (one line: what was kept, the command that resumes)."""
     options = parse_options(sys.argv[1:] if argv is None else argv)
+    runs_file = Path(options.output_dir or ".") / "runs.jsonl"
     try:
         if options.cancel:
             return _cancel(options)
@@ -210,6 +193,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except slurm.SubmitError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        kept = [r for r in runfile.read_runs(runs_file, GRID).records if "error" not in r and r["method"] in
+                options.methods]  # fmt: skip
+        flight = (
+            "submitted jobs run on" if options.launcher == "slurm" else "a run in flight was stopped and trains again"
+        )
+        print(f"{PROG}: interrupted: {len(kept)} finished run(s) kept in {runs_file} ({flight}); resume with: "
+              f"{command_line(options)}", file=sys.stderr, flush=True)  # fmt: skip
+        return 130
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        print(
+            f"{PROG}: error: the disk is full (No space left on device: {error.filename or runs_file}): free "
+            f"space and run the same command again (the finished runs are kept in {runs_file})",
+            file=sys.stderr,
+        )
         return 1
     for row in result["comparisons"]:
         print(f"{row['method']} vs {row['baseline']}: {row['verdict']} ({row['n']} seeds)")
@@ -226,7 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _cancel(options: Options) -> int:
     launcher = Path(options.output_dir) / LAUNCHER_FILE
-    if not launcher.exists() or json.loads(launcher.read_text()).get("launcher") != "slurm":
+    values, _ = runfile.read_lines(launcher)
+    if not values or not isinstance(values[0][1], dict) or values[0][1].get("launcher") != "slurm":
         raise CompareError(f"--cancel: {options.output_dir} has no Slurm jobs ({launcher}); nothing to cancel.")
     if problem := slurm.check_commands():
         raise CompareError(problem)

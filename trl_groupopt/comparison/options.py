@@ -12,7 +12,7 @@ from typing import Any
 from ..methods.registry import METHODS
 from . import local, slurm
 from . import seeds as seedplan
-from .argv import scan, take_secrets
+from .argv import scan, secret_values, take_secrets, train_options
 
 #: Options `compare` sets on each run itself.
 OWN_OPTIONS = ("method", "output_dir", "seed")
@@ -50,8 +50,23 @@ class Options:
 
     @property
     def settings(self) -> dict[str, Any]:
-        """What every run of DIR must share (a run's key is its method and seed under these)."""
-        return {"train_args": list(self.train_args), "eval_examples": self.eval_examples}
+        """What every run of DIR must share (a run's key is its method and seed under these): the train options as
+        given and as read (`argv.train_options`: `other_settings` compares these), the held-out size."""
+        return {"train_args": list(self.train_args), "train_options": train_options(self.train_args),
+                "eval_examples": self.eval_examples}  # fmt: skip
+
+
+def other_settings(made: dict[str, Any], wanted: dict[str, Any]) -> str | None:
+    """How the settings a run was `made` with differ from those `wanted` (`Options.settings`; a record written
+    before `train_options` was recorded: read from its `train_args`), or None: `--max_steps 3 there, 5 here`."""
+    had = made.get("train_options")
+    had = had if isinstance(had, dict) else train_options(made.get("train_args") or [])
+    want = wanted["train_options"]
+    differ = [f"--{k} {had.get(k, '(absent)')} there, {want.get(k, '(absent)')} here"
+              for k in sorted(set(had) | set(want)) if had.get(k) != want.get(k)]  # fmt: skip
+    if made.get("eval_examples") != wanted["eval_examples"]:
+        differ.append(f"--eval_examples {made.get('eval_examples')} there, {wanted['eval_examples']} here")
+    return "; ".join(differ) or None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -142,6 +157,9 @@ def _check_launcher(options: Options) -> local.Placement | None:
         if given:
             raise CompareError(f"{', '.join(given)}: with --launcher slurm each job gets what --slurm_gpus_per_run "
                                "and --slurm_cpus_per_run ask for; drop them.")  # fmt: skip
+        if any(value in line for line in options.slurm.setup for value in secret_values(options.secrets)):
+            raise CompareError("--slurm_setup holds a secret's value, which the sbatch script would keep: read it "
+                               "from a file in the line instead, e.g. 'export HF_TOKEN=$(cat ~/.hf_token)'.")  # fmt: skip
         if problem := slurm.check(options.slurm):
             raise CompareError(problem)
         return None

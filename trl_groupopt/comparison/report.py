@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from . import stats
+from .runs import reason
 
 
 def _points(x: float | None) -> str:
@@ -16,16 +17,24 @@ def _percent(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
+def _not_counted(acted: dict[str, Any]) -> str:
+    """The optimizer steps the count leaves out, as the mechanism report says them (methods/mechanism.py)."""
+    n = acted.get("undefined") or 0
+    return f"; not counted: {n} step{'s' * (n != 1)} on which its metric was undefined" if n else ""
+
+
 def _acted(acted: dict[str, Any] | None) -> str:
     if not acted or not acted.get("steps"):
-        return "n/a"
-    return f"{acted['acted']}/{acted['steps']} steps ({acted['acted'] / acted['steps']:.0%}): {acted['what']}"
+        return f"not measured{_not_counted(acted)}" if acted and acted.get("undefined") else "n/a"
+    share = f"{acted['acted'] / acted['steps']:.0%}{_not_counted(acted)}"
+    return f"{acted['acted']} of {acted['steps']} optimizer steps ({share}): {acted['what']}"
 
 
 def describe(record: dict[str, Any]) -> str:
     """One line on a finished run, for the progress log."""
     acted = record.get("acted")
-    share = f", acted on {acted['acted']}/{acted['steps']} steps" if acted and acted["steps"] else ""
+    share = f", acted on {acted['acted']} of {acted['steps']} optimizer steps{_not_counted(acted)}" if acted and (
+        acted["steps"]) else ""  # fmt: skip
     return (f"accuracy {_percent(record['accuracy_before'])} -> {_percent(record['accuracy_after'])}{share}, "
             f"{record['wall_s']:.0f} s wall, {record['cpu_s']:.0f} s CPU")  # fmt: skip
 
@@ -78,8 +87,9 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "Runs: one Slurm job each (job ids, logs and resources in DIR/slurm/jobs.jsonl)."]
     elif devices := sorted({",".join(r["devices"]) for r in ok if r.get("devices")}):
         lines += ["", f"Runs: on devices {'; '.join(devices)} (each run's in runs.jsonl, `devices`)."]
-    if result.get("failed_runs"):
-        lines += ["", f"Failed runs (see DIR/runs/<run>.log): {', '.join(result['failed_runs'])}."]
+    if failed := [r for r in result["runs"] if "error" in r]:
+        lines += ["", "Failed runs (each runs again on the next invocation):", "",
+                  *(f"- {r['method']}-{r['seed']}: {reason(r)}" for r in failed)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

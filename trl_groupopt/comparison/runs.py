@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import os
 import signal
 import sys
 import threading
@@ -29,6 +30,7 @@ class Grid:
     key_fields: tuple[str, ...]
     run_one: Callable[..., dict[str, Any]]
     describe: Callable[[dict[str, Any]], str]
+    check: Callable[[dict[str, Any]], str | None] | None = None  # why a record is not usable (None: it is)
 
     def key(self, record: dict[str, Any]) -> tuple:
         return tuple(record[name] for name in self.key_fields)
@@ -45,6 +47,7 @@ class Runs:
     path: Path
     records: list[dict[str, Any]] = field(default_factory=list)
     invocations: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # the damaged lines, one warning each
 
 
 def jsonable(value: Any) -> Any:
@@ -60,26 +63,71 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def read_lines(path: Path) -> tuple[list[tuple[int, Any]], list[str]]:
+    """(line number, value) of each line of a JSON-lines file (none if it does not exist), and a warning for each
+    line that is not JSON: the last one cut short by a stop while it was written, or damaged. The file is left as
+    it is (`append_line` starts a new line after a cut one)."""
+    text = Path(path).read_bytes().decode(errors="replace") if Path(path).exists() else ""
+    lines, problems = text.split("\n"), []
+    cut = lines[-1] != ""  # a whole last line ends with its newline
+    values = []
+    for number, line in enumerate(lines[:-1] + ([lines[-1]] if cut else []), start=1):
+        if not line.strip():
+            continue
+        try:
+            values.append((number, json.loads(line)))
+        except ValueError:
+            how = "is cut short (a stop while it was written)" if cut and number == len(lines) else "is not JSON"
+            problems.append(f"{path} line {number} {how}: skipped (the file keeps it)")
+    return values, problems
+
+
+def _problem(grid: Grid, entry: Any) -> str | None:
+    """Why a line's value is not a record of `grid` or an invocation record, or None."""
+    if not isinstance(entry, dict):
+        return f"is {type(entry).__name__}, not a record"
+    if INVOCATION in entry:
+        ok = isinstance(entry[INVOCATION], dict) and isinstance(entry[INVOCATION].get("wall_s"), (int, float))
+        return None if ok else "is not an invocation record"
+    if missing := [f for f in grid.key_fields if not isinstance(entry.get(f), (str, int, float))]:
+        return f"has no {', '.join(missing)}"
+    return grid.check(entry) if grid.check is not None else None
+
+
 def read_runs(path: Path, grid: Grid) -> Runs:
-    """The records of a runs file (none if it does not exist): for each key the last record written."""
+    """The records of a runs file (none if it does not exist): for each key the last record written. A damaged
+    line is skipped, with a warning in `skipped`: the good records are all kept, and a run whose record is damaged
+    counts as not run."""
     runs = Runs(Path(path))
     latest: dict[tuple, dict[str, Any]] = {}
-    for line in runs.path.read_text().splitlines() if runs.path.exists() else []:  # written by `append_line`
-        entry = json.loads(line)
-        if INVOCATION in entry:
+    values, runs.skipped = read_lines(runs.path)  # written by `append_line`
+    for number, entry in values:
+        if (problem := _problem(grid, entry)) is not None:
+            runs.skipped.append(f"{runs.path} line {number} {problem}: skipped (the file keeps it)")
+        elif INVOCATION in entry:
             runs.invocations.append(entry[INVOCATION])
-            continue
-        latest.pop(grid.key(entry), None)  # a retry goes where it was written, after the runs before it
-        latest[grid.key(entry)] = entry
+        else:
+            latest.pop(grid.key(entry), None)  # a retry goes where it was written, after the runs before it
+            latest[grid.key(entry)] = entry
     runs.records = list(latest.values())
     return runs
 
 
 def append_line(path: Path, entry: dict[str, Any]) -> None:
-    """One JSON line at the end of `path`, written at once (a stopped grid keeps every finished run)."""
+    """One JSON line at the end of `path`, written at once (a stopped grid keeps every finished run), on a line of
+    its own after a last line cut short."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        handle.write(json.dumps(jsonable(entry)) + "\n")
+    with path.open("a+b") as handle:  # appends wherever it reads
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, size - 1))
+        cut = size > 0 and handle.read(1) != b"\n"
+        handle.write((("\n" if cut else "") + json.dumps(jsonable(entry)) + "\n").encode())
+
+
+def reason(record: dict[str, Any]) -> str:
+    """Why a failed run failed, in one line: its `reason`, else the last line of its `error`."""
+    lines = [line.strip() for line in str(record.get("error")).splitlines() if line.strip()]
+    return str(record.get("reason") or (lines or ["?"])[-1])
 
 
 def settings_conflict(grid: Grid, runs: Runs, settings: dict[str, Any]) -> str | None:
@@ -96,15 +144,20 @@ def settings_conflict(grid: Grid, runs: Runs, settings: dict[str, Any]) -> str |
 
 def run_safely(run_one: Callable[..., dict[str, Any]], key_fields: Sequence[str], job: tuple,
                settings: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """`run_one(*job, settings)` with the settings recorded; a failure becomes a record with the traceback."""
+    """`run_one(*job, settings)` with the settings recorded; a failure becomes a record with the traceback (`error`)
+    and its one line (`reason`)."""
     started = time.perf_counter()
     try:
         record = run_one(*job, settings)
-    except Exception:  # noqa: BLE001 - reported in the record and the log
-        error = traceback.format_exc()
-        record = {**dict(zip(key_fields, job)), "error": error, "wall_s": time.perf_counter() - started}
+    except Exception as error:  # noqa: BLE001 - reported in the record and the log
+        record = {**dict(zip(key_fields, job)), **failure(error), "wall_s": time.perf_counter() - started}
     record["settings"] = settings
     return record
+
+
+def failure(error: BaseException) -> dict[str, str]:
+    """A failed run's `error` (the traceback) and `reason` (one line), while `error` is being handled."""
+    return {"error": traceback.format_exc(), "reason": f"{type(error).__name__}: {' '.join(str(error).split())}"}
 
 
 def _worker_start() -> None:
@@ -165,7 +218,7 @@ def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], path: Path
             done += 1
             append_line(path, record)
             head = f"  {progress_line(done, len(jobs), time.perf_counter() - started)} {grid.tag(record)}"
-            tail = f"FAILED\n{record['error']}" if "error" in record else grid.describe(record)
+            tail = f"FAILED: {reason(record)}" if "error" in record else grid.describe(record)
             print(f"{head}: {tail}", flush=True)
             if on_record is not None and on_record(record):
                 stop.set()

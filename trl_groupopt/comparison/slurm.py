@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shutil
 import signal
@@ -177,7 +176,7 @@ class SlurmLauncher:
         self.dir = Path(spec.output_dir)
         self.jobs_path = self.dir / "slurm" / "jobs.jsonl"
         self.name = job_name(self.dir)
-        self.grid = runfile.Grid(KEY, None, describe)
+        self.grid = runfile.Grid(KEY, None, describe, trainrun.record_problem)
         self._ended_at: dict[str, float] = {}  # job id -> when this driver first saw it ended without a result
         self._progress: list = [0, 0, time.perf_counter()]  # done, total, started: the progress lines
 
@@ -185,9 +184,9 @@ class SlurmLauncher:
     def jobs(self) -> dict[tuple, dict[str, Any]]:
         """The latest job submitted for each key."""
         latest: dict[tuple, dict[str, Any]] = {}
-        for line in self.jobs_path.read_text().splitlines() if self.jobs_path.exists() else []:
-            entry = json.loads(line)
-            latest[(entry["method"], entry["seed"])] = entry
+        for _, entry in runfile.read_lines(self.jobs_path)[0]:  # a line cut short or damaged: skipped
+            if isinstance(entry, dict) and isinstance(entry.get("job_id"), str) and not set(KEY) - entry.keys():
+                latest[(entry["method"], entry["seed"])] = entry
         return latest
 
     def _records(self) -> dict[tuple, dict[str, Any]]:
@@ -244,9 +243,15 @@ class SlurmLauncher:
         return entries
 
     # ---------------------------------------------------------------------------------------------- collecting
-    def _result(self, job_id: str) -> dict[str, Any] | None:
-        path = slurm_job.results_folder(self.dir) / f"{job_id}.json"
-        return json.loads(path.read_text()) if path.exists() else None
+    def _result(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        """The job's result (None: none yet); a failed run's record if the result is not a run's record."""
+        path = slurm_job.results_folder(self.dir) / f"{entry['job_id']}.json"
+        values, _ = runfile.read_lines(path)
+        result = values[0][1] if values else None
+        problem = trainrun.record_problem(result) if isinstance(result, dict) else "is not a record"
+        if path.exists() and problem:
+            return {**self._lost(entry, None), "error": f"Slurm job {entry['job_id']}: its result {path} {problem}"}
+        return result
 
     def _lost(self, entry: dict[str, Any], state: str | None) -> dict[str, Any]:
         said = f"ended as {state}" if state else "is no longer known to squeue"
@@ -264,7 +269,7 @@ class SlurmLauncher:
                 record is not None and ("error" not in record or record.get("slurm_job_id") == entry["job_id"])
             ):
                 continue  # never submitted, finished, or this job's record is in already
-            result, state = self._result(entry["job_id"]), states.get(entry["job_id"])
+            result, state = self._result(entry), states.get(entry["job_id"])
             if result is None and state in LIVE_STATES:
                 live.add(key)
                 continue
@@ -285,7 +290,7 @@ class SlurmLauncher:
         head = f"  {runfile.progress_line(done, total, time.perf_counter() - started)} {self.grid.tag(record)}"
         where = f" (job {record.get('slurm_job_id')})"
         if "error" in record:
-            last = record["error"].strip().splitlines()[-1]
+            last = runfile.reason(record)
             log = "" if str(record.get("log")) in last else f"\n    log: {record.get('log')}"
             print(f"{head}{where}: FAILED, runs again next time: {last}{log}", flush=True)
         else:
@@ -367,7 +372,7 @@ def cancel(output_dir: str | Path) -> list[str]:
     """Cancel the comparison's queued and running jobs (`scancel`); their ids."""
     launcher_dir = Path(output_dir)
     path = launcher_dir / "slurm" / "jobs.jsonl"
-    ids = [json.loads(line)["job_id"] for line in path.read_text().splitlines()] if path.exists() else []
+    ids = [e.get("job_id") for _, e in runfile.read_lines(path)[0] if isinstance(e, dict)]
     states = queue_states(job_name(launcher_dir)) or {}
     live = [i for i in ids if states.get(i) in LIVE_STATES]
     if live:

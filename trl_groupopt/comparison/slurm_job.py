@@ -13,11 +13,11 @@ import os
 import signal
 import subprocess
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 from . import trainrun
+from .runs import failure
 
 RESULTS = "results"
 
@@ -74,11 +74,10 @@ def run_job(spec: trainrun.RunSpec, method: str, seed: int, settings: dict[str, 
     stopped = _Stopped()
     try:
         record = trainrun.run_one(spec, method, seed, trainrun.run_env(spec, None, extra), track=stopped.track)
-    except Exception:  # noqa: BLE001 - a failed run, or submitit's time-limit error: reported in the record
+    except Exception as error:  # noqa: BLE001 - a failed run, or submitit's time-limit error: reported in the record
         if stopped.signalled:
             raise  # cancelled or preempted: no result; squeue tells the driver
-        record = {"method": method, "seed": seed, "error": traceback.format_exc(),
-                  "wall_s": time.perf_counter() - started}  # fmt: skip
+        record = {"method": method, "seed": seed, **failure(error), "wall_s": time.perf_counter() - started}
     finally:
         stopped.restore()
     if stopped.signalled:

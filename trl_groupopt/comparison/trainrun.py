@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .argv import scan
+from .process import launch, stop_orphan
 
 #: the launcher of a run of several processes
 ACCELERATE = ("-m", "accelerate.commands.launch")
@@ -25,7 +26,7 @@ ACCELERATE = ("-m", "accelerate.commands.launch")
 @dataclass(frozen=True)
 class RunSpec:
     """What every run of a comparison shares. A Slurm job pickles it to disk: it never holds a secret (those reach a
-    run through its environment only, `secrets.py`)."""
+    run through its environment only, `argv.take_secrets`)."""
 
     output_dir: str
     run_args: tuple[str, ...]
@@ -73,42 +74,11 @@ def run_env(spec: RunSpec, devices: Sequence[str] | None, extra: Mapping[str, st
     return env
 
 
-def _last_line(log: Path) -> str:
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] or ["?"]
-    return lines[0][-300:]
-
-
-def launch(command: list[str], log: Path, env: Mapping[str, str],
-           track: Callable[[subprocess.Popen | None], None] | None = None) -> tuple[float, float]:  # fmt: skip
-    """Run `command` with its output in `log`; (wall, CPU seconds). `track(proc)` is told the process while it runs,
-    then None. A session of its own: SIGTERM to the driver's terminal group leaves it running. Raises RuntimeError
-    naming the log on a non-zero exit."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with log.open("w") as handle:
-        proc = subprocess.Popen(
-            command, stdout=handle, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True
-        )
-        if track is not None:
-            track(proc)
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-        finally:
-            if proc.returncode is None:  # interrupted (a job's timeout): the run must not outlive its caller
-                proc.kill()
-                proc.wait()
-            if track is not None:
-                track(None)
-    if proc.returncode:
-        raise RuntimeError(f"exit status {proc.returncode}; {log}: {_last_line(log)}")
-    return time.perf_counter() - started, usage.ru_utime + usage.ru_stime
-
-
 def score(spec: RunSpec, model: str, device: str | None) -> float:
     """Greedy held-out accuracy of `model` on DIR/data/heldout.jsonl, on `device` (None: CUDA where there is one)."""
     heldout = Path(spec.output_dir) / "data" / "heldout.jsonl"
-    return heldout_accuracy(model, heldout, spec.max_new_tokens(), device)["accuracy"]
+    mode = scan(spec.run_args, "string_prompts")[0]["string_prompts"] or "user_message"
+    return heldout_accuracy(model, heldout, spec.max_new_tokens(), device, mode)["accuracy"]
 
 
 def run_one(spec: RunSpec, method: str, seed: int, env: Mapping[str, str], *,
@@ -119,6 +89,7 @@ def run_one(spec: RunSpec, method: str, seed: int, env: Mapping[str, str], *,
     `device` (the run's own); `before()` gives the starting model's accuracy (measured once by the caller), else
     the run measures it."""
     folder = spec.folder(method, seed)
+    stop_orphan(folder.with_suffix(".pid"))  # a run its driver, killed hard, left training into the folder
     shutil.rmtree(folder, ignore_errors=True)  # not a finished run (those are skipped): start it afresh
     started = time.time()
     port = free_port() if spec.processes > 1 else None
@@ -130,7 +101,8 @@ def run_one(spec: RunSpec, method: str, seed: int, env: Mapping[str, str], *,
         accuracy_before = before() if before is not None else score(spec, spec.base_model(), device)
     mechanisms = (results.get("mechanism") or {}).get("mechanisms") or []
     acted = {"what": "; ".join(m["acted_means"] for m in mechanisms), "steps": sum(m["steps"] for m in mechanisms),
-             "acted": sum(m["acted"] for m in mechanisms)} if mechanisms else None  # fmt: skip
+             "acted": sum(m["acted"] for m in mechanisms),
+             "undefined": sum(m.get("undefined", 0) for m in mechanisms)} if mechanisms else None  # fmt: skip
     devices = env.get("CUDA_VISIBLE_DEVICES")
     return {"method": method, "seed": seed, "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
             "heldout_examples": spec.eval_examples, "steps": results.get("steps"), "acted": acted, "wall_s": wall,
@@ -138,21 +110,53 @@ def run_one(spec: RunSpec, method: str, seed: int, env: Mapping[str, str], *,
             "start_time": started, "end_time": time.time(), "host": socket.gethostname()}  # fmt: skip
 
 
-def heldout_accuracy(model_path: str, heldout_path: Path, max_new_tokens: int,
-                     device: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """Greedy accuracy of a saved model (or a Hub id) on the carved held-out rows (`offline.greedy_accuracy`), on
-    `device` (None: CUDA where there is one)."""
+def record_problem(record: dict[str, Any]) -> str | None:
+    """Why a line of DIR/runs.jsonl is not a run's record compare can use (`runs.Grid.check`), or None."""
+    if not isinstance(record.get("method"), str) or type(record.get("seed")) is not int or record["seed"] < 0:
+        return "has no method and seed"
+    if not isinstance(record.get("settings", {}), dict):
+        return "has settings that are not an object"
+    if "error" in record:
+        return None
+    numbers = [record.get(k, "") for k in ("accuracy_before", "accuracy_after", "wall_s", "cpu_s")]
+    if not all(v is None or type(v) in (int, float) for v in numbers) or None in numbers[2:]:
+        return "has no accuracy, wall or CPU time"
+    acted = record.get("acted")
+    if acted is not None and not (isinstance(acted, dict) and all(type(acted.get(k)) is int for k in
+                                                                   ("steps", "acted"))):  # fmt: skip
+        return "has a mechanism count that is not one"
+    return None
+
+
+_PREPARED: dict[tuple, Any] = {}  # (file, its version, the template, --string_prompts) -> the held-out rows
+
+
+def _heldout(path: Path, tokenizer: Any, mode: str) -> Any:
+    """DIR/data/heldout.jsonl as train sends its prompts (`adapters.prepare_prompts`: plain strings as one user
+    message for a chat template, unless `--string_prompts raw`), prepared (and said) once per file and template."""
     import datasets
+
+    from ..data.adapters import prepare_prompts
+
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size, tokenizer.chat_template, *tokenizer.all_special_tokens, mode)
+    if key not in _PREPARED:
+        heldout = datasets.load_dataset("json", data_files=str(path), split="train")
+        _PREPARED[key] = prepare_prompts(heldout, str(path), tokenizer, mode)
+    return _PREPARED[key]
+
+
+def heldout_accuracy(model_path: str, heldout_path: Path, max_new_tokens: int, device: str | None = None,
+                     string_prompts: str = "user_message") -> dict[str, Any]:  # fmt: skip
+    """Greedy accuracy of a saved model (or a Hub id) on the carved held-out rows (`offline.greedy_accuracy`), on
+    `device` (None: CUDA where there is one), its prompts sent as the runs' were (`--string_prompts`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..data.adapters import string_prompt_to_conversational
     from ..data.offline import greedy_accuracy
 
-    heldout = datasets.load_dataset("json", data_files=str(heldout_path), split="train")
-    if isinstance(heldout[0]["prompt"], str):  # greedy_accuracy renders conversational prompts
-        heldout = heldout.map(string_prompt_to_conversational)
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    heldout = _heldout(Path(heldout_path), tokenizer, string_prompts)
     model = AutoModelForCausalLM.from_pretrained(model_path)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return greedy_accuracy(model, tokenizer, heldout, max_new_tokens=max_new_tokens)
