@@ -125,7 +125,9 @@ def test_overlong_prompts_are_dropped_before_the_trainer_sees_them(tmp_path, mon
     rows = _rows(40)
     rows[17]["prompt"] = "Compute " + "1+" * 3000 + "1"
     seen = {}
-    monkeypatch.setattr(script, "run", lambda method, s, t, m, demo, train, held_out, opened=None: seen.update(train=train))
+    monkeypatch.setattr(
+        script, "run", lambda method, s, t, m, demo, train, held_out, opened=None: seen.update(train=train)
+    )
     with pytest.warns(UserWarning, match=r"1 of 40 rows \(2\.5%\) have prompts longer .*They are dropped"):
         cli.train("dfpo", ["--dataset_name", _jsonl(tmp_path / "long.jsonl", rows), "--output_dir",
                            str(tmp_path / "out"), "--max_steps", "6"])  # fmt: skip
