@@ -102,9 +102,8 @@ def check_model_path(name: str | None) -> None:
 
 
 def _json_kind(value: Any) -> str:
-    return {str: "a JSON string", list: "a JSON list", bool: "a JSON boolean", type(None): "null"}.get(
-        type(value), "a JSON number"
-    )
+    kinds = {str: "a JSON string", list: "a JSON list", bool: "a JSON boolean", type(None): "null"}
+    return kinds.get(type(value), "a JSON number")
 
 
 def _unreadable_line(path: str, as_json: bool) -> str | None:
