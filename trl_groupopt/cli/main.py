@@ -114,11 +114,6 @@ def _rerun_argv(argv: Sequence[str]) -> tuple[list[str], bool]:
     return kept, token
 
 
-def resume_command(command_line: str, argv: Sequence[str]) -> str:
-    """`command_line argv`, without a fresh run's or an earlier resume's flags, resuming from the last checkpoint."""
-    return f"{command_line} {shlex.join([*_rerun_argv(argv)[0], '--resume_from_checkpoint', 'last'])}"
-
-
 def after_interrupt(command_line: str, argv: Sequence[str], output_dir: str | None) -> str:
     """What works after an interrupted run, from what it left on disk: resuming its newest complete checkpoint, or,
     with none, running it again (with --overwrite_output_dir where an earlier run's files refuse a fresh run)."""
@@ -128,7 +123,8 @@ def after_interrupt(command_line: str, argv: Sequence[str], output_dir: str | No
     kept, token = _rerun_argv(argv)
     token_note = " (--hub_token left out: give it again, or set HF_TOKEN)" if token else ""
     if output_dir is not None and newest_complete_checkpoint(output_dir, warn=False) is not None:
-        return f"Resume from the last checkpoint with: {resume_command(command_line, argv)}{token_note}"
+        resume = shlex.join([*kept, "--resume_from_checkpoint", "last"])
+        return f"Resume from the last checkpoint with: {command_line} {resume}{token_note}"
     try:
         refuse_fresh_run(output_dir, overwrite=False) if output_dir is not None else None
     except ValueError:

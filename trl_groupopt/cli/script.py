@@ -181,18 +181,15 @@ class MethodParser(TrlParser):
         )
         self.set_defaults(**deferred_defaults(method))
 
-    def _group(self, key: str) -> Any:
-        if not self._groups:  # the order of the help, whatever order the fields come in
-            self._groups = {name: self.add_argument_group(*self._titles[name]) for name in self._titles}
-        return self._groups[key]
-
     def add_argument(self, *flags: str, **kwargs: Any) -> argparse.Action:
         self._flags.extend(flags)
         dest = kwargs.get("dest") or next((f for f in flags if f.startswith("--")), flags[0]).lstrip("-")
         key = self._route.get(dest.replace("-", "_"))
         if dest == "resume_from_checkpoint":
             kwargs["help"] = "Resume the run of --output_dir: 'last' (its newest complete checkpoint) or a path."
-        target = super() if key is None else self._group(key)
+        if key is not None and not self._groups:  # the order of the help, whatever order the fields come in
+            self._groups = {name: self.add_argument_group(*self._titles[name]) for name in self._titles}
+        target = super() if key is None else self._groups[key]
         return target.add_argument(*flags, **kwargs)
 
     def error(self, message: str) -> NoReturn:

@@ -53,8 +53,7 @@ def masked_log_ratio(per_token_logps: Tensor, old_per_token_logps: Tensor, mask:
     """(B, T) ``log r = logp - old`` on valid tokens, exactly 0 elsewhere (`where`, not ``* mask``: padding
     log-probs may be non-finite, and ``nan * 0`` is NaN)."""
     dtype = compute_dtype(per_token_logps)
-    logp = per_token_logps.to(dtype)  # (B, T)
-    diff = logp - old_per_token_logps.to(dtype).detach()  # (B, T)
+    diff = per_token_logps.to(dtype) - old_per_token_logps.to(dtype).detach()  # (B, T)
     return torch.where(mask.bool(), diff, torch.zeros_like(diff))
 
 

@@ -42,6 +42,7 @@ EXAMPLE_ROWS = {
     },
     "math": {"problem": "Compute $13+14-2$.", "solution": "$13+14-2=\\boxed{25}$"},
 }
+_EXAMPLE_LINE = json.dumps(EXAMPLE_ROWS["prompt-answer"])  # the row error messages show
 STRING_PROMPTS = ("user_message", "raw")
 LOCAL_DATA_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -101,9 +102,8 @@ def check_model_path(name: str | None) -> None:
 
 
 def _json_kind(value: Any) -> str:
-    return {str: "a JSON string", list: "a JSON list", bool: "a JSON boolean", type(None): "null"}.get(
-        type(value), "a JSON number"
-    )
+    kinds = {str: "a JSON string", list: "a JSON list", bool: "a JSON boolean", type(None): "null"}
+    return kinds.get(type(value), "a JSON number")
 
 
 def _unreadable_line(path: str, as_json: bool) -> str | None:
@@ -119,10 +119,8 @@ def _unreadable_line(path: str, as_json: bool) -> str | None:
                 comma = " (remove the trailing comma: one object per line)" if text.rstrip().endswith(",") else ""
                 return f"line {number} is not one JSON object: {err.msg.removesuffix(' at')} at column {err.colno}{comma}."
             if not isinstance(value, dict):
-                row = json.dumps(EXAMPLE_ROWS["prompt-answer"])
-                return (
-                    f"line {number} is {_json_kind(value)}, not one JSON object: write one row per line, e.g. {row}."
-                )
+                kind = _json_kind(value)
+                return f"line {number} is {kind}, not one JSON object: write one row per line, e.g. {_EXAMPLE_LINE}."
     return None
 
 
@@ -169,9 +167,9 @@ def load_raw_dataset(name: str, config: str | None = None, split: str = "train")
             )
         with open(name, "rb") as handle:
             if not any(block.strip() for block in iter(lambda: handle.read(1 << 16), b"")):
-                row = json.dumps(EXAMPLE_ROWS["prompt-answer"])
                 raise ValueError(
-                    f"--dataset_name {name} is empty: there is nothing to train on. Give one row per line, e.g. {row}"
+                    f"--dataset_name {name} is empty: there is nothing to train on. Give one row per line, e.g. "
+                    f"{_EXAMPLE_LINE}"
                 )
         problem = None if builder == "parquet" else _unreadable_line(name, as_json=False)
         columns, document = (

@@ -156,11 +156,8 @@ def check_reward_scale(trainer: Any, rewards_per_func: torch.Tensor) -> None:
     else:  # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0): the weighted sum, centred per group
         total = weighted.nansum(dim=1)
         total[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        bad = (
-            [int(weighted.nan_to_num(0.0).abs().amax(dim=0).argmax())]
-            if bool(_overflows(total.view(-1, group)).any())
-            else []
-        )
+        overflow = bool(_overflows(total.view(-1, group)).any())
+        bad = [int(weighted.nan_to_num(0.0).abs().amax(dim=0).argmax())] if overflow else []
     if not bad:
         return
     column, limit = bad[0], (torch.finfo(torch.float32).max / (4 * group)) ** 0.5

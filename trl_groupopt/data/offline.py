@@ -256,6 +256,4 @@ def greedy_accuracy(
 
 def uses_embedded_policy(model_name_or_path: str | None) -> bool:
     """Whether the run trains the shipped tiny policy (no model named, or its path named)."""
-    if model_name_or_path is None:
-        return True
-    return os.path.realpath(model_name_or_path) == os.path.realpath(EMBEDDED_POLICY_PATH)
+    return model_name_or_path is None or os.path.realpath(model_name_or_path) == os.path.realpath(EMBEDDED_POLICY_PATH)

@@ -88,12 +88,11 @@ def _render(tokenizer, prompts: Sequence[Any], name: str) -> list[str]:
     """Each prompt as the trainer will send it: messages through the chat template, strings as they are."""
     texts = []
     for row, prompt in enumerate(prompts):
+        if not isinstance(prompt, list):
+            texts.append(prompt)
+            continue
         try:
-            texts.append(
-                tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-                if isinstance(prompt, list)
-                else prompt
-            )
+            texts.append(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
         except Exception as err:  # jinja2's errors name neither the row nor the fix
             roles = sorted({str(m.get("role")) for m in prompt if isinstance(m, dict)})
             raise ValueError(

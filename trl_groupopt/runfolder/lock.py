@@ -77,11 +77,9 @@ class RunLock:
     def __enter__(self) -> RunLock:
         if not self.enabled:
             return self
-        try:
+        with contextlib.suppress(FileExistsError):
             self.folder.mkdir(parents=True)
             self._created_folder = True
-        except FileExistsError:
-            pass
         try:
             fd = self._locked_fd()
         except BaseException:

@@ -105,9 +105,7 @@ class GroupOptTrainer(TRLHooks):
         if dropped:
             logging.getLogger(type(self).__module__).warning(replaced[1].format(args=self.args))
         self.estimator: AdvantageEstimator = estimator_of(self.args)
-        self._estimator_knobs = {
-            knob: getattr(self.args, knob) for knob in self.estimator.knobs
-        }  # fields of the config
+        self._estimator_knobs = {knob: getattr(self.args, knob) for knob in self.estimator.knobs}  # config fields
         if self.estimator.needs_energy:
             self._energy = EnergyCapture(self)  # after TRL's `__init__`, which patched the LM head
         self.whole_groups = self.needs_whole_groups(self.args)

@@ -34,9 +34,8 @@ class _FromSpec:
         if spec is None:
             return getattr(GRPOTrainer, self.name)
         paper = spec.paper.trl_fields() if isinstance(spec.paper, Paper) else {"title": str(spec.paper)}
-        return {"_name": spec.display_name, "_tag_names": ["trl", spec.name, "trl-groupopt"], "_paper": paper}[
-            self.name
-        ]
+        card = {"_name": spec.display_name, "_tag_names": ["trl", spec.name, "trl-groupopt"], "_paper": paper}
+        return card[self.name]
 
 
 class TRLHooks(GRPOTrainer):

@@ -244,8 +244,8 @@ def dfpo_loss(
     # exp(log s - sg(log s)): value exactly 1, gradient d log s for unclipped sequences, 0 for clipped ones.
     log_factor = torch.where(clipped, torch.zeros_like(log_s), log_s - log_s.detach())  # (B,)
     lengths = mask_f.sum(-1)  # (B,)
-    # One loss weight per sequence: (B, T) weights (``token_*`` IS modes, the entropy mask) times a (B, 1) loss weigh
-    # sequence i, under any loss_type, by their mean over its valid tokens (0 for a row without any)
+    # One loss weight per sequence: a (B, 1) weight as it is; (B, T) weights (``token_*`` IS modes, the entropy mask)
+    # weigh sequence i, under any loss_type, by their mean over its valid tokens (0 for a row without any)
     weights = loss_weights(importance_weights, mask.shape, dtype)  # (B, T), (B, 1) or None
     if weights is None:
         is_weight = torch.ones_like(lengths)  # (B,)
