@@ -10,420 +10,66 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import tempfile
 import textwrap
-import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from trl_groupopt import METHODS
-from trl_groupopt.cli.defaults import DEMO_DEFAULTS
-from trl_groupopt.comparison import stats
-from trl_groupopt.comparison.runs import Grid, Runs, pending, read_runs, run_grid, settings_conflict
-from trl_groupopt.data.offline import VARIANTS as TASKS
+from trl_groupopt.comparison.runs import Runs, pending, read_runs, run_grid, settings_conflict
 
 from . import common
-
-GSPO = dict(importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4, loss_type="grpo")  # GSPO v2 5.1
-TRL = "trl"  # a configuration's method: TRL's own GRPOConfig and GRPOTrainer
-
-
-class Config(NamedTuple):
-    """A registry method (or `TRL`) and its config overrides, applied after the regime's settings."""
-
-    method: str
-    overrides: dict[str, Any]
-    label: str
-
-
-#: Besides each registered method at its defaults. The paper's epsilon (0.2) left ECHO's R unclipped at staleness
-#: 16: `echo_step_tight` (not a paper setting, no claim) shows the mechanism acting. `ctpo_otb`: CTPO on OTB's baseline.
-VARIANTS: dict[str, Config] = {
-    "gspo": Config("grpo", GSPO, "GSPO (base trainer, sequence-level IS)"),
-    "echo": Config("echo", {"batch_ratio_scope": "micro_batch"}, "ECHO, micro-batch scope"),
-    "echo_step": Config("echo", {"batch_ratio_scope": "step"}, "ECHO, step scope"),
-    "echo_step_tight": Config("echo", {"batch_ratio_scope": "step", "batch_epsilon": 0.01},
-                              "ECHO, step scope, batch clip 1 +- 0.01"),
-    "ctpo_geomean": Config("ctpo", {"ctpo_ratio_mode": "geomean"}, "CTPO, geometric-mean prefix ratio"),
-    "dfpo": Config("dfpo", {"dfpo_transform": "min_replace"}, "DFPO min_replace"),
-    "dfpo_orth_proj": Config("dfpo", {"dfpo_transform": "orth_proj"}, "DFPO orth_proj (all tokens)"),
-    "dfpo_orth_proj_unclipped": Config("dfpo", {"dfpo_transform": "orth_proj", "dfpo_orthogonal_over": "unclipped"},
-                                       "DFPO orth_proj, unclipped"),
-    "ctpo_otb": Config("ctpo", {"advantage_estimator": "otb"}, "CTPO with OTB's token baseline"),
-}  # fmt: skip
-DEFAULTS = {name: Config(name, {}, spec.display_name) for name, spec in METHODS.items()}
-CONFIGS: dict[str, Config] = DEFAULTS | VARIANTS
-#: Sample efficiency: TRL's GRPOTrainer for GRPO and GSPO, the other registered methods at their defaults, DFPO's two
-#: transforms, and TRL's GRPO at N = 16 (4x the samples at equal prompts: OTB's claim of a small-N baseline).
-SE_CONFIGS: dict[str, Config] = {
-    "grpo": Config(TRL, {}, "TRL GRPO"), "gspo": Config(TRL, GSPO, "TRL GSPO"),
-    **{name: config for name, config in DEFAULTS.items() if name not in ("grpo", "dfpo")},
-    "dfpo_min_replace": Config("dfpo", {"dfpo_transform": "min_replace"}, "DFPO min_replace"),
-    "dfpo_orth_proj": Config("dfpo", {"dfpo_transform": "orth_proj"}, "DFPO orth_proj"),
-    "grpo_n16": Config(TRL, {"num_generations": 16}, "TRL GRPO (N=16)"),
-}  # fmt: skip
-
-
-def _probe(micro_batches: int, learning_rate_scale: int, configs: list[str]) -> dict[str, Any]:
-    """A regime of ECHO's batch-clip probe: staleness 16 and 32 at `learning_rate_scale` x the demo's rate."""
-    return {"kind": "staleness", "knob": f"optimizer steps per generation ({micro_batches} micro-batches of "
-            f"{16 // micro_batches} per step, learning rate x{learning_rate_scale})", "values": [16, 32],
-            "micro_batches": micro_batches, "learning_rate_scale": learning_rate_scale, "configs": configs,
-            "probe": "echo"}  # fmt: skip
-
-
-# regime -> the knob it varies (`kind`, default its name), its values, and the configurations run at every value.
-REGIMES: dict[str, dict[str, Any]] = {
-    "staleness": {"knob": "optimizer steps per generation (2 micro-batches of 8 per step)", "values": [1, 4, 16],
-                  "micro_batches": 2,  # per optimizer step, so ECHO's "step" and "micro_batch" scopes differ
-                  "configs": ["grpo", "gspo", "echo", "echo_step", "echo_step_tight", "ctpo", "ctpo_geomean", "dfpo",
-                              "dfpo_orth_proj", "dfpo_orth_proj_unclipped", "grpo_fix"]},
-    "group_size": {"knob": "completions per prompt N (16 sequences per micro-batch)", "values": [2, 4, 8, 16],
-                   "configs": ["grpo", "otb", "gspo", "dfpo"]},
-    "long": {"knob": "8-12 operations on operands 1-20, completions of 71-143 tokens, long-chain policy, 4 optimizer "
-             "steps per generation", "values": [4], "configs": ["grpo", "gspo", "otb", "ctpo", "echo", "dfpo", "ctpo_otb"]},
-    # ECHO's batch clip at the paper's epsilon where R could leave [0.8, 1.2]: 32 updates per rollout, 3x and 10x
-    # the learning rate, 8 micro-batches of 2 (the "step" scope's R does not change with the split). Claims grid only.
-    "echo_probe_lr1": _probe(2, 1, ["echo", "echo_step", "grpo"]),
-    "echo_probe_lr3": _probe(2, 3, ["echo", "echo_step", "grpo"]),
-    "echo_probe_lr10": _probe(2, 10, ["echo", "echo_step", "grpo"]),
-    "echo_probe_mb8_lr1": _probe(8, 1, ["echo"]),
-    "echo_probe_mb8_lr10": _probe(8, 10, ["echo"]),
-    "sample_efficiency": {"kind": "staleness", "knob": "4 optimizer steps per generation (2 micro-batches of 16)",
-                          "values": [4], "configs": list(SE_CONFIGS), "table": SE_CONFIGS},
-}  # fmt: skip
-_NAMED = {CONFIGS[c].method for spec in REGIMES.values() if "table" not in spec for c in spec["configs"]}
-for _regime in ("staleness", "group_size", "long"):  # a method no regime names (a new one): in each, at its defaults
-    REGIMES[_regime]["configs"] += [name for name in METHODS if name not in _NAMED]
-_LONG = dict(long_completion_length=TASKS["long"].max_new_tokens, long_learning_rate=1e-5)
-#: Per grid: its regimes, seeds, the settings every run records (budget, task size; the claims', where a claim is
-#: decided: 64 steps, 200 held-out prompts) and its smoke cells (regime -> values, configurations).
-GRIDS: dict[str, dict[str, Any]] = {
-    "stress": dict(regimes=["staleness", "group_size", "long"], seeds=5,
-                   settings=dict(max_steps=16, num_train=1000, num_eval=64, grad_accum=1, **_LONG),
-                   smoke={"staleness": ([1], ["grpo", "echo"]), "group_size": ([2], ["otb"]), "long": ([1], ["ctpo"])}),
-    "claims": dict(regimes=list(REGIMES)[:-1], seeds=None,
-                   settings=dict(max_steps=64, num_train=1000, num_eval=200, grad_accum=1, **_LONG)),
-    "sample_efficiency": dict(regimes=["sample_efficiency"], seeds=3, smoke={"sample_efficiency": ([4], ["grpo", "otb"])},
-                              settings=dict(max_steps=100, num_train=2000, num_eval=200, grad_accum=2, eval_every=10)),
-}  # fmt: skip
-SMOKE = dict(max_steps=2, num_train=128, num_eval=8, long_completion_length=48, eval_every=2)  # where a grid has it
-GRID_REGIMES = GRIDS["stress"]["regimes"]
-SMOKE_CLAIMS, SMOKE_PROBE = ("echo_off_policy", "ctpo_long"), ("echo_probe_lr10", 16)  # --claims --smoke, 1 seed
-#: The metrics summarised per method (those its runs logged), from its spec: the keys its `Mechanism` reads and
-#: quotes, its headline metric, then the token clip's share that the shared loss logs for every method.
-MECHANISM_METRICS = {name: tuple(dict.fromkeys((*(spec.mechanism.watched_keys if spec.mechanism else ()),
-                                                spec.headline_metric, "clip_ratio/region_mean")))
-                     for name, spec in METHODS.items()}  # fmt: skip
-#: Logged keys kept per optimizer step (every key starting with one of these), besides reward, entropy and length:
-#: the namespaces (`<prefix>/`) of every method's summarised metrics.
-MECHANISM_PREFIXES = tuple(sorted({key.split("/")[0] + "/" for keys in MECHANISM_METRICS.values() for key in keys
-                                   if "/" in key}))  # fmt: skip
-
-# ------------------------------------------------------------------------------------------------ claims as data
-#: Each paper's claim, one row of data (`claims.jsonl`): id, paper, claim, regime, value, config, baseline (None: a
-#: within-run mechanism claim), outcome (`outcome_of`), better (+1: larger is the claim), probe, and seeds: its stage-1
-#: and stage-2 seeds (`CLAIM_SEEDS`, planned by `benchmarks.power`).
-_ROWS = [json.loads(line) for line in Path(__file__).with_name("claims.jsonl").read_text().splitlines() if line]
-CLAIMS: tuple[dict[str, Any], ...] = tuple({k: v for k, v in row.items() if k != "seeds"} for row in _ROWS)
-CLAIM_SEEDS: dict[str, tuple[int, int | None]] = {row["id"]: tuple(row["seeds"]) for row in _ROWS}
-PILOT_SEEDS = 8  # seeds 0-7 of every claim cell: the pilot whose paired sd sized each claim (`benchmarks.power`)
-PROBE_SEEDS = 3  # per probe cell: the probe measures R's range, not accuracy
-#: A probed mechanism: the metric whose range the probe reports (its per-step extremes: `record_extremes`), and extra
-#: (regime, value) -> seeds cells where its configurations also run (ECHO's claims were first tested at staleness 16,
-#: where the clip never acted).
-PROBES = {"echo": {"metric": "echo/batch_ratio", "cells": {("staleness", 16): PILOT_SEEDS}}}
-CLAIM_VERDICTS = {stats.BETTER: "reproduced", stats.WORSE: "not reproduced", stats.NO_DIFFERENCE: "not reproduced",
-                  stats.INCONCLUSIVE: "inconclusive", stats.NOT_RUN: "not run"}  # fmt: skip
-VERDICT_RULE = (
-    "the rule of `trl-groupopt compare` (trl_groupopt.comparison.stats), with d = config - baseline paired by seed (for a "
-    "mechanism claim without baseline, the within-run log ratio) and the claimed direction as better: reproduced: "
-    "the 95% interval of mean d excludes 0 on the claimed side; not reproduced: it excludes 0 on the other side, or "
-    f"(accuracy outcomes) lies inside +-{stats.EQUIVALENCE_MARGIN:.0%}; inconclusive otherwise, and whenever both "
-    f"config and baseline end at <= {stats.FLOOR:.0%} accuracy (floor effect) or the method's mechanism acted on "
-    "none of the claim's optimizer steps (the regime does not test it)"
+from .stress_grid import (
+    CLAIM_SEEDS,
+    CLAIM_VERDICTS,
+    CLAIMS,
+    CONFIGS,
+    DEFAULTS,
+    GRID_REGIMES,
+    GRIDS,
+    GSPO,
+    MECHANISM_METRICS,
+    MECHANISM_PREFIXES,
+    PILOT_SEEDS,
+    PROBE_SEEDS,
+    PROBES,
+    REGIMES,
+    RUNNING,
+    SE_CONFIGS,
+    SMOKE,
+    SMOKE_CLAIMS,
+    SMOKE_PROBE,
+    STAGE_RULE,
+    TRL,
+    VARIANTS,
+    VERDICT_RULE,
+    Config,
+    config_of,
+    kind_of,
 )
-RUNNING = "running"  # a claim whose planned seeds have not all run yet: no verdict
-STAGE_RULE = (
-    "each claim is decided on its first `seeds` seeds (stage 1, `CLAIM_SEEDS`, sized by the power analysis); a claim "
-    "inconclusive at stage 1 for lack of precision (not the floor, not an idle mechanism) whose plan has a stage 2 "
-    "runs seeds up to its stage-2 count and is decided on those; no third stage. A row with fewer seeds than "
-    f'planned has no verdict yet: "{RUNNING}", with how many of its planned seeds have run and the interval so far'
+from .stress_run import GRID, record_extremes, regime_task, run_one, run_settings
+from .stress_summary import (
+    cell_runs,
+    claim_row,
+    claims_table,
+    mechanism_acted,
+    outcome_of,
+    probe_cells,
+    probe_table,
+    stage2_cells,
+    summarise,
 )
 
-
-# ------------------------------------------------------------------------------------------------ one run
-def config_of(regime: str, name: str) -> Config:
-    return REGIMES[regime].get("table", CONFIGS)[name]
-
-
-def kind_of(regime: str) -> str:
-    return REGIMES[regime].get("kind", regime)
-
-
-def run_settings(regime: str, value: int, config_name: str, seed: int, settings: dict[str, Any],
-                 output_dir: str) -> dict[str, Any]:  # fmt: skip
-    """The config kwargs of one run: the demo's with the run's budget, the regime's knob, then the configuration's
-    overrides (`num_generations` grows the micro-batch: the same prompts per micro-batch)."""
-    spec, split = REGIMES[regime], REGIMES[regime].get("micro_batches", 1)
-    accumulation = settings["grad_accum"] * split  # the same sequences per step in `split` micro-batches
-    kwargs = {**DEMO_DEFAULTS, "output_dir": output_dir, "max_steps": settings["max_steps"], "logging_steps": 1,
-              "seed": seed, "use_cpu": settings["device"] == "cpu", "dataloader_num_workers": 0,
-              "model_init_kwargs": {"dtype": "float32"}, "gradient_accumulation_steps": accumulation,
-              "per_device_train_batch_size": DEMO_DEFAULTS["per_device_train_batch_size"] // split,
-              "steps_per_generation": value * accumulation}  # fmt: skip
-    if kind_of(regime) == "group_size":
-        kwargs.update(num_generations=value, steps_per_generation=4 * accumulation)  # 16 / N prompts
-    elif kind_of(regime) == "long":
-        kwargs.update(max_completion_length=settings["long_completion_length"],
-                      learning_rate=settings["long_learning_rate"])  # fmt: skip
-    kwargs["learning_rate"] *= spec.get("learning_rate_scale", 1)
-    overrides = dict(config_of(regime, config_name).overrides)
-    if "num_generations" in overrides:
-        prompts = kwargs["per_device_train_batch_size"] // kwargs["num_generations"]
-        overrides["per_device_train_batch_size"] = prompts * overrides["num_generations"]
-    return kwargs | overrides
-
-
-def regime_task(regime: str) -> tuple[str, dict[str, Any]]:
-    """The policy a regime trains and its task's `make_arithmetic_dataset` kwargs (the long-chain variant for long)."""
-    task = TASKS["long" if kind_of(regime) == "long" else "default"]
-    return task.policy, dict(task.task)
-
-
-def run_one(regime: str, value: int, config_name: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
-    """Train one configuration with one seed; its accuracies (before, after, every `eval_every` steps) and curves."""
-    common.setup_environment()
-    started, cpu_started = time.perf_counter(), time.process_time()
-    device = common.resolve_device(settings["device"])
-    import transformers
-    from transformers import PrinterCallback, TrainerCallback
-
-    from trl_groupopt.data import offline, rewards
-
-    transformers.logging.set_verbosity_error()
-    config, (policy, task), every = config_of(regime, config_name), regime_task(regime), settings.get("eval_every")
-    method = None if config.method == TRL else config.method
-    make_config, trainer_class = common.trainer_classes(method)
-    train_set = offline.make_arithmetic_dataset(settings["num_train"], seed=0, split="train", **task)
-    eval_set = offline.make_arithmetic_dataset(settings["num_eval"], seed=0, split="test", **task)
-    accuracy: dict[str, list] = {"steps": [], "values": []}
-    with tempfile.TemporaryDirectory(prefix=f"stress-{config_name}-{seed}-") as workdir:
-        args = make_config(**run_settings(regime, value, config_name, seed, settings, workdir))
-        trainer = trainer_class(model=policy, reward_funcs=[rewards.accuracy_reward, rewards.format_reward],
-                                args=args, train_dataset=train_set)  # fmt: skip
-        trainer.remove_callback(PrinterCallback)
-
-        def evaluate(step: int) -> None:  # greedy decoding draws no random numbers: the samples are unchanged
-            accuracy["steps"].append(step)
-            accuracy["values"].append(offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_set,
-                                      max_new_tokens=args.max_completion_length)["accuracy"])  # fmt: skip
-
-        class Recorder(TrainerCallback):
-            def on_step_end(self, _args, state, control, **kwargs):
-                if every and state.global_step % every == 0 and state.global_step < _args.max_steps:
-                    evaluate(state.global_step)
-
-            def on_log(self, _args, state, control, **kwargs):  # before TRL's log clears `_metrics`
-                record_extremes(trainer, state.log_history[-1])
-
-        trainer.add_callback(Recorder())
-        evaluate(0)
-        train_started = time.perf_counter()
-        trainer.train()
-        train_s = time.perf_counter() - train_started
-        evaluate(trainer.state.global_step)
-        history = [e for e in trainer.state.log_history if "train_runtime" not in e]
-
-    def series(key: str) -> dict[str, list]:
-        points = [(e["step"], e[key]) for e in history if e.get(key) is not None]
-        return {"steps": [int(s) for s, _ in points], "values": [float(v) for _, v in points]}
-
-    keys = sorted({k for e in history for k in e if k.startswith(MECHANISM_PREFIXES)})
-    return {"regime": regime, "value": value, "config": config_name, "method": config.method, "seed": seed,
-            "device_info": common.describe_device(device), "initial_accuracy": accuracy["values"][0],
-            "final_accuracy": accuracy["values"][-1], **({"accuracy": accuracy} if every else {}),
-            "num_generations": args.num_generations, "per_device_train_batch_size": args.per_device_train_batch_size,
-            "reward": series("reward"), "entropy": series("entropy"), "completion_length": series(
-                "completions/mean_length"), "mechanism": {key: series(key) for key in keys}, "train_s": train_s,
-            "wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu_started}  # fmt: skip
-
-
-def record_extremes(trainer: Any, entry: dict[str, Any]) -> None:
-    """Add to a training log entry each probed metric's min and max over the optimizer step's micro-batches: TRL's
-    `log` averages what `_metrics` collected since the last entry, with `logging_steps=1` the step's micro-batches."""
-    for key in (probe["metric"] for probe in PROBES.values()) if trainer.model.training else ():
-        values = [v for v in trainer._metrics["train"].get(key, []) if v == v]  # NaN: nothing measured
-        if values:
-            entry.update({f"{key}_min": min(values), f"{key}_max": max(values)})
-
-
-GRID = Grid(("regime", "value", "config", "seed"), run_one,
-            lambda r: f"accuracy {r['initial_accuracy']:.1%} -> {r['final_accuracy']:.1%} ({r['wall_s']:.0f} s)")  # fmt: skip
-
-
-# ------------------------------------------------------------------------------------------------ outcomes
-def outcome_of(run: dict[str, Any], outcome: str) -> float | None:
-    """A run's scalar outcome: "final_accuracy", "accuracy_gain", "mean_reward", "mechanism:<key>" (mean over
-    training), or "log_ratio:<a>:<b>" (mean over the logged steps of log(a / b): < 0 when a is smaller)."""
-    if outcome in ("final_accuracy", "accuracy_gain"):
-        return run["final_accuracy"] - (run["initial_accuracy"] if outcome == "accuracy_gain" else 0)
-    if outcome == "mean_reward":
-        return common.mean(run["reward"]["values"])
-    if outcome.startswith("mechanism:"):
-        return common.mean(_by_step(run, outcome.split(":", 1)[1]).values())
-    _, top, bottom = outcome.split(":")  # log_ratio
-    ours, theirs = _by_step(run, top), _by_step(run, bottom)
-    return common.mean([math.log(a / theirs[s]) for s, a in ours.items() if theirs.get(s) and a > 0 and theirs[s] > 0])
-
-
-def _by_step(run: dict[str, Any], key: str) -> dict[int, float]:
-    series = run["mechanism"].get(key) or {}
-    return dict(zip(series.get("steps", []), series.get("values", [])))
-
-
-def mechanism_acted(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """On how many logged optimizer steps of `runs` (one configuration) its method's mechanism acted (the spec's
-    `Mechanism`, the definition the trainers' report counts with); None for TRL's trainer or a method without one."""
-    spec = METHODS.get(runs[0].get("method")) if runs else None
-    if spec is None or spec.mechanism is None:
-        return None
-    mechanism, steps, acted = spec.mechanism, 0, 0
-    for run in runs:
-        series = [_by_step(run, key) for key in mechanism.keys]
-        for step in series[0]:
-            verdict = mechanism.acted_on(dict(zip(mechanism.keys, (s.get(step) for s in series))))
-            if verdict is not None:  # None or NaN: nothing to measure on that step
-                steps, acted = steps + 1, acted + verdict
-    return {"what": mechanism.what, "steps": steps, "acted": acted, "fraction": acted / steps if steps else None}
-
-
-def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """regime -> str(value) -> config -> mean/CI over seeds of the outcomes and of the mechanism metrics' means; with
-    learning curves (sample efficiency) also the seeds reaching GRPO's mean final accuracy in the cell and Jitter2 of
-    the reward curve (DFPO, arXiv:2604.13088, Eq. 20)."""
-    cells: dict[tuple, list] = {}
-    for run in sorted((r for r in runs if "error" not in r), key=lambda r: r["seed"]):
-        cells.setdefault((run["regime"], str(run["value"]), run["config"]), []).append(run)
-    summary: dict[str, Any] = {}
-    for (regime, value, name), rs in cells.items():
-        entry: dict[str, Any] = {"label": config_of(regime, name).label, "seeds": [r["seed"] for r in rs]}
-        for outcome in ("final_accuracy", "accuracy_gain", "mean_reward"):
-            per_seed = [outcome_of(r, outcome) for r in rs]
-            entry[outcome] = {**common.mean_ci(per_seed), "per_seed": per_seed}
-        entry["mechanism"] = {}
-        logged = [
-            key for key in MECHANISM_METRICS.get(rs[0].get("method", ""), ()) if any(key in r["mechanism"] for r in rs)
-        ]
-        for key in logged:
-            per_seed, curve = [outcome_of(r, f"mechanism:{key}") for r in rs], common.mean_curve(
-                [r["mechanism"].get(key) for r in rs])  # fmt: skip
-            entry["mechanism"][key] = {**common.mean_ci(per_seed), "per_seed": per_seed,
-                                       "mean_curve": {"steps": curve["steps"], "mean": curve["mean"]}}  # fmt: skip
-        entry["train_s"] = common.mean_ci([r["train_s"] for r in rs])
-        if "accuracy" in rs[0]:
-            threshold = common.mean([r["final_accuracy"] for r in cells.get((regime, value, "grpo"), [])])
-            jitters = [common.jitter2(r["reward"]["values"]) for r in rs]
-            entry.update(num_generations=rs[0]["num_generations"], threshold_accuracy=threshold,
-                         initial_accuracy=common.mean_ci([r["initial_accuracy"] for r in rs]),
-                         jitter2_reward={**common.mean_ci(jitters), "per_seed": jitters},
-                         reached=[common.first_step_reaching(r["accuracy"]["steps"], r["accuracy"]["values"],
-                                  threshold) for r in rs if threshold is not None],
-                         final_train_reward=common.mean_ci([(r["reward"]["values"] or [None])[-1] for r in rs]),
-                         accuracy_curves=[r["accuracy"] for r in rs])  # fmt: skip
-        summary.setdefault(regime, {}).setdefault(value, {})[name] = entry
-    return summary
-
-
-# ------------------------------------------------------------------------------------------------ claims
-def probe_cells() -> list[tuple[str, int, str, int]]:
-    """Every (regime, value, configuration, seeds) the probes run: each probe regime's cells with `PROBE_SEEDS`, and
-    each probe's extra `cells` with its probed configurations."""
-    cells = [(regime, value, config, PROBE_SEEDS) for regime, spec in REGIMES.items() if "probe" in spec
-             for value in spec["values"] for config in spec["configs"]]  # fmt: skip
-    for method, probe in PROBES.items():
-        probed = [c for c in CONFIGS if CONFIGS[c].method == method and any(
-            c in spec["configs"] for spec in REGIMES.values() if spec.get("probe") == method)]  # fmt: skip
-        cells += [(r, v, c, n) for (r, v), n in probe["cells"].items() for c in probed]
-    return cells
-
-
-def cell_runs(ok: list[dict[str, Any]], regime: str, value: int, config: str) -> list[dict[str, Any]]:
-    """The runs of one cell, in file order (the order the committed tables summed them in)."""
-    return [r for r in ok if (r["regime"], r["value"], r["config"]) == (regime, value, config)]
-
-
-def probe_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per probed cell (each probe cell, and the claims' own cells of a probed method): seeds, logged optimizer steps,
-    on how many the mechanism acted, and the probed metric's range (each step's extremes over its micro-batches)."""
-    ok, order = [r for r in runs if "error" not in r], {name: i for i, name in enumerate(REGIMES)}
-    claimed = [(c["regime"], c["value"], c["config"]) for c in CLAIMS if c.get("probe")]
-    probed = [(r, v, c) for r, v, c, _ in probe_cells() if CONFIGS[c].method in PROBES]
-    rows = []
-    for regime, value, config in sorted(set(claimed + probed), key=lambda c: (order[c[0]], c[1], c[2])):
-        rs, spec = cell_runs(ok, regime, value, config), REGIMES[regime]
-        metric = PROBES[CONFIGS[config].method]["metric"]
-        low, high = ([v for r in rs for v in _extremes(r, metric, which)] for which in ("min", "max"))
-        acted = mechanism_acted(rs) or {"steps": 0, "acted": 0}
-        rows.append({"regime": regime, "value": value, "config": config, "seeds": len(rs),
-                     "micro_batches": spec.get("micro_batches", 1),
-                     "learning_rate_scale": spec.get("learning_rate_scale", 1), "metric": metric,
-                     "steps": acted["steps"], "acted": acted["acted"],
-                     "low": min(low) if low else None, "high": max(high) if high else None})  # fmt: skip
-    return rows
-
-
-def _extremes(run: dict[str, Any], metric: str, which: str) -> list[float]:
-    """A run's per-step `metric` extremes (`<metric>_min` / `_max`; the step mean where they were not recorded)."""
-    series = run["mechanism"].get(f"{metric}_{which}") or run["mechanism"].get(metric) or {"values": []}
-    return [v for v in series["values"] if v == v]
-
-
-def claim_row(claim: dict[str, Any], ok: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
-    """`claim` on the paired seeds below `seeds`: the difference, its verdict, on how many steps the mechanism acted."""
-    ours, base = ({r["seed"]: r for r in cell_runs(ok, claim["regime"], claim["value"], config) if r["seed"] < seeds}
-                  for config in (claim["config"], claim["baseline"]))  # fmt: skip
-    mine = {s: outcome_of(r, claim["outcome"]) for s, r in ours.items()}
-    theirs = {s: outcome_of(r, claim["outcome"]) for s, r in base.items()} if claim["baseline"] else None
-    acted = mechanism_acted(list(ours.values()))
-    compared = stats.compare_pair(mine, theirs, better=claim["better"], accuracy=claim["outcome"].endswith("accuracy"),
-                                  acted=acted)  # fmt: skip
-    row = {**claim, "n": compared["n"], "difference": compared["difference"],
-           "config_outcome": common.mean_ci(list(mine.values())),
-           "baseline_outcome": None if theirs is None else common.mean_ci(list(theirs.values())),
-           "verdict": CLAIM_VERDICTS[compared["verdict"]], "mechanism_acted": acted,
-           "max_steps": max((r["settings"]["max_steps"] for r in ours.values() if "settings" in r), default=None)}  # fmt: skip
-    if compared["note"]:
-        row["note"] = compared["note"].replace("the setting does not test the method", "the regime does not test "
-                                               "the claim")  # fmt: skip
-    return row
-
-
-def claims_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`CLAIMS` on the runs, paired by seed, with the verdict of `VERDICT_RULE` on the seeds `STAGE_RULE` takes."""
-    ok, rows = [r for r in runs if "error" not in r], []
-    for claim in CLAIMS:
-        stage1, stage2 = CLAIM_SEEDS[claim["id"]]
-        row = {**claim_row(claim, ok, stage1), "stage": 1, "planned_seeds": stage1}
-        if stage2 and row["verdict"] == "inconclusive" and "note" not in row and row["n"] >= stage1:
-            first = {key: row[key] for key in ("n", "difference", "verdict")}
-            row = {**claim_row(claim, ok, stage2), "stage": 2, "planned_seeds": stage2, "stage1": first}
-        if 0 < row["n"] < row["planned_seeds"]:  # not decided before its planned seeds
-            row["verdict"] = RUNNING
-            row["note"] = f"{row['n']} of {row['planned_seeds']} planned seeds" + " (stage 2)" * (row["stage"] == 2)
-        rows.append(row)
-    return rows
-
-
-def stage2_cells(rows: list[dict[str, Any]]) -> dict[tuple, int]:
-    """The cells (regime, value, configuration) -> seeds that `STAGE_RULE` adds after stage 1."""
-    cells: dict[tuple, int] = {}
-    for row in (r for r in rows if r.get("stage") == 2):
-        for key in ((row["regime"], row["value"], c) for c in (row["config"], row["baseline"]) if c):
-            cells[key] = max(cells.get(key, 0), row["planned_seeds"])
-    return cells
+#: The public names: the grid driver's and CLI's here, the rest from the modules they live in (`stress_grid`,
+#: `stress_run`, `stress_summary`), kept importable from `benchmarks.stress` for its callers.
+__all__ = [
+    "CLAIMS", "CLAIM_SEEDS", "CLAIM_VERDICTS", "CONFIGS", "DEFAULTS", "GRID", "GRIDS", "GRID_REGIMES", "GSPO",
+    "MECHANISM_METRICS", "MECHANISM_PREFIXES", "PILOT_SEEDS", "PROBES", "PROBE_SEEDS", "REGIMES", "RUNNING",
+    "SE_CONFIGS", "SMOKE", "SMOKE_CLAIMS", "SMOKE_PROBE", "STAGE_RULE", "TRL", "VARIANTS", "VERDICT_RULE", "Config",
+    "build_payload", "cell_runs", "cells_of", "claim_row", "claims_table", "collect", "config_of", "jobs_of",
+    "kind_of", "main", "mechanism_acted", "outcome_of", "parse_args", "plot", "probe_cells", "probe_table",
+    "provenance", "record_extremes", "regime_task", "run_one", "run_settings", "selected", "stage2_cells",
+    "summarise",
+]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ the grids

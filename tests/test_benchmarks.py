@@ -199,6 +199,7 @@ def test_a_method_no_regime_names_runs_in_every_regime_at_its_defaults(monkeypat
     import importlib
 
     import trl_groupopt
+    from benchmarks import stress_grid  # the tables `benchmarks.stress` re-exports are built there
 
     # today every registered method has its own cells: the rule adds nothing
     assert {stress.CONFIGS[c].method for r in stress.GRID_REGIMES for c in stress.REGIMES[r]["configs"]} == set(
@@ -206,7 +207,7 @@ def test_a_method_no_regime_names_runs_in_every_regime_at_its_defaults(monkeypat
     )
     monkeypatch.setattr(trl_groupopt, "METHODS", {**trl_groupopt.METHODS, "new_method": trl_groupopt.METHODS["otb"]})
     try:
-        fresh = importlib.reload(stress)  # a method registered without an entry in any of the benchmark's tables
+        fresh = importlib.reload(stress_grid)  # a method registered without an entry in any of the benchmark's tables
         assert all(fresh.REGIMES[r]["configs"][-1] == "new_method" for r in fresh.GRID_REGIMES)
         assert (
             fresh.CONFIGS["new_method"].overrides == {}
@@ -215,7 +216,7 @@ def test_a_method_no_regime_names_runs_in_every_regime_at_its_defaults(monkeypat
         assert fresh.MECHANISM_METRICS["new_method"][0] == "otb/grad_second_moment"
     finally:
         monkeypatch.undo()
-        importlib.reload(stress)
+        importlib.reload(stress_grid)
 
 
 def test_staleness_regime_splits_each_step_so_echo_scopes_differ(tmp_path):
