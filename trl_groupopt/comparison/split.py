@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..runfolder.checkpoints import file_digest
 from .argv import scan
 from .options import PROG, CompareError, Options
 
@@ -26,15 +27,14 @@ NO_HELDOUT = ("--num_eval_examples", "0")
 def digest(name: str) -> str | None:
     """sha256 of a local data file, or of a folder's files (names and bytes); None for a Hub dataset."""
     path = Path(name).expanduser()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    if path.is_file():
+        return file_digest(path)  # what `sha256sum` prints for it
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
     if not files:
         return None
-    total = hashlib.sha256()
+    total = hashlib.sha256()  # over each file's name and digest: a rename or an edit changes it
     for file in files:
-        total.update(str(file.relative_to(path)).encode() if file != path else b"")
-        with file.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                total.update(block)
+        total.update(f"{file.relative_to(path)}\0{file_digest(file)}\n".encode())
     return total.hexdigest()
 
 
