@@ -40,6 +40,7 @@ from .loss import (
     k3_kl,
 )
 from .metrics import MetricsQueue
+from .numerics import NoiseWarningCallback, clip_windows, rollout_noise_metrics
 from .report import MechanismReportCallback
 from .schedule import check_dataset_holds_a_generation_batch, warn_if_inert_on_policy
 
@@ -115,6 +116,7 @@ class GroupOptTrainer(TRLHooks):
         report = MechanismReportCallback(spec.name if spec is not None else None, self.estimator.name)
         if report.tracker.mechanisms:
             self.add_callback(report)
+        self.add_callback(NoiseWarningCallback(type(self).__name__, clip_windows(self.args)))
 
     @property
     def method_spec(self) -> MethodSpec | None:
@@ -200,6 +202,7 @@ class GroupOptTrainer(TRLHooks):
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accumulation in eval
         batch = self.loss_inputs(model, inputs)  # the forward, mask, old log-probs, advantages, TRL's loss weights
         logps, old_logps, _, mask = batch.objective_args  # (B, T) each
+        noise = rollout_noise_metrics(self, logps, inputs, mask)  # the forward's noise, on a rollout's first step
         if self.objective_applies_loss_weights:
             out = self.objective(*batch.objective_args, inputs, loss_weights=batch.weights.product())
             per_token_loss = out.per_token_loss  # (B, T) or (B, 1)
@@ -229,7 +232,7 @@ class GroupOptTrainer(TRLHooks):
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * batch.aux_loss / accumulation  # ()
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(batch.aux_loss).mean().item())
-        self._metrics_queue.add({**out.metrics, **shared}, mask, mode)
+        self._metrics_queue.add({**out.metrics, **shared, **noise}, mask, mode)
         self._flush_metrics()  # this micro-batch's metrics (and any a hook queued): one collective, one sync
         return loss
 

@@ -11,6 +11,7 @@ from torch import Tensor
 from trl import GRPOConfig
 
 from ...core.common import ObjectiveOutput, check_choice, check_positive
+from ...core.numerics import ClipWindow
 from ...trainer.base import GroupOptTrainer
 from ...trainer.config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
 from ...trainer.schedule import OffPolicyScheduleMixin
@@ -71,6 +72,13 @@ class CTPOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
                 "CTPO builds its own cumulative (prefix) ratio from token log-ratios: set importance_sampling_level="
                 f"'token' (got {self.importance_sampling_level!r})."
             )
+
+    def clip_windows(self) -> tuple[ClipWindow, ...]:
+        """The clip the forward's noise is measured against (`trl_groupopt/trainer/numerics.py`): the position-scaled
+        log-space bound of the prefix log-ratio L_t, +-epsilon * t**p."""
+        level = "prefix_mean" if self.ctpo_ratio_mode == "geomean" else "prefix_sum"
+        width = min(self.epsilon, self.epsilon_high)
+        return (ClipWindow("prefix_clip", width, level, position_power=self.ctpo_position_power),)
 
 
 class CTPOTrainer(GroupOptTrainer):

@@ -12,6 +12,7 @@ from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
 
 from ...core.common import ObjectiveOutput, check_choice, check_positive, compute_dtype
+from ...core.numerics import ClipWindow, ratio_window_width
 from ...trainer.base import GroupOptTrainer
 from ...trainer.boundary import buffered_batches, micro_step
 from ...trainer.config import AdvantageEstimatorConfigMixin, TokenSafeConfigMixin
@@ -85,6 +86,15 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
                 "'step') every optimizer step inside one generation batch; "
                 f"incompatible: {', '.join(problems)}. Use batch_ratio_scope='micro_batch' or change those settings."
             )
+
+    def clip_windows(self) -> tuple[ClipWindow, ...]:
+        """The clips the forward's noise is measured against (`trl_groupopt/trainer/numerics.py`): the batch clip of
+        log R, measured over a micro-batch (a wider scope averages more tokens: less noise), and the token clip."""
+        batch = ClipWindow("batch_clip", ratio_window_width(self.batch_epsilon, self.batch_epsilon_high), "batch")
+        if not self.token_clip:
+            return (batch,)
+        high = self.epsilon_high if self.epsilon_high is not None else self.epsilon
+        return batch, ClipWindow("token_clip", ratio_window_width(self.epsilon, high))
 
     def _scope_problems(self, scope: str) -> list[str]:
         """The settings that make `scope` inexact (empty for "micro_batch", which works with every option)."""
