@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import common, loss_overhead, overhead, power, report, stress
+from benchmarks import common, loss_overhead, numerics_noise, overhead, power, report, stress
 from trl_groupopt import METHODS
 from trl_groupopt.comparison import stats
 from trl_groupopt.comparison.runs import read_runs
@@ -622,7 +622,9 @@ HEAVY_MODULES = (
 
 
 @pytest.mark.slow  # launches a Python process per module
-@pytest.mark.parametrize("module", ["overhead", "loss_overhead", "stress", "report", "power", "checkpoint_digest"])
+@pytest.mark.parametrize(
+    "module", ["overhead", "loss_overhead", "stress", "report", "power", "checkpoint_digest", "numerics_noise"]
+)
 def test_help_runs_as_module(module):
     # PYTHONPROFILEIMPORTTIME lists every module imported (in overhead's re-run under its allocator settings too)
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--help"], cwd=REPO, capture_output=True,
@@ -704,6 +706,26 @@ def test_loss_overhead_surrogate_is_trls_clipped_objective():
     mask = torch.tensor([[1, 1, 0]])
     loss = loss_overhead.dapo_aggregate(expected, mask, {"num_items_in_batch": torch.tensor(2.0)})
     assert loss.item() == pytest.approx((expected[0, 0] + expected[0, 1]).item() / 2)
+
+
+@pytest.mark.slow
+def test_numerics_noise_smoke(tmp_path, capsys):
+    """The embedded policy only (nothing fetched): TRL's own layout agrees bit for bit in fp32; every method's
+    windows, as its trainer logs them, are in the table."""
+    payload = numerics_noise.main(["--smoke", "--output-dir", str(tmp_path)])
+    saved = json.loads((tmp_path / "numerics_noise_smoke.json").read_text())
+    assert (
+        saved["benchmark"] == "numerics_noise"
+        and "--smoke" in saved["command"]
+        and list(saved["policies"]) == ["embedded"]
+    )
+    modes = saved["policies"]["embedded"]["modes"]
+    assert set(modes) == set(numerics_noise.MODES)
+    assert modes["fp32"]["shuffled"]["log_ratio_rms"] == 0.0
+    assert set(payload["windows"]) == set(METHODS)
+    shares = modes["bf16"]["row_trimmed"]["shares"]
+    assert {"ctpo/prefix_clip", "dfpo/sequence_clip", "echo/batch_clip", "grpo/token_clip"} <= set(shares)
+    assert "rms log-ratio" in capsys.readouterr().out
 
 
 def test_gpu_check_summary_and_deepspeed_skip_start_no_process(tmp_path):

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from trl_groupopt.core.numerics import ClipWindow, log_ratio_rms, noise_share, ratio_window_width
+from trl_groupopt.core.numerics import ClipWindow, clipped_by_noise, log_ratio_rms, noise_share, ratio_window_width
 
 X = torch.tensor([[0.3, -0.4, 0.0], [0.2, float("nan"), float("inf")]])  # padding may hold non-finite values
 MASK = torch.tensor([[1, 1, 1], [1, 0, 0]])
@@ -30,6 +30,13 @@ def test_token_and_sequence_and_batch_levels_by_hand():
     assert noise_share(X, MASK, ClipWindow("batch_clip", 0.2, "batch")).item() == pytest.approx(abs(batch_mean) / 0.2)
     empty = torch.tensor([[0, 0, 0], [1, 0, 0]])  # an empty row is no sequence
     assert noise_share(X, empty, ClipWindow("s", 1.0, "sequence")).item() == pytest.approx(0.2)
+
+
+def test_clipped_by_noise_counts_the_quantities_beyond_their_bound():
+    token = ClipWindow("token_clip", 0.25)  # |0.3|, |-0.4| beyond; 0.0, 0.2 within (padding not counted)
+    assert clipped_by_noise(X, MASK, token).item() == pytest.approx(0.5)
+    assert clipped_by_noise(X, MASK, ClipWindow("sequence_clip", 0.1, "sequence")).item() == pytest.approx(0.5)
+    assert clipped_by_noise(X, MASK, ClipWindow("batch_clip", 0.2, "batch")).item() == 0.0
 
 
 def test_prefix_levels_by_hand():

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["CLIP_LEVELS", "ClipWindow", "log_ratio_rms", "noise_share", "ratio_window_width"]
+__all__ = ["CLIP_LEVELS", "ClipWindow", "clipped_by_noise", "log_ratio_rms", "noise_share", "ratio_window_width"]
 
 #: What a window clips: the token log-ratio, a sequence's mean log-ratio (GSPO's sequence ratio), the mean over the
 #: whole micro-batch, a prefix's cumulative sum or the mean of that prefix sum (its bound scaled by ``t**power``).
@@ -55,6 +55,19 @@ def noise_share(log_ratio: Tensor, mask: Tensor, window: ClipWindow) -> Tensor:
     """0-dim float32 rms of ``q / bound`` over the window's clipped quantities ``q`` (one per token, sequence or
     micro-batch), where ``q`` is what the objective clips computed from the noise ``log_ratio``: 1 means the noise
     alone is as large as the window; 0 for an empty mask."""
+    scaled, weight = _scaled_quantities(log_ratio, mask, window)
+    return ((scaled * scaled * weight).sum() / weight.sum().clamp(min=1.0)).sqrt().float()
+
+
+def clipped_by_noise(log_ratio: Tensor, mask: Tensor, window: ClipWindow) -> Tensor:
+    """0-dim float32 share of the window's clipped quantities beyond the bound on one side, when ``log_ratio`` is pure
+    noise (where the policy has not moved nothing should clip: each is a clip decision the noise made)."""
+    scaled, weight = _scaled_quantities(log_ratio, mask, window)
+    return (((scaled.abs() > 1).to(weight.dtype) * weight).sum() / weight.sum().clamp(min=1.0)).float()
+
+
+def _scaled_quantities(log_ratio: Tensor, mask: Tensor, window: ClipWindow) -> tuple[Tensor, Tensor]:
+    """(the window's clipped quantities over their bound, their weights: 1 where one exists), float64."""
     x, m = _noise(log_ratio, mask)
     if window.level == "token":
         q, weight = x, m
@@ -65,8 +78,7 @@ def noise_share(log_ratio: Tensor, mask: Tensor, window: ClipWindow) -> Tensor:
         t = m.cumsum(-1).clamp(min=1.0)  # (B, T)
         q = x.cumsum(-1) / (t if window.level == "prefix_mean" else 1.0)  # (B, T)
         q, weight = q / t**window.position_power, m
-    q = q / window.width
-    return ((q * q * weight).sum() / weight.sum().clamp(min=1.0)).sqrt().float()
+    return q / window.width, weight
 
 
 def _noise(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
