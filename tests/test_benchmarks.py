@@ -728,6 +728,23 @@ def test_numerics_noise_smoke(tmp_path, capsys):
     assert "rms log-ratio" in capsys.readouterr().out
 
 
+def test_noise_pages_quote_the_committed_numerics_noise_json():
+    """docs/ctpo.md and docs/dfpo.md state the committed run's figures (no hand-typed number drifts from it)."""
+    saved = json.loads((REPO / "benchmarks" / "results" / "numerics_noise.json").read_text())
+    ctpo, dfpo = ((REPO / "docs" / page).read_text() for page in ("ctpo.md", "dfpo.md"))
+    for policy in saved["policies"].values():
+        assert all(mode["shuffled"]["log_ratio_rms"] == 0.0 for mode in policy["modes"].values())  # "0 in every"
+        for precision in numerics_noise.MODES:
+            noise = policy["modes"][precision]["row_trimmed"]
+            for page, window in ((ctpo, "ctpo/prefix_clip"), (dfpo, "dfpo/sequence_clip")):
+                clipped = noise["clipped_by_noise"][window]
+                assert clipped == 0 or f"{clipped:.1%}" in page, (window, precision, clipped)
+    bf16 = saved["policies"]["smollm2-135m-instruct"]["modes"]["bf16"]["row_trimmed"]
+    assert f"| {bf16['log_ratio_rms']:.2g} |" in ctpo and f"| {bf16['log_ratio_rms']:.2g} |" in dfpo
+    assert f"| {bf16['shares']['ctpo/prefix_clip']:.3g} |" in ctpo
+    assert f"| {bf16['shares']['dfpo/sequence_clip']:.3g} |" in dfpo
+
+
 def test_gpu_check_summary_and_deepspeed_skip_start_no_process(tmp_path):
     import importlib.util
 
