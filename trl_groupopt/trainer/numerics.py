@@ -64,7 +64,7 @@ class NoiseWarningCallback(TrainerCallback):
         self.trainer_name, self.windows, self.warned = trainer_name, {w.name: w for w in windows}, False
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.warned or not logs:
+        if self.warned or not logs or not state.is_world_process_zero:  # one warning, from the main process
             return
         for name, window in self.windows.items():
             share = logs.get(SHARE_METRIC + name)
@@ -78,11 +78,11 @@ class NoiseWarningCallback(TrainerCallback):
 
 def noise_warning(trainer_name: str, window: ClipWindow, share: float, rms: float | None) -> str:
     """The warning's one line: what was measured, what it means, what helps."""
-    measured = f"token log-ratio rms {rms:.3g}, " if rms is not None else ""
+    measured = f" (token log-ratio rms {rms:.3g})" if rms is not None else ""
     return (
         f"{trainer_name}: on the first optimizer step of a rollout, where the policy has not moved, the forward's "
-        f"numerical noise ({measured}{SHARE_METRIC}{window.name} = {share:.2f}) is {share:.0%} of the "
-        f"{window.name.replace('_', ' ')}'s half-width ({window.width:.3g}): clip decisions follow rounding, not the "
-        "policy's change. What helps: fp32 weights under bf16 autocast (bf16=True without loading the model in bf16), "
-        "or fp32; a wider epsilon / epsilon_high (docs/ctpo.md, docs/dfpo.md: 'Numerical noise')."
+        f"numerical noise{measured} is {share:.3g} times the {window.name.replace('_', ' ')}'s half-width "
+        f"{window.width:.3g} ({SHARE_METRIC}{window.name}): clip decisions follow rounding, not the policy's change. What helps: the same batch layout in the behaviour and loss forwards (TRL's default; "
+        "padding-free, packed or re-padded batches add noise), fp32 (bf16 autocast over fp32 weights helps less), or "
+        "a wider epsilon / epsilon_high (docs/ctpo.md, docs/dfpo.md: 'Numerical noise')."
     )
