@@ -5,8 +5,10 @@ Per policy, fp32 samples completions for a fixed set of prompts; each precision 
 forward does (rows in order, micro-batches of `--batch-size`, the generation batch's padded width) and in two other
 compositions: `shuffled` (TRL's loss forward: the rows shuffled, the same micro-batch size and width) and
 `row_trimmed` (each row alone, cut to its own length: a trimmed or padding-free layout). The difference on completion
-tokens is pure noise (the weights are the same): its rms, and `trl_groupopt.core.numerics.noise_share` against every registered method's clip windows (the windows the
-trainers log, `clip_windows()`, at each config's defaults): the rms of the clipped quantity over its bound.
+tokens is pure noise (the weights are the same): its rms and, against every registered method's clip windows at its
+config's defaults (`trl_groupopt.trainer.numerics.clip_windows`, what the trainers log), the noise share
+(`trl_groupopt.core.numerics.noise_share`: the rms of the clipped quantity over its bound) and the share of clip
+decisions the noise alone made (`clipped_by_noise`).
 
     python -m benchmarks.numerics_noise                 # the committed table (both policies, CPU)
     python -m benchmarks.numerics_noise --smoke         # the embedded policy only, tiny (seconds)

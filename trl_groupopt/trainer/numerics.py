@@ -14,8 +14,8 @@ from transformers import TrainerCallback
 from ..core.numerics import ClipWindow, log_ratio_rms, noise_share, ratio_window_width
 from .boundary import micro_step
 
-#: The share of a clip window above which the noise is warned about: at a quarter of the half-width, a token whose
-#: true ratio lies within one noise rms of the bound (a fifth of the window and more) may flip its clip decision.
+#: The noise share (`noise_share`) above which the trainer warns: at 0.25, every clipped quantity lying within a
+#: quarter of the half-width of its bound, one noise rms, may be clipped or not by rounding alone.
 NOISE_WARNING_SHARE = 0.25
 RMS_METRIC, SHARE_METRIC = "numerics/log_ratio_rms", "numerics/noise_share/"
 
@@ -36,7 +36,7 @@ def policy_unmoved(trainer: Any) -> bool:
     """Whether no optimizer step has run since the behaviour forward of the current micro-batch's rollout (training
     only; called once per training micro-batch, before its forward's log-ratios are read)."""
     # mirrors GRPOTrainer._prepare_inputs (trl 1.16.0): it generates (and runs the behaviour forward) at the micro-steps
-    # where `_step % (steps_per_generation * num_iterations) == 0`; global_step counts the optimizer steps since
+    # where `_step % (steps_per_generation * num_iterations) == 0`; `state.global_step` moves at each optimizer step
     if micro_step(trainer) % (trainer.args.steps_per_generation * trainer.num_iterations) == 0:
         trainer._rollout_global_step = trainer.state.global_step
     return getattr(trainer, "_rollout_global_step", None) == trainer.state.global_step
@@ -82,7 +82,8 @@ def noise_warning(trainer_name: str, window: ClipWindow, share: float, rms: floa
     return (
         f"{trainer_name}: on the first optimizer step of a rollout, where the policy has not moved, the forward's "
         f"numerical noise{measured} is {share:.3g} times the {window.name.replace('_', ' ')}'s half-width "
-        f"{window.width:.3g} ({SHARE_METRIC}{window.name}): clip decisions follow rounding, not the policy's change. What helps: the same batch layout in the behaviour and loss forwards (TRL's default; "
-        "padding-free, packed or re-padded batches add noise), fp32 (bf16 autocast over fp32 weights helps less), or "
-        "a wider epsilon / epsilon_high (docs/ctpo.md, docs/dfpo.md: 'Numerical noise')."
+        f"{window.width:.3g} ({SHARE_METRIC}{window.name}): clip decisions follow rounding, not the policy's change. "
+        "What helps: the same batch layout in the behaviour and loss forwards (TRL's default; padding-free, packed or "
+        "re-padded batches add noise), fp32 (bf16 autocast over fp32 weights helps less), or a wider epsilon / "
+        "epsilon_high (docs/ctpo.md, docs/dfpo.md: 'Numerical noise')."
     )
