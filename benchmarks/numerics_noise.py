@@ -154,23 +154,70 @@ def measure(path: str, batch: dict, args) -> dict[str, Any]:
                 "log_ratio_rms": float(log_ratio_rms(x, mask)), "max_abs": float((x * mask).abs().max()),
                 "shares": {name: float(noise_share(x, mask, w)) for name, w in named},
                 "clipped_by_noise": {name: float(clipped_by_noise(x, mask, w)) for name, w in named},
+                "first_step_effect": first_step_effect(behaviour, x, mask, args.seed),
             }  # fmt: skip
         results[mode]["seconds"] = time.perf_counter() - start
     return results
 
 
-def method_windows() -> dict[str, tuple]:
-    """Every registered method's clip windows at its config's defaults, as its trainer logs them."""
+def first_step_effect(behaviour, noise, mask, seed: int, group_size: int = 4) -> dict[str, dict[str, float]]:
+    """In float64: how far the noise moves a rollout's first-step loss (token mean, as `loss_type="dapo"`) and its
+    gradient in the log-probs, against the same step without noise (ratio exactly 1), for TRL's token clip, CTPO and
+    DFPO at their configs' defaults; advantages from seeded 0/1 rewards, TRL's group normalisation."""
+    import torch
+
+    from trl_groupopt.core.common import Groups, clipped_surrogate_loss
+    from trl_groupopt.methods.ctpo.objective import ctpo_loss
+    from trl_groupopt.methods.dfpo.objective import dfpo_loss
+
+    configs = method_configs()
+    grpo, ctpo, dfpo = configs["grpo"], configs["ctpo"], configs["dfpo"]
+    rows = behaviour.shape[0] - behaviour.shape[0] % group_size
+    old, noise, mask = behaviour[:rows].double(), noise[:rows].double(), mask[:rows].double()
+    rewards = torch.randint(0, 2, (rows // group_size, group_size), generator=torch.Generator().manual_seed(seed))
+    rewards = rewards.double()
+    advantages = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)).view(-1)
+    objectives = {
+        "grpo": lambda lp: clipped_surrogate_loss(lp, old, advantages, mask, epsilon_low=grpo.epsilon,
+                                                  epsilon_high=grpo.epsilon_high or grpo.epsilon),
+        "ctpo": lambda lp: ctpo_loss(lp, old, advantages, mask, epsilon_low=ctpo.epsilon,
+                                     epsilon_high=ctpo.epsilon_high, dual_clip=ctpo.ctpo_dual_clip,
+                                     position_power=ctpo.ctpo_position_power, ratio_mode=ctpo.ctpo_ratio_mode),
+        "dfpo": lambda lp: dfpo_loss(lp, old, advantages, mask, Groups.contiguous(rows, group_size),
+                                     transform=dfpo.dfpo_transform, epsilon_low=dfpo.epsilon,
+                                     epsilon_high=dfpo.epsilon_high, orth_floor=dfpo.dfpo_orth_floor,
+                                     orthogonal_over=dfpo.dfpo_orthogonal_over),
+    }  # fmt: skip
+    out = {}
+    for name, objective in objectives.items():
+        values = []
+        for logps in (old.clone(), old + noise):  # (B, T): without noise (ratio 1), then as the loss forward gave
+            logps.requires_grad_(True)
+            loss = (objective(logps).per_token_loss * mask).sum() / mask.sum()
+            values.append((loss.detach(), torch.autograd.grad(loss, logps)[0]))
+        (clean, grad), (noisy, noisy_grad) = values
+        out[name] = {"loss_change": float((noisy - clean).abs() / clean.abs().clamp(min=1e-300)),
+                     "gradient_change": float((noisy_grad - grad).norm() / grad.norm())}  # fmt: skip
+    return out
+
+
+def method_configs() -> dict[str, Any]:
+    """Every registered method's config at its defaults (CPU, no output written)."""
     import tempfile
 
     from trl_groupopt import METHODS
-    from trl_groupopt.trainer.numerics import clip_windows
 
     with tempfile.TemporaryDirectory() as folder:
         return {
-            name: clip_windows(spec.make_config(output_dir=folder, report_to="none", use_cpu=True))
-            for name, spec in METHODS.items()
+            name: spec.make_config(output_dir=folder, report_to="none", use_cpu=True) for name, spec in METHODS.items()
         }
+
+
+def method_windows() -> dict[str, tuple]:
+    """Every registered method's clip windows at its config's defaults, as its trainer logs them."""
+    from trl_groupopt.trainer.numerics import clip_windows
+
+    return {name: clip_windows(config) for name, config in method_configs().items()}
 
 
 def main(argv=None) -> dict[str, Any]:
@@ -216,7 +263,19 @@ def print_results(payload: dict[str, Any]) -> str:
                     shares = [f"{noise['shares'][c]:.3g} ({noise['clipped_by_noise'][c]:.1%})" for c in columns]
                     rows.append([name, policy["completion_tokens"], mode, composition,
                                  f"{noise['log_ratio_rms']:.3g}", *shares])  # fmt: skip
-    return common.print_table(["policy", "T", "precision", "composition", "rms log-ratio", *columns], rows)
+    text = common.print_table(["policy", "T", "precision", "composition", "rms log-ratio", *columns], rows)
+    print("\nThe first step's loss and gradient moved by the noise (float64, relative to the step without it):")
+    effects = []
+    for name, policy in payload["policies"].items():
+        for mode, entry in policy["modes"].items():
+            for composition, noise in entry.items():
+                if isinstance(noise, dict) and noise["log_ratio_rms"] > 0:
+                    moved = noise["first_step_effect"]
+                    cells = [f"{moved[o]['loss_change']:.2g} / {moved[o]['gradient_change']:.2g}" for o in moved]
+                    effects.append([name, mode, composition, *cells])
+    objectives = next(iter(next(iter(payload["policies"].values()))["modes"].values()))["shuffled"]
+    headers = [f"{o}: loss / gradient" for o in objectives["first_step_effect"]]
+    return text + "\n" + common.print_table(["policy", "precision", "composition", *headers], effects)
 
 
 if __name__ == "__main__":

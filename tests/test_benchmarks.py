@@ -725,7 +725,24 @@ def test_numerics_noise_smoke(tmp_path, capsys):
     assert set(payload["windows"]) == set(METHODS)
     shares = modes["bf16"]["row_trimmed"]["shares"]
     assert {"ctpo/prefix_clip", "dfpo/sequence_clip", "echo/batch_clip", "grpo/token_clip"} <= set(shares)
+    assert modes["fp32"]["shuffled"]["first_step_effect"]["ctpo"] == {"loss_change": 0.0, "gradient_change": 0.0}
     assert "rms log-ratio" in capsys.readouterr().out
+
+
+def test_first_step_effect_is_zero_without_noise_and_grows_with_it():
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    behaviour = -torch.rand(8, 16, generator=gen) * 3
+    mask = torch.ones(8, 16)
+    mask[0, 10:] = 0
+    quiet = numerics_noise.first_step_effect(behaviour, torch.zeros(8, 16), mask, seed=0)
+    assert set(quiet) == {"grpo", "ctpo", "dfpo"}
+    assert all(value == 0.0 for moved in quiet.values() for value in moved.values())
+    small, large = (numerics_noise.first_step_effect(behaviour, s * torch.randn(8, 16, generator=gen), mask, seed=0)
+                    for s in (1e-3, 0.1))  # fmt: skip
+    for name in quiet:  # the clips the noise crosses move the gradient; more noise, more clips
+        assert 0 < small[name]["gradient_change"] < large[name]["gradient_change"], (name, small, large)
 
 
 def test_noise_pages_quote_the_committed_numerics_noise_json():
