@@ -760,6 +760,9 @@ def test_noise_pages_quote_the_committed_numerics_noise_json():
     assert f"| {bf16['log_ratio_rms']:.2g} |" in ctpo and f"| {bf16['log_ratio_rms']:.2g} |" in dfpo
     assert f"| {bf16['shares']['ctpo/prefix_clip']:.3g} |" in ctpo
     assert f"| {bf16['shares']['dfpo/sequence_clip']:.3g} |" in dfpo
+    for page, objective in ((ctpo, "ctpo"), (dfpo, "dfpo")):
+        moved = bf16["first_step_effect"][objective]
+        assert f"| {moved['loss_change']:.2g} / {moved['gradient_change']:.2g} |" in page, objective
 
 
 def test_gpu_check_summary_and_deepspeed_skip_start_no_process(tmp_path):
