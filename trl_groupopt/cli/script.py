@@ -29,6 +29,7 @@ from ..trainer.args_check import option_problems
 from ..trainer.card import SYNTHETIC_DATASET_NAME
 from ..trainer.device import device_supports_bf16, has_accelerator
 from ..trainer.reporting import HeldOutAccuracyCallback, ReadableProgressCallback, plot_reward_accuracy, write_results
+from . import stop
 from .defaults import EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS
 
 __all__ = ["Deferred", "DemoScriptArguments", "MethodParser", "run"]
@@ -260,6 +261,7 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
     trainer.remove_callback(ProgressCallback)  # one of these two is installed, by disable_tqdm
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(ReadableProgressCallback(spec.headline_metric, show_bar=not training_args.disable_tqdm))
+    trainer.add_callback(stop.safe_points())  # a stop signal dropped where it landed ends the run at the step's end
     return trainer
 
 
