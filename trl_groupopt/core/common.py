@@ -66,7 +66,11 @@ def nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
 def check_positive(*, finite: bool = False, reason: str = "", **values: float) -> None:
     """Raise unless every keyword value is > 0 (NaN too; +inf too with `finite`); `reason` follows "> 0"."""
     for name, value in values.items():
-        if not value > 0:
+        try:
+            positive = value > 0
+        except TypeError:  # a string from a config file or a command line ('0.1'): name the option, not '>'
+            raise ValueError(f"{name} must be a number > 0{reason}, got {value!r} ({type(value).__name__})") from None
+        if not positive:
             raise ValueError(f"{name} must be > 0{reason}, got {value!r}")
         if finite and not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number > 0{reason}, got {value!r}")

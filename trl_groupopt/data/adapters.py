@@ -90,13 +90,13 @@ def _looks_local(name: str) -> bool:
     return bool(parent) and os.path.isdir(parent)
 
 
-def check_model_path(name: str | None) -> None:
-    """A ``--model_name_or_path`` that looks local must be a folder that exists."""
+def check_model_path(name: str | None, option: str = "--model_name_or_path") -> None:
+    """A ``--model_name_or_path`` (`option`: how the caller names it) that looks local must be a folder that exists."""
     if name is None or not _looks_local(name) or os.path.isdir(os.path.expanduser(name)):
         return
     what = "is a file, not a model folder" if os.path.exists(os.path.expanduser(name)) else "no such folder"
     raise FileNotFoundError(
-        f"--model_name_or_path {name}: {what}. Give the folder of a saved model (the one holding config.json) or a "
+        f"{option} {name}: {what}. Give the folder of a saved model (the one holding config.json) or a "
         "Hub model id such as Qwen/Qwen2.5-0.5B-Instruct."
     )
 

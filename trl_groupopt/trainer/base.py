@@ -21,10 +21,11 @@ from ..core.common import ObjectiveOutput, clipped_surrogate_loss, log_importanc
 from ..core.estimators import AdvantageEstimator, EstimatorInputs, estimator_of
 from ..data import checks
 from ..methods.mechanism import MechanismReport
-from ..methods.registry import spec_for
+from ..methods.registry import METHODS, spec_for
 from ..methods.spec import MethodSpec
 from ..runfolder.resume import method_name
 from ..runfolder.run import OpenedRun, open_run
+from .api_check import check_api_inputs
 from .args_check import check_numeric_args
 from .boundary import TRLHooks, finished_run_output
 from .compat import check_loss_routed_through_compute_loss, check_trl_scores_tokens, dropping_trl_warning
@@ -90,6 +91,7 @@ class GroupOptTrainer(TRLHooks):
         self.validate_args(args)
         check_loss_routed_through_compute_loss(type(self))
         check_trl_scores_tokens()  # trl 1.15.0 without Triton (CPU builds of torch) has no log-prob kernel
+        check_api_inputs(model, reward_funcs, args, train_dataset, environment_factory)  # before the model loads
         # Reward functions come back wrapped so a non-number fails with their name.
         reward_funcs = checks.prepare_trainer_inputs(reward_funcs, train_dataset, environment_factory)
         self._metrics_queue = MetricsQueue()
@@ -138,6 +140,13 @@ class GroupOptTrainer(TRLHooks):
                 f"build the config with {cls.config_class.__name__}(...) (it accepts every GRPOConfig argument)."
             )
         check_numeric_args(cls.__name__, args)
+        owner = next((spec.trainer_class for spec in METHODS.values() if type(args) is spec.config_class), cls)
+        if not issubclass(cls, owner) and owner.objective is not cls.objective:  # issue 52: trained under its name
+            raise ValueError(
+                f"{cls.__name__} was given {type(args).__name__}(...), whose method it would not train (its own "
+                f"objective instead, under that config's options): use {owner.__name__}(args=...), or {cls.__name__} "
+                f"with a {cls.config_class.__name__}."
+            )
         estimator = estimator_of(args)
         trl_loss = args.loss_type in TRL_SURROGATE_LOSS_TYPES
         if args.loss_type not in SUPPORTED_LOSS_TYPES and not (

@@ -147,8 +147,17 @@ class GRPOFixConfig(DFPOConfig):
     """
 
     dfpo_transform: str = field(
-        default=GRPO_FIX, metadata={"help": "symmetric_clip (GRPO-fix); DFPO's transforms select DFPO."}
+        default=GRPO_FIX, metadata={"help": "symmetric_clip (GRPO-fix) only; DFPO's transforms: DFPOConfig."}
     )
+
+    def __post_init__(self):
+        if self.dfpo_transform != GRPO_FIX:  # issue 52: it trained DFPO under GRPO-fix's name (card, report)
+            raise ValueError(
+                f"GRPOFixConfig(dfpo_transform={self.dfpo_transform!r}) would train DFPO under GRPO-fix's name: "
+                f"GRPO-fix is dfpo_transform={GRPO_FIX!r} (its default). For DFPO's transforms use DFPOConfig and "
+                "DFPOTrainer (--method dfpo)."
+            )
+        super().__post_init__()
 
 
 class GRPOFixTrainer(DFPOTrainer):
