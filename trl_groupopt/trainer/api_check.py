@@ -76,8 +76,6 @@ def _check_reward_funcs(reward_funcs: Any, args: Any, has_environments: bool) ->
 def check_api_inputs(model: Any, reward_funcs: Any, args: Any, train_dataset: Any, environment_factory: Any) -> None:
     """Raise a one-line `ValueError` (`FileNotFoundError` for a missing model folder, `ImportError` for vLLM) naming
     the argument and the fix, before anything loads."""
-    if isinstance(model, str):
-        check_model_path(model, option="model")
     _check_reward_funcs(reward_funcs, args, has_environments=environment_factory is not None)
     if train_dataset is None:
         raise ValueError(
@@ -95,3 +93,5 @@ def check_api_inputs(model: Any, reward_funcs: Any, args: Any, train_dataset: An
             "use_vllm=True, but vLLM is not installed here: install it (pip install vllm, on a machine with a GPU) "
             "or leave use_vllm=False (transformers generates)."
         )
+    if isinstance(model, str):
+        check_model_path(model, option="model")

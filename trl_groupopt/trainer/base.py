@@ -91,9 +91,9 @@ class GroupOptTrainer(TRLHooks):
         self.validate_args(args)
         check_loss_routed_through_compute_loss(type(self))
         check_trl_scores_tokens()  # trl 1.15.0 without Triton (CPU builds of torch) has no log-prob kernel
-        check_api_inputs(model, reward_funcs, args, train_dataset, environment_factory)  # before the model loads
         # Reward functions come back wrapped so a non-number fails with their name.
         reward_funcs = checks.prepare_trainer_inputs(reward_funcs, train_dataset, environment_factory)
+        check_api_inputs(model, reward_funcs, args, train_dataset, environment_factory)  # before the model loads
         self._metrics_queue = MetricsQueue()
         self._energy: EnergyCapture | None = None
         replaced = self.replaces_trl_warning
