@@ -6,6 +6,7 @@ during the data checks (was silent for 900 s; tested on a modest file with the t
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 from datasets import Dataset
@@ -61,3 +62,14 @@ def test_a_large_file_says_how_far_the_data_checks_got(tmp_path, capsys, monkeyp
     assert "checked 1 lines (" in out and "checked 63 lines (" in out and "of the file)" in out
     assert "checking the prompts and answers of 64 rows" in out and "measuring 64 prompts with the tokenizer" in out
     assert len(train) > 0
+
+
+def test_a_dropped_stop_signal_ends_the_line_check_of_a_large_file(tmp_path, monkeypatch):
+    """Broken 2, as the campaign met it: a SIGTERM dropped in a weakref callback during the checks of a 1 GB file,
+    and the run went on for 11 minutes. A pending stop ends the line-by-line check within 4,096 lines."""
+    from trl_groupopt.runfolder import stop
+
+    path = _jsonl(tmp_path / "rows.jsonl", _rows(5000))
+    monkeypatch.setattr(stop, "_pending", [signal.SIGTERM])
+    with pytest.raises(stop.Interrupted):
+        adapters.load_raw_dataset(path)

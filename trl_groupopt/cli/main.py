@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, NoReturn
 
 from ..data.offline import uses_embedded_policy
 from ..methods.registry import METHODS, get_method
+from ..runfolder import stop
 from ..runfolder.resume import DiskFullError
-from . import stop
+from ..runfolder.stop import Interrupted  # noqa: F401  (its home before issue 52)
 from .defaults import DEMO_DEFAULTS, EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS  # noqa: F401  (read here by benchmarks)
-from .stop import Interrupted  # noqa: F401  (its home before issue 52)
 
 if TYPE_CHECKING:
     from ..trainer.base import GroupOptTrainer
@@ -142,7 +142,9 @@ def one_line_errors(prog: str, debug: bool, command_line: str = "", argv: Sequen
     """An error before training prints ``prog: error: message``, exit 1 (with `debug`, or raised while training: the
     traceback; a full disk is one line wherever it happens); Ctrl-C and SIGTERM print one line saying what to run
     next (:func:`after_interrupt`), exit 130 and 143, the run's lock released on the way."""
-    handlers = stop.arm()  # a signal ends the command even where its exception is dropped (`trl_groupopt.cli.stop`)
+    handlers = (
+        stop.arm()
+    )  # a signal ends the command even where its exception is dropped (`trl_groupopt.runfolder.stop`)
     try:
         yield
         stop.raise_pending()

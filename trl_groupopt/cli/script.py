@@ -24,12 +24,12 @@ from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_co
 from ..data import adapters, offline, rewards
 from ..data.offline import uses_embedded_policy
 from ..methods.registry import get_method
+from ..runfolder import stop
 from ..runfolder.checkpoints import FINAL_RECORD, remove_record, write_final_record
 from ..trainer.args_check import option_problems
 from ..trainer.card import SYNTHETIC_DATASET_NAME
 from ..trainer.device import device_supports_bf16, has_accelerator
 from ..trainer.reporting import HeldOutAccuracyCallback, ReadableProgressCallback, plot_reward_accuracy, write_results
-from . import stop
 from .defaults import EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS
 
 __all__ = ["Deferred", "DemoScriptArguments", "MethodParser", "run"]

@@ -10,6 +10,7 @@ import time
 import warnings
 from typing import Any
 
+from ..runfolder.stop import raise_pending
 from . import offline
 from .heldout import DEFAULT_MAX_HELDOUT, carve_heldout
 from .prompts import check_fraction, check_prompt_lengths, check_prompts, flatten_text_parts
@@ -127,6 +128,8 @@ def _unreadable_line(path: str, as_json: bool) -> str | None:
     large, last = size >= LARGE_FILE_BYTES, time.monotonic()
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, 1):
+            if not number & 0xFFF:  # a stop signal whose exception was dropped ends the check here, not minutes later
+                raise_pending()
             if large and time.monotonic() - last >= PROGRESS_EVERY_S:
                 _say(f"--dataset_name {path}: checked {number - 1:,} lines ({handle.tell() / size:.0%} of the file)")
                 last = time.monotonic()
