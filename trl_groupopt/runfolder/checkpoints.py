@@ -1,7 +1,8 @@
 """A run folder's records: which checkpoints are complete (`CHECKPOINT_RECORD`), whether the final outputs are
 (`FINAL_RECORD`), and which checkpoint to resume from: docs/reliability.md, "Runs that survive". Imports neither TRL
 nor torch (the CLI reads it first). `python -m trl_groupopt.runfolder.checkpoints DIR` records a checkpoint that
-another Trainer wrote (whose files cannot be verified otherwise), vouching for its files as they are."""
+another Trainer wrote (whose files cannot be verified otherwise), vouching for its files as they are once they load
+(`vouch_problem`) and no live run holds its output folder."""
 
 from __future__ import annotations
 
@@ -249,11 +250,13 @@ def _safetensors_problem(path: Path) -> str | None:
             header = json.loads(handle.read(length)) if 0 < length <= size - 8 else None
         except ValueError:
             header = None
-    if not isinstance(header, dict):
+    try:
+        entries = [entry for key, entry in header.items() if key != "__metadata__"]
+        end = max((int(entry["data_offsets"][1]) for entry in entries), default=0)
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
         return f"{path.name} has no readable safetensors header ({size:,} bytes)"
-    ends = [e.get("data_offsets", [0, 0])[1] for k, e in header.items() if k != "__metadata__" and isinstance(e, dict)]
-    if max(ends, default=0) != size - 8 - length:
-        return f"{path.name} holds {size - 8 - length:,} bytes of tensor data, its header {max(ends, default=0):,} (truncated)"
+    if end != size - 8 - length:
+        return f"{path.name} holds {size - 8 - length:,} bytes of tensor data, its header says {end:,} (truncated)"
     return None
 
 
