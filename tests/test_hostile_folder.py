@@ -214,3 +214,23 @@ def test_vouching_a_read_only_checkpoint_says_so_in_one_line(tmp_path, monkeypat
     assert checkpoints.vouch([str(folder)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Permission denied" in err and f"chmod -R u+w {folder}" in err
+
+
+def test_the_command_refuses_a_symlinked_lock_in_one_line_before_anything_loads(tmp_path, capsys, monkeypatch):
+    """Broken 1 as the campaign ran it: `trl-groupopt train ... --output_dir out` with the lock linked to a file
+    outside exited 0 and had overwritten that file."""
+    from trl_groupopt.cli import main as cli
+    from trl_groupopt.data import adapters
+
+    def data_would_load(*args, **kwargs):
+        raise AssertionError("the run went on past its lock")
+
+    monkeypatch.setattr(adapters, "load_datasets", data_would_load)
+    precious, out = _precious(tmp_path), tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).symlink_to(precious)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["train", "--method", "echo", "--output_dir", str(out), "--max_steps", "2"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 1 and err.count("\n") == 1 and "is a symbolic link" in err, err
+    assert precious.read_text() == PRECIOUS
