@@ -55,6 +55,9 @@ class GroupOptTrainer(TRLHooks):
     supports_delta: ClassVar[bool] = True  # whether TRL's `delta` (two-sided surrogate clip) means anything here
     #: What happens to the mechanism on-policy (then it warns), e.g. "ECHO's batch clip never acts"; None: it acts.
     inert_on_policy: ClassVar[str | None] = None
+    #: Why a token's gradient also carries a batch-wide term (None: it does not); then the contract
+    #: (`trl_groupopt.testing`) checks the sign of the whole gradient against the advantages, not each token's.
+    gradient_couples_tokens: ClassVar[str | None] = None
     #: The objective applies TRL's per-token loss weights itself (keyword `loss_weights`, None when all are off).
     objective_applies_loss_weights: ClassVar[bool] = False
     #: Changes TRL's loss or advantages (derived per subclass): only a class without may run TRL's cispo/sapo/vespo.

@@ -107,6 +107,7 @@ class ECHOTrainer(GroupOptTrainer):
     config_class = ECHOConfig
     supports_delta = False
     inert_on_policy = "ECHO's batch clip never acts"
+    gradient_couples_tokens = "Eq. 34: every token carries the coupling L = (1/N) sum r A through log R"
     # The wide scopes' coupling must count TRL's per-token loss weights, so echo_loss applies them (docs/echo.md).
     objective_applies_loss_weights = True
 
