@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from trl import GRPOConfig
 
-from trl_groupopt.core.common import clipped_surrogate_loss, masked_mean
+from trl_groupopt.core.common import ObjectiveOutput, clipped_surrogate_loss, masked_mean
 from trl_groupopt.core.estimators import ESTIMATORS, AdvantageEstimator, EstimatorOutput, register_estimator
 from trl_groupopt.methods.registry import METHODS, load_estimators, register_method, unregister_method
 from trl_groupopt.testing import HostSyncError, check_estimator, check_objective, no_host_sync
@@ -66,14 +66,16 @@ class SapoLikeTrainer(GroupOptTrainer):
     config_class = SapoLikeConfig
 
     def objective(self, logps, old, advantages, mask, inputs):
-        return sapo_like(logps, old, advantages, tau_pos=self.args.tau_pos, tau_neg=self.args.tau_neg)
+        return ObjectiveOutput(sapo_like(logps, old, advantages, tau_pos=self.args.tau_pos, tau_neg=self.args.tau_neg))
 
 
 class SapoLikeFlippedTrainer(SapoLikeTrainer):
     """The toy with its loss sign flipped and its temperatures swapped."""
 
     def objective(self, logps, old, advantages, mask, inputs):
-        return -sapo_like(logps, old, advantages, tau_pos=self.args.tau_neg, tau_neg=self.args.tau_pos)
+        return ObjectiveOutput(
+            -sapo_like(logps, old, advantages, tau_pos=self.args.tau_neg, tau_neg=self.args.tau_pos)
+        )
 
 
 class FlippedGRPOTrainer(GroupOptTrainer):
@@ -88,7 +90,7 @@ class LeakyTrainer(GroupOptTrainer):
 
     def objective(self, logps, old, advantages, mask, inputs):
         log_ratio = (logps - old).mean(-1, keepdim=True)  # (B, 1): should be masked_mean(logps - old, mask, -1)
-        return -advantages.unsqueeze(-1) * torch.exp(log_ratio)
+        return ObjectiveOutput(-advantages.unsqueeze(-1) * torch.exp(log_ratio))
 
 
 class ItemTrainer(GroupOptTrainer):
@@ -151,7 +153,7 @@ def test_an_objective_leaking_gradient_through_masked_tokens_fails_the_masked_to
 
 def test_masking_the_leak_passes(register, monkeypatch):
     def masked(self, logps, old, advantages, mask, inputs):
-        return -advantages.unsqueeze(-1) * torch.exp(masked_mean(logps - old, mask, -1).unsqueeze(-1))
+        return ObjectiveOutput(-advantages.unsqueeze(-1) * torch.exp(masked_mean(logps - old, mask, -1).unsqueeze(-1)))
 
     monkeypatch.setattr(LeakyTrainer, "objective", masked)
     check_objective(register("toy_leak_fixed", LeakyTrainer))

@@ -52,10 +52,10 @@ class BoundObjective:
     applies_loss_weights: bool
 
     def output(self, logps: Tensor, old: Tensor, advantages: Tensor, mask: Tensor) -> ObjectiveOutput:
-        inputs = {"completion_mask": mask, "advantages": advantages}
+        group_ids = torch.arange(mask.shape[0], device=mask.device) // GROUP_SIZE  # (B,) consecutive groups
+        inputs = {"completion_mask": mask, "advantages": advantages, "group_ids": group_ids}
         keywords = {"loss_weights": None} if self.applies_loss_weights else {}
-        out = type(self.host).objective(self.host, logps, old, advantages, mask, inputs, **keywords)
-        return out if isinstance(out, ObjectiveOutput) else ObjectiveOutput(out)  # a bare (B, T) / (B, 1) loss
+        return type(self.host).objective(self.host, logps, old, advantages, mask, inputs, **keywords)
 
     def loss(self, logps: Tensor, old: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
         return aggregate_as_trainer(self.output(logps, old, advantages, mask).per_token_loss, mask, self.config)
