@@ -92,7 +92,7 @@ class MethodSpec:
         if not self.display_name:
             object.__setattr__(self, "display_name", self.name.upper())
         if self.mechanism is not None:
-            self.mechanism.bind(self.name)
+            object.__setattr__(self, "mechanism", self.mechanism.bound_to(self.name))
 
     @property
     def is_estimator(self) -> bool:

@@ -49,12 +49,12 @@ class BoundObjective:
     name: str
     config: Any
     host: Any  # the stand-in trainer
-    applies_loss_weights: bool
+    applies_token_weights: bool
 
     def output(self, logps: Tensor, old: Tensor, advantages: Tensor, mask: Tensor) -> ObjectiveOutput:
         group_ids = torch.arange(mask.shape[0], device=mask.device) // GROUP_SIZE  # (B,) consecutive groups
         inputs = {"completion_mask": mask, "advantages": advantages, "group_ids": group_ids}
-        keywords = {"loss_weights": None} if self.applies_loss_weights else {}
+        keywords = {"token_weights": None} if self.applies_token_weights else {}
         return type(self.host).objective(self.host, logps, old, advantages, mask, inputs, **keywords)
 
     def loss(self, logps: Tensor, old: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
@@ -85,7 +85,7 @@ def bind_objective(name: str, **overrides: Any) -> BoundObjective:
         _OneProcess(),
         1,
     )
-    applies = bool(getattr(trainer_class, "objective_applies_loss_weights", False))
+    applies = bool(getattr(trainer_class, "objective_applies_token_weights", False))
     return BoundObjective(name, config, host, applies)
 
 
