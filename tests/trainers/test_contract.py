@@ -204,3 +204,42 @@ def test_an_estimator_passing_raw_rewards_fails_the_constant_group_and_the_shift
     finally:
         ESTIMATORS.unregister("toy_raw")
     assert failing_properties(error) == ["constant group", "reward shift"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the command line: python -m trl_groupopt.testing
+
+
+def test_the_command_line_runs_every_registered_objective_and_estimator(capsys):
+    from trl_groupopt.testing.__main__ import main
+
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert all(f"ok   objective {name}\n" in out for name in METHODS)
+    assert all(f"ok   estimator {name}\n" in out for name in ESTIMATORS)
+    assert f"{len(METHODS) + len(ESTIMATORS)} of {len(METHODS) + len(ESTIMATORS)} pass the contract" in out
+
+
+def test_the_command_line_imports_a_users_module_and_fails_naming_the_property(tmp_path, monkeypatch, capsys):
+    from trl_groupopt.testing.__main__ import main
+
+    (tmp_path / "my_flipped_method.py").write_text(
+        "from tests.trainers.test_contract import FlippedGRPOTrainer, registered\n"
+        "registered('toy_cli_flipped', FlippedGRPOTrainer)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert main(["--import", "my_flipped_method", "toy_cli_flipped"]) == 1
+    finally:
+        unregister_method("toy_cli_flipped")
+    out = capsys.readouterr().out
+    assert "FAIL objective toy_cli_flipped: check_objective('toy_cli_flipped') fails 1 of 6" in out
+    assert "- gradient sign: random seed 0" in out and "0 of 1 pass the contract" in out
+
+
+def test_the_command_line_refuses_an_unknown_name(capsys):
+    from trl_groupopt.testing.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["nope"])
+    assert "not a registered method or estimator: nope" in capsys.readouterr().err
