@@ -34,6 +34,22 @@ def test_every_registered_objective_passes_the_contract(name):
     check_objective(name)
 
 
+@pytest.mark.parametrize(
+    ("name", "settings"),
+    [
+        *(("dfpo", {"dfpo_transform": transform}) for transform in ("orth_proj", "orth_proj_qp", "none")),
+        ("ctpo", {"ctpo_ratio_mode": "geomean"}),
+        ("echo", {"batch_ratio_scope": "micro_batch"}),
+        ("echo", {"token_clip": False}),
+        ("grpo", {"importance_sampling_level": "sequence", "loss_type": "grpo"}),
+        *(("grpo", {"loss_type": loss_type}) for loss_type in ("bnpo", "dr_grpo", "luspo")),
+        ("grpo", {"delta": 1.5}),
+    ],
+)
+def test_the_shipped_objectives_pass_under_their_other_settings(name, settings):
+    check_objective(name, **settings)
+
+
 @pytest.mark.parametrize("name", list(ESTIMATORS))
 def test_every_registered_estimator_passes_the_contract(name):
     check_estimator(name)

@@ -38,8 +38,8 @@ class Case:
 
 
 def random_case(seed: int, *, log_ratio: float = 0.3, on_policy: bool = False) -> Case:
-    """K groups of G rows: log-probs in [-3, -0.05], ragged rows (1..T valid tokens, a hole in one row), advantages
-    centred in each group (both signs in every group, as the estimators give) with |A| >= 0.1, token log-ratios uniform in [-log_ratio, log_ratio] (0 on-policy)."""
+    """K groups of G rows: log-probs in [-3, -0.05], ragged rows (1..T valid tokens, a hole in one row), (B,)
+    advantages summing to 0 in each group, as TRL's (pairs +-a, |a| >= 0.1, in random order), token log-ratios uniform in [-log_ratio, log_ratio] (0 on-policy)."""
     g = torch.Generator().manual_seed(seed)
     batch = GROUPS * GROUP_SIZE
     logps = -(torch.rand(batch, LENGTH, generator=g, dtype=torch.float64) * 2.95 + 0.05)
@@ -47,9 +47,10 @@ def random_case(seed: int, *, log_ratio: float = 0.3, on_policy: bool = False) -
     mask = (torch.arange(LENGTH) < lengths[:, None]).long()
     mask[0] = 1
     mask[0, LENGTH // 2] = 0  # a hole (a tool result inside a completion)
-    normal = torch.randn(GROUPS, GROUP_SIZE, generator=g, dtype=torch.float64)
-    centred = (normal - normal.mean(1, keepdim=True)).flatten()  # as an estimator's: both signs in every group
-    advantages = centred.sign() * (centred.abs() + 0.1)
+    magnitudes = torch.randn(GROUPS, GROUP_SIZE // 2, generator=g, dtype=torch.float64).abs() + 0.1
+    pairs = torch.cat([magnitudes, -magnitudes], dim=1)  # (K, G) each group sums to 0 exactly, as TRL's advantages
+    order = torch.stack([torch.randperm(GROUP_SIZE, generator=g) for _ in range(GROUPS)])
+    advantages = pairs.gather(1, order).flatten()  # (B,)
     shift = (torch.rand(batch, LENGTH, generator=g, dtype=torch.float64) * 2 - 1) * log_ratio
     old = logps if on_policy else logps - shift
     kind = "on-policy" if on_policy else f"log-ratios within +-{log_ratio}"

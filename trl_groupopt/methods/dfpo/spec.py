@@ -59,7 +59,7 @@ METHOD = MethodSpec(
         "every sequence ratio is 1",
     ),
     acting_settings={},  # the defaults act: off-policy, sequence ratios differ within a group and the transform acts
-    on_policy_equals="grpo",  # at ratio 1 every s is 1 and min_replace keeps it: GSPO's value and gradient
+    on_policy_equals="grpo",  # ratio 1, group-centred advantages: every transform keeps s = 1, GSPO's loss
 )
 
 GRPO_FIX_METHOD = MethodSpec(
