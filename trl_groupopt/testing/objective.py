@@ -68,7 +68,9 @@ def aggregate_as_trainer(per_token_loss: Tensor, mask: Tensor, config: Any) -> T
 
 
 def bind_objective(name: str, **overrides: Any) -> BoundObjective:
-    """Method `name`'s objective under its default config (with `overrides`), on a stand-in trainer."""
+    """Method `name`'s objective under its default config (with `overrides`), on a stand-in trainer: an objective
+    reads its settings from the config (`self.args`) and what TRL derives from it, never from state its trainer's
+    `__init__` builds (no model, optimizer or data here)."""
     spec = METHODS.lookup(name)
     with tempfile.TemporaryDirectory() as folder:  # the config reads no file; nothing is written there
         config = spec.make_config(output_dir=folder, bf16=False, report_to="none", **overrides)
@@ -80,11 +82,8 @@ def bind_objective(name: str, **overrides: Any) -> BoundObjective:
     host.epsilon_high = config.epsilon_high if config.epsilon_high is not None else config.epsilon
     host.importance_sampling_level = config.importance_sampling_level
     host.num_generations = host.num_generations_eval = GROUP_SIZE
-    host.model, host.accelerator, host.current_gradient_accumulation_steps = (
-        SimpleNamespace(training=True),
-        _OneProcess(),
-        1,
-    )
+    host.model = SimpleNamespace(training=True)  # training mode: `group_size` is `num_generations`
+    host.accelerator, host.current_gradient_accumulation_steps = _OneProcess(), 1
     applies = bool(getattr(trainer_class, "objective_applies_token_weights", False))
     return BoundObjective(name, config, host, applies)
 
