@@ -4,8 +4,9 @@ extreme tensors (no model, no trainer loop). The shared training tests check the
 ``check_objective(name)`` takes a registered method (shipped, or a user's registered before the call), builds its
 config with the defaults, calls its trainer's ``objective`` on tensors (a stand-in trainer that holds only what TRL's
 ``GRPOTrainer.__init__`` derives from the config, one process, training mode) and aggregates the per-token loss as the
-trainer does (`trl_groupopt.trainer.loss.aggregate`, the config's ``loss_type``, one micro-batch). Properties (each
-failure names the property and the input that shows it):
+trainer does (`trl_groupopt.trainer.loss.aggregate`, the config's ``loss_type``, one micro-batch). The inputs
+(`trl_groupopt.testing.inputs`): 3 groups of 4 rows, ragged masks, one advantage per row summing to 0 in each group
+as TRL's do. Properties (each failure names the property and the input that shows it):
 
 - ``gradient sign``: on-policy (old = current log-probs), d loss / d log p of every valid token has the sign of minus
   its sequence's advantage (descent raises the log-probability of positive-advantage tokens): random inputs, both
@@ -30,9 +31,9 @@ knobs' defaults and checks: ``constant group``: a group whose rewards are all eq
 representable in float32: TRL centres by the group mean, whose rounding residue the trainer's equal-reward rule
 zeroes); ``reward shift`` (where the estimator declares ``shift_invariant``): adding a constant to every reward of a
 group leaves the advantages unchanged (within `FLOAT32_RTOL`); ``finite at extremes``: rewards of +-1e6, 0, a NaN
-(unscorable) row and an empty row give finite advantages.
+(unscorable) row and an empty row give finite advantages; ``no host sync``, as for objectives.
 
-Run it for your own method in a test file (docs/contract.md)::
+Run it for your own method in a test file (docs/contract.md), or ``python -m trl_groupopt.testing --import my_methods``::
 
     import my_methods  # registers "my_method"
     from trl_groupopt.testing import check_objective
