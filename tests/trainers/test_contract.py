@@ -7,7 +7,10 @@ passes it, and it fails, naming the property and the input, for objectives and e
 - GRPO's surrogate with its sign flipped fails the gradient sign and the on-policy equality with GRPO;
 - a sequence ratio from an unmasked mean leaks gradient to masked tokens; an `.item()`, a `.tolist()` or a boolean
   index in the objective is a host sync;
-- an estimator that passes the raw rewards through fails the constant group and the reward shift.
+- bfloat16 arithmetic on float32 inputs, `exp(5 log r)` and a weight by row position fail the float32 agreement, the
+  extremes and the row permutation, each alone;
+- an estimator that passes the raw rewards through fails the constant group and the reward shift;
+- `python -m trl_groupopt.testing` runs the same, in-process here.
 """
 
 from __future__ import annotations
@@ -115,6 +118,31 @@ class ItemTrainer(GroupOptTrainer):
         return super().objective(logps, old, advantages / scale, mask, inputs)
 
 
+class HalfPrecisionTrainer(GroupOptTrainer):
+    """GRPO's surrogate, computed in bfloat16 from float32 inputs (float64 ones stay float64)."""
+
+    def objective(self, logps, old, advantages, mask, inputs):
+        low = torch.bfloat16 if logps.dtype == torch.float32 else logps.dtype
+        out = super().objective(logps.to(low), old.to(low), advantages.to(low), mask, inputs)
+        return ObjectiveOutput(out.per_token_loss.to(logps.dtype))
+
+
+class OverflowingTrainer(GroupOptTrainer):
+    """An unclipped ratio raised to the 5th power: exp(5 * 20) overflows float32."""
+
+    def objective(self, logps, old, advantages, mask, inputs):
+        return ObjectiveOutput(-advantages.unsqueeze(-1) * torch.exp(5 * (logps - old.detach())) / 5)
+
+
+class RowWeightedTrainer(GroupOptTrainer):
+    """GRPO's surrogate weighted by the row's position in the batch."""
+
+    def objective(self, logps, old, advantages, mask, inputs):
+        out = super().objective(logps, old, advantages, mask, inputs)
+        rows = torch.arange(1, mask.shape[0] + 1, dtype=out.per_token_loss.dtype).unsqueeze(-1)  # (B, 1)
+        return ObjectiveOutput(out.per_token_loss * rows)
+
+
 def registered(name, trainer_class, config_class=GRPOConfig, **fields):
     spec = register_method(name, config_class=config_class, trainer_class=trainer_class, paper="arXiv:0000.00000",
                            headline_metric="clip_ratio/region_mean", **fields)  # fmt: skip
@@ -179,6 +207,20 @@ def test_an_objective_with_an_item_inside_fails_no_host_sync(register):
     with pytest.raises(AssertionError, match=r"- no host sync: .*ran Tensor.item\(\)") as error:
         check_objective(register("toy_item", ItemTrainer))
     assert failing_properties(error) == ["no host sync"]
+
+
+@pytest.mark.parametrize(
+    ("trainer_class", "property_name", "shown_by"),
+    [
+        (HalfPrecisionTrainer, "float32 agrees with float64", "the float32 loss is off by"),
+        (OverflowingTrainer, "finite at extremes", "extreme: log-ratios +20, advantages +-1e6"),
+        (RowWeightedTrainer, "row permutation", "rows permuted within groups as"),
+    ],
+)
+def test_each_other_property_fails_for_an_objective_that_breaks_it(register, trainer_class, property_name, shown_by):
+    with pytest.raises(AssertionError) as error:
+        check_objective(register(f"toy_{trainer_class.__name__.lower()}", trainer_class))
+    assert failing_properties(error) == [property_name] and shown_by in str(error.value)
 
 
 @pytest.mark.parametrize(
