@@ -9,7 +9,8 @@ passes it, and it fails, naming the property and the input, for objectives and e
   index in the objective is a host sync;
 - bfloat16 arithmetic on float32 inputs, `exp(5 log r)` and a weight by row position fail the float32 agreement, the
   extremes and the row permutation, each alone;
-- an estimator that passes the raw rewards through fails the constant group and the reward shift;
+- an estimator that passes the raw rewards through fails the constant group and the reward shift; one dividing by
+  the row length fails the extremes (an empty row); one with an `.item()` fails the host-sync check;
 - `python -m trl_groupopt.testing` runs the same, in-process here.
 """
 
@@ -301,3 +302,26 @@ def test_the_command_line_refuses_an_unknown_name(capsys):
     with pytest.raises(SystemExit):
         main(["nope"])
     assert "not a registered method or estimator: nope" in capsys.readouterr().err
+
+
+def _per_token_length(inputs):
+    return inputs.trl_advantages / inputs.mask.sum(-1)  # an empty row: division by 0
+
+
+def _synced(inputs):
+    return inputs.trl_advantages * (inputs.trl_advantages.abs().max().item() >= 0)  # a host read
+
+
+@pytest.mark.parametrize(
+    ("estimate", "property_name"),
+    [(_per_token_length, "finite at extremes"), (_synced, "no host sync")],
+)
+def test_each_other_estimator_property_fails_for_an_estimator_that_breaks_it(estimate, property_name):
+    register_estimator(AdvantageEstimator("toy_estimator", lambda inputs: EstimatorOutput(estimate(inputs)), "toy",
+                                          shift_invariant=True))  # fmt: skip
+    try:
+        with pytest.raises(AssertionError) as error:
+            check_estimator("toy_estimator")
+    finally:
+        ESTIMATORS.unregister("toy_estimator")
+    assert failing_properties(error) == [property_name]
