@@ -105,8 +105,9 @@ def clip_indicators(is_low: Tensor, is_high: Tensor) -> dict[str, Tensor]:
     return {"clip_ratio/low": is_low, "clip_ratio/high": is_high, "clip_ratio/region": torch.maximum(is_low, is_high)}
 
 
-def loss_weights(weights: Tensor | None, shape: torch.Size, dtype: torch.dtype) -> Tensor | None:
-    """TRL's per-token loss weights, detached in `dtype`: (B, T) or (B, 1), checked against the (B, T) mask `shape`."""
+def checked_token_weights(weights: Tensor | None, shape: torch.Size, dtype: torch.dtype) -> Tensor | None:
+    """The trainer's token weights (the product of TRL's per-token multipliers, `GroupOptTrainer`'s keyword
+    `token_weights`), detached in `dtype`: (B, T) or (B, 1), checked against the (B, T) mask `shape`."""
     if weights is None:
         return None
     batch, length = shape
