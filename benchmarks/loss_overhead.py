@@ -82,7 +82,7 @@ def make_call(trainer, inputs: dict[str, Any], drift):
     """One loss + backward of `trainer` (None: TRL's surrogate, GRPOConfig's epsilon 0.2) as a callable."""
     old, mask = inputs["old_per_token_logps"].float(), inputs["completion_mask"]
     logps = (old + drift).detach().requires_grad_(True)
-    kwargs = {"loss_weights": None} if getattr(trainer, "objective_applies_loss_weights", False) else {}
+    kwargs = {"token_weights": None} if getattr(trainer, "objective_applies_token_weights", False) else {}
 
     def call() -> None:
         if trainer is None:

@@ -42,16 +42,18 @@ def test_every_registered_method_has_one_definition_the_benchmark_shares():
 
 
 def test_the_method_name_comes_from_the_spec_and_is_required_once():
-    """`Mechanism.method` is set by the spec that holds it (the name is written once), and a definition belongs to
-    one method; a definition without `inert` / `hint` is refused (the report must say what ran and what to do)."""
+    """`Mechanism.method` is set by the spec that holds it (the name is written once; the spec holds a bound copy,
+    the frozen definition is not mutated), and a bound definition belongs to one method; a definition without `inert`
+    / `hint` is refused (the report must say what ran and what to do)."""
     from trl_groupopt.methods.spec import MethodSpec
 
     mechanism = Mechanism(name="M", what="w", keys=("k",), acts=bool, inert="i", hint="h")
     assert mechanism.method == ""
     spec = MethodSpec(name="first", trainer_class="x:Y", paper="p", headline_metric="k", mechanism=mechanism)
-    assert spec.mechanism.method == "first" and mechanism.metric == "acted/first"
+    assert spec.mechanism.method == "first" and spec.mechanism.metric == "acted/first"
+    assert mechanism.method == "" and spec.mechanism.bound_to("first") is spec.mechanism
     with pytest.raises(ValueError, match="belongs to method 'first', not 'second'"):
-        MethodSpec(name="second", trainer_class="x:Y", paper="p", headline_metric="k", mechanism=mechanism)
+        MethodSpec(name="second", trainer_class="x:Y", paper="p", headline_metric="k", mechanism=spec.mechanism)
     with pytest.raises(ValueError, match="inert and hint"):
         Mechanism(name="M", what="w", keys=("k",), acts=bool, inert="", hint="h")
 

@@ -204,7 +204,9 @@ def test_a_malformed_record_is_skipped_by_last_not_a_crash(tmp_path, files, why)
 def test_a_checkpoint_another_trainer_wrote_is_vouched_for_by_recording_it(tmp_path, monkeypatch, capsys):
     """The one way to resume a checkpoint without a record (GRPOTrainer's, say): the refusal names the command that
     records its files as they are; after it, the checkpoint resumes."""
-    theirs = _checkpoint(tmp_path, 6, record=False)
+    from tests.test_hostile_folder import _their_checkpoint
+
+    theirs = _their_checkpoint(tmp_path, 6)  # files that load (issue 52: vouching checks them)
     with pytest.raises(ValueError) as refused:
         resolve_resume(tmp_path, str(theirs))
     command = f"python -m trl_groupopt.runfolder.checkpoints {theirs}"
@@ -212,11 +214,13 @@ def test_a_checkpoint_another_trainer_wrote_is_vouched_for_by_recording_it(tmp_p
     monkeypatch.setattr("sys.argv", command.split()[2:])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module was imported before
-        runpy.run_module("trl_groupopt.runfolder.checkpoints", run_name="__main__")
+        with pytest.raises(SystemExit, match="0"):
+            runpy.run_module("trl_groupopt.runfolder.checkpoints", run_name="__main__")
         assert capsys.readouterr().out == f"recorded {theirs}: its files as they are now\n"
         assert resolve_resume(tmp_path, str(theirs)) == str(theirs)
-        with pytest.raises(SystemExit, match="it is recorded and complete; nothing written"):
+        with pytest.raises(SystemExit):
             runpy.run_module("trl_groupopt.runfolder.checkpoints", run_name="__main__")
+        assert "it is recorded and complete already; nothing written" in capsys.readouterr().err
 
 
 def test_resume_takes_the_newest_complete_checkpoint_and_names_what_it_skips(tmp_path):

@@ -26,6 +26,7 @@ from trl_groupopt import DFPOConfig, DFPOTrainer
 from trl_groupopt.data.offline import load_embedded_policy
 from trl_groupopt.methods.dfpo.grpo_fix import symmetric_clip_loss
 from trl_groupopt.methods.dfpo.objective import dfpo_loss
+from trl_groupopt.trainer.batching import EQUAL_REWARDS
 
 WIDE = dict(epsilon=0.05, epsilon_high=0.08)  # some sequences clipped, some not, at off_policy_scale 0.3
 
@@ -147,8 +148,9 @@ def test_vllm_importance_weights_applied_once(tiny, transform, shape):
 
 def test_all_equal_rewards_contribute_nothing_on_the_embedded_policy(tmp_path):
     """TRL's own advantage computation on a group whose rewards are all 0.1 (float32 noise of ~1e-4): every DFPO
-    transform gives zero loss and zero gradient; 'none' (GSPO) pushes the group. The trainer's batch itself carries
-    exact zeros for such a group (`batching.equal_reward_rows`), so the noise is put back here as TRL computes it."""
+    transform gives zero loss and zero gradient; 'none' (GSPO) pushes the group. The trainer's `compute_advantages`
+    gives such a group exact zeros (the equal-reward rule, `batching.EQUAL_REWARDS`), so the rule is lifted here and
+    TRL's noise put in the batch as TRL computes it."""
     from trl.trainer.utils import nanstd
 
     model, tokenizer = load_embedded_policy()
@@ -158,7 +160,9 @@ def test_all_equal_rewards_contribute_nothing_on_the_embedded_policy(tmp_path):
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     inputs = trainer._generate_and_score_completions([tiny_dataset(8)[0]] * 8)
-    assert bool((inputs["advantages"] == 0).all())  # the trainer's rule: an equal-reward group has no signal
+    advantages = trainer.compute_advantages(inputs, None, inputs["completion_mask"])
+    assert bool((advantages == 0).all())  # the trainer's rule: an equal-reward group has no signal
+    assert bool(inputs.pop(EQUAL_REWARDS).all())  # lifted: the advantages below reach the objective
     rewards = torch.full((1, 8), 0.1)  # mirrors GRPOTrainer._generate_and_score_completions (trl 1.16.0)
     noise = (rewards - torch.nanmean(rewards, dim=1, keepdim=True)) / (nanstd(rewards, dim=1).unsqueeze(1) + 1e-4)
     inputs["advantages"] = noise.view(-1)

@@ -170,9 +170,9 @@ def test_environment_rewards_and_tool_mask_reach_the_otb_advantages(tmp_path, to
 
     # Defaults on a tool-use batch: valid positions and zero tail on (verl's tool-use estimator's defaults)
     zero_tail = trainer.args.otb_handle_zero_tail
-    assert otb_zero_tail(zero_tail, trainer._estimator_inputs(batch, mask).tool_use) is True
+    assert otb_zero_tail(zero_tail, trainer._estimator_inputs(batch, mask, None).tool_use) is True
     single_turn = {k: v for k, v in batch.items() if k != "tool_mask"}
-    assert otb_zero_tail(zero_tail, trainer._estimator_inputs(single_turn, mask).tool_use) is False
+    assert otb_zero_tail(zero_tail, trainer._estimator_inputs(single_turn, mask, None).tool_use) is False
 
     losses, advantages = {}, {}
     for zero_tail in (None, True, False):

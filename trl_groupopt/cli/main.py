@@ -13,7 +13,6 @@ import os
 import shlex
 import signal
 import sys
-import threading
 import traceback
 import warnings
 from collections.abc import Sequence
@@ -21,7 +20,9 @@ from typing import TYPE_CHECKING, NoReturn
 
 from ..data.offline import uses_embedded_policy
 from ..methods.registry import METHODS, get_method
+from ..runfolder import stop
 from ..runfolder.resume import DiskFullError
+from ..runfolder.stop import Interrupted  # noqa: F401  (its home before issue 52)
 from .defaults import DEMO_DEFAULTS, EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS  # noqa: F401  (read here by benchmarks)
 
 if TYPE_CHECKING:
@@ -74,7 +75,10 @@ def train(method: str, argv: Sequence[str] | None = None, *, prog: str | None = 
             if opened.finished:  # nothing to do: exit 0 (a job-retry loop stops here)
                 raise SystemExit(0)
             train_dataset, eval_dataset = adapters.load_datasets(script_args, model_args, args)
-            return script.run(method, script_args, args, model_args, demo, train_dataset, eval_dataset, opened)
+            stop.raise_pending()
+            trainer = script.run(method, script_args, args, model_args, demo, train_dataset, eval_dataset, opened)
+            stop.raise_pending()  # a signal dropped after the last step still stops the command, as a stop
+            return trainer
     except KeyboardInterrupt as interrupt:
         interrupt.output_dir = args.output_dir  # what to do next depends on what the run left there
         raise
@@ -133,36 +137,19 @@ def after_interrupt(command_line: str, argv: Sequence[str], output_dir: str | No
     return f"No checkpoint was saved, nothing to resume; run it again with: {again}{token_note}"
 
 
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) or SIGTERM, `signum`, during the command."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop(signum: int, frame) -> NoReturn:
-    _ignore_signals()  # a second Ctrl-C while the run winds down (lock, folder, progress bar) is ignored
-    raise Interrupted(signum)
-
-
-def _ignore_signals() -> None:
-    if threading.current_thread() is threading.main_thread():
-        for each in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(each, signal.SIG_IGN)
-
-
 @contextlib.contextmanager
 def one_line_errors(prog: str, debug: bool, command_line: str = "", argv: Sequence[str] = ()):
     """An error before training prints ``prog: error: message``, exit 1 (with `debug`, or raised while training: the
     traceback; a full disk is one line wherever it happens); Ctrl-C and SIGTERM print one line saying what to run
     next (:func:`after_interrupt`), exit 130 and 143, the run's lock released on the way."""
-    main_thread = threading.current_thread() is threading.main_thread()
-    handlers = {each: signal.signal(each, _stop) for each in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    handlers = (
+        stop.arm()
+    )  # a signal ends the command even where its exception is dropped (`trl_groupopt.runfolder.stop`)
     try:
         yield
+        stop.raise_pending()
     except KeyboardInterrupt as interrupt:
-        _ignore_signals()
+        stop.ignore()
         traceback.clear_frames(interrupt.__traceback__)  # the run's objects (its progress bar) close first
         gc.collect()
         signum = getattr(interrupt, "signum", signal.SIGINT)
@@ -176,8 +163,7 @@ def one_line_errors(prog: str, debug: bool, command_line: str = "", argv: Sequen
         text = str(error) if isinstance(error, ValueError | OSError) else f"{type(error).__name__}: {error}"
         die(prog, f"{text} (--debug shows the traceback)", status=1)
     finally:
-        for each, handler in handlers.items():
-            signal.signal(each, handler)
+        stop.disarm(handlers)
 
 
 def command(method: str) -> None:

@@ -24,6 +24,7 @@ from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser, get_peft_co
 from ..data import adapters, offline, rewards
 from ..data.offline import uses_embedded_policy
 from ..methods.registry import get_method
+from ..runfolder import stop
 from ..runfolder.checkpoints import FINAL_RECORD, remove_record, write_final_record
 from ..trainer.args_check import option_problems
 from ..trainer.card import SYNTHETIC_DATASET_NAME
@@ -260,6 +261,7 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
     trainer.remove_callback(ProgressCallback)  # one of these two is installed, by disable_tqdm
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(ReadableProgressCallback(spec.headline_metric, show_bar=not training_args.disable_tqdm))
+    trainer.add_callback(stop.safe_points())  # a stop signal dropped where it landed ends the run at the step's end
     return trainer
 
 

@@ -66,7 +66,11 @@ def nan_if_empty(value: Tensor, count: Tensor) -> Tensor:
 def check_positive(*, finite: bool = False, reason: str = "", **values: float) -> None:
     """Raise unless every keyword value is > 0 (NaN too; +inf too with `finite`); `reason` follows "> 0"."""
     for name, value in values.items():
-        if not value > 0:
+        try:
+            positive = value > 0
+        except TypeError:  # a string from a config file or a command line ('0.1'): name the option, not '>'
+            raise ValueError(f"{name} must be a number > 0{reason}, got {value!r} ({type(value).__name__})") from None
+        if not positive:
             raise ValueError(f"{name} must be > 0{reason}, got {value!r}")
         if finite and not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number > 0{reason}, got {value!r}")
@@ -101,8 +105,9 @@ def clip_indicators(is_low: Tensor, is_high: Tensor) -> dict[str, Tensor]:
     return {"clip_ratio/low": is_low, "clip_ratio/high": is_high, "clip_ratio/region": torch.maximum(is_low, is_high)}
 
 
-def loss_weights(weights: Tensor | None, shape: torch.Size, dtype: torch.dtype) -> Tensor | None:
-    """TRL's per-token loss weights, detached in `dtype`: (B, T) or (B, 1), checked against the (B, T) mask `shape`."""
+def checked_token_weights(weights: Tensor | None, shape: torch.Size, dtype: torch.dtype) -> Tensor | None:
+    """The trainer's token weights (the product of TRL's per-token multipliers, `GroupOptTrainer`'s keyword
+    `token_weights`), detached in `dtype`: (B, T) or (B, 1), checked against the (B, T) mask `shape`."""
     if weights is None:
         return None
     batch, length = shape

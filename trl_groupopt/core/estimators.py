@@ -60,6 +60,9 @@ class AdvantageEstimator:
     needs_energy: bool = False  # the rollout logit-gradient energy (`trainer/energy.py`); no other pays it
     per_token: bool = False  # (B, T) advantages (objectives defined on one advantage per sequence refuse them)
     trl_advantages: bool = False  # TRL's own: TRL's surrogate-replacing loss types (cispo, sapo, vespo) may run
+    #: Adding a constant to every reward of a group leaves its advantages unchanged (checked by the contract,
+    #: `trl_groupopt.testing.check_estimator`).
+    shift_invariant: bool = False
     #: The knobs' config fields, `(name, type, dataclasses.field(...))` as `make_dataclass` takes them: every method
     #: config gets them (`trl_groupopt/trainer/config.py`).
     config_fields: tuple[tuple[str, Any, Any], ...] = ()
@@ -87,6 +90,10 @@ def estimator_of(config: Any) -> AdvantageEstimator:
 _GRPO_SUMMARY = "TRL's group-normalised advantages (G_i - group mean, scaled as `scale_rewards` says)"
 register_estimator(
     AdvantageEstimator(
-        "grpo", lambda inputs: EstimatorOutput(inputs.trl_advantages), _GRPO_SUMMARY, trl_advantages=True
+        "grpo",
+        lambda inputs: EstimatorOutput(inputs.trl_advantages),
+        _GRPO_SUMMARY,
+        trl_advantages=True,
+        shift_invariant=True,
     )
 )

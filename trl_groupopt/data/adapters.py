@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 from typing import Any
 
+from ..runfolder.stop import raise_pending
 from . import offline
 from .heldout import DEFAULT_MAX_HELDOUT, carve_heldout
 from .prompts import check_fraction, check_prompt_lengths, check_prompts, flatten_text_parts
@@ -90,13 +92,13 @@ def _looks_local(name: str) -> bool:
     return bool(parent) and os.path.isdir(parent)
 
 
-def check_model_path(name: str | None) -> None:
-    """A ``--model_name_or_path`` that looks local must be a folder that exists."""
+def check_model_path(name: str | None, option: str = "--model_name_or_path") -> None:
+    """A ``--model_name_or_path`` (`option`: how the caller names it) that looks local must be a folder that exists."""
     if name is None or not _looks_local(name) or os.path.isdir(os.path.expanduser(name)):
         return
     what = "is a file, not a model folder" if os.path.exists(os.path.expanduser(name)) else "no such folder"
     raise FileNotFoundError(
-        f"--model_name_or_path {name}: {what}. Give the folder of a saved model (the one holding config.json) or a "
+        f"{option} {name}: {what}. Give the folder of a saved model (the one holding config.json) or a "
         "Hub model id such as Qwen/Qwen2.5-0.5B-Instruct."
     )
 
@@ -106,10 +108,36 @@ def _json_kind(value: Any) -> str:
     return kinds.get(type(value), "a JSON number")
 
 
+#: A data file at least this large prints what the data checks are doing while they run (a 1 GB file takes minutes).
+LARGE_FILE_BYTES = 64 << 20
+#: A dataset of at least this many rows says so before each of the checks that read every row.
+LARGE_ROWS = 200_000
+#: How often the line-by-line check of a large file says how far it got, in seconds.
+PROGRESS_EVERY_S = 10.0
+
+
+def _say(text: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        print(f"[trl-groupopt] {text}", flush=True)
+
+
 def _unreadable_line(path: str, as_json: bool) -> str | None:
-    """The first line of a local text file that is not UTF-8 or (`as_json`, JSON Lines) not one JSON object."""
+    """The first line of a local text file that is not UTF-8 or (`as_json`, JSON Lines) not one JSON object; a large
+    file says how far the check got every `PROGRESS_EVERY_S` seconds."""
+    size = os.path.getsize(path)
+    large, last = size >= LARGE_FILE_BYTES, time.monotonic()
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, 1):
+            if not number & 0xFFF:  # a stop signal whose exception was dropped ends the check here, not minutes later
+                raise_pending()
+            if large and time.monotonic() - last >= PROGRESS_EVERY_S:
+                _say(f"--dataset_name {path}: checked {number - 1:,} lines ({handle.tell() / size:.0%} of the file)")
+                last = time.monotonic()
+            if b"\x00" in line:  # valid UTF-8, but never in text data: UTF-16 or UTF-32 saved without a BOM
+                return (
+                    f"line {number} holds NUL bytes: it looks like UTF-16 (or UTF-32) text without a byte-order "
+                    "mark; save the file as UTF-8."
+                )
             try:
                 text = line.decode("utf-8").rstrip("\r\n")  # the column of an error is then within this line
                 value = json.loads(text) if as_json and text.strip() else {}
@@ -153,6 +181,27 @@ def _read_json_document(path: str) -> tuple[Any, bool]:
     return (None if columns is None else datasets.Dataset.from_dict(columns)), True
 
 
+def _parquet_problem(path: str) -> str | None:
+    """Why the file at `path` is not a readable Parquet file (cut short, not Parquet, no rows), or None."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+        handle.seek(max(size - 4, 0))
+        tail = handle.read(4)
+    if head != b"PAR1" or tail != b"PAR1" or size < 12:
+        return (
+            f"it is not a complete Parquet file ({size:,} bytes; a Parquet file starts and ends with 'PAR1'): it "
+            "was cut short or is not Parquet; write it again (e.g. Dataset.to_parquet) or give a .jsonl file."
+        )
+    import pyarrow.parquet
+
+    try:
+        rows = pyarrow.parquet.ParquetFile(path).metadata.num_rows
+    except Exception as err:  # noqa: BLE001  (pyarrow's errors: a damaged footer, an unknown encoding)
+        return f"it is not a readable Parquet file ({str(err).splitlines()[0][:160]}); write it again."
+    return None if rows else "the Parquet file has no rows: there is nothing to train on."
+
+
 def load_raw_dataset(name: str, config: str | None = None, split: str = "train"):
     """One split of a Hub dataset, a local data file or a local folder, checked first (a supported, non-empty file; a
     folder of one kind of data file); errors name the file and the line."""
@@ -171,7 +220,11 @@ def load_raw_dataset(name: str, config: str | None = None, split: str = "train")
                     f"--dataset_name {name} is empty: there is nothing to train on. Give one row per line, e.g. "
                     f"{_EXAMPLE_LINE}"
                 )
-        problem = None if builder == "parquet" else _unreadable_line(name, as_json=False)
+        if os.path.getsize(name) >= LARGE_FILE_BYTES:
+            _say(
+                f"--dataset_name {name}: checking {os.path.getsize(name) / 2**20:,.0f} MB of data before the model loads"
+            )
+        problem = _parquet_problem(name) if builder == "parquet" else _unreadable_line(name, as_json=False)
         columns, document = (
             _read_json_document(name) if problem is None and name.lower().endswith(".json") else (None, True)
         )
@@ -181,7 +234,8 @@ def load_raw_dataset(name: str, config: str | None = None, split: str = "train")
             if problem is None:
                 return datasets.load_dataset(builder, data_files=name, split="train")
         except Exception as err:  # datasets' own errors name neither the file nor the line
-            line = _unreadable_line(name, as_json=name.lower().endswith(".jsonl") or not document)
+            text = builder != "parquet"
+            line = text and _unreadable_line(name, as_json=name.lower().endswith(".jsonl") or not document)
             problem = line or f"no rows could be read as {builder} ({err})."
         raise ValueError(f"--dataset_name {name}: {problem}")
     if os.path.isdir(name) and {"dataset_info.json", "dataset_dict.json"} & set(os.listdir(name)):  # save_to_disk
@@ -282,6 +336,11 @@ def load_datasets(script_args, model_args, training_args=None):
     """(train, held-out) datasets: the synthetic task's splits, or ``--dataset_name`` checked, its prompts wrapped for
     the chat template and measured (with `training_args`) by the tokenizer, never the model, its over-long rows
     dropped and its held-out rows carved off (`trl_groupopt.data.heldout`)."""
+    if getattr(script_args, "dataset_streaming", False):
+        raise ValueError(
+            "--dataset_streaming true is not supported: the data checks and the held-out split read every row "
+            "(datasets memory-maps a local file or a downloaded Hub dataset, so it is not held in RAM). Leave it out."
+        )
     if script_args.dataset_name is None:
         train = offline.make_arithmetic_dataset(script_args.num_train_examples, seed=0, split="train")
         size = DEFAULT_MAX_HELDOUT if script_args.num_eval_examples is None else script_args.num_eval_examples
@@ -291,6 +350,8 @@ def load_datasets(script_args, model_args, training_args=None):
     if len(raw) == 0:
         raise ValueError(f"--dataset_name {name} has no rows in split {script_args.dataset_train_split!r}.")
     check_columns(raw.column_names, form)
+    say = _say if len(raw) >= LARGE_ROWS else lambda text: None
+    say(f"--dataset_name {name}: checking the prompts and answers of {len(raw):,} rows")
     column = FORMAT_COLUMNS[form][0]
     check_prompts(raw[column], column, f"--dataset_name {name}", messages_allowed=form == "prompt-answer")
     data = to_prompt_solution(raw, form)
@@ -307,6 +368,7 @@ def load_datasets(script_args, model_args, training_args=None):
     config = AutoConfig.from_pretrained(model, revision=model_args.model_revision, trust_remote_code=remote)
     context = getattr(config.get_text_config(), "max_position_embeddings", None)
     completion, limit = training_args.max_completion_length, script_args.max_overlong_prompt_fraction
+    say(f"--dataset_name {name}: measuring {len(data):,} prompts with the tokenizer")
     overlong = set(check_prompt_lengths(data, name, tokenizer, context, completion, limit))
     if overlong:  # the warning says they are dropped: the trainer never sees them
         data = data.select([i for i in range(len(data)) if i not in overlong])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = ["Mechanism", "MechanismOutcome", "MechanismReport", "MechanismTracker", "Observed"]
@@ -46,10 +46,11 @@ class Mechanism:
         if not (self.inert and self.hint):
             raise ValueError(f"Mechanism {self.name!r}: inert and hint must say what ran and how to make it act.")
 
-    def bind(self, method: str) -> None:
+    def bound_to(self, method: str) -> Mechanism:
+        """This mechanism as method `method`'s (a copy naming it; the same where it already does)."""
         if self.method not in ("", method):
             raise ValueError(f"Mechanism {self.name!r} belongs to method {self.method!r}, not {method!r}.")
-        object.__setattr__(self, "method", method)
+        return self if self.method == method else replace(self, method=method)
 
     @property
     def metric(self) -> str:

@@ -84,12 +84,15 @@ class MethodSpec:
     #: The method *is* the advantage estimator of the same name (an `AdvantageEstimator`, or its import path), which
     #: every method config may then select; None: the method is an objective.
     estimator: Any = _ClassField(None)
+    #: The objective that this method's equals on-policy (ratio 1), value and gradient: ``"grpo"`` (TRL's clipped
+    #: surrogate), checked by `trl_groupopt.testing.check_objective`; None: no such claim.
+    on_policy_equals: str | None = None
 
     def __post_init__(self) -> None:
         if not self.display_name:
             object.__setattr__(self, "display_name", self.name.upper())
         if self.mechanism is not None:
-            self.mechanism.bind(self.name)
+            object.__setattr__(self, "mechanism", self.mechanism.bound_to(self.name))
 
     @property
     def is_estimator(self) -> bool:

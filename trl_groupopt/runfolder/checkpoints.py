@@ -1,7 +1,8 @@
 """A run folder's records: which checkpoints are complete (`CHECKPOINT_RECORD`), whether the final outputs are
 (`FINAL_RECORD`), and which checkpoint to resume from: docs/reliability.md, "Runs that survive". Imports neither TRL
 nor torch (the CLI reads it first). `python -m trl_groupopt.runfolder.checkpoints DIR` records a checkpoint that
-another Trainer wrote (whose files cannot be verified otherwise), vouching for its files as they are."""
+another Trainer wrote (whose files cannot be verified otherwise), vouching for its files as they are once they load
+(`vouch_problem`) and no live run holds its output folder."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import re
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -238,9 +240,83 @@ def resolve_resume(output_dir: str | os.PathLike, resume_from_checkpoint: str | 
     return str(resume_from_checkpoint)
 
 
-if __name__ == "__main__":  # vouch for checkpoints another Trainer wrote (see the module docstring)
-    for name in sys.argv[1:]:
-        if (problem := checkpoint_problem(name)) != NO_RECORD:
-            sys.exit(f"{name}: {problem or 'it is recorded and complete'}; nothing written.")
-        write_checkpoint_record(name)
+def _safetensors_problem(path: Path) -> str | None:
+    """What keeps the safetensors file at `path` from loading (its header, or data shorter than it says), or None."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        try:
+            header = json.loads(handle.read(length)) if 0 < length <= size - 8 else None
+        except ValueError:
+            header = None
+    try:
+        entries = [entry for key, entry in header.items() if key != "__metadata__"]
+        end = max((int(entry["data_offsets"][1]) for entry in entries), default=0)
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        return f"{path.name} has no readable safetensors header ({size:,} bytes)"
+    if end != size - 8 - length:
+        return f"{path.name} holds {size - 8 - length:,} bytes of tensor data, its header says {end:,} (truncated)"
+    return None
+
+
+def _file_problem(path: Path) -> str | None:
+    """What keeps one file of a checkpoint from loading, by its kind (safetensors, JSON, torch's zip), or None."""
+    if path.suffix == ".safetensors":
+        return _safetensors_problem(path)
+    if path.suffix == ".json" and read_json(path) is None:
+        return f"{path.name} is not valid JSON ({path.stat().st_size:,} bytes)"
+    if path.suffix in (".bin", ".pt", ".pth"):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                bad = archive.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError):
+            bad = "its archive"
+        if bad is not None:
+            return f"{path.name} does not load: {bad} is damaged or cut short"
+    return None
+
+
+def vouch_problem(folder: str | os.PathLike) -> str | None:
+    """What keeps another Trainer's checkpoint `folder` from being vouched for: it must hold a trainer state and
+    weights, and every file must load as its kind (a truncated safetensors file or JSON is refused), or None."""
+    folder = Path(folder)
+    if (problem := checkpoint_problem(folder)) != NO_RECORD:
+        return problem or "it is recorded and complete already"
+    if not (folder / TRAINER_STATE).is_file():
+        return f"no {TRAINER_STATE} (an empty folder, or not a Trainer's checkpoint)"
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        return "no model weights (*.safetensors or *.bin)"
+    if not isinstance(read_json(folder / TRAINER_STATE), dict):
+        return f"{TRAINER_STATE} is not a JSON object ({(folder / TRAINER_STATE).stat().st_size:,} bytes)"
+    return next((p for f in sorted(folder.rglob("*")) if f.is_file() and (p := _file_problem(f))), None)
+
+
+def vouch(names: list[str]) -> int:
+    """The vouching command (the module docstring): record each named checkpoint's files as they are, after
+    checking they load and that no live run holds its output folder (a run's checkpoint mid-save). Exit status."""
+    from .lock import OutputFolderInUseError, RunLock
+
+    if not names:
+        print(
+            f"usage: python -m trl_groupopt.runfolder.checkpoints CHECKPOINT [CHECKPOINT ...]\n{__doc__}",
+            file=sys.stderr,
+        )
+        return 2
+    for name in names:
+        try:
+            with RunLock(Path(name).resolve().parent):  # never a live run's checkpoint, mid-save
+                if (problem := vouch_problem(name)) is not None:
+                    print(f"{name}: {problem}; nothing written.", file=sys.stderr)
+                    return 1
+                write_checkpoint_record(name)
+        except (OSError, ValueError, OutputFolderInUseError) as error:
+            fix = f"; make it writable (chmod -R u+w {name})" if isinstance(error, PermissionError) else ""
+            print(f"{name}: cannot record it: {error}{fix}", file=sys.stderr)
+            return 1
         print(f"recorded {name}: its files as they are now")
+    return 0
+
+
+if __name__ == "__main__":  # vouch for checkpoints another Trainer wrote (see the module docstring)
+    sys.exit(vouch(sys.argv[1:]))

@@ -107,6 +107,9 @@ RULES: dict[str, Rule] = {
         "least non-zero (all zero: no learning signal); 0 turns one function off",
         optional=True,
     ),
+    "max_completion_length": Rule(
+        _integer(1), "tokens per completion: it must be an integer >= 1, e.g. 256", optional=True
+    ),
     "per_device_train_batch_size": Rule(_integer(1), "it must be an integer >= 1", counts=True),
     "gradient_accumulation_steps": Rule(_integer(1), "it must be an integer >= 1", counts=True),
     "num_generations": Rule(  # >= 1 here: TRL's own message refuses 1; 0 would divide by zero before it

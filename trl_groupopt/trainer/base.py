@@ -21,11 +21,13 @@ from ..core.common import ObjectiveOutput, clipped_surrogate_loss, log_importanc
 from ..core.estimators import AdvantageEstimator, EstimatorInputs, estimator_of
 from ..data import checks
 from ..methods.mechanism import MechanismReport
-from ..methods.registry import spec_for
+from ..methods.registry import METHODS, spec_for
 from ..methods.spec import MethodSpec
 from ..runfolder.resume import method_name
 from ..runfolder.run import OpenedRun, open_run
+from .api_check import check_api_inputs
 from .args_check import check_numeric_args
+from .batching import EQUAL_REWARDS, zero_equal_reward_rows
 from .boundary import TRLHooks, finished_run_output
 from .compat import check_loss_routed_through_compute_loss, check_trl_scores_tokens, dropping_trl_warning
 from .energy import EnergyCapture
@@ -34,7 +36,7 @@ from .loss import (
     SUPPORTED_LOSS_TYPES,
     TRL_SURROGATE_LOSS_TYPES,
     LossInputs,
-    LossWeights,
+    TokenMultipliers,
     aggregate,
     forward_arguments,
     k3_kl,
@@ -56,8 +58,12 @@ class GroupOptTrainer(TRLHooks):
     supports_delta: ClassVar[bool] = True  # whether TRL's `delta` (two-sided surrogate clip) means anything here
     #: What happens to the mechanism on-policy (then it warns), e.g. "ECHO's batch clip never acts"; None: it acts.
     inert_on_policy: ClassVar[str | None] = None
-    #: The objective applies TRL's per-token loss weights itself (keyword `loss_weights`, None when all are off).
-    objective_applies_loss_weights: ClassVar[bool] = False
+    #: Why a token's gradient also carries a batch-wide term (None: it does not); then the contract
+    #: (`trl_groupopt.testing`) checks the sign of the whole gradient against the advantages, not each token's.
+    gradient_couples_tokens: ClassVar[str | None] = None
+    #: The objective applies the token weights itself: the product of TRL's per-token multipliers (keyword
+    #: `token_weights`, None when all are off); else the trainer multiplies its per-token loss by them.
+    objective_applies_token_weights: ClassVar[bool] = False
     #: Changes TRL's loss or advantages (derived per subclass): only a class without may run TRL's cispo/sapo/vespo.
     has_own_objective: ClassVar[bool] = False
     #: (text of a misleading TRL construction warning, the line logged in its place, formatted with `args`).
@@ -93,6 +99,7 @@ class GroupOptTrainer(TRLHooks):
         check_trl_scores_tokens()  # trl 1.15.0 without Triton (CPU builds of torch) has no log-prob kernel
         # Reward functions come back wrapped so a non-number fails with their name.
         reward_funcs = checks.prepare_trainer_inputs(reward_funcs, train_dataset, environment_factory)
+        check_api_inputs(model, reward_funcs, args, train_dataset, environment_factory)  # before the model loads
         self._metrics_queue = MetricsQueue()
         self._energy: EnergyCapture | None = None
         replaced = self.replaces_trl_warning
@@ -140,6 +147,13 @@ class GroupOptTrainer(TRLHooks):
                 f"build the config with {cls.config_class.__name__}(...) (it accepts every GRPOConfig argument)."
             )
         check_numeric_args(cls.__name__, args)
+        owner = next((spec.trainer_class for spec in METHODS.values() if type(args) is spec.config_class), cls)
+        if not issubclass(cls, owner) and owner.objective is not cls.objective:  # issue 52: trained under its name
+            raise ValueError(
+                f"{cls.__name__} was given {type(args).__name__}(...), whose method it would not train (its own "
+                f"objective instead, under that config's options): use {owner.__name__}(args=...), or {cls.__name__} "
+                f"with a {cls.config_class.__name__}."
+            )
         estimator = estimator_of(args)
         trl_loss = args.loss_type in TRL_SURROGATE_LOSS_TYPES
         if args.loss_type not in SUPPORTED_LOSS_TYPES and not (
@@ -203,12 +217,12 @@ class GroupOptTrainer(TRLHooks):
         batch = self.loss_inputs(model, inputs)  # the forward, mask, old log-probs, advantages, TRL's loss weights
         logps, old_logps, _, mask = batch.objective_args  # (B, T) each
         noise = rollout_noise_metrics(self, logps, inputs, mask)  # the forward's noise, on a rollout's first step
-        if self.objective_applies_loss_weights:
-            out = self.objective(*batch.objective_args, inputs, loss_weights=batch.weights.product())
+        if self.objective_applies_token_weights:
+            out = self.objective(*batch.objective_args, inputs, token_weights=batch.multipliers.product())
             per_token_loss = out.per_token_loss  # (B, T) or (B, 1)
         else:
             out = self.objective(*batch.objective_args, inputs)
-            per_token_loss = batch.weights.apply(out.per_token_loss)  # (B, T) or (B, 1)
+            per_token_loss = batch.multipliers.apply(out.per_token_loss)  # (B, T) or (B, 1)
         shared = {"entropy": batch.entropies}  # (B, T) metrics every objective logs
         if self.beta != 0.0:
             per_token_kl = k3_kl(logps, inputs["ref_per_token_logps"])  # (B, T)
@@ -226,24 +240,25 @@ class GroupOptTrainer(TRLHooks):
             per_token_loss, mask, self.loss_type, accumulation, self.max_completion_length, normalizer
         )
         if self._entropy_bonus_enabled:
-            effective_mask = mask if batch.weights.entropy_mask is None else mask * batch.weights.entropy_mask
+            effective_mask = mask if batch.multipliers.entropy_mask is None else mask * batch.multipliers.entropy_mask
             loss = loss - self._entropy_bonus(batch.entropies, effective_mask, mode, accumulation)  # ()
-            self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+            shared["policy_loss"] = policy_loss  # () averaged over processes, as TRL's gather().nanmean()
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * batch.aux_loss / accumulation  # ()
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(batch.aux_loss).mean().item())
+            shared["aux_loss"] = batch.aux_loss.detach()  # () averaged over processes
         self._metrics_queue.add({**out.metrics, **shared, **noise}, mask, mode)
         self._flush_metrics()  # this micro-batch's metrics (and any a hook queued): one collective, one sync
         return loss
 
     def loss_inputs(self, model, inputs: dict[str, Any]) -> LossInputs:
         """The loss's forward and what the objective reads (ECHO's step totals run it too)."""
-        return self.loss_inputs_at(inputs, *self._forward_logps_and_entropies(model, inputs))
+        return self.compute_loss_inputs(inputs, *self._forward_logps_and_entropies(model, inputs))
 
-    def loss_inputs_at(self, inputs: dict[str, Any], per_token_logps: Tensor, entropies: Tensor | None,
-                       aux_loss: Tensor | None = None) -> LossInputs:  # fmt: skip
-        """What the objective reads of `inputs` at these (B, T) log-probs and entropies: the loss forward's in
-        `loss_inputs` (`entropies` may be None where the entropy mask is off)."""
+    def compute_loss_inputs(self, inputs: dict[str, Any], per_token_logps: Tensor, entropies: Tensor | None,
+                            aux_loss: Tensor | None = None) -> LossInputs:  # fmt: skip
+        """What the objective reads of `inputs` at these (B, T) log-probs and entropies (the loss forward's in
+        `loss_inputs`; `entropies` may be None where the entropy mask is off): the loss mask, the old log-probs, the
+        advantages, which runs the estimator and queues its metrics (`compute_advantages`), and TRL's multipliers."""
         # mirrors GRPOTrainer._compute_loss (trl 1.16.0): `mask` less tool results, old log-probs, and the
         # off-policy mask, entropy mask and vLLM IS blocks
         mask = inputs["completion_mask"]  # (B, T)
@@ -264,8 +279,8 @@ class GroupOptTrainer(TRLHooks):
             entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)  # (B, T)
         if self.use_vllm and self.vllm_importance_sampling_correction:
             importance_weights = inputs["importance_sampling_ratio"]  # (B, T) or (B, 1)
-        weights = LossWeights(off_policy_mask, entropy_mask, importance_weights)
-        return LossInputs(per_token_logps, old_per_token_logps, advantages, mask, weights, entropies, aux_loss)
+        multipliers = TokenMultipliers(off_policy_mask, entropy_mask, importance_weights)
+        return LossInputs(per_token_logps, old_per_token_logps, advantages, mask, multipliers, entropies, aux_loss)
 
     def _forward_logps_and_entropies(self, model, inputs: dict[str, Any]):
         """(log-probs, entropies, aux loss) of the completion tokens: TRL's loss forward (with the energy capture)."""
@@ -297,34 +312,37 @@ class GroupOptTrainer(TRLHooks):
                 self._last_world_entropy = world_entropy
                 self._entropy_window_stats = None
         if mode == "train" and self.accelerator.sync_gradients:
-            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+            self.log_step_metric("entropy_coef", self.entropy_coef)
         return apply_coef * entropy_loss
 
     def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
                   inputs: dict[str, Any]) -> ObjectiveOutput:  # fmt: skip
         """The policy loss before masking and aggregation (default: TRL's clipped surrogate). With
-        `objective_applies_loss_weights` it takes the keyword `loss_weights` too and returns the weighted loss."""
+        `objective_applies_token_weights` it takes the keyword `token_weights` too and returns the weighted loss."""
         return clipped_surrogate_loss(per_token_logps, old_per_token_logps, advantages, mask,
                                       epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
                                       importance_sampling_level=self.importance_sampling_level,
                                       delta=self.args.delta)  # fmt: skip
 
     def compute_advantages(self, inputs: dict[str, Any], per_token_logps: Tensor, mask: Tensor) -> Tensor:
-        """(B,) or (B, T) advantages for this micro-batch from the config's estimator."""
-        out = self.estimator.estimate(self._estimator_inputs(inputs, mask), **self._estimator_knobs)
+        """(B,) or (B, T) advantages for this micro-batch: the config's estimator, on TRL's advantages after the
+        equal-reward rule (a method's group whose rewards are all equal gets advantage 0: `batching.EQUAL_REWARDS`).
+        Every change to the advantages happens here; the estimator's metrics are queued."""
+        trl_advantages = zero_equal_reward_rows(inputs.get("advantages"), inputs.get(EQUAL_REWARDS))  # (B,)
+        out = self.estimator.estimate(self._estimator_inputs(inputs, mask, trl_advantages), **self._estimator_knobs)
         if out.metrics:
             mode = "train" if self.model.training else "eval"
             self._metrics_queue.add(dict(out.metrics), out.metrics_mask, mode)
         return out.advantages
 
-    def _estimator_inputs(self, inputs: dict[str, Any], mask: Tensor) -> EstimatorInputs:
+    def _estimator_inputs(self, inputs: dict[str, Any], mask: Tensor, trl_advantages: Tensor) -> EstimatorInputs:
         estimator = self.estimator
         energy = self._energy.rollout_energy(inputs) if estimator.needs_energy else None  # (B, T)
         weights = inputs.get("importance_sampling_ratio")  # vLLM IS ratio: (B, T) or (B, 1)
         if weights is not None:
             weights = weights.expand_as(mask).to(energy.dtype if energy is not None else weights.dtype)  # (B, T)
         rewards = inputs["rewards"] if estimator.needs_raw_rewards else None  # (B,)
-        return EstimatorInputs(mask=mask, trl_advantages=inputs.get("advantages"), rewards=rewards, energy=energy,
+        return EstimatorInputs(mask=mask, trl_advantages=trl_advantages, rewards=rewards, energy=energy,
                                group_size=self.group_size, importance_weights=weights,
                                tool_use="tool_mask" in inputs)  # fmt: skip
 

@@ -1,5 +1,6 @@
 """What each micro-batch carries: whole groups with `group_ids` where the objective or estimator couples a group's
-sequences, the raw `rewards` for estimators that read them, and advantage 0 for a method's equal-reward groups."""
+sequences, the raw `rewards` for estimators that read them, and for a method the rows of its equal-reward groups
+(which `GroupOptTrainer.compute_advantages` gives advantage 0)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
 
 def group_ids_for_local_batch(num_rows: int, num_generations: int, process_index: int, device=None) -> Tensor:
@@ -49,6 +49,16 @@ def shuffle_whole_groups(batch: dict[str, Any], group_ids: Tensor, generator: to
     return {key: permute(value) for key, value in batch.items()}
 
 
+#: The batch field marking, (N,) bool, the rows whose group's scored rewards are all equal (`equal_reward_rows`).
+EQUAL_REWARDS = "equal_reward_rows"
+
+
+def zero_equal_reward_rows(advantages: Tensor, equal: Tensor | None) -> Tensor:
+    """The equal-reward rule: advantage 0 on the rows `equal` (B,) marks (a group without a reward contrast contributes
+    exactly nothing); `advantages` itself where nothing is marked (None)."""
+    return advantages if equal is None else torch.where(equal, 0.0, advantages)
+
+
 def equal_reward_rows(rewards: Tensor, num_generations: int) -> Tensor:
     """(N,) True on the rows of every group whose scored `rewards` (N,) are all equal (NaN: unscored). TRL centres by
     the group mean, which float rounding does not always return exactly (float32: 0.3 six times leaves ~3e-8), then
@@ -70,7 +80,8 @@ def _groups_share_prompts(trainer, output: dict[str, Any], inputs, num_generatio
 
 
 def add_batch_fields(trainer, output: dict[str, Any], inputs) -> dict[str, Any]:
-    """TRL's batch with `group_ids` and raw `rewards` where needed; advantage 0 for equal-reward groups."""
+    """TRL's batch with `group_ids` and raw `rewards` where needed, and for a method the rows of equal-reward groups
+    (`EQUAL_REWARDS`; the batch's advantages stay TRL's)."""
     t = trainer
     num_rows = output["completion_ids"].shape[0]
     num_generations = t.group_size
@@ -88,10 +99,10 @@ def add_batch_fields(trainer, output: dict[str, Any], inputs) -> dict[str, Any]:
     if t.estimator.needs_raw_rewards:
         output["rewards"] = global_raw_rewards(t)[start : start + num_rows]
     if t.has_own_objective and t.multi_objective_aggregation == "sum_then_normalize":
-        # A method's rule: a group without a reward contrast contributes exactly nothing. (TRL's own GRPO keeps
-        # TRL's advantages; "normalize_then_sum" centres over the whole batch, where an equal group has a signal.)
+        # The rows `compute_advantages` gives advantage 0 (the equal-reward rule): TRL's own GRPO keeps TRL's
+        # advantages; "normalize_then_sum" centres over the whole batch, where an equal group has a signal.
         equal = equal_reward_rows(global_raw_rewards(t), num_generations)[start : start + num_rows]
-        output["advantages"] = torch.where(equal.to(output["advantages"].device), 0.0, output["advantages"])
+        output[EQUAL_REWARDS] = equal.to(output["advantages"].device)
     return output
 
 
@@ -103,16 +114,3 @@ def global_raw_rewards(trainer) -> Tensor:
     rewards = (rewards_per_func * weights).nansum(dim=1)  # (N_global,)
     rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
     return rewards
-
-
-def prepare_whole_groups(trainer, generation_batch):
-    # mirrors GRPOTrainer._prepare_inputs (trl 1.16.0): the train branch; only the shuffle differs
-    t = trainer
-    generate_every = t.args.steps_per_generation * t.num_iterations
-    if t._step % generate_every == 0 or t._buffered_inputs is None:
-        generation_batch = t._generate_and_score_completions(generation_batch)
-        generation_batch = split_pixel_values_by_grid(generation_batch)
-        generation_batch = shuffle_whole_groups(generation_batch, generation_batch["group_ids"])
-        generation_batches = split_tensor_dict(generation_batch, t.args.steps_per_generation)
-        t._buffered_inputs = [unsplit_pixel_values_by_grid(batch) for batch in generation_batches]
-    return t._buffered_inputs[t._step % t.args.steps_per_generation]

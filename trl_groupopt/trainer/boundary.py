@@ -12,6 +12,7 @@ from typing import Any
 from transformers import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints
 from trl import GRPOTrainer
+from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
 from ..data import checks
 from ..methods.registry import spec_for
@@ -53,7 +54,7 @@ class TRLHooks(GRPOTrainer):
     def _prepare_inputs(self, generation_batch):
         if not self.whole_groups or not self.model.training:
             return super()._prepare_inputs(generation_batch)
-        return batching.prepare_whole_groups(self, generation_batch)
+        return prepare_whole_groups(self, generation_batch)
 
     def _generate_and_score_completions(self, inputs):
         self._raw_rewards_per_func = None  # filled by `_calculate_rewards` during TRL's call
@@ -85,7 +86,8 @@ class TRLHooks(GRPOTrainer):
         return grad_norm
 
     def _flush_metrics(self) -> None:
-        """Log the queued metrics (one collective, one sync) and show them to the mechanism report."""
+        """Log the queued metrics (one collective, one sync) and show them to the mechanism report: with
+        `log_step_metric`, the one place the loss path writes TRL's `_metrics`."""
         report = self._report_callback
         for mode, name, value in self._metrics_queue.flush(self.accelerator):
             self._metrics[mode][name].append(value)
@@ -168,3 +170,17 @@ def finished_run_output(trainer: GRPOTrainer, checkpoint: str) -> TrainOutput:
     trainer._load_from_checkpoint(checkpoint)
     losses = [entry["train_loss"] for entry in trainer.state.log_history if "train_loss" in entry]
     return TrainOutput(trainer.state.global_step, losses[-1] if losses else math.nan, {})
+
+
+def prepare_whole_groups(trainer: GRPOTrainer, generation_batch):
+    """TRL's `_prepare_inputs` in training, with whole groups kept together in the shuffle (`batching`)."""
+    # mirrors GRPOTrainer._prepare_inputs (trl 1.16.0): the train branch; only the shuffle differs
+    t = trainer
+    generate_every = t.args.steps_per_generation * t.num_iterations
+    if t._step % generate_every == 0 or t._buffered_inputs is None:
+        generation_batch = t._generate_and_score_completions(generation_batch)
+        generation_batch = split_pixel_values_by_grid(generation_batch)
+        generation_batch = batching.shuffle_whole_groups(generation_batch, generation_batch["group_ids"])
+        generation_batches = split_tensor_dict(generation_batch, t.args.steps_per_generation)
+        t._buffered_inputs = [unsplit_pixel_values_by_grid(batch) for batch in generation_batches]
+    return t._buffered_inputs[t._step % t.args.steps_per_generation]

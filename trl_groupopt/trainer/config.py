@@ -33,7 +33,10 @@ def _reduce_training_arguments(args: TrainingArguments) -> tuple:
 @contextmanager
 def tokens_withheld() -> Iterator[None]:
     """Within it, every `TrainingArguments` pickles without its `*_token` fields (what the trainer writes to disk and
-    uploads); elsewhere (`copy.deepcopy`, pickling to another process) the token is kept."""
+    uploads); elsewhere (`copy.deepcopy`, pickling to another process) the token is kept. It patches the
+    process-wide `copyreg.dispatch_table`: on entering, it registers `_reduce_training_arguments` for every
+    `TrainingArguments` class defined so far, for good (never removed; outside this block the reducer pickles as
+    pickle would, so only the token-dropping is scoped)."""
     # For every config class so far: `copyreg`'s table is looked up by exact class, so a plain `GRPOConfig` (the
     # baseline method) would write its token to disk.
     pending = [TrainingArguments]

@@ -18,7 +18,7 @@ MULTIMODAL_KEYS = (
 )  # fmt: skip
 
 
-class LossWeights(NamedTuple):
+class TokenMultipliers(NamedTuple):
     """TRL 1.16's per-token multipliers of the policy loss, in TRL's order; each None where off. No gradient."""
 
     off_policy_mask: Tensor | None  # (B, 1) 0/1, TRL's off-policy sequence mask
@@ -32,7 +32,8 @@ class LossWeights(NamedTuple):
         return per_token_loss
 
     def product(self) -> Tensor | None:
-        """(B, T) or (B, 1) product of the multipliers that are on (float, detached); None when all are off."""
+        """The token weights: (B, T) or (B, 1) product of the multipliers that are on (float, detached); None when
+        all are off."""
         product = None
         for weight in self:
             if weight is not None:
@@ -47,7 +48,7 @@ class LossInputs(NamedTuple):
     old_per_token_logps: Tensor  # (B, T) the behaviour policy's (on-policy: sg(per_token_logps))
     advantages: Tensor  # (B,) or (B, T), from the estimator
     mask: Tensor  # (B, T) the completion mask less tool results
-    weights: LossWeights  # TRL's per-token multipliers
+    multipliers: TokenMultipliers  # TRL's per-token multipliers
     entropies: Tensor  # (B, T) token entropies of the policy
     aux_loss: Tensor | None  # () the MoE router loss, when enabled
 

@@ -52,10 +52,17 @@ def _local_columns(metrics: dict[str, Tensor], mask: Tensor, mode: str) -> tuple
 
 
 class MetricsQueue:
+    """The loss path's metrics between their computation and the log, on device: `add` queues a micro-batch's (the
+    objective's, the estimator's, TRL's shared ones), `flush` reduces everything queued over processes in one
+    collective and reads it with one host sync. `GroupOptTrainer` flushes once per micro-batch, at the end of
+    `_compute_loss` (`TRLHooks._flush_metrics`, the one place that writes them to TRL's log)."""
+
     def __init__(self) -> None:
-        self.pending: list[tuple[dict[str, Tensor], Tensor, str]] = []
+        self.pending: list[tuple[dict[str, Tensor], Tensor, str]] = []  # (metrics, (B, T) mask, "train" | "eval")
 
     def add(self, metrics: dict[str, Tensor], mask: Tensor, mode: str) -> None:
+        """Queue `metrics`: 0-dim values (averaged over processes, NaN ignored), (B, T) / (B, 1) values (averaged
+        over `mask`'s tokens on every process), TRL's clip indicators (also their per-sequence min / max)."""
         self.pending.append((metrics, mask, mode))
 
     @contextmanager
@@ -68,6 +75,7 @@ class MetricsQueue:
             del self.pending[queued:]
 
     def flush(self, accelerator) -> list[tuple[str, str, float]]:
+        """Everything queued, reduced over `accelerator`'s processes: ``[(mode, logged name, value)]``; empties it."""
         # mirrors GRPOTrainer._compute_loss (trl 1.16.0): the `clip_ratio/*` metrics (names, nanmin/nanmax over
         # sequences) and `global_masked_mean`, batched into one collective
         pending, self.pending = self.pending, []

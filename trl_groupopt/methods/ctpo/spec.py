@@ -28,4 +28,5 @@ METHOD = MethodSpec(
         hint=f"{OFF_POLICY} or lower epsilon / epsilon_high (log-space bounds per unit of t**p)",
     ),
     acting_settings={},  # the defaults act: prefix ratios compound, so log-ratios of 0.3 leave the log-space bounds
+    on_policy_equals="grpo",  # at ratio 1 every prefix ratio is 1: token-level GRPO
 )

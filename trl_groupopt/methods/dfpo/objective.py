@@ -26,10 +26,10 @@ from ...core.common import (
     Groups,
     ObjectiveOutput,
     check_token_inputs,
+    checked_token_weights,
     clip_indicators,
     compute_dtype,
     log_importance_weights,
-    loss_weights,
     masked_mean,
 )
 
@@ -246,7 +246,7 @@ def dfpo_loss(
     lengths = mask_f.sum(-1)  # (B,)
     # One loss weight per sequence: a (B, 1) weight as it is; (B, T) weights (``token_*`` IS modes, the entropy mask)
     # weigh sequence i, under any loss_type, by their mean over its valid tokens (0 for a row without any)
-    weights = loss_weights(importance_weights, mask.shape, dtype)  # (B, T), (B, 1) or None
+    weights = checked_token_weights(importance_weights, mask.shape, dtype)  # (B, T), (B, 1) or None
     if weights is None:
         is_weight = torch.ones_like(lengths)  # (B,)
     else:

@@ -59,6 +59,7 @@ METHOD = MethodSpec(
         "every sequence ratio is 1",
     ),
     acting_settings={},  # the defaults act: off-policy, sequence ratios differ within a group and the transform acts
+    on_policy_equals="grpo",  # ratio 1, group-centred advantages: every transform keeps s = 1, GSPO's loss
 )
 
 GRPO_FIX_METHOD = MethodSpec(
@@ -79,4 +80,5 @@ GRPO_FIX_METHOD = MethodSpec(
         hint=f"{OFF_POLICY} or lower epsilon_high",
     ),
     acting_settings={},  # the defaults act: epsilon_high 0.2 removes the tokens whose ratio exceeds 1.2
+    on_policy_equals="grpo",  # at ratio 1 the symmetric clip is inactive
 )

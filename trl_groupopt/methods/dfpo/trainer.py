@@ -113,16 +113,16 @@ class DFPOTrainer(GroupOptTrainer):
     inert_on_policy = "DFPO's re-weighting (or GRPO-fix's clip) never acts"
     # dfpo_loss folds TRL's loss weights (vLLM IS weights, off-policy and entropy masks) into the in-group transform,
     # so the cancellation includes them; symmetric_clip_loss multiplies them as TRL does.
-    objective_applies_loss_weights = True
+    objective_applies_token_weights = True
     # The transforms (and the asymmetry metrics, also under "none") look at whole groups; GRPO-fix does not.
     requires_whole_groups = staticmethod(lambda args: getattr(args, "dfpo_transform", "min_replace") != GRPO_FIX)
     replaces_trl_warning = (TRL_SEQUENCE_LOSS_ADVICE, SUM_LOSS_NOTE)  # TRL's advice would lose the cancellation
 
     def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
-                  inputs: dict[str, Any], *, loss_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
+                  inputs: dict[str, Any], *, token_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
         inputs, args = (per_token_logps, old_per_token_logps, advantages, mask), self.args
         if args.dfpo_transform == GRPO_FIX:
-            return symmetric_clip_loss(*inputs, epsilon_high=self.epsilon_high, importance_weights=loss_weights)
+            return symmetric_clip_loss(*inputs, epsilon_high=self.epsilon_high, importance_weights=token_weights)
         groups = Groups.contiguous(mask.shape[0], self.group_size)
         out = dfpo_loss(
             *inputs,
@@ -132,7 +132,7 @@ class DFPOTrainer(GroupOptTrainer):
             epsilon_high=self.epsilon_high,
             orth_floor=args.dfpo_orth_floor,
             orthogonal_over=args.dfpo_orthogonal_over,
-            importance_weights=loss_weights,
+            importance_weights=token_weights,
         )
         out.metrics.update(dfpo_diagnostics(out.weights, self.loss_type))  # logged with this micro-batch's metrics
         return out
@@ -147,8 +147,17 @@ class GRPOFixConfig(DFPOConfig):
     """
 
     dfpo_transform: str = field(
-        default=GRPO_FIX, metadata={"help": "symmetric_clip (GRPO-fix); DFPO's transforms select DFPO."}
+        default=GRPO_FIX, metadata={"help": "symmetric_clip (GRPO-fix) only; DFPO's transforms: DFPOConfig."}
     )
+
+    def __post_init__(self):
+        if self.dfpo_transform != GRPO_FIX:  # issue 52: it trained DFPO under GRPO-fix's name (card, report)
+            raise ValueError(
+                f"GRPOFixConfig(dfpo_transform={self.dfpo_transform!r}) would train DFPO under GRPO-fix's name: "
+                f"GRPO-fix is dfpo_transform={GRPO_FIX!r} (its default). For DFPO's transforms use DFPOConfig and "
+                "DFPOTrainer (--method dfpo)."
+            )
+        super().__post_init__()
 
 
 class GRPOFixTrainer(DFPOTrainer):

@@ -27,9 +27,9 @@ from ...core.common import (
     ObjectiveOutput,
     as_token_advantages,
     check_token_inputs,
+    checked_token_weights,
     clip_indicators,
     compute_dtype,
-    loss_weights,
     masked_log_ratio,
     nan_if_empty,
 )
@@ -74,7 +74,7 @@ class _Prepared:
         self.log_r = masked_log_ratio(per_token_logps, old_per_token_logps, mask)  # (B, T) with gradient
         device = self.log_r.device
         self.advantages = as_token_advantages(advantages.to(dtype).detach())  # (B, 1) or (B, T)
-        self.weights = loss_weights(importance_weights, mask.shape, dtype)  # (B, T), (B, 1) or None
+        self.weights = checked_token_weights(importance_weights, mask.shape, dtype)  # (B, T), (B, 1) or None
         self.num_valid = self.valid.sum()  # () local valid tokens
         local_sum = self.log_r.sum()  # () keeps the graph to the local tokens
         if log_ratio_sum is None:

@@ -117,8 +117,9 @@ class ECHOTrainer(GroupOptTrainer):
     config_class = ECHOConfig
     supports_delta = False
     inert_on_policy = "ECHO's batch clip never acts"
+    gradient_couples_tokens = "Eq. 34: every token carries the coupling L = (1/N) sum r A through log R"
     # The wide scopes' coupling must count TRL's per-token loss weights, so echo_loss applies them (docs/echo.md).
-    objective_applies_loss_weights = True
+    objective_applies_token_weights = True
 
     #: ({(global_step, micro-step) it serves}, echo_loss's totals) of the current optimizer step ("step" scope)
     _step_totals: tuple[set[tuple[int, int]], dict[str, Tensor]] | None = None
@@ -167,8 +168,8 @@ class ECHOTrainer(GroupOptTrainer):
                 if forward:
                     loss_inputs = super().loss_inputs(model, batch)  # the loss's forward and inputs, as it runs them
                 else:  # the behaviour log-probs are the current ones: log r = 0, R = 1 (docs/echo.md)
-                    loss_inputs = self.loss_inputs_at(batch, _behaviour_log_probs(batch), entropies=None)
-                parts.append((*loss_inputs.objective_args, loss_inputs.weights.product()))
+                    loss_inputs = self.compute_loss_inputs(batch, _behaviour_log_probs(batch), entropies=None)
+                parts.append((*loss_inputs.objective_args, loss_inputs.multipliers.product()))
         return _scope_totals(self.accelerator, parts, self.echo_settings, coupling=True)
 
     def _why_step_totals_need_a_forward(self, batches: list[dict[str, Any]]) -> str | None:
@@ -209,14 +210,14 @@ class ECHOTrainer(GroupOptTrainer):
         )
 
     def objective(self, per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor,
-                  inputs: dict[str, Any], *, loss_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
-        part = (per_token_logps, old_per_token_logps, advantages, mask, loss_weights)
+                  inputs: dict[str, Any], *, token_weights: Tensor | None = None) -> ObjectiveOutput:  # fmt: skip
+        part = (per_token_logps, old_per_token_logps, advantages, mask, token_weights)
         settings, totals, scope = self.echo_settings, {}, self.args.batch_ratio_scope
         if self._step_spans_micro_batches():
             totals = self._step_totals[1]
         elif scope in ("step", "global"):  # a step of one micro-batch, and evaluation: "step" is the processes' batch
             totals = _scope_totals(self.accelerator, [part], settings, coupling=self.accelerator.num_processes > 1)
-        return echo_loss(*part[:4], **settings, **totals, importance_weights=loss_weights)
+        return echo_loss(*part[:4], **settings, **totals, importance_weights=token_weights)
 
 
 def _behaviour_log_probs(batch: dict[str, Any]) -> Tensor:

@@ -27,4 +27,5 @@ METHOD = MethodSpec(
         hint=f"{OFF_POLICY} or lower epsilon / epsilon_high",
     ),
     acting_settings={},  # the defaults act: TRL's epsilon 0.2 clips token log-ratios beyond about +-0.2
+    on_policy_equals="grpo",  # it is TRL's clipped surrogate
 )

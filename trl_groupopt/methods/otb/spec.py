@@ -37,4 +37,5 @@ METHOD = MethodSpec(
     demo_defaults={"learning_rate": 5e-5},
     # OTB is the advantage estimator "otb": any objective on it reports this mechanism too
     estimator="trl_groupopt.methods.otb.objective:OTB_ESTIMATOR",
+    on_policy_equals="grpo",  # its objective is TRL's; only the advantages differ
 )
