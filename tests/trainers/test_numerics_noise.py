@@ -130,3 +130,20 @@ def test_the_noise_metrics_add_no_host_sync(tmp_path, tokenizer, model, method):
         trainer._metrics["train"].clear()
     assert counts[0][1] and not counts[1][1]  # measured, then not
     assert counts[0][0] == counts[1][0], counts
+
+
+def test_default_windows_follow_trls_resolution_and_a_zero_epsilon_has_none(tmp_path):
+    """TRL's token clip [1 - epsilon, 1 + epsilon_high] (epsilon_high None: epsilon), GSPO's at sequence level; a
+    zero-width clip (epsilon=0, which TRL accepts) measures nothing rather than refusing the config."""
+    import math
+
+    from trl import GRPOConfig
+
+    from tests.helpers import cpu_config_kwargs
+    from trl_groupopt.trainer.numerics import clip_windows
+
+    (token,) = clip_windows(GRPOConfig(**cpu_config_kwargs(tmp_path, epsilon=0.2, epsilon_high=0.28)))
+    assert (token.name, token.level, token.width) == ("token_clip", "token", pytest.approx(-math.log(0.8)))
+    (sequence,) = clip_windows(GRPOConfig(**cpu_config_kwargs(tmp_path, importance_sampling_level="sequence")))
+    assert (sequence.name, sequence.width) == ("sequence_clip", pytest.approx(math.log(1.2)))
+    assert clip_windows(GRPOConfig(**cpu_config_kwargs(tmp_path, epsilon=0.0))) == ()

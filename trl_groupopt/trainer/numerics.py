@@ -29,7 +29,8 @@ def clip_windows(args: Any) -> tuple[ClipWindow, ...]:
         return tuple(own())
     level = "sequence" if args.importance_sampling_level == "sequence" else "token"
     high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
-    return (ClipWindow(f"{level}_clip", ratio_window_width(args.epsilon, high), level),)
+    width = ratio_window_width(args.epsilon, high)
+    return (ClipWindow(f"{level}_clip", width, level),) if width > 0 else ()  # epsilon=0: no window to measure
 
 
 def policy_unmoved(trainer: Any) -> bool:
