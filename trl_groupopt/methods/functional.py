@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .mechanism import Mechanism
-from .registry import METHODS
 from .spec import MethodSpec, Paper
 
 __all__ = ["FUNCTION_OBJECTIVES", "FunctionObjective", "class_prefix", "register_estimator", "register_objective"]
@@ -94,6 +93,9 @@ def register_objective(name: str, *, knobs: Mapping[str, Any] | None = None, sum
     knobs = dict(knobs or {})
 
     def register(function: Callable[..., Any]) -> Callable[..., Any]:
+        # here, not at the top: the registry imports the entry points' modules, which import this one
+        from .registry import METHODS
+
         allowed = OBJECTIVE_PARAMETERS + (("groups",) if needs_whole_groups else ())
         given = _check_signature(function, allowed, knobs, "objective")
         if tuple(given[:4]) != OBJECTIVE_PARAMETERS or (needs_whole_groups and "groups" not in given):

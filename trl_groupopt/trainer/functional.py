@@ -87,4 +87,7 @@ def __getattr__(attribute: str) -> type:
         if attribute in (f"{prefix}Config", f"{prefix}Trainer"):
             config, trainer = classes(name)
             return config if attribute.endswith("Config") else trainer
-    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r} (no registered objective defines it)")
+    raise AttributeError(
+        f"module {__name__!r} has no attribute {attribute!r}: no registered objective defines it; import the module "
+        "that registers it first (the command line's --import MODULE, or install its package)"
+    )
