@@ -104,7 +104,7 @@ def register_objective(name: str, *, knobs: Mapping[str, Any] | None = None, sum
         _validate(name, knobs, check)
         prefix = f"{CLASSES_MODULE}:{class_prefix(name)}"
         spec = MethodSpec(name, f"{prefix}Trainer", config_class=f"{prefix}Config", summary=summary,
-                          paper=paper or f"{name}: {function.__module__}.{function.__qualname__}",
+                          paper=paper or _unpublished(name, summary, function),
                           headline_metric=headline_metric, mechanism=mechanism, on_policy_equals=on_policy_equals,
                           demo_defaults=dict(demo_defaults or {}))  # fmt: skip
         METHODS.register(name, spec)  # a taken name fails here, before anything else is stored
@@ -112,6 +112,14 @@ def register_objective(name: str, *, knobs: Mapping[str, Any] | None = None, sum
         return function
 
     return register
+
+
+def _unpublished(name: str, summary: str, function: Callable[..., Any]) -> Paper:
+    """The card's citation of an objective registered without a paper: the function where it is defined."""
+    title = f"{name}: {summary}" if summary else name
+    where = f"{function.__module__}.{function.__qualname__}".replace("_", r"\_")
+    bibtex = f"@misc{{{name},\n    title = {{{{{title}}}}},\n    note  = {{objective {where}, registered with trl-groupopt}},\n}}"
+    return Paper(title, bibtex)
 
 
 @dataclass(frozen=True)
