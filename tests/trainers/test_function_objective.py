@@ -171,7 +171,11 @@ def test_a_function_estimator_is_selectable_by_every_method_config(sapo_like, to
             got = trainer.compute_advantages(inputs, torch.zeros(4, 3), torch.ones(4, 3))
             torch.testing.assert_close(got, torch.tensor([0.0, -4 / 3, -4 / 3, 8 / 3]))
         with pytest.raises(RuntimeError, match=r"register estimator 'late_toy' before importing trl_groupopt's"):
-            register_estimator("late_toy", knobs={"k": 1.0})(lambda rewards, *, k: rewards)
+            register_estimator("late_toy", knobs={"late_toy_k": 1.0})(lambda rewards, *, late_toy_k: rewards)
+        with pytest.raises(
+            ValueError, match=r"estimator 'late_toy': name its knobs late_toy_\.\.\. .* got \['beta'\]"
+        ):
+            register_estimator("late_toy", knobs={"beta": 1.0})(lambda rewards, *, beta: rewards)
         assert "late_toy" not in ESTIMATORS
     finally:
         ESTIMATORS.unregister("loo_toy")

@@ -80,7 +80,7 @@ def _check_signature(function: Callable[..., Any], allowed: tuple[str, ...], kno
 
 
 def register_objective(name: str, *, knobs: Mapping[str, Any] | None = None, summary: str = "",
-                       paper: Paper | str | None = None, check: Callable[..., None] | None = None,
+                       paper: Paper | None = None, check: Callable[..., None] | None = None,
                        needs_whole_groups: bool = False, mechanism: Mechanism | None = None,
                        headline_metric: str = "entropy", on_policy_equals: str | None = None,
                        demo_defaults: Mapping[str, Any] | None = None) -> Callable[[Callable], Callable]:  # fmt: skip
@@ -145,8 +145,8 @@ def register_estimator(name: str, *, knobs: Mapping[str, Any] | None = None, sum
     `per_token`, or an `EstimatorOutput`), selectable as ``advantage_estimator=name`` by every method config. Its
     parameters say what it reads: ``rewards`` (B,) the weighted raw rewards (NaN: unscored), ``groups`` the group
     layout (`trl_groupopt.core.common.Groups`; micro-batches then hold whole groups), ``mask`` (B, T) the loss mask,
-    ``energy`` (B, T) the rollout's logit-gradient energy. `knobs` become fields of every method config, validated
-    as :func:`register_objective`'s. Register before the trainers are imported (the configs' fields are fixed then).
+    ``energy`` (B, T) the rollout's logit-gradient energy. `knobs`, named ``<name>_...``, become fields of every
+    method config, validated as :func:`register_objective`'s. Register before the trainers are imported (the configs' fields are fixed then).
     The function is returned unchanged."""
     knobs = dict(knobs or {})
 
@@ -156,6 +156,10 @@ def register_estimator(name: str, *, knobs: Mapping[str, Any] | None = None, sum
 
         inputs = tuple(_check_signature(function, ESTIMATOR_INPUTS, knobs, "estimator"))
         _validate(name, knobs, check)
+        unprefixed = [knob for knob in knobs if not knob.startswith(f"{name}_")]
+        if unprefixed:  # every method config gets them: a bare name could shadow a TRL setting (`beta`)
+            raise ValueError(f"estimator {name!r}: name its knobs {name}_... (every method config gets them), got "
+                             f"{unprefixed}.")  # fmt: skip
         if knobs and "trl_groupopt.trainer.config" in sys.modules:
             raise RuntimeError(f"register estimator {name!r} before importing trl_groupopt's trainers or configs: "
                                f"its knobs {list(knobs)} must be fields of the method configs, built at that import.")  # fmt: skip
