@@ -189,6 +189,10 @@ def test_import_option_reaches_train_and_compare(sapo_like, monkeypatch, capsys)
     monkeypatch.setattr(cli, "train", lambda method, argv, **kwargs: calls.append((method, argv)))
     cli.main(["train", "--import", "sapo_like", "--method", "sapo_like", "--max_steps", "2"])
     assert calls == [("sapo_like", ["--max_steps", "2"])]
+    monkeypatch.setattr(cli, "train", lambda method, argv, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(SystemExit):  # Ctrl-C: the command it prints to run again keeps the import
+        cli.main(["train", "--import", "sapo_like", "--method", "sapo_like", "--max_steps", "2"])
+    assert "trl-groupopt train --method sapo_like --import sapo_like --max_steps 2" in capsys.readouterr().err
     driver = importlib.import_module("trl_groupopt.comparison.driver")
     monkeypatch.setattr(driver, "main", lambda argv: calls.append(argv) or 0)
     with pytest.raises(SystemExit):

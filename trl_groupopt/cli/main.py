@@ -230,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv, debug = take_debug_flag(sys.argv[1:] if argv is None else argv)
     argv, modules = take_imports(argv)
     _import_modules(modules)  # before the parser lists the methods
+    imports = [word for module in modules for word in ("--import", module)]  # handed on: compare's runs, a rerun
     raw = argparse.RawDescriptionHelpFormatter
     epilog = (
         f"methods:\n{_methods_table()}\n\nexamples:\n"
@@ -260,11 +261,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if known.command == "methods":
         print(_methods_table())
     elif known.command == "compare":  # the imports go on to every run, as a train option
-        imports = [word for module in modules for word in ("--import", module)]
         sys.exit(importlib.import_module("trl_groupopt.comparison.driver").main([*rest, *imports]))
     elif known.command == "train" and known.method is not None:
         prog = f"trl-groupopt train --method {known.method}"
-        with one_line_errors(prog, debug, prog, rest):
+        with one_line_errors(prog, debug, shlex.join([*prog.split(), *imports]), rest):
             train(known.method, rest, prog=prog)
     elif known.command == "train" and {"-h", "--help"} & set(rest):
         train_parser.print_help()
