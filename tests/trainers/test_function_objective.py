@@ -47,7 +47,7 @@ def sapo_like():
 
 def test_the_decorator_gives_the_method_and_its_classes(sapo_like):
     spec = METHODS["sapo_like"]
-    assert spec.summary == "soft gate instead of a clip" and spec.on_policy_equals == "grpo"
+    assert spec.summary == "soft gate instead of a clip" and spec.on_policy_equals is None  # its value is 2/tau * A
     trainer_class, config_class = trl_groupopt.trainer_class("sapo_like"), trl_groupopt.config_class("sapo_like")
     assert (trainer_class.__name__, config_class.__name__) == ("SAPOLikeTrainer", "SAPOLikeConfig")
     assert trl_groupopt.SAPOLikeTrainer is trainer_class and trainer_class.config_class is config_class
@@ -137,8 +137,9 @@ def test_registration_errors_name_the_fix():
         if tau not in ("soft", "hard"):
             raise ValueError(f"tau must be 'soft' or 'hard', got {tau!r}")
 
-    register_objective("checked_toy", knobs={"tau": "soft"}, check=strict)(loss)  # a check accepts other values
-    try:
+    register_objective("checked_toy", knobs={"tau": "soft"}, check=strict, on_policy_equals="grpo")(loss)
+    try:  # a check accepts other values
+        assert METHODS["checked_toy"].on_policy_equals == "grpo"  # the contract reads the claim from the spec
         config_class = trl_groupopt.config_class("checked_toy")
         assert config_class("out").tau == "soft" and config_class("out", tau="hard").tau == "hard"
         with pytest.raises(ValueError, match="CHECKEDToyConfig: tau must be 'soft' or 'hard', got 'no'"):

@@ -5,9 +5,10 @@ ratio in place of PPO's clip, after the SAPO policy loss of verl (`sapo` in verl
     gate(r) = sigmoid(tau * (r - 1)) * 4 / tau      tau = tau_pos where A > 0, else tau_neg
     loss    = -A * gate(r)
 
-At r = 1 the gate's derivative in log r is 1 (sigmoid'(0) = 1/4): on-policy the loss has the gradient of TRL's
-clipped surrogate, -A per token. It returns the loss tensor only: no metric at all, no clip indicators. Registered with
-`trl-groupopt train --method sapo_like --import sapo_like` (this folder on the path), or through an entry point."""
+At r = 1 the gate's derivative in log r is 1 (sigmoid'(0) = 1/4): on-policy the gradient is TRL's clipped surrogate's,
+-A per token, but the value is 2/tau times its (so no `on_policy_equals="grpo"`). It returns the loss tensor only: no
+metric at all, no clip indicators. Registered with `trl-groupopt train --method sapo_like --import sapo_like` (this
+folder on the path), or through an entry point."""
 
 import torch
 from torch import Tensor
@@ -15,12 +16,7 @@ from torch import Tensor
 from trl_groupopt import register_objective
 
 
-@register_objective(
-    "sapo_like",
-    knobs={"tau_pos": 1.0, "tau_neg": 1.05},
-    summary="soft gate instead of a clip",
-    on_policy_equals="grpo",
-)
+@register_objective("sapo_like", knobs={"tau_pos": 1.0, "tau_neg": 1.05}, summary="soft gate instead of a clip")
 def sapo_like(per_token_logps: Tensor, old_per_token_logps: Tensor, advantages: Tensor, mask: Tensor, *,
               tau_pos: float, tau_neg: float) -> Tensor:  # fmt: skip
     """(B, T) per-token loss -A * gate(r), 0 off the mask."""
