@@ -5,6 +5,7 @@ scipy's and the bootstrap numpy's, both imported inside the functions that use t
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -44,6 +45,7 @@ def family_alpha(k: int) -> float:
     return ALPHA / max(1, k)
 
 
+@functools.lru_cache(maxsize=4096)  # the plan and the power note ask for the same few quantiles many times
 def t_quantile(df: float, alpha: float = ALPHA) -> float:
     """The two-sided `1 - alpha` Student-t quantile t(1 - alpha/2, df) (scipy's); NaN below 1 degree of freedom."""
     if df < 1:
