@@ -54,7 +54,7 @@ def test_familywise_false_verdict_rate_under_the_global_null_is_at_most_5_percen
     print(f"k={k}: familywise false verdicts {false:.4f} (uncorrected t {uncorrected:.4f}) over {trials} comparisons")
 
 
-def test_several_methods_are_judged_together_and_say_so_in_every_file(tmp_path, monkeypatch):
+def test_several_methods_are_judged_together_and_say_so_in_every_file(tmp_path, monkeypatch, capsys):
     _fake_runs(monkeypatch, [], diff=lambda m, s: {"otb": 0.05, "dfpo": 0.004 * (-1) ** s, "ctpo": -0.03}[m] +
                0.002 * (s % 3))  # fmt: skip
     out = tmp_path / "cmp"
@@ -73,6 +73,9 @@ def test_several_methods_are_judged_together_and_say_so_in_every_file(tmp_path, 
     text = (out / "compare.md").read_text()
     assert "98.3% interval" in text and "bonferroni correction, so all 3 verdicts hold together at 95%" in text
     assert "| decided by | p (adjusted) |" in text
+    assert compare_module.main(["--methods", "grpo,otb,dfpo,ctpo", "--seeds", "6", "--output_dir", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "otb vs grpo: better (6 seeds; 98.3% interval by " in said and "bonferroni over 3)" in said
 
 
 def test_p_values_agree_with_the_intervals():

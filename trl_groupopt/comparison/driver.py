@@ -218,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     for row in result["comparisons"]:
-        print(f"{row['method']} vs {row['baseline']}: {row['verdict']} ({row['n']} seeds)")
+        print(f"{row['method']} vs {row['baseline']}: {row['verdict']} ({row['n']} seeds; {row['level']:.1%} interval "
+              f"by {row['procedure']}, {row['correction']} over {row['family']})")  # fmt: skip
     print(f"wrote {Path(options.output_dir) / 'compare.md'} (and runs.jsonl, compare.json, compare.png)")
     wanted = options.seeds if result["seed_plan"] is None else result["seed_plan"]["total"]
     done = {(r["method"], r["seed"]) for r in result["runs"] if "error" not in r}
