@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -116,6 +117,17 @@ def test_a_collapsed_seed_widens_the_interval_and_the_verdict_names_the_bootstra
     t = stats.mean_ci(row["per_seed"])
     assert row["procedure"] == "bootstrap-t" and row["ci95"][0] < t["low"] - 0.01  # the low side follows the tail
     assert "**inconclusive** | bootstrap-t |" in (tmp_path / "cmp" / "compare.md").read_text()
+
+
+def test_one_seed_unlike_all_the_others_gives_a_finite_interval_reaching_towards_it():
+    """A third of the bootstrap's resamples of 11 equal differences and one collapsed seed hold 11 or 12 equal
+    values (no spread): their t is large but finite, so the low bound reaches towards the collapse, and no
+    infinite or NaN bound (or numpy warning) comes out."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        row = stats.paired_interval([0.05] * 11 + [-0.15], 0.05)
+    assert row["procedure"] == "bootstrap-t" and math.isfinite(row["high"]) and -0.2 < row["low"] < -0.1, row
+    assert stats.verdict(row) == "inconclusive"
 
 
 # ------------------------------------------------------------------------------------------------ --seeds auto

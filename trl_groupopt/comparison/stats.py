@@ -129,8 +129,10 @@ def bootstrap_t(d: Any, alpha: float = ALPHA, resamples: int = BOOTSTRAP_RESAMPL
     """The studentized bootstrap ("bootstrap-t", Efron & Tibshirani 1993, An Introduction to the Bootstrap, ch. 12.5)
     interval of the mean of each row of `d` (array (..., n), n >= 2): (low, high, p), arrays over the leading axes;
     p is the two-sided p-value of mean 0 by the same resamples. Its bounds follow the skew of d (a long left tail
-    pushes the low bound down), where the t interval stays symmetric. Vectorised: the simulations call it on
-    thousands of rows at once."""
+    pushes the low bound down), where the t interval stays symmetric. A resample whose values are all equal takes
+    the standard deviation sd(d) / n instead of 0: its t is large but finite (a bound far out on that side, not an
+    infinite one; such resamples arise where one seed differs from all the others). Vectorised: the simulations call
+    it on thousands of rows at once."""
     import numpy as np
 
     d = np.asarray(d, dtype=float)
@@ -138,8 +140,9 @@ def bootstrap_t(d: Any, alpha: float = ALPHA, resamples: int = BOOTSTRAP_RESAMPL
     m, se = d.mean(-1), d.std(-1, ddof=1) / math.sqrt(n)
     picks = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
     boot = d[..., picks]  # (..., resamples, n)
+    spread = np.maximum(boot.std(-1, ddof=1), d.std(-1, ddof=1)[..., None] / n)
     with np.errstate(divide="ignore", invalid="ignore"):
-        t_star = (boot.mean(-1) - m[..., None]) / (boot.std(-1, ddof=1) / math.sqrt(n))
+        t_star = (boot.mean(-1) - m[..., None]) / (spread / math.sqrt(n))
         t_obs = np.where(se > 0, m / se, np.sign(m) * np.inf)
     t_star = np.where(np.isnan(t_star), 0.0, t_star)  # a resample of equal values at the mean itself
     q_low, q_high = np.quantile(t_star, [alpha / 2, 1 - alpha / 2], axis=-1)
