@@ -575,7 +575,7 @@ def test_power_analysis_reproduces_and_sized_the_claims_grid(tmp_path, capsys):
 
 
 def test_seeds_needed_is_the_smallest_n_reaching_the_half_width():
-    assert stats.half_width(0.05, 20) == pytest.approx(2.093 * 0.05 / math.sqrt(20))
+    assert stats.half_width(0.05, 20) == pytest.approx(2.093 * 0.05 / math.sqrt(20), rel=1e-4)  # scipy: 2.0930
     for sd, target in ((0.05, 0.015), (0.02, 0.02), (0.1, 0.01), (0.001, 0.02)):
         n = stats.seeds_needed(sd, target)
         assert stats.half_width(sd, n) <= target and (n == 2 or stats.half_width(sd, n - 1) > target)

@@ -176,7 +176,7 @@ def test_the_same_settings_written_otherwise_join_the_folder(tmp_path, monkeypat
     calls: list = []
     _fake_runs(monkeypatch, calls)
     _data(tmp_path / "mine.jsonl", 40)
-    given = ["--max_steps", "3", "--learning_rate", "1e-5", "--bf16", "--dataset_name", "mine.jsonl"]
+    given = ["--max_steps", "3", "--learning_rate", "1e-5", "--bf16", "True", "--dataset_name", "mine.jsonl"]
     assert compare_module.main([*BASE, "--output_dir", "cmp", "--eval_examples", "8", *given]) == 0
     calls.clear()
     (tmp_path / "link.jsonl").symlink_to(tmp_path / "mine.jsonl")
@@ -186,7 +186,7 @@ def test_the_same_settings_written_otherwise_join_the_folder(tmp_path, monkeypat
         assert compare_module.main([*BASE, "--output_dir", "cmp", "--eval_examples", "8", *same]) == 0, same
         assert calls == []  # every run is one of the folder's
     with pytest.raises(compare_module.CompareError, match=r"--max_steps 3 there, 5 here\): pass the train options"):
-        compare_module.compare("grpo,otb", 2, "cmp", eval_examples=8, train_args=[*given[:-3], "--max_steps", "5",
+        compare_module.compare("grpo,otb", 2, "cmp", eval_examples=8, train_args=[*given[:-4], "--max_steps", "5",
                                "--dataset_name", "mine.jsonl"])  # fmt: skip
 
 

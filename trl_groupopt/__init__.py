@@ -3,8 +3,9 @@
 
 The package's folders are its layers: `core/` the pure math every objective uses, `methods/<name>/` one method each
 (objective, config and trainer, spec), `trainer/` the TRL shell (`GroupOptTrainer`), `runfolder/` a run's folder,
-`data/` the data door, `cli/` the command line, `comparison/` `trl-groupopt compare`. Names are imported on first use
-(PEP 562): importing the package imports no TRL."""
+`data/` the data door, `cli/` the command line, `comparison/` `trl-groupopt compare`. A method in one function:
+`register_objective`, `register_estimator` (docs/adding-a-method.md). Names are imported on first use (PEP 562):
+importing the package imports no TRL."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_REGISTRY = ("METHODS", "MethodSpec", "Paper", "get_method", "register_method")
+_REGISTRY = ("METHODS", "MethodSpec", "Paper", "config_class", "get_method", "register_method", "trainer_class")
+_FUNCTIONAL = ("register_estimator", "register_objective")
 
 
 def _exports() -> dict[str, str]:
@@ -22,6 +24,7 @@ def _exports() -> dict[str, str]:
 
     classes = {name: module for spec in METHODS.values() for name, module in spec.exports.items()}
     return {**dict.fromkeys(_REGISTRY, "trl_groupopt.methods.registry"), **classes,
+            **dict.fromkeys(_FUNCTIONAL, "trl_groupopt.methods.functional"),
             "compare": "trl_groupopt.comparison.driver"}  # fmt: skip
 
 

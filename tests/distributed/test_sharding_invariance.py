@@ -104,6 +104,8 @@ def test_step_is_a_real_sgd_step_with_clipping(runs, name):
             logged = {key: result["logged"].get(key) for key in mechanism.keys}
             assert mechanism.acted_on(result["logged"]), (name, world_size, mechanism.name, logged)
             continue
+        if name in OWN_CASES and "clip_ratio/region_mean" not in result["logged"]:
+            continue  # an objective without a clip and without a report (one may return no metric at all)
         region = result["logged"]["clip_ratio/region_mean"]
         assert (region == 0.0) if name in NO_TOKEN_CLIP else (region > 0.0), (name, region)
 
@@ -187,5 +189,7 @@ def test_logged_clip_fractions_are_sharding_invariant(runs, name):
     token counts here (49 vs 29 tokens, see `batches.group_batch`), so unweighted averaging would fail."""
     one, _ = case_of(runs, 1, name)
     two, _ = case_of(runs, 2, name)
-    for key in CLIP_KEYS:
-        assert two["logged"][key] == pytest.approx(one["logged"][key], abs=1e-6), (name, key)
+    for key in CLIP_KEYS:  # an objective without a clip logs none (it may return no metric at all)
+        assert (key in two["logged"]) == (key in one["logged"]), (name, key)
+        if key in one["logged"]:
+            assert two["logged"][key] == pytest.approx(one["logged"][key], abs=1e-6), (name, key)

@@ -53,7 +53,8 @@ def test_seeds_auto_stops_at_the_total_its_pilot_planned(tmp_path):
     pilot = [after[("otb", s)] - after[("grpo", s)] for s in range(2)]
     sd = abs(pilot[0] - pilot[1]) / math.sqrt(2)
     t = scipy_stats.t.ppf(0.975, 1)  # Stein's rule, computed here from the pilot's runs alone
-    planned = min(3, max(2, math.ceil((t * sd / 0.02) ** 2 - 1e-9)))
+    # +-1 point (half the no-difference margin), the pilot's sd taken as at least 1 point (docs/compare.md)
+    planned = min(3, max(2, math.ceil((t * max(sd, 0.01) / 0.01) ** 2 - 1e-9)))
     assert sorted(after) == [(m, s) for m in ("grpo", "otb") for s in range(planned)]  # stopped at the total
     result = json.loads((out / "compare.json").read_text())
     assert result["seed_plan"]["total"] == planned and result["comparisons"][0]["n"] == planned

@@ -24,6 +24,9 @@ def test_trainer_reports_its_methods_definition(method, tokenizer, base_model, t
     """Each registered method's trainer reports that method's definition; before training, nothing was measured."""
     trainer = method_trainer(method, tmp_path, clone_model(base_model), tokenizer, num_generations=2)
     report = trainer.mechanism_report
+    if get_method(method).mechanism is None:  # a method registered without a definition: no report
+        assert report is None
+        return
     assert [outcome.mechanism for outcome in report.outcomes] == [get_method(method).mechanism]
     assert report.method == method and report.advantage_estimator == trainer.estimator.name
     (outcome,) = report.outcomes

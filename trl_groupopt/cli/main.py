@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from ..data.offline import uses_embedded_policy
-from ..methods.registry import METHODS, get_method
+from ..methods.registry import METHODS, get_method, import_methods
 from ..runfolder import stop
 from ..runfolder.resume import DiskFullError
 from ..runfolder.stop import Interrupted  # noqa: F401  (its home before issue 52)
@@ -93,6 +93,33 @@ def take_debug_flag(argv: Sequence[str]) -> tuple[list[str], bool]:
         else:
             rest.append(arg)
     return rest, debug
+
+
+def take_imports(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(argv without its ``--import MODULE`` / ``--import=MODULE`` options, the modules in order)."""
+    rest, modules, words = [], [], iter(argv)
+    for word in words:
+        if word == "--import":
+            module = next(words, None)
+            if module is None or module.startswith("-"):
+                die("trl-groupopt", "--import needs a module name, e.g. --import my_objectives")
+            modules.append(module)
+        elif word.startswith("--import="):
+            modules.append(word.partition("=")[2])
+        else:
+            rest.append(word)
+    return rest, modules
+
+
+def _import_modules(modules: Sequence[str]) -> None:
+    """Import the ``--import`` modules (which register their methods), the current directory searched first as
+    `python -m` does (the console script does not); one that fails is one line, exit 2."""
+    if modules and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        import_methods(list(modules))
+    except ValueError as err:
+        die("trl-groupopt", str(err))
 
 
 def _raised_while_training(error: BaseException) -> bool:
@@ -187,10 +214,14 @@ class _OneLineParser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> None:
     """`trl-groupopt train --method NAME [options]`, `trl-groupopt methods`, `trl-groupopt compare ...`."""
     argv, debug = take_debug_flag(sys.argv[1:] if argv is None else argv)
+    argv, modules = take_imports(argv)
+    _import_modules(modules)  # before the parser lists the methods
+    imports = [word for module in modules for word in ("--import", module)]  # handed on: compare's runs, a rerun
     raw = argparse.RawDescriptionHelpFormatter
     epilog = (
         f"methods:\n{_methods_table()}\n\nexamples:\n"
         "  trl-groupopt train --method NAME                 # offline CPU demo (embedded policy)\n"
+        "  trl-groupopt train --method NAME --import MODULE # a method MODULE registers (repeatable; compare too)\n"
         "  trl-groupopt train --method NAME --help          # every option of a method\n"
         "  trl-groupopt train --method NAME --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\\n"
         "      --dataset_name openai/gsm8k --dataset_config main --dataset_format gsm8k"
@@ -215,11 +246,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     known, rest = parser.parse_known_args(argv)
     if known.command == "methods":
         print(_methods_table())
-    elif known.command == "compare":
-        sys.exit(importlib.import_module("trl_groupopt.comparison.driver").main(list(rest)))
+    elif known.command == "compare":  # the imports go on to every run, as a train option
+        sys.exit(importlib.import_module("trl_groupopt.comparison.driver").main([*rest, *imports]))
     elif known.command == "train" and known.method is not None:
         prog = f"trl-groupopt train --method {known.method}"
-        with one_line_errors(prog, debug, prog, rest):
+        with one_line_errors(prog, debug, shlex.join([*prog.split(), *imports]), rest):
             train(known.method, rest, prog=prog)
     elif known.command == "train" and {"-h", "--help"} & set(rest):
         train_parser.print_help()

@@ -1,4 +1,4 @@
-"""`trl-groupopt compare`: does a method beat the baseline on your model and task? Paired seeds, 95% intervals.
+"""`trl-groupopt compare`: does a method beat the baseline on your model and task? Paired seeds, intervals that hold together at 95%.
 
 Each (method, seed) is one `train` run in DIR/runs/M-S, scored on a held-out split they share, run here on the free
 devices (`local.py`) or as a Slurm job (`slurm.py`); `--seeds auto` plans the seeds from a pilot (`seeds.py`). See
@@ -42,7 +42,7 @@ def comparisons(records: list[dict[str, Any]], methods: Sequence[str], baseline:
     def after(method: str) -> dict[int, float | None]:
         return {r["seed"]: r["accuracy_after"] for r in ok if r["method"] == method}
 
-    out = []
+    out, family = [], seedplan.family(methods, baseline)
     for method in (m for m in methods if m != baseline):
         acts = [r["acted"] for r in ok if r["method"] == method and r.get("acted")]
         steps, count = sum(a["steps"] for a in acts), sum(a["acted"] for a in acts)
@@ -51,12 +51,14 @@ def comparisons(records: list[dict[str, Any]], methods: Sequence[str], baseline:
                  else None, "undefined": undefined} if acts else None  # fmt: skip
         pilot = None
         if seed_plan is not None and (row := seed_plan["methods"][method])["pilot_sd"] is not None:
-            pilot = (row["pilot_n"], row["pilot_sd"])
-        row = stats.compare_pair(after(method), after(baseline), acted=acted, pilot=pilot)
+            pilot = (row["pilot_n"], row.get("planned_sd") or row["pilot_sd"])  # the floored sd it was planned from
+        row = stats.compare_pair(after(method), after(baseline), acted=acted, pilot=pilot, family=family)
         d = row["difference"]
         out.append({"method": method, "baseline": baseline, "n": row["n"], "difference": d["mean"],
-                    "ci95": [d["low"], d["high"]], "verdict": row["verdict"], "acted": acted,
-                    "note": row["note"], "per_seed": row["per_seed"], "sd": d["std"], "power": row["power"],
+                    "ci95": [d["low"], d["high"]], "level": 1 - d["alpha"], "verdict": row["verdict"],
+                    "procedure": d["procedure"], "p_value": row["p_value"], "p_adjusted": row["p_adjusted"],
+                    "correction": row["correction"], "family": family, "acted": acted, "note": row["note"],
+                    "per_seed": row["per_seed"], "sd": d["std"], "power": row["power"],
                     "interval": "stein" if pilot else "t"})  # fmt: skip
     return out
 
@@ -120,6 +122,8 @@ def run(options: Options) -> dict[str, Any]:
     out = Path(options.output_dir)
     launcher = _launcher_record(options, placement)
     made = _check_folder(options, out, launcher)
+    if problem := seedplan.check_recorded(out, options.seeds, options.pilot_seeds, options.max_seeds):
+        raise CompareError(problem)
     # once, before anything runs or is submitted
     run_args, score_here = carve_heldout(options, out / "data", bool(made.records))
     one_thread = placement is not None and placement.on_cpu and placement.concurrency > 1
@@ -129,6 +133,7 @@ def run(options: Options) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{LAUNCHER_FILE}.partial").write_text(json.dumps(launcher) + "\n")
     os.replace(out / f"{LAUNCHER_FILE}.partial", out / LAUNCHER_FILE)  # whole or absent
+    seedplan.record(out, options.seeds, options.pilot_seeds, options.max_seeds)
     command = command_line(options)
     if options.launcher == "slurm":
         launch = slurm.SlurmLauncher(spec, options.slurm, options.secrets, options.settings, command).run
@@ -213,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     for row in result["comparisons"]:
-        print(f"{row['method']} vs {row['baseline']}: {row['verdict']} ({row['n']} seeds)")
+        print(f"{row['method']} vs {row['baseline']}: {row['verdict']} ({row['n']} seeds; {row['level']:.1%} interval "
+              f"by {row['procedure']}, {row['correction']} over {row['family']})")  # fmt: skip
     print(f"wrote {Path(options.output_dir) / 'compare.md'} (and runs.jsonl, compare.json, compare.png)")
     wanted = options.seeds if result["seed_plan"] is None else result["seed_plan"]["total"]
     done = {(r["method"], r["seed"]) for r in result["runs"] if "error" not in r}

@@ -4,7 +4,10 @@ refuse bad input before anything runs or is submitted, with one line naming the 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import shlex
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +22,7 @@ OWN_OPTIONS = ("method", "output_dir", "seed")
 #: Rows held out of a user's dataset (the synthetic task: prompts of its test split), unless --eval_examples says.
 DEFAULT_EVAL_EXAMPLES = 200
 PROG = "trl-groupopt compare"
-DESCRIPTION = "Does a method beat the baseline on your model and task? Paired seeds, 95% intervals (docs/compare.md)."
+DESCRIPTION = "Does a method beat the baseline on your model and task? Paired seeds, intervals that hold together at 95% (docs/compare.md)."
 LAUNCHERS = ("local", "slurm")
 
 
@@ -47,6 +50,8 @@ class Options:
     slurm: slurm.SlurmOptions = field(default_factory=slurm.SlurmOptions)
     cancel: bool = False
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    #: the `--seeds auto` options given on the command line (`--seeds N` refuses them)
+    seed_options_given: tuple[str, ...] = ()
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -82,8 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--workers", type=int, default=1, help="runs at once, on the CPU (default 1)")
     add("--eval_examples", type=int, default=DEFAULT_EVAL_EXAMPLES,
         help="held-out prompts every run is scored on, before and after training")  # fmt: skip
-    add("--pilot_seeds", type=int, default=seedplan.PILOT_SEEDS, help="--seeds auto: the pilot's seeds (default 8)")
-    add("--max_seeds", type=int, default=seedplan.MAX_SEEDS, help="--seeds auto: at most this many (default 40)")
+    add("--pilot_seeds", type=int, help=f"--seeds auto: the pilot's seeds (default {seedplan.PILOT_SEEDS})")
+    add("--max_seeds", type=int, help=f"--seeds auto: at most this many (default {seedplan.MAX_SEEDS})")
     add("--launcher", choices=LAUNCHERS, default="local", help="local: this machine (default); slurm: a job per run")
     add("--gpus_per_run", type=int, help="local: devices per run (default 1; N > 1: accelerate launch)")
     add("--devices", help="local: comma-separated devices to use (default: every GPU here)")
@@ -109,10 +114,13 @@ def parse_options(argv: Sequence[str]) -> Options:
     slurm_options = slurm.SlurmOptions(known.slurm_partition, known.slurm_time, known.slurm_gpus_per_run,
                                        known.slurm_cpus_per_run, known.slurm_mem, known.slurm_account,
                                        known.slurm_setup)  # fmt: skip
-    devices = [d.strip() for d in known.devices.split(",") if d.strip()] if known.devices is not None else None
+    devices = [d.strip() for d in known.devices.split(",")] if known.devices is not None else None  # "" kept: refused
+    given = tuple(f"--{name}" for name in ("pilot_seeds", "max_seeds") if getattr(known, name) is not None)
+    max_seeds = seedplan.MAX_SEEDS if known.max_seeds is None else known.max_seeds
+    pilot = seedplan.PILOT_SEEDS if known.pilot_seeds is None else known.pilot_seeds
     return Options(methods, count, known.output_dir, known.baseline, known.workers, known.eval_examples, train_args,
-                   known.launcher, known.gpus_per_run, devices, known.max_seeds, known.pilot_seeds, slurm_options,
-                   known.cancel, secrets)  # fmt: skip
+                   known.launcher, known.gpus_per_run, devices, max_seeds, pilot, slurm_options, known.cancel,
+                   secrets, given)  # fmt: skip
 
 
 def _check_methods(options: Options) -> None:
@@ -146,6 +154,9 @@ def _check_seeds(options: Options) -> None:
     if not isinstance(options.seeds, int) or options.seeds < 2:
         raise CompareError(f"--seeds {options.seeds}: a paired interval needs at least 2 seeds; pass --seeds 2 or "
                            "more (docs/compare.md: 8 for a first look), or --seeds auto.")  # fmt: skip
+    if options.seed_options_given:
+        raise CompareError(f"{', '.join(options.seed_options_given)}: only --seeds auto plans seeds (--seeds "
+                           f"{options.seeds} runs seeds 0..{options.seeds - 1}); drop them, or pass --seeds auto.")  # fmt: skip
 
 
 def _check_launcher(options: Options) -> local.Placement | None:
@@ -166,12 +177,49 @@ def _check_launcher(options: Options) -> local.Placement | None:
     if asked := [f"--slurm_{name}" for name, value in vars(options.slurm).items()
                  if value != getattr(slurm.SlurmOptions(), name)]:  # fmt: skip
         raise CompareError(f"{', '.join(asked)}: these are for --launcher slurm; add it, or drop them.")
+    if options.devices is not None and (not options.devices or "" in options.devices):
+        raise CompareError(f"--devices {','.join(options.devices)!r} names an empty device: list devices such as "
+                           "--devices 0,1, or drop --devices to use every GPU here (none: the CPU).")  # fmt: skip
+    if options.gpus_per_run is not None and options.gpus_per_run < 1:
+        raise CompareError(f"--gpus_per_run {options.gpus_per_run}: a run needs at least 1 device; pass "
+                           "--gpus_per_run 1 or more, or drop --devices and --gpus_per_run to train on the CPU.")  # fmt: skip
     use_cpu = scan(options.train_args, "use_cpu")[0]["use_cpu"]
     placed = local.place(options.devices, options.gpus_per_run or 1, options.workers,
                          use_cpu is not None and use_cpu.lower() not in ("false", "0", "no"))  # fmt: skip
     if isinstance(placed, str):
         raise CompareError(placed)
+    if idle := placed.devices[placed.per_run * placed.concurrency :]:
+        print(f"{PROG}: warning: --gpus_per_run {placed.per_run} on devices {','.join(placed.devices)} leaves "
+              f"{','.join(idle)} idle; list {placed.per_run * placed.concurrency} devices with --devices, or pass a "
+              "--gpus_per_run that divides their count.", file=sys.stderr, flush=True)  # fmt: skip
     return placed
+
+
+def _train_parse(method: str, args: Sequence[str]) -> tuple[argparse.Namespace | None, str | None]:
+    """`args` as train's parser for `method` reads them (TRL imported here): (namespace, None), or (None, its one-line
+    error without the program's name)."""
+    from ..cli.script import MethodParser
+
+    parser, said = MethodParser(method, PROG), io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return parser.parse_known_args(list(args))[0], None
+    except SystemExit:
+        return None, said.getvalue().strip().partition("error: ")[2] or said.getvalue().strip()
+
+
+def _check_train_options(options: Options) -> None:
+    """Every method's train parser reads the train options (an option only some methods have would fail their runs
+    one by one), and they measure held-out accuracy (`--no_evaluate_accuracy` would train and judge nothing)."""
+    for method in options.methods:
+        namespace, problem = _train_parse(method, options.train_args)
+        if problem is not None:
+            raise CompareError(f"--method {method} refuses the train options: {problem.rstrip('.')}; every method "
+                               "gets them, so compare methods at their defaults, or give each variant its own "
+                               "--output_dir.")  # fmt: skip
+        if namespace is not None and getattr(namespace, "evaluate_accuracy", True) is False:
+            raise CompareError("--no_evaluate_accuracy (--evaluate_accuracy false): compare judges the methods by held-out accuracy, which it "
+                               "turns off (the runs would train and measure nothing); drop it.")  # fmt: skip
 
 
 def check(options: Options) -> local.Placement | None:
@@ -187,7 +235,9 @@ def check(options: Options) -> local.Placement | None:
     if own := [f"--{name}" for name in OWN_OPTIONS if given[name] is not None]:
         raise CompareError(f"{', '.join(own)}: compare sets these for each run (DIR/runs/METHOD-SEED); use "
                            "--methods, --seeds and --output_dir.")  # fmt: skip
-    return _check_launcher(options)
+    placement = _check_launcher(options)
+    _check_train_options(options)
+    return placement
 
 
 def command_line(options: Options) -> str:

@@ -23,6 +23,12 @@ def _not_counted(acted: dict[str, Any]) -> str:
     return f"; not counted: {n} step{'s' * (n != 1)} on which its metric was undefined" if n else ""
 
 
+def _level(result: dict[str, Any]) -> str:
+    """The level of the comparisons' intervals (1 - 0.05 / k)."""
+    levels = [row["level"] for row in result["comparisons"] if row.get("level") is not None]
+    return f"{levels[0]:.1%}" if levels else f"{1 - stats.ALPHA:.0%}"
+
+
 def _acted(acted: dict[str, Any] | None) -> str:
     if not acted or not acted.get("steps"):
         return f"not measured{_not_counted(acted)}" if acted and acted.get("undefined") else "n/a"
@@ -48,15 +54,25 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"`{result['command']}`",
         "",
-        "| method | vs | seeds | difference (points) | 95% interval | verdict | mechanism acted |",
-        "|---|---|---:|---:|---|---|---|",
+        f"| method | vs | seeds | difference (points) | {_level(result)} interval | verdict | decided by | p "
+        "(adjusted) | mechanism acted |",
+        "|---|---|---:|---:|---|---|---|---|---|",
     ]
     for row in result["comparisons"]:
         low, high = row["ci95"]
         interval = "n/a" if low is None else f"[{_points(low)}, {_points(high)}]"
         note = f" ({row['note']})" if row.get("note") else ""
+        p = "n/a" if row.get("p_value") is None else f"{row['p_value']:.3g} ({row['p_adjusted']:.3g})"
         lines.append(f"| {row['method']} | {row['baseline']} | {row['n']} | {_points(row['difference'])} | "
-                     f"{interval} | **{row['verdict']}**{note} | {_acted(row['acted'])} |")  # fmt: skip
+                     f"{interval} | **{row['verdict']}**{note} | {row.get('procedure', 't')} | {p} | "
+                     f"{_acted(row['acted'])} |")  # fmt: skip
+    if rows := result["comparisons"]:
+        k = rows[0].get("family", 1)
+        lines += ["", f"{k} method(s) against {s['baseline']}: each interval at {_level(result)}, the "
+                  f"{rows[0].get('correction', stats.CORRECTION)} correction, so all {k} verdicts hold together at "
+                  f"{1 - stats.ALPHA:.0%} (p: the paired test of no difference, adjusted: times {k}). Decided by: t "
+                  "(Student), stein (Stein's two-stage t), bootstrap-t (the studentized bootstrap reached further "
+                  "than the t interval: skewed differences)."]  # fmt: skip
     lines += ["", "| method | runs | held-out accuracy before | after (mean [95% CI]) | wall s / run | CPU s / run |",
               "|---|---:|---:|---|---:|---:|"]  # fmt: skip
     for method in s["methods"]:
@@ -70,7 +86,7 @@ def markdown(result: dict[str, Any]) -> str:
         spreads = ", ".join(f"{m} {_points(r['pilot_sd']).lstrip('+')} points over {r['pilot_n']} seeds "
                             f"(needs {r['needed']})" for m, r in plan["methods"].items())  # fmt: skip
         capped = (f" (capped at --max_seeds {plan['max_seeds']}: the intervals are wider than "
-                  f"+-{100 * plan['target_half_width']:.0f} points)" if plan["capped"] else "")  # fmt: skip
+                  f"+-{100 * plan['target_half_width']:g} point)" if plan["capped"] else "")  # fmt: skip
         lines += ["", f"Seeds: `--seeds auto`, {plan['pilot_seeds']} pilot seeds; the pilot's paired sd: {spreads}; "
                   f"planned total **{plan['total']} seeds**{capped}. Rule: {plan['rule']}."]  # fmt: skip
     notes = [f"- {row['method']}: {row['power']['text']}." for row in result["comparisons"] if row.get("power")]
@@ -94,7 +110,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def write_plot(result: dict[str, Any], path: Path) -> Path:
-    """One row per method: each seed's paired difference (dots), the mean and its 95% interval (bar), the +-2-point
+    """One row per method: each seed's paired difference (dots), the mean and its interval (bar: all methods together at 95%), the +-2-point
     band of "no difference"."""
     import matplotlib
 
@@ -118,7 +134,7 @@ def write_plot(result: dict[str, Any], path: Path) -> Path:
         ax.text(1.01, y, row["verdict"], transform=ax.get_yaxis_transform(), va="center", fontsize=9)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{r['method']} - {r['baseline']} (n={r['n']})" for r in reversed(rows)])
-    ax.set_xlabel("held-out accuracy difference, points (dots: seeds; bar: mean, 95% interval)")
+    ax.set_xlabel("held-out accuracy difference, points (dots: seeds; bar: mean, familywise 95% interval)")
     ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()

@@ -5,6 +5,7 @@ out: the local launcher (`local.py`) calls it in a thread, a Slurm job (`slurm_j
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -121,6 +122,8 @@ def record_problem(record: dict[str, Any]) -> str | None:
     numbers = [record.get(k, "") for k in ("accuracy_before", "accuracy_after", "wall_s", "cpu_s")]
     if not all(v is None or type(v) in (int, float) for v in numbers) or None in numbers[2:]:
         return "has no accuracy, wall or CPU time"
+    if not all(v is None or math.isfinite(v) for v in numbers):  # NaN would count as a measured run
+        return "has an accuracy or time that is not a number (NaN or infinite)"
     acted = record.get("acted")
     if acted is not None and not (isinstance(acted, dict) and all(type(acted.get(k)) is int for k in
                                                                    ("steps", "acted"))):  # fmt: skip

@@ -1,18 +1,26 @@
 """The methods: every :class:`~trl_groupopt.methods.spec.MethodSpec` that a method folder's ``spec.py``
 (`trl_groupopt/methods/<name>/spec.py`) defines at its top level, registered in :data:`METHODS` on import, and
-``register_method`` for a method kept outside the package (docs/adding-a-method.md). TRL-free: the CLI lists methods
-before TRL is imported."""
+``register_method`` for a method kept outside the package (docs/adding-a-method.md), and the modules that installed
+packages declare in the entry-point group ``trl_groupopt.methods`` (imported here, so their methods register). TRL-free:
+the CLI lists methods before TRL is imported."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import pkgutil
+import warnings
 from typing import Any
 
 from ..core.registry import Registry
 from .spec import MethodSpec, Paper
 
-__all__ = ["METHODS", "MethodSpec", "Paper", "get_method", "register_method", "spec_for", "unregister_method"]
+__all__ = ["ENTRY_POINT_GROUP", "METHODS", "MethodSpec", "Paper", "config_class", "get_method", "import_methods",
+           "register_method", "spec_for", "trainer_class", "unregister_method"]  # fmt: skip
+
+#: The entry-point group of packages that add methods: each entry names a module whose import registers them
+#: (``[project.entry-points."trl_groupopt.methods"] my_method = "my_package.my_module"``).
+ENTRY_POINT_GROUP = "trl_groupopt.methods"
 
 
 def discover() -> tuple[MethodSpec, ...]:
@@ -44,6 +52,37 @@ def register_method(name: str, *, config_class: type, trainer_class: type, **fie
     return METHODS.register(name, MethodSpec(name, trainer_class, config_class=config_class, **fields))
 
 
+def trainer_class(name: str) -> type:
+    """The trainer class of the method registered as `name` (imports TRL)."""
+    return get_method(name).trainer_class
+
+
+def config_class(name: str) -> type:
+    """The config class of the method registered as `name` (imports TRL)."""
+    return get_method(name).config_class
+
+
+def import_methods(modules: list[str]) -> None:
+    """Import each module of `modules` (``--import``), which registers its methods; a module that cannot be imported
+    is a ValueError naming it."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ValueError(f"--import {module}: {err} (give an importable module name; the current directory and "
+                             "PYTHONPATH are searched).") from None  # fmt: skip
+
+
+def load_entry_points() -> None:
+    """Import the modules of the `ENTRY_POINT_GROUP` entry points; one that fails warns, naming it, and is skipped."""
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()
+        except Exception as err:  # a broken plug-in must not stop the library from importing
+            warnings.warn(f"trl-groupopt: the {ENTRY_POINT_GROUP} entry point {entry.name} = {entry.value} failed to "
+                          f"load and is skipped: {type(err).__name__}: {err}", RuntimeWarning, stacklevel=2)  # fmt: skip
+
+
 def spec_for(trainer_class: type) -> MethodSpec | None:
     """The spec of the nearest class in `trainer_class`'s MRO that a spec names; None when a class in between has its
     own `objective` (it trains another method)."""
@@ -68,3 +107,4 @@ def load_estimators() -> None:
 
 for _spec in discover():
     METHODS.register(_spec.name, _spec)
+load_entry_points()  # last: a plug-in's module imports this one

@@ -84,8 +84,9 @@ class MethodSpec:
     #: The method *is* the advantage estimator of the same name (an `AdvantageEstimator`, or its import path), which
     #: every method config may then select; None: the method is an objective.
     estimator: Any = _ClassField(None)
-    #: The objective that this method's equals on-policy (ratio 1), value and gradient: ``"grpo"`` (TRL's clipped
-    #: surrogate), checked by `trl_groupopt.testing.check_objective`; None: no such claim.
+    #: On-policy (old log-probs = current ones) the objective has the value and the gradient of this registered
+    #: method's objective at its defaults ("grpo": TRL's clipped surrogate at ratio 1), which
+    #: `trl_groupopt.testing.check_objective` checks; None: no such claim.
     on_policy_equals: str | None = None
 
     def __post_init__(self) -> None:

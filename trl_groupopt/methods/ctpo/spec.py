@@ -27,6 +27,6 @@ METHOD = MethodSpec(
         inert="this run trained with CTPO's cumulative ratio, never clipped",
         hint=f"{OFF_POLICY} or lower epsilon / epsilon_high (log-space bounds per unit of t**p)",
     ),
+    on_policy_equals="grpo",  # on-policy every prefix ratio is 1: token-level GRPO (docs/ctpo.md)
     acting_settings={},  # the defaults act: prefix ratios compound, so log-ratios of 0.3 leave the log-space bounds
-    on_policy_equals="grpo",  # at ratio 1 every prefix ratio is 1: token-level GRPO
 )

@@ -79,6 +79,6 @@ GRPO_FIX_METHOD = MethodSpec(
         inert="this run trained with the unclipped surrogate -A * r",
         hint=f"{OFF_POLICY} or lower epsilon_high",
     ),
+    on_policy_equals="grpo",  # at r = 1 the symmetric clip is inactive: -A * r, value and gradient
     acting_settings={},  # the defaults act: epsilon_high 0.2 removes the tokens whose ratio exceeds 1.2
-    on_policy_equals="grpo",  # at ratio 1 the symmetric clip is inactive
 )

@@ -26,6 +26,6 @@ METHOD = MethodSpec(
         inert="this run trained as the unclipped policy gradient",
         hint=f"{OFF_POLICY} or lower epsilon / epsilon_high",
     ),
-    acting_settings={},  # the defaults act: TRL's epsilon 0.2 clips token log-ratios beyond about +-0.2
     on_policy_equals="grpo",  # it is TRL's clipped surrogate
+    acting_settings={},  # the defaults act: TRL's epsilon 0.2 clips token log-ratios beyond about +-0.2
 )

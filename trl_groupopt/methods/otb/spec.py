@@ -35,7 +35,7 @@ METHOD = MethodSpec(
     # baseline (no std normalisation); measured, lr 1e-4 left held-out accuracy flat (18.0% -> 17.5%) and 2e-4 / 3e-4
     # collapsed it, while 5e-5 gave 18.0% -> 34.5%
     demo_defaults={"learning_rate": 5e-5},
+    on_policy_equals="grpo",  # the objective is TRL's; only the advantages change
     # OTB is the advantage estimator "otb": any objective on it reports this mechanism too
     estimator="trl_groupopt.methods.otb.objective:OTB_ESTIMATOR",
-    on_policy_equals="grpo",  # its objective is TRL's; only the advantages differ
 )
