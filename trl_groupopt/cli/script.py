@@ -328,6 +328,7 @@ class _FinishRun(TrainerCallback):
             heldout_curve=[list(point) for point in curve.points] if curve else [],
             heldout_curve_examples=len(curve.dataset) if curve else None,
             mechanism=report.to_dict() if report is not None else None,
+            no_signal_steps=(trainer.no_signal_steps or (0, 0))[0],
             steps=trainer.state.global_step,
             wall_seconds=round(time.perf_counter() - self.start, 1),
             num_processes=trainer.accelerator.num_processes,

@@ -112,9 +112,7 @@ class GroupOptTrainer(TRLHooks):
         check_dataset_holds_a_generation_batch(self.args, self.train_dataset)
         warn_if_inert_on_policy(type(self).__name__, self.args, self.inert_on_policy)
         spec = self.method_spec
-        report = MechanismReportCallback(spec.name if spec is not None else None, self.estimator.name)
-        if report.tracker.mechanisms:
-            self.add_callback(report)
+        self.add_callback(MechanismReportCallback(spec.name if spec is not None else None, self.estimator.name))
 
     @property
     def method_spec(self) -> MethodSpec | None:
@@ -334,7 +332,14 @@ class GroupOptTrainer(TRLHooks):
         """Whether the mechanisms this run reports (its method's and its advantage estimator's) acted, over the whole
         run so far (None for a class without a definition)."""
         report = self._report_callback
-        return report.report() if report is not None else None
+        return report.report() if report is not None and report.tracker.mechanisms else None
+
+    @property
+    def no_signal_steps(self) -> tuple[int, int] | None:
+        """(optimizer steps without a learning signal, optimizer steps) over the whole run so far; None before any
+        (trl_groupopt/trainer/learning_signal.py)."""
+        report = self._report_callback
+        return report.signal.counts if report is not None else None
 
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None, **kwargs):
         from .card import create_model_card
