@@ -90,3 +90,21 @@ def test_a_run_without_any_signal_gets_no_method_advice():
         assert silent.text.endswith("No learning signal on 40 of 40 optimizer steps.")
         assert silent.to_dict()["no_signal_steps"] == 40
     assert "No learning signal on 3 of 40" in _report("otb", (3, 40)).text
+
+
+def test_compare_says_how_many_steps_had_no_signal(tmp_path, monkeypatch):
+    """compare's table and progress line count each method's steps without a learning signal (results.json's
+    `no_signal_steps`, copied into the run's record)."""
+    from trl_groupopt.comparison import driver, report, trainrun
+
+    def fake(spec, method, seed, env, before=None, track=None, device=None):
+        return {"method": method, "seed": seed, "accuracy_before": 0.0, "accuracy_after": 0.0, "heldout_examples": 8,
+                "steps": 3, "acted": None, "no_signal_steps": 3 if method == "otb" else 1, "wall_s": 1.0,
+                "cpu_s": 0.5, "output_dir": "x"}  # fmt: skip
+
+    monkeypatch.setattr(trainrun, "run_one", fake)
+    driver.compare("grpo,otb", 2, tmp_path / "cmp", max_steps=3)
+    text = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "Optimizer steps without a learning signal (every group's rewards equal), over all runs: grpo 2 of 6; " \
+           "otb 6 of 6." in text  # fmt: skip
+    assert report.describe(fake(None, "otb", 0, None)).startswith("accuracy 0.0% -> 0.0%, no learning signal on 3 of 3")
