@@ -30,6 +30,7 @@ from ..trainer.card import SYNTHETIC_DATASET_NAME
 from ..trainer.device import device_supports_bf16, has_accelerator
 from ..trainer.reporting import HeldOutAccuracyCallback, ReadableProgressCallback, plot_reward_accuracy, write_results
 from .defaults import EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS
+from .main import read_negative_numbers
 
 __all__ = ["Deferred", "DemoScriptArguments", "MethodParser", "run"]
 
@@ -180,6 +181,7 @@ class MethodParser(TrlParser):
             help="a YAML file of option: value pairs (and env: variables); the command line overrides it",
         )
         self.set_defaults(**deferred_defaults(method))
+        read_negative_numbers(self)
 
     def add_argument(self, *flags: str, **kwargs: Any) -> argparse.Action:
         self._flags.extend(flags)
