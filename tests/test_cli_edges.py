@@ -84,3 +84,35 @@ def test_batch_epsilon_inf_is_refused_naming_batch_epsilon(value, tmp_path):
     with pytest.raises(ValueError) as raised:
         cli.parse("echo", ["--batch_epsilon", value, "--output_dir", str(tmp_path)])
     assert str(raised.value).startswith("batch_epsilon ") and "batch_epsilon_high" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("method", "says"), [
+    ("echo", "2 optimizer steps per rollout (ECHOConfig's default in Python: 8)"),
+    ("ctpo", "2 optimizer steps per rollout (CTPOConfig's default in Python: 16)"),
+    ("otb", "2 optimizer steps per rollout"),
+])  # fmt: skip
+def test_the_command_line_says_its_schedule_and_the_python_default_where_they_differ(method, says, tmp_path):
+    """Issue 51, new user 6: the command line trained ECHO and CTPO at 2 optimizer steps per rollout, the Python API
+    at 8 and 16, and the method pages described only the API's."""
+    from trl_groupopt.methods.registry import get_method
+
+    _, args, _, _ = cli.parse(method, ["--output_dir", str(tmp_path)])
+    assert script.schedule_text(args, get_method(method).config_class) == says
+    _, args, _, _ = cli.parse(method, ["--steps_per_generation", "32", "--gradient_accumulation_steps", "2"])
+    assert script.schedule_text(args, get_method(method).config_class).startswith("16 optimizer steps per rollout")
+
+
+def test_the_method_pages_state_both_schedules():
+    from pathlib import Path
+
+    from trl_groupopt.cli.defaults import RUN_DEFAULTS
+    from trl_groupopt.methods.registry import get_method
+
+    cli_updates = RUN_DEFAULTS["steps_per_generation"] // RUN_DEFAULTS["gradient_accumulation_steps"]
+    for method in ("echo", "ctpo"):
+        page = (Path(__file__).parents[1] / "docs" / f"{method}.md").read_text()
+        section = page[page.index("## Default schedule") :].split("\n## ")[0]
+        own = get_method(method).config_class.updates_per_rollout
+        assert f"{own} optimizer steps per rollout" in section
+        assert f"trains every method at {cli_updates} optimizer steps per rollout" in " ".join(section.split())
+        assert f"--steps_per_generation {2 * own} --gradient_accumulation_steps 2" in section

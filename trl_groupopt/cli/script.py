@@ -265,6 +265,15 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
     return trainer
 
 
+def schedule_text(args, config_class: type) -> str:
+    """``2 optimizer steps per rollout``, with the config's own default where it differs (``(ECHOConfig's default in
+    Python: 8)``): the command line's schedule (`RUN_DEFAULTS`) is not the Python API's for every method."""
+    updates = args.steps_per_generation * args.num_iterations // args.gradient_accumulation_steps
+    text = f"{updates} optimizer step{'s' * (updates != 1)} per rollout"
+    own = getattr(config_class, "updates_per_rollout", None)
+    return text if own in (None, updates) else f"{text} ({config_class.__name__}'s default in Python: {own})"
+
+
 class _FinishRun(TrainerCallback):
     """The command's lines around training and its outputs (the held-out accuracy after, the model, card, state,
     plot, results.json, the push), written at the end of `train()`, in the opened run (its lock held)."""
@@ -277,7 +286,8 @@ class _FinishRun(TrainerCallback):
         self.curve: HeldOutAccuracyCallback | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.say(f"training {args.max_steps if args.max_steps > 0 else ''} steps -> {args.output_dir}")
+        steps = f"{args.max_steps} steps" if args.max_steps > 0 else "steps"
+        self.say(f"training {steps}, {schedule_text(args, get_method(self.method).config_class)} -> {args.output_dir}")
         if self.trainer.resumed_from is not None:
             self.say(f"resuming from {self.trainer.resumed_from}")
 
