@@ -11,6 +11,7 @@ import pytest
 from trl_groupopt.cli import main as cli
 from trl_groupopt.cli import script
 from trl_groupopt.data import adapters
+from trl_groupopt.trainer.schedule import schedule_text
 
 
 @pytest.fixture
@@ -97,9 +98,9 @@ def test_the_command_line_says_its_schedule_and_the_python_default_where_they_di
     from trl_groupopt.methods.registry import get_method
 
     _, args, _, _ = cli.parse(method, ["--output_dir", str(tmp_path)])
-    assert script.schedule_text(args, get_method(method).config_class) == says
+    assert schedule_text(args, get_method(method).config_class) == says
     _, args, _, _ = cli.parse(method, ["--steps_per_generation", "32", "--gradient_accumulation_steps", "2"])
-    assert script.schedule_text(args, get_method(method).config_class).startswith("16 optimizer steps per rollout")
+    assert schedule_text(args, get_method(method).config_class).startswith("16 optimizer steps per rollout")
 
 
 def test_the_method_pages_state_both_schedules():

@@ -10,7 +10,6 @@ import gc
 import importlib
 import inspect
 import os
-import re
 import shlex
 import signal
 import sys
@@ -29,15 +28,6 @@ if TYPE_CHECKING:
     from ..trainer.base import GroupOptTrainer
 
 DEBUG_ENVIRONMENT_VARIABLE = "TRL_GROUPOPT_DEBUG"
-#: What argparse reads as a negative number, not an option: its own pattern (-1, -.5) plus exponents and non-finite
-#: values (-1e-4, -inf), so `--learning_rate -1e-4` reaches the option's check as `--learning_rate=-1e-4` does.
-NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
-
-
-def read_negative_numbers(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """`parser` reading every negative number as a value (argparse's `-1e-4` is an unknown option); returns it."""
-    parser._negative_number_matcher = NEGATIVE_NUMBER  # argparse's own hook (no option of ours looks like a number)
-    return parser
 
 
 def die(prog: str, message: str, status: int = 2) -> NoReturn:
@@ -204,10 +194,6 @@ def _methods_table() -> str:
 
 
 class _OneLineParser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        read_negative_numbers(self)
-
     def error(self, message: str) -> NoReturn:
         die(self.prog, message)
 

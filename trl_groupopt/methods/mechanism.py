@@ -215,7 +215,9 @@ class MechanismTracker:
                 undefined[1] = [*undefined[1], self._closed][:SHOWN_UNDEFINED_STEPS]
         return logged
 
-    def report(self, method: str, advantage_estimator: str, no_signal: tuple[int, int] | None = None) -> MechanismReport:
+    def report(
+        self, method: str, advantage_estimator: str, no_signal: tuple[int, int] | None = None
+    ) -> MechanismReport:
         outcomes = []
         for m in self.mechanisms:
             found = [(item, self._values[item.key]) for item in m.observed if self._values.get(item.key)]

@@ -24,8 +24,10 @@ METHOD = MethodSpec(
         what="a prefix ratio was clipped or the dual clip bound",
         keys=("clip_ratio/region_mean", "ctpo/dual_clip"),
         acts=lambda region, dual: region > 0 or dual > 0,
-        observed=(Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),
-                  Observed("share of tokens dual-clipped", "ctpo/dual_clip", "mean")),  # fmt: skip
+        observed=(
+            Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),
+            Observed("share of tokens dual-clipped", "ctpo/dual_clip", "mean"),
+        ),  # fmt: skip
         inert="this run trained with CTPO's cumulative ratio, never clipped (nor dual-clipped)",
         hint=f"{OFF_POLICY} or lower epsilon / epsilon_high (log-space bounds per unit of t**p)",
     ),
