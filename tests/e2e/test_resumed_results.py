@@ -30,3 +30,23 @@ def test_a_resumed_run_reports_the_whole_run(tmp_path, capsys):
     assert [step for step, _ in whole["heldout_curve"]] == [0, 2, 4]
     assert whole["heldout_curve"][:2] == first["heldout_curve"]
     assert whole["wall_seconds"] > first["wall_seconds"] and whole["steps"] == 4
+
+
+def test_the_same_command_again_over_its_finished_run_is_one_line_and_exit_0(tmp_path, capsys):
+    """Issue 51, new user 3: the README's main command run a second time printed the refusal, a `RuntimeError`
+    repeating it and accelerate's traceback (rc 1: `accelerate launch` turns any failure into its traceback). The
+    same command over its own finished run now says so in one line and exits 0; another setting is still refused."""
+    import pytest
+
+    out = tmp_path / "out"
+    argv = ["train", "--method", "grpo", *_argv(out, "--max_steps", "2", "--evaluate_accuracy", "false")]
+    cli.main(argv)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    said = capsys.readouterr()
+    assert exit_info.value.code == 0 and said.err == "" and said.out.count("\n") == 1
+    assert said.out.startswith(f"The run is finished: {out} holds the final model and results of this same command")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*argv, "--learning_rate", "3e-4"])
+    assert exit_info.value.code == 1 and "already holds checkpoints" in capsys.readouterr().err

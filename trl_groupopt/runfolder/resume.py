@@ -150,6 +150,8 @@ def decide(args: Any, method: str, resume_from_checkpoint: str | bool | None, *,
     if cli and overwrite and resume_from_checkpoint not in (None, False):
         raise ValueError("--overwrite_output_dir (a fresh run) cannot be combined with --resume_from_checkpoint.")
     checkpoint = resolve_resume(out, resume_from_checkpoint)
+    if checkpoint is None and cli and not overwrite and (same := _same_run_finished(args, method)) is not None:
+        return same
     if checkpoint is None:
         refuse_fresh_run(out, overwrite, cli=cli)
         said = None if overwrite or getattr(args, "process_index", 0) else set_aside_incomplete(out)
@@ -173,6 +175,27 @@ def decide(args: Any, method: str, resume_from_checkpoint: str | bool | None, *,
         return checkpoint, f"{done}. Nothing was trained or written; raise --max_steps to train on.", True
     done = f"{checkpoint} is at the run's last step ({step} of {limit}), but its final outputs are not complete"
     return checkpoint, f"{done} ({problem}): writing them from that checkpoint, without training.", False
+
+
+def _same_run_finished(args: Any, method: str) -> tuple[str, str, bool] | None:
+    """The same command run again over its finished run (the same method and settings, its checkpoint at the last
+    step, its final outputs complete): `decide`'s answer for a finished run (exit 0, one line), else None (a fresh
+    run over an earlier one: refused). `accelerate launch` turns any failure into its own traceback."""
+    checkpoint = newest_complete_checkpoint(args.output_dir, warn=False)
+    if checkpoint is None or _recorded_run(checkpoint).get("method") != method:
+        return None
+    settings = _recorded_run(checkpoint).get("settings") or {}
+    if any(settings.get(name) != getattr(args, name, None) for name in (*RESUME_SETTINGS, "max_steps")):
+        return None
+    complete = training_complete(checkpoint, args)
+    if complete is None or final_output_problem(args.output_dir, complete[0]) is not None:
+        return None
+    done = (
+        f"The run is finished: {args.output_dir} holds the final model and results of this same command, step "
+        f"{complete[0]} of {complete[1]} ({checkpoint}). Nothing was trained or written; to train again use "
+        "--overwrite_output_dir or another --output_dir, to train on raise --max_steps with --resume_from_checkpoint last."
+    )
+    return checkpoint, done, True
 
 
 def missing_keys_to_report(model: Any, missing_keys: list[str]) -> list[str]:
