@@ -107,4 +107,6 @@ def test_compare_says_how_many_steps_had_no_signal(tmp_path, monkeypatch):
     text = (tmp_path / "cmp" / "compare.md").read_text()
     assert "Optimizer steps without a learning signal (every group's rewards equal), over all runs: grpo 2 of 6; " \
            "otb 6 of 6." in text  # fmt: skip
-    assert report.describe(fake(None, "otb", 0, None)).startswith("accuracy 0.0% -> 0.0%, no learning signal on 3 of 3")
+    assert report.describe(fake(None, "otb", 0, None)).startswith(
+        "accuracy 0.0% -> 0.0%, no learning signal on 3 of 3"
+    )

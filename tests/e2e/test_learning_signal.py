@@ -44,4 +44,6 @@ def test_a_run_with_reward_contrast_says_nothing_of_it(tmp_path):
     from tests.helpers import length_reward
 
     trainer, said = _train(tmp_path, "otb", length_reward, steps=2)
-    assert said == [] and trainer.no_signal_steps == (0, 2) and "No learning signal" not in trainer.mechanism_report.text
+    assert (
+        said == [] and trainer.no_signal_steps == (0, 2) and "No learning signal" not in trainer.mechanism_report.text
+    )

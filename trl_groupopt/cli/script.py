@@ -27,6 +27,7 @@ from ..trainer import reporting
 from ..trainer.args_check import option_problems
 from ..trainer.card import SYNTHETIC_DATASET_NAME
 from ..trainer.device import device_supports_bf16, has_accelerator
+from ..trainer.report import MechanismReportCallback
 from ..trainer.reporting import HeldOutAccuracyCallback, ReadableProgressCallback, RunHistoryCallback, plain_warnings
 from ..trainer.schedule import schedule_text
 from .defaults import EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS
@@ -273,9 +274,10 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
         train_dataset=train_dataset,
         peft_config=get_peft_config(model_args),
     )
-    trainer.remove_callback(ProgressCallback)  # one of these two is installed, by disable_tqdm
-    trainer.remove_callback(PrinterCallback)
+    for callback in (ProgressCallback, PrinterCallback, MechanismReportCallback):  # the first two: by disable_tqdm
+        report = trainer.pop_callback(callback)  # the run's report last: its lines come after the bar closes
     trainer.add_callback(ReadableProgressCallback(spec.headline_metric, show_bar=not training_args.disable_tqdm))
+    trainer.add_callback(report)
     return trainer
 
 
@@ -284,9 +286,8 @@ class _FinishRun(TrainerCallback):
     plot, results.json, the push), written at the end of `train()`, in the opened run (its lock held)."""
 
     def __init__(self, trainer, method, script_args, training_args, model_args, eval_dataset, say, history, decode):
-        self.trainer, self.method, self.script_args, self.say = trainer, method, script_args, say
-        self.history: RunHistoryCallback = history  # the whole run's, over its sessions (resumes)
-        self.decode = decode  # the held-out decoding settings, before and after
+        self.trainer, self.method, self.say, self.history = trainer, method, say, history  # history: the whole run's
+        self.script_args, self.decode = script_args, decode  # decode: the held-out decoding settings, before and after
         self.training_args, self.model_args, self.eval_dataset = training_args, model_args, eval_dataset
         self.before: float | None = None  # the held-out accuracy before training, when measured (and its curve)
         self.curve: HeldOutAccuracyCallback | None = None

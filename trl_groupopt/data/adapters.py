@@ -4,9 +4,12 @@ the row adapters usable with ``Dataset.map``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from . import offline
@@ -153,6 +156,24 @@ def _read_json_document(path: str) -> tuple[Any, bool]:
     return (None if columns is None else datasets.Dataset.from_dict(columns)), True
 
 
+@contextlib.contextmanager
+def _datasets_quiet() -> Iterator[None]:
+    """Within it, the datasets library prints neither its error lines nor progress bars: a file that fails to load is
+    said once, by this module's line naming the file's line (datasets' own counts rows from 0, after its bars)."""
+    import datasets
+
+    logger, bars = logging.getLogger("datasets"), not datasets.are_progress_bars_disabled()
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
 def load_raw_dataset(name: str, config: str | None = None, split: str = "train"):
     """One split of a Hub dataset, a local data file or a local folder, checked first (a supported, non-empty file; a
     folder of one kind of data file); errors name the file and the line."""
@@ -179,7 +200,8 @@ def load_raw_dataset(name: str, config: str | None = None, split: str = "train")
             return columns
         try:
             if problem is None:
-                return datasets.load_dataset(builder, data_files=name, split="train")
+                with _datasets_quiet():
+                    return datasets.load_dataset(builder, data_files=name, split="train")
         except Exception as err:  # datasets' own errors name neither the file nor the line
             line = _unreadable_line(name, as_json=name.lower().endswith(".jsonl") or not document)
             problem = line or f"no rows could be read as {builder} ({err})."

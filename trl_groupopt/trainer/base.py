@@ -27,7 +27,12 @@ from ..runfolder.resume import method_name
 from ..runfolder.run import OpenedRun, open_run
 from .args_check import check_numeric_args
 from .boundary import TRLHooks, finished_run_output
-from .compat import check_loss_routed_through_compute_loss, check_trl_scores_tokens, dropping_trl_warning
+from .compat import (
+    check_loss_routed_through_compute_loss,
+    check_trl_scores_tokens,
+    dropping_trl_warning,
+    stack_noise_hidden,
+)
 from .energy import EnergyCapture
 from .guard import check_loss
 from .loss import (
@@ -180,9 +185,13 @@ class GroupOptTrainer(TRLHooks):
                 warnings.warn(opened.done, UserWarning, stacklevel=3)
             return finished_run_output(self, opened.checkpoint)
         opened.begin()
-        return super().train(
-            resume_from_checkpoint=opened.checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs
-        )
+        with stack_noise_hidden():  # TRL 1.16's deprecated calls into transformers 5: nothing a user can change
+            return super().train(
+                resume_from_checkpoint=opened.checkpoint,
+                trial=trial,
+                ignore_keys_for_eval=ignore_keys_for_eval,
+                **kwargs,
+            )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)  # TRL's: `_compute_loss`

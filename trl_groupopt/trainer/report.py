@@ -62,8 +62,8 @@ class MechanismReportCallback(TrainerCallback, ExportableState):
         self._warn(state, self.signal.end_run())
         report = self.report()
         if state.is_world_process_zero and self.tracker.mechanisms:
-            if report.never_acted:
-                warnings.warn(report.text, UserWarning, stacklevel=1)
+            if report.never_acted:  # one line: a warning's later lines stand alone on stderr
+                warnings.warn(" ".join(report.text.splitlines()), UserWarning, stacklevel=1)
             else:
                 print(report.text, flush=True)
 
