@@ -58,9 +58,9 @@ def test_the_stacks_noise_is_hidden_while_training_and_nothing_else(message, cat
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with stack_noise_hidden():
-            warnings.warn(message, category)
-            warnings.warn("a warning of the user's own", UserWarning)
-        warnings.warn(message, category)  # outside: shown
+            warnings.warn(message, category, stacklevel=1)
+            warnings.warn("a warning of the user's own", UserWarning, stacklevel=1)
+        warnings.warn(message, category, stacklevel=1)  # outside: shown
     assert [str(w.message) for w in caught] == ["a warning of the user's own", message]
 
 
