@@ -1,7 +1,9 @@
-"""A tiny vision-language model and its processor, built from config offline (no Hub): LLaVA (a CLIP vision tower
-of 2 layers on 16x16 images, 8x8 patches, and a 2-layer Llama), a character-level tokenizer with an ``<image>`` token,
-and a chat template that reads text, image and video parts. TRL's own VLM tests use Hub models
-(``trl-internal-testing/tiny-LlavaForConditionalGeneration`` and others); this is their offline stand-in."""
+"""Tiny vision-language models and their processors, built from config offline (no Hub): LLaVA (a CLIP vision tower
+of 2 layers on 16x16 images, 8x8 patches, and a 2-layer Llama) and Gemma 3 (a 2-layer SigLIP tower, 4 soft tokens per
+image, a 2-layer Gemma 3: its forward also takes `token_type_ids`), each with a character-level tokenizer holding its
+image tokens and a chat template that reads text, image and video parts. TRL's own VLM tests use Hub models
+(``trl-internal-testing/tiny-Gemma3ForConditionalGeneration``, ``tiny-LlavaForConditionalGeneration`` and others);
+these are their offline stand-ins (:func:`tiny_vlm`)."""
 
 from __future__ import annotations
 
@@ -12,14 +14,25 @@ from PIL import Image
 from transformers import (
     CLIPImageProcessor,
     CLIPVisionConfig,
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3ImageProcessor,
+    Gemma3Processor,
+    Gemma3TextConfig,
     LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
     LlavaProcessor,
     PreTrainedTokenizerFast,
+    SiglipVisionConfig,
 )
 
 _CONTROL_TOKENS = ["<pad>", "<eos>", "<unk>", "<image>"]
+_GEMMA_IMAGE_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "image_token": "<image_soft_token>",
+    "eoi_token": "<end_of_image>",
+}
 #: Renders string content and text, image and video parts (a video as one placeholder word: this model reads none).
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] + ': ' }}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
@@ -29,25 +42,69 @@ CHAT_TEMPLATE = (
 )
 
 
-def vlm_processor() -> LlavaProcessor:
-    """LLaVA's processor: CLIP's image processor at 16x16 and a character-level tokenizer."""
+def _tokenizer(image_tokens: dict[str, str], template: str) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer whose special tokens include `image_tokens` (the processor's names for them)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    symbols = _CONTROL_TOKENS + [chr(c) for c in range(32, 127)] + ["\n"]
+    control = list(dict.fromkeys([*_CONTROL_TOKENS, *image_tokens.values()]))
+    symbols = control + [chr(c) for c in range(32, 127)] + ["\n"]
     tok = Tokenizer(models.WordLevel(vocab={s: i for i, s in enumerate(symbols)}, unk_token="<unk>"))
-    pattern = "|".join(re.escape(w) for w in _CONTROL_TOKENS) + r"|[\s\S]"
+    pattern = "|".join(re.escape(w) for w in control) + r"|[\s\S]"
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(_CONTROL_TOKENS)
-    tokenizer = PreTrainedTokenizerFast(
+    tok.add_special_tokens(control)
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>", padding_side="left",
-        chat_template=CHAT_TEMPLATE, extra_special_tokens={"image_token": "<image>"},
+        chat_template=template, extra_special_tokens=image_tokens,
     )  # fmt: skip
+
+
+def vlm_processor() -> LlavaProcessor:
+    """LLaVA's processor: CLIP's image processor at 16x16 and a character-level tokenizer."""
+    tokenizer = _tokenizer({"image_token": "<image>"}, CHAT_TEMPLATE)
     images = CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
     return LlavaProcessor(
         image_processor=images, tokenizer=tokenizer, patch_size=8, vision_feature_select_strategy="default",
         chat_template=CHAT_TEMPLATE, num_additional_image_tokens=1,
     )  # fmt: skip
+
+
+def gemma3_vlm(seed: int = 0) -> tuple[Gemma3ForConditionalGeneration, Gemma3Processor]:
+    """A random Gemma 3 VLM and its processor (4 soft tokens per 16x16 image), fp32."""
+    template = CHAT_TEMPLATE.replace("<image>", _GEMMA_IMAGE_TOKENS["boi_token"])
+    tokenizer = _tokenizer(_GEMMA_IMAGE_TOKENS, template)
+    processor = Gemma3Processor(image_processor=Gemma3ImageProcessor(size={"height": 16, "width": 16}),
+                                tokenizer=tokenizer, chat_template=template, image_seq_length=4)  # fmt: skip
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                image_size=16, patch_size=4, vision_use_head=False)  # fmt: skip
+    text = Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=512, sliding_window=64,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    ids = {
+        f"{k.removesuffix('_token')}_token_index": tokenizer.convert_tokens_to_ids(v)
+        for k, v in _GEMMA_IMAGE_TOKENS.items()
+    }
+    config = Gemma3Config(vision_config=vision, text_config=text, mm_tokens_per_image=4,
+                          boi_token_index=ids["boi_token_index"], eoi_token_index=ids["eoi_token_index"],
+                          image_token_index=ids["image_token_index"])  # fmt: skip
+    torch.manual_seed(seed)
+    return _with_generation_tokens(Gemma3ForConditionalGeneration(config), tokenizer), processor
+
+
+def _with_generation_tokens(model, tokenizer):
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def tiny_vlm(kind: str, seed: int = 0):
+    """(model, processor): ``"llava"`` or ``"gemma3"``."""
+    if kind == "gemma3":
+        return gemma3_vlm(seed)
+    processor = vlm_processor()
+    return vlm_model(processor, seed), processor
 
 
 def vlm_model(processor: LlavaProcessor, seed: int = 0) -> LlavaForConditionalGeneration:
@@ -67,10 +124,7 @@ def vlm_model(processor: LlavaProcessor, seed: int = 0) -> LlavaForConditionalGe
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
     )  # fmt: skip
     torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
+    return _with_generation_tokens(LlavaForConditionalGeneration(config), tokenizer)
 
 
 def image(color: str = "red") -> Image.Image:

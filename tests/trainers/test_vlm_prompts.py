@@ -1,7 +1,7 @@
 """Every prompt shape `GRPOTrainer` 1.16 accepts passes the data door unchanged: text, image, video and audio content
 parts, image placeholders filled from an ``image``/``images`` column (as the ``datasets`` library stores them, with
 ``'text': None``), media given inline, string content next to an image column, an assistant's tool call. Checked where
-the door acts, the trainer's construction, with a tiny LLaVA built from config (tests/vlm.py). Training on them:
+the door acts, the trainer's construction, with a tiny Gemma 3 or LLaVA built from config (tests/vlm.py). Training on them:
 tests/e2e/test_vlm_training.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from datasets import Dataset
 from trl import GRPOConfig
 
 from tests.helpers import cpu_config_kwargs
-from tests.vlm import character_codes, image, vlm_model, vlm_processor
+from tests.vlm import character_codes, image, tiny_vlm
 from trl_groupopt import GroupOptTrainer
 from trl_groupopt.data.checks import check_train_dataset
 
@@ -49,18 +49,13 @@ def _dataset(shape: str) -> Dataset:
     return Dataset.from_list([SHAPES[shape]() for _ in range(4)])
 
 
-@pytest.fixture(scope="module")
-def processor():
-    return vlm_processor()
-
-
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_every_prompt_shape_grpo_takes_passes_the_door_unchanged(shape, processor, tmp_path):
+def test_every_prompt_shape_grpo_takes_passes_the_door_unchanged(shape, tmp_path):
     dataset = _dataset(shape)
     check_train_dataset(dataset, [character_codes])
     args = GRPOConfig(**cpu_config_kwargs(tmp_path, per_device_train_batch_size=2, num_generations=2))
-    trainer = GroupOptTrainer(vlm_model(processor), character_codes, args=args, train_dataset=dataset,
-                              processing_class=processor)  # fmt: skip
+    model, processor = tiny_vlm("gemma3" if "image" in shape else "llava")
+    trainer = GroupOptTrainer(model, character_codes, args=args, train_dataset=dataset, processing_class=processor)
     assert trainer.train_dataset[0] == dataset[0]
 
 
