@@ -11,7 +11,6 @@ import pytest
 from trl_groupopt.cli import main as cli
 from trl_groupopt.cli import script
 from trl_groupopt.data import adapters
-from trl_groupopt.trainer.schedule import schedule_text
 
 
 @pytest.fixture
@@ -96,6 +95,7 @@ def test_the_command_line_says_its_schedule_and_the_python_default_where_they_di
     """Issue 51, new user 6: the command line trained ECHO and CTPO at 2 optimizer steps per rollout, the Python API
     at 8 and 16, and the method pages described only the API's."""
     from trl_groupopt.methods.registry import get_method
+    from trl_groupopt.trainer.schedule import schedule_text
 
     _, args, _, _ = cli.parse(method, ["--output_dir", str(tmp_path)])
     assert schedule_text(args, get_method(method).config_class) == says
