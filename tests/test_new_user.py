@@ -106,3 +106,11 @@ def test_train_method_grpo_shows_no_gradient_checkpointing_warning(tmp_path, mon
         with pytest.raises(SystemExit):
             cli.train("grpo", ["--output_dir", str(tmp_path / "out")])
     assert [str(w.message) for w in caught if "checkpointing" in str(w.message)] == []
+
+
+def test_a_log_line_leaves_out_a_metric_not_measured():
+    """Was: `dfpo/shrink None` on every line of a run whose groups had no reward contrast."""
+    from trl_groupopt.trainer.reporting import format_log_line
+
+    line = format_log_line({"reward": 0.0, "loss": 0.0, "dfpo/shrink": None}, 3, 40, "dfpo/shrink")
+    assert line == "step  3/40 | reward 0 | loss 0" and "None" not in line

@@ -46,7 +46,8 @@ def format_log_line(logs: dict[str, Any], step: int, max_steps: int, headline_me
         return f"done in {logs['train_runtime']:.1f} s ({step - start_step} steps, {start_step + 1}-{step} of {max_steps})"
     keys = _LINE_KEYS + (((headline_metric, headline_metric),) if headline_metric else ())
     parts = [f"step {step:>{len(str(max_steps))}}/{max_steps}"]
-    parts += [f"{label} {_fmt(logs[key])}" for label, key in keys if key in logs]
+    # a metric not measured on these steps (None: e.g. DFPO's shrink with no group to re-weight) is left out
+    parts += [f"{label} {_fmt(logs[key])}" for label, key in keys if logs.get(key) is not None]
     parts += [f"{float(logs['step_time']):.2g} s/step"] if "step_time" in logs else []
     return " | ".join(parts)
 
