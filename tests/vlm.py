@@ -1,5 +1,6 @@
 """Tiny vision-language models and their processors, built from config offline (no Hub): LLaVA (a CLIP vision tower
-of 2 layers on 16x16 images, 8x8 patches, and a 2-layer Llama) and Gemma 3 (a 2-layer SigLIP tower, 4 soft tokens per
+of 2 layers on 16x16 images, 8x8 patches, and a 2-layer Llama), LLaVA-NeXT (the same towers, images tiled on a grid
+of 16x16 and 16x32 pinpoints) and Gemma 3 (a 2-layer SigLIP tower, 4 soft tokens per
 image, a 2-layer Gemma 3: its forward also takes `token_type_ids`), each with a character-level tokenizer holding its
 image tokens and a chat template that reads text, image and video parts. TRL's own VLM tests use Hub models
 (``trl-internal-testing/tiny-Gemma3ForConditionalGeneration``, ``tiny-LlavaForConditionalGeneration`` and others);
@@ -22,6 +23,10 @@ from transformers import (
     LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
+    LlavaNextConfig,
+    LlavaNextForConditionalGeneration,
+    LlavaNextImageProcessor,
+    LlavaNextProcessor,
     LlavaProcessor,
     PreTrainedTokenizerFast,
     SiglipVisionConfig,
@@ -100,31 +105,50 @@ def _with_generation_tokens(model, tokenizer):
 
 
 def tiny_vlm(kind: str, seed: int = 0):
-    """(model, processor): ``"llava"`` or ``"gemma3"``."""
-    if kind == "gemma3":
-        return gemma3_vlm(seed)
+    """(model, processor): ``"llava"``, ``"llava_next"`` or ``"gemma3"``."""
+    if kind in ("gemma3", "llava_next"):
+        return {"gemma3": gemma3_vlm, "llava_next": llava_next_vlm}[kind](seed)
     processor = vlm_processor()
     return vlm_model(processor, seed), processor
 
 
-def vlm_model(processor: LlavaProcessor, seed: int = 0) -> LlavaForConditionalGeneration:
-    """A random LLaVA sized to `processor`'s vocabulary and images, fp32."""
-    tokenizer = processor.tokenizer
+def _clip_and_llama(tokenizer) -> tuple[CLIPVisionConfig, LlamaConfig]:
     vision = CLIPVisionConfig(
         hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=16,
         patch_size=8, projection_dim=16,
     )  # fmt: skip
     text = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, eos_token_id=tokenizer.eos_token_id,
+        num_key_value_heads=2, max_position_embeddings=1024, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
-    config = LlavaConfig(
-        vision_config=vision, text_config=text, vision_feature_layer=-1,
-        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
-    )  # fmt: skip
+    return vision, text
+
+
+def vlm_model(processor: LlavaProcessor, seed: int = 0) -> LlavaForConditionalGeneration:
+    """A random LLaVA sized to `processor`'s vocabulary and images, fp32."""
+    vision, text = _clip_and_llama(processor.tokenizer)
+    image_token = processor.tokenizer.convert_tokens_to_ids("<image>")
+    config = LlavaConfig(vision_config=vision, text_config=text, vision_feature_layer=-1, image_token_id=image_token)
     torch.manual_seed(seed)
-    return _with_generation_tokens(LlavaForConditionalGeneration(config), tokenizer)
+    return _with_generation_tokens(LlavaForConditionalGeneration(config), processor.tokenizer)
+
+
+def llava_next_vlm(seed: int = 0) -> tuple[LlavaNextForConditionalGeneration, LlavaNextProcessor]:
+    """A random LLaVA-NeXT and its processor (any-resolution tiles on 16x16, 16x32 and 32x16 pinpoints), fp32."""
+    pinpoints = [[16, 16], [16, 32], [32, 16]]
+    tokenizer = _tokenizer({"image_token": "<image>"}, CHAT_TEMPLATE)
+    images = LlavaNextImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16},
+                                     image_grid_pinpoints=pinpoints)  # fmt: skip
+    processor = LlavaNextProcessor(
+        image_processor=images, tokenizer=tokenizer, patch_size=8, vision_feature_select_strategy="default",
+        chat_template=CHAT_TEMPLATE, num_additional_image_tokens=1,
+    )  # fmt: skip
+    vision, text = _clip_and_llama(tokenizer)
+    config = LlavaNextConfig(vision_config=vision, text_config=text, vision_feature_layer=-1,
+                             image_grid_pinpoints=pinpoints, image_token_index=tokenizer.convert_tokens_to_ids("<image>"))  # fmt: skip
+    torch.manual_seed(seed)
+    return _with_generation_tokens(LlavaNextForConditionalGeneration(config), tokenizer), processor
 
 
 def image(color: str = "red") -> Image.Image:

@@ -1,7 +1,7 @@
 """TRL's own vision-language GRPO tests (`TestGRPOTrainerVLM` in TRL's tests/test_grpo_trainer.py: `test_train_vlm`,
 `test_train_vlm_with_pad_to_multiple_of`, `test_train_vlm_multi_image`, `test_train_vlm_log_multimodal_false`),
-run against this library's trainers offline: a tiny Gemma 3 and a tiny LLaVA built from config (tests/vlm.py) stand in
-for TRL's Hub models and a dataset of the shape of ``trl-internal-testing/zen-image`` for its data. The data door refused all of
+run against this library's trainers offline: a tiny Gemma 3, LLaVA-NeXT and LLaVA built from config (tests/vlm.py) stand
+in for TRL's Hub models and a dataset of the shape of ``trl-internal-testing/zen-image`` for its data. The data door refused all of
 them once (issue 51); the prompt shapes one by one: tests/trainers/test_vlm_prompts.py."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tests.vlm import character_codes, image, tiny_vlm
 from trl_groupopt import METHODS, GroupOptTrainer
 
 #: LLaVA reads the vision tower's last hidden state, never its pooler's layer norm: that one gets no gradient.
-UNUSED = {"llava": ("post_layernorm",), "gemma3": ()}
+UNUSED = {"llava": ("post_layernorm",), "llava_next": ("post_layernorm",), "gemma3": ()}
 
 
 def zen_image(images: int = 1, rows: int = 16) -> Dataset:
@@ -48,7 +48,7 @@ def _train(tmp_path, kind="llava", trainer_class=GroupOptTrainer, config_class=G
     return trainer
 
 
-@pytest.mark.parametrize("kind", ["gemma3", "llava"])
+@pytest.mark.parametrize("kind", ["gemma3", "llava_next", "llava"])
 def test_train_vlm(tmp_path, kind):
     trainer = _train(tmp_path, kind)
     assert all(log["frac_reward_zero_std"] < 1 for log in trainer.state.log_history[:-1])  # a signal to learn from
