@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoints import (
+    FINAL_RECORD,
     TRAINER_STATE,
     checkpoint_problem,
     checkpoints,
@@ -35,7 +36,8 @@ SET_ASIDE = "incomplete_checkpoints"
 
 
 def _complete_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """The checkpoints of `output_dir`, or none when none of them is complete (nothing there can be resumed)."""
+    """The checkpoints of `output_dir`, or none when none of them is complete (nothing there can be resumed: the
+    same test as resuming's, so a folder that cannot be resumed never refuses a fresh run)."""
     found = checkpoints(output_dir)
     return found if found and newest_complete_checkpoint(output_dir, warn=False) is not None else []
 
@@ -181,6 +183,8 @@ def _same_run_finished(args: Any, method: str) -> tuple[str, str, bool] | None:
     """The same command run again over its finished run (the same method and settings, its checkpoint at the last
     step, its final outputs complete): `decide`'s answer for a finished run (exit 0, one line), else None (a fresh
     run over an earlier one: refused). `accelerate launch` turns any failure into its own traceback."""
+    if not Path(args.output_dir, FINAL_RECORD).exists():  # no final outputs: not finished (and nothing is read)
+        return None
     checkpoint = newest_complete_checkpoint(args.output_dir, warn=False)
     if checkpoint is None or _recorded_run(checkpoint).get("method") != method:
         return None
