@@ -232,7 +232,8 @@ def _interrupted(*args, **kwargs):
 def test_ctrl_c_names_what_works_next_and_exits_130(tmp_path, capsys, monkeypatch):
     """Issue 46, weak: Ctrl-C before the first checkpoint printed a resume command that failed ("holds no
     checkpoint"). What it prints now follows what the run left: its last complete checkpoint to resume, or the same
-    command again (with --overwrite_output_dir where an incomplete checkpoint would refuse it); never the token."""
+    command again (only incomplete checkpoints refuse no fresh run: tests/test_incomplete_checkpoints.py); never the
+    token."""
     from tests.test_resume_rules import _checkpoint
 
     monkeypatch.setattr(script, "run", _interrupted)
@@ -245,9 +246,9 @@ def test_ctrl_c_names_what_works_next_and_exits_130(tmp_path, capsys, monkeypatc
                                 "again, or set HF_TOKEN)"), err  # fmt: skip
     assert not out.exists()  # the run created it and wrote nothing
     _checkpoint(out, 2, max_steps=5)
-    (out / "checkpoint-2" / "optimizer.pt").write_bytes(b"cut")  # incomplete: no resume, a fresh run refuses
+    (out / "checkpoint-2" / "optimizer.pt").write_bytes(b"cut")  # incomplete: no resume, a fresh run sets it aside
     status, _, err = _run(["train", "--method", "echo", *argv[:-2]], capsys)
-    assert status == 130 and err.strip().endswith(f"run it again with: {again} --overwrite_output_dir"), err
+    assert status == 130 and err.strip().endswith(f"run it again with: {again}"), err
     monkeypatch.setattr(adapters, "load_datasets", _interrupted)  # while the data loads, before training
     (out / "checkpoint-2").rename(out / "checkpoint-3")
     _checkpoint(out, 2, max_steps=5)

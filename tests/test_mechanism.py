@@ -96,7 +96,9 @@ def test_dfpo_says_when_the_run_is_clipping_dominated(residual, verdict):
     [
         ("echo", {"echo/batch_clipped": 0.0}, False),
         ("echo", {"echo/batch_clipped": 0.5}, True),
-        ("ctpo", {"clip_ratio/region_mean": 0.01}, True),
+        ("ctpo", {"clip_ratio/region_mean": 0.01, "ctpo/dual_clip": 0.0}, True),
+        ("ctpo", {"clip_ratio/region_mean": 0.0, "ctpo/dual_clip": 0.02}, True),  # issue 51: only the dual clip bound
+        ("ctpo", {"clip_ratio/region_mean": 0.0, "ctpo/dual_clip": 0.0}, False),
         ("dfpo", {"dfpo/shrink": 1.0}, False),
         ("dfpo", {"dfpo/shrink": 0.999}, True),
         ("grpo_fix", {"dfpo/sym_clip_ratio": 0.0}, False),

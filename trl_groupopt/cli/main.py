@@ -62,8 +62,9 @@ def train(method: str, argv: Sequence[str] | None = None, *, prog: str | None = 
     from ..runfolder.run import open_run
     from . import script
 
-    # TRL 1.16 reads `model.is_gradient_checkpointing` (deprecated in transformers 5) at every generation
-    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    # TRL's GRPOConfig defaults `gradient_checkpointing`, a deprecated alias in transformers 5 (the method configs
+    # resolve it silently; a plain GRPOConfig, `--method grpo`, warns): nothing a command-line user can change
+    warnings.filterwarnings("ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning)
     script_args, args, model_args, demo = parse(method, argv, prog=prog)
     if os.path.isfile(args.output_dir):
         raise ValueError(f"--output_dir {args.output_dir} is a file: give a folder (new or a run's).")

@@ -4,14 +4,12 @@ shaped by public argparse hooks only (docs/getting-started.md, "The command line
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import difflib
 import inspect
 import os
-import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -26,15 +24,17 @@ from ..data.offline import uses_embedded_policy
 from ..methods.registry import get_method
 from ..runfolder import stop
 from ..runfolder.checkpoints import FINAL_RECORD, remove_record, write_final_record
+from ..trainer import reporting
 from ..trainer.args_check import option_problems
 from ..trainer.card import SYNTHETIC_DATASET_NAME
 from ..trainer.device import device_supports_bf16, has_accelerator
-from ..trainer.reporting import HeldOutAccuracyCallback, ReadableProgressCallback, plot_reward_accuracy, write_results
+from ..trainer.report import MechanismReportCallback
+from ..trainer.reporting import HeldOutAccuracyCallback, ReadableProgressCallback, RunHistoryCallback, plain_warnings
+from ..trainer.schedule import schedule_text
 from .defaults import EMBEDDED_POLICY_DEFAULTS, RUN_DEFAULTS
 
 __all__ = ["Deferred", "DemoScriptArguments", "MethodParser", "run"]
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # trl_groupopt/
 #: The reward functions the command can use, by name (``--reward_funcs``).
 REWARD_FUNCS = {"accuracy_reward": rewards.accuracy_reward, "format_reward": rewards.format_reward}
 
@@ -216,8 +216,10 @@ class MethodParser(TrlParser):
         return namespace, rest
 
     def parse_args_and_config(self, args: Sequence[str], *rest: Any, **kwargs: Any):
-        # TRL reads `--config PATH` only
+        # TRL reads `--config PATH` only; argparse reads `--learning_rate -1e-4` as two options (only `-1`, `-.5` as
+        # numbers): a negative number after an option is joined to it, as `--learning_rate=-1e-4` is read
         args = [part for arg in args for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
+        args = _join_negative_values(args)
         self._config = args[args.index("--config") + 1] if "--config" in args[:-1] else None
         if "--config" in args and (self._config is None or not os.path.isfile(self._config)):
             self.error(f"--config {self._config or ''}: no such file.")
@@ -232,6 +234,21 @@ class MethodParser(TrlParser):
             keys = [flag[2:] for flag in self._flags if flag.startswith("--")]
             self.error(f"--config {self._config}: " + unknown_option([u[2:] for u in unknown], keys, "key"))
         return []
+
+
+#: A negative number argparse reads as an option (it reads `-1`, `-.5` as numbers): `-1e-4`, `-1E4`, `-inf`.
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$|^-(inf|infinity|nan)$|^-\d+\.$", re.IGNORECASE)
+
+
+def _join_negative_values(args: Sequence[str]) -> list[str]:
+    """`args` with each such number after an option joined to it (``--learning_rate=-1e-4``)."""
+    joined: list[str] = []
+    for arg in args:
+        if joined and _NEGATIVE_NUMBER.match(arg) and joined[-1].startswith("--") and "=" not in joined[-1]:
+            joined[-1] = f"{joined[-1]}={arg}"
+        else:
+            joined.append(arg)
+    return joined
 
 
 def _cli_value(value: Any) -> str:
@@ -258,10 +275,11 @@ def _build_trainer(method, script_args, training_args, model_args, train_dataset
         train_dataset=train_dataset,
         peft_config=get_peft_config(model_args),
     )
-    trainer.remove_callback(ProgressCallback)  # one of these two is installed, by disable_tqdm
-    trainer.remove_callback(PrinterCallback)
+    for callback in (ProgressCallback, PrinterCallback, MechanismReportCallback):  # the first two: by disable_tqdm
+        report = trainer.pop_callback(callback)  # the run's report last: its lines come after the bar closes
     trainer.add_callback(ReadableProgressCallback(spec.headline_metric, show_bar=not training_args.disable_tqdm))
     trainer.add_callback(stop.safe_points())  # a stop signal dropped where it landed ends the run at the step's end
+    trainer.add_callback(report)
     return trainer
 
 
@@ -269,15 +287,16 @@ class _FinishRun(TrainerCallback):
     """The command's lines around training and its outputs (the held-out accuracy after, the model, card, state,
     plot, results.json, the push), written at the end of `train()`, in the opened run (its lock held)."""
 
-    def __init__(self, trainer, method, script_args, training_args, model_args, eval_dataset, say, start, decode):
-        self.trainer, self.method, self.script_args, self.say, self.start = trainer, method, script_args, say, start
-        self.decode = decode  # the held-out decoding settings, before and after
+    def __init__(self, trainer, method, script_args, training_args, model_args, eval_dataset, say, history, decode):
+        self.trainer, self.method, self.say, self.history = trainer, method, say, history  # history: the whole run's
+        self.script_args, self.decode = script_args, decode  # decode: the held-out decoding settings, before and after
         self.training_args, self.model_args, self.eval_dataset = training_args, model_args, eval_dataset
         self.before: float | None = None  # the held-out accuracy before training, when measured (and its curve)
         self.curve: HeldOutAccuracyCallback | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.say(f"training {args.max_steps if args.max_steps > 0 else ''} steps -> {args.output_dir}")
+        steps = f"{args.max_steps} steps" if args.max_steps > 0 else "steps"
+        self.say(f"training {steps}, {schedule_text(args, get_method(self.method).config_class)} -> {args.output_dir}")
         if self.trainer.resumed_from is not None:
             self.say(f"resuming from {self.trainer.resumed_from}")
 
@@ -311,7 +330,7 @@ class _FinishRun(TrainerCallback):
         heldout = trainer.heldout_accuracy or {}
         before, after = heldout.get("before", float("nan")), heldout.get("after", float("nan"))
         report = trainer.mechanism_report
-        plot_reward_accuracy(
+        reporting.plot_reward_accuracy(
             trainer.state.log_history,
             os.path.join(training_args.output_dir, "reward_accuracy.png"),
             heldout=[(0, before), (trainer.state.global_step, after)] if heldout else [],
@@ -321,7 +340,7 @@ class _FinishRun(TrainerCallback):
             mechanism_report=report,
             title=f"{method}: {os.path.basename(os.path.normpath(self.model_args.model_name_or_path))}",
         )
-        write_results(
+        reporting.write_results(
             training_args.output_dir,
             method=method,
             accuracy_before=before,
@@ -330,30 +349,14 @@ class _FinishRun(TrainerCallback):
             heldout_curve=[list(point) for point in curve.points] if curve else [],
             heldout_curve_examples=len(curve.dataset) if curve else None,
             mechanism=report.to_dict() if report is not None else None,
+            no_signal_steps=(trainer.no_signal_steps or (0, 0))[0],
             steps=trainer.state.global_step,
-            wall_seconds=round(time.perf_counter() - self.start, 1),
+            wall_seconds=round(self.history.wall_seconds, 1),
             num_processes=trainer.accelerator.num_processes,
         )
         self.say(
             f"saved the model, README.md (card), trainer_state.json, results.json and plots in {training_args.output_dir}"
         )
-
-
-@contextlib.contextmanager
-def plain_warnings() -> Iterator[None]:
-    """Within it, a warning attributed to the library's own code is shown without that source line (a line of this
-    package, e.g. `trainer.train(...)` below, tells a command-line user nothing); the others as Python shows them."""
-    shown = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        inside = os.path.abspath(filename).startswith(_PACKAGE + os.sep)
-        shown(message, category, filename, lineno, file, "" if inside else line)
-
-    warnings.showwarning = show
-    try:
-        yield
-    finally:
-        warnings.showwarning = shown
 
 
 def run(method, script_args, training_args, model_args, demo, train_dataset, eval_dataset=None, opened=None):
@@ -368,8 +371,9 @@ def _run(method, script_args, training_args, model_args, demo, train_dataset, ev
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         tiny = uses_embedded_policy(model_args.model_name_or_path)  # one thread per process, else the cores shared
         torch.set_num_threads(1 if tiny else max(1, (os.cpu_count() or 1) // local_processes))
-    start = time.perf_counter()
+    history = RunHistoryCallback.of_checkpoint(opened.checkpoint if opened is not None else None)
     trainer = _build_trainer(method, script_args, training_args, model_args, train_dataset)
+    trainer.add_callback(history)  # saved in every checkpoint: a resumed run reports the whole run
     trainer.opened_run = opened  # `train()` takes it: the lock and the resume rules once per run
     main = trainer.accelerator.is_main_process
 
@@ -382,16 +386,15 @@ def _run(method, script_args, training_args, model_args, demo, train_dataset, ev
     evaluate = (demo or script_args.dataset_name is not None) and script_args.evaluate_accuracy
     evaluate = evaluate and eval_dataset is not None and main
     decode = {} if demo else {"max_new_tokens": training_args.max_completion_length}
-    finish = _FinishRun(trainer, method, script_args, training_args, model_args, eval_dataset, say, start, decode)
+    finish = _FinishRun(trainer, method, script_args, training_args, model_args, eval_dataset, say, history, decode)
     trainer.add_callback(finish)
-    if evaluate:
-        say(f"held-out greedy accuracy before training ({len(eval_dataset)} prompts)...")
-        finish.before = offline.greedy_accuracy(trainer.model, trainer.processing_class, eval_dataset, **decode)
-        finish.before = finish.before["accuracy"]
-        say(f"  {finish.before:.1%}")
+    if evaluate:  # a resumed run's was measured before its first session
+        model, tokenizer = trainer.model, trainer.processing_class
+        measure = lambda: offline.greedy_accuracy(model, tokenizer, eval_dataset, **decode)["accuracy"]  # noqa: E731
+        finish.before = history.before_accuracy(measure, say, len(eval_dataset))
     if evaluate and demo and script_args.heldout_eval_steps > 0:
         subset = eval_dataset.select(range(min(script_args.heldout_eval_examples, len(eval_dataset))))
-        finish.curve = HeldOutAccuracyCallback(trainer, subset, script_args.heldout_eval_steps)
+        finish.curve = HeldOutAccuracyCallback(trainer, subset, script_args.heldout_eval_steps, history.curve)
         trainer.add_callback(finish.curve)
     trainer.train()  # in `opened`, which decided the checkpoint
     if trainer.finished is not None:  # its training was complete (loaded, not trained): the outputs are written now

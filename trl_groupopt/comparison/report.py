@@ -41,8 +41,20 @@ def describe(record: dict[str, Any]) -> str:
     acted = record.get("acted")
     share = f", acted on {acted['acted']} of {acted['steps']} optimizer steps{_not_counted(acted)}" if acted and (
         acted["steps"]) else ""  # fmt: skip
-    return (f"accuracy {_percent(record['accuracy_before'])} -> {_percent(record['accuracy_after'])}{share}, "
+    none = f", no learning signal on {n} of {record['steps']} steps" if (n := record.get("no_signal_steps")) else ""
+    return (f"accuracy {_percent(record['accuracy_before'])} -> {_percent(record['accuracy_after'])}{share}{none}, "
             f"{record['wall_s']:.0f} s wall, {record['cpu_s']:.0f} s CPU")  # fmt: skip
+
+
+def _no_signal(runs: list[dict[str, Any]], methods: list[str]) -> list[str]:
+    """The line on the steps without a learning signal (trl_groupopt/trainer/learning_signal.py), when any run had
+    them: a method whose runs learned from nothing is no evidence about the method."""
+    counts = {m: [(r.get("no_signal_steps") or 0, r.get("steps") or 0) for r in runs if r["method"] == m]
+              for m in methods}  # fmt: skip
+    if not any(n for pairs in counts.values() for n, _ in pairs):
+        return []
+    said = "; ".join(f"{m} {sum(n for n, _ in p)} of {sum(t for _, t in p)}" for m, p in counts.items() if p)
+    return ["", f"Optimizer steps without a learning signal (every group's rewards equal), over all runs: {said}."]
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -82,6 +94,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {method} | {len(rs)} | {_percent(stats.mean([r['accuracy_before'] for r in rs]))} | "
                      f"{_percent(after['mean'])}{ci} | {stats.mean([r['wall_s'] for r in rs]) or 0:.0f} | "
                      f"{stats.mean([r['cpu_s'] for r in rs]) or 0:.0f} |")  # fmt: skip
+    lines += _no_signal(ok, s["methods"])
     if plan := result.get("seed_plan"):
         spreads = ", ".join(f"{m} {_points(r['pilot_sd']).lstrip('+')} points over {r['pilot_n']} seeds "
                             f"(needs {r['needed']})" for m, r in plan["methods"].items())  # fmt: skip

@@ -106,7 +106,8 @@ def run_one(spec: RunSpec, method: str, seed: int, env: Mapping[str, str], *,
              "undefined": sum(m.get("undefined", 0) for m in mechanisms)} if mechanisms else None  # fmt: skip
     devices = env.get("CUDA_VISIBLE_DEVICES")
     return {"method": method, "seed": seed, "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
-            "heldout_examples": spec.eval_examples, "steps": results.get("steps"), "acted": acted, "wall_s": wall,
+            "heldout_examples": spec.eval_examples, "steps": results.get("steps"), "acted": acted,
+            "no_signal_steps": results.get("no_signal_steps"), "wall_s": wall,
             "cpu_s": cpu, "output_dir": str(folder), "devices": devices.split(",") if devices else None,
             "start_time": started, "end_time": time.time(), "host": socket.gethostname()}  # fmt: skip
 

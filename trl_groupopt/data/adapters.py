@@ -4,10 +4,13 @@ the row adapters usable with ``Dataset.map``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from ..runfolder.stop import raise_pending
@@ -202,6 +205,24 @@ def _parquet_problem(path: str) -> str | None:
     return None if rows else "the Parquet file has no rows: there is nothing to train on."
 
 
+@contextlib.contextmanager
+def _datasets_quiet() -> Iterator[None]:
+    """Within it, the datasets library prints neither its error lines nor progress bars: a file that fails to load is
+    said once, by this module's line naming the file's line (datasets' own counts rows from 0, after its bars)."""
+    import datasets
+
+    logger, bars = logging.getLogger("datasets"), not datasets.are_progress_bars_disabled()
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
 def load_raw_dataset(name: str, config: str | None = None, split: str = "train"):
     """One split of a Hub dataset, a local data file or a local folder, checked first (a supported, non-empty file; a
     folder of one kind of data file); errors name the file and the line."""
@@ -232,7 +253,8 @@ def load_raw_dataset(name: str, config: str | None = None, split: str = "train")
             return columns
         try:
             if problem is None:
-                return datasets.load_dataset(builder, data_files=name, split="train")
+                with _datasets_quiet():
+                    return datasets.load_dataset(builder, data_files=name, split="train")
         except Exception as err:  # datasets' own errors name neither the file nor the line
             text = builder != "parquet"
             line = text and _unreadable_line(name, as_json=name.lower().endswith(".jsonl") or not document)

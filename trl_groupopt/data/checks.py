@@ -77,7 +77,8 @@ def check_train_dataset(train_dataset: Any, reward_funcs: Any = None, *, has_env
         if len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: there is nothing to train on.")
         if "prompt" in columns:
-            check_prompts(train_dataset[:PROMPT_SAMPLE]["prompt"], "prompt", "train_dataset", messages_allowed=True)
+            sample = train_dataset[:PROMPT_SAMPLE]["prompt"]
+            check_prompts(sample, "prompt", "train_dataset", messages_allowed=True, media_allowed=True)
     funcs = reward_funcs if isinstance(reward_funcs, list | tuple) else [reward_funcs]
     for func in funcs if columns is not None else ():
         if callable(func) and not isinstance(func, str | torch.nn.Module):

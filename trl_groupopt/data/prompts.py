@@ -14,37 +14,58 @@ __all__ = ["check_fraction", "check_prompt_lengths", "check_prompts", "flatten_t
 
 #: How a message's content may be a list: OpenAI's and TRL's text parts.
 TEXT_PART = "{'type': 'text', 'text': ...}"
+#: The other content parts a processor's chat template reads (TRL's vision-language prompts): a placeholder such as
+#: ``{'type': 'image'}`` filled from the row's ``image``/``images`` column, or the media itself (``'image'``, ``'url'``,
+#: ``'path'``); keys the ``datasets`` library adds as ``None`` (``{'type': 'image', 'text': None}``) are ignored.
+MEDIA_PARTS = ("image", "video", "audio")
 
 
-def _content_problem(content: Any) -> str | None:
-    if isinstance(content, str):
+def _part_problem(part: Any, media: bool) -> str | None:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text" and isinstance(part.get("text"), str) or media and kind in MEDIA_PARTS:
+        return None
+    if not media:  # the command line loads a tokenizer, not a processor
+        return (
+            f"is {str(part)[:80]}, not a text part {TEXT_PART} (the command line trains text models; image, video "
+            "and audio parts need the Python API with a vision-language model)"
+        )
+    kinds = ", ".join(f"{{'type': {k!r}, ...}}" for k in MEDIA_PARTS)
+    return f"is {str(part)[:80]}, not a text part {TEXT_PART} or a media part ({kinds})"
+
+
+def _content_problem(message: dict, media: bool) -> str | None:
+    content = message["content"]
+    if isinstance(content, str) or content is None and message.get("tool_calls"):  # an assistant's tool call
         return None
     if not isinstance(content, list):
         return f"has content {content!r}, not text"
     for j, part in enumerate(content):
-        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-            return f"content part {j} is {str(part)[:80]}, not a text part {TEXT_PART}"
+        if (problem := _part_problem(part, media)) is not None:
+            return f"content part {j} {problem}"
     return None
 
 
-def _message_problem(messages: list) -> str | None:
+def _message_problem(messages: list, media: bool) -> str | None:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not {"role", "content"} <= set(message):
             return f"message {i} is not a {{'role', 'content'}} mapping"
         if not isinstance(message["role"], str) or not message["role"]:
             return f"message {i} has role {message['role']!r}, not a name such as 'user'"
-        if (problem := _content_problem(message["content"])) is not None:
+        if (problem := _content_problem(message, media)) is not None:
             return f"message {i} {problem}"
     return None
 
 
-def check_prompts(prompts: Sequence[Any], column: str, source: str, messages_allowed: bool) -> None:
+def check_prompts(
+    prompts: Sequence[Any], column: str, source: str, messages_allowed: bool, media_allowed: bool = False
+) -> None:
     """Each prompt is a string or (`messages_allowed`) a list of ``{"role", "content"}`` messages whose content is
-    text or a list of text parts, all in one form, not all empty: checked row by row, before any conversion."""
+    text or a list of text parts, and (`media_allowed`: every shape ``GRPOTrainer`` takes) image, video and audio
+    parts, all in one form, not all empty: checked row by row, before any conversion."""
     forms: dict[str, int] = {}
     for row, prompt in enumerate(prompts):
         if isinstance(prompt, list) and prompt and messages_allowed:
-            problem = _message_problem(prompt)
+            problem = _message_problem(prompt, media_allowed)
             forms.setdefault("a list of messages", row)
         else:
             problem = None if isinstance(prompt, str) else f"is {prompt!r}, not a string"
@@ -63,13 +84,18 @@ def check_prompts(prompts: Sequence[Any], column: str, source: str, messages_all
 
 def flatten_text_parts(row: dict[str, Any]) -> dict[str, Any]:
     """A row whose messages' content is a list of text parts, with that content as one string (the parts joined as a
-    chat template that reads parts joins them): a text model's template reads strings."""
+    chat template that reads parts joins them): a text model's template reads strings. A message with a media part
+    is kept as it is (a processor's template reads it)."""
     prompt = row["prompt"]
     if not isinstance(prompt, list):
         return row
-    flat = [{**m, "content": "".join(p["text"] for p in m["content"])} if isinstance(m["content"], list) else m
+    flat = [{**m, "content": "".join(p["text"] for p in m["content"])} if _text_parts_only(m["content"]) else m
             for m in prompt]  # fmt: skip
     return {**row, "prompt": flat}
+
+
+def _text_parts_only(content: Any) -> bool:
+    return isinstance(content, list) and all(part.get("type") == "text" for part in content)
 
 
 def check_fraction(bad: list[int], total: int, what: str, name: str, option: str, limit: float, fix: str,

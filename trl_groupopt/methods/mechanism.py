@@ -123,25 +123,44 @@ class MechanismOutcome:
 
 @dataclass
 class MechanismReport:
-    """What the run's mechanisms did, and the advantage estimator."""
+    """What the run's mechanisms did, and the advantage estimator; with `no_signal` (steps without a learning signal,
+    steps: trl_groupopt/trainer/learning_signal.py), how many steps had nothing to learn from, and no method advice
+    for a run that never had anything."""
 
     method: str
     advantage_estimator: str
     outcomes: list[MechanismOutcome]
+    no_signal: tuple[int, int] | None = None
+
+    @property
+    def signal_free(self) -> bool:
+        return self.no_signal is not None and self.no_signal[1] > 0 and self.no_signal[0] == self.no_signal[1]
 
     @property
     def never_acted(self) -> list[MechanismOutcome]:
-        return [outcome for outcome in self.outcomes if outcome.never_acted]
+        return [] if self.signal_free else [outcome for outcome in self.outcomes if outcome.never_acted]
+
+    def _outcome_text(self, outcome: MechanismOutcome) -> str:
+        if not self.signal_free:
+            return outcome.text
+        return (
+            f"{outcome.mechanism.name}: no verdict: no optimizer step had a learning signal (every group's rewards "
+            "were equal), so this run says nothing about the method; give the reward a contrast first."
+        )
 
     @property
     def text(self) -> str:
-        return "\n".join([*(o.text for o in self.outcomes), f"Advantage estimator: {self.advantage_estimator}."])
+        lines = [*(self._outcome_text(o) for o in self.outcomes), f"Advantage estimator: {self.advantage_estimator}."]
+        if self.no_signal is not None and self.no_signal[0]:
+            lines.append(f"No learning signal on {self.no_signal[0]} of {self.no_signal[1]} optimizer steps.")
+        return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.text
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "advantage_estimator": self.advantage_estimator,
+        no_signal = self.no_signal[0] if self.no_signal is not None else None
+        return {"method": self.method, "advantage_estimator": self.advantage_estimator, "no_signal_steps": no_signal,
                 "mechanisms": [outcome.to_dict() for outcome in self.outcomes], "text": self.text}  # fmt: skip
 
 
@@ -197,7 +216,9 @@ class MechanismTracker:
                 undefined[1] = [*undefined[1], self._closed][:SHOWN_UNDEFINED_STEPS]
         return logged
 
-    def report(self, method: str, advantage_estimator: str) -> MechanismReport:
+    def report(
+        self, method: str, advantage_estimator: str, no_signal: tuple[int, int] | None = None
+    ) -> MechanismReport:
         outcomes = []
         for m in self.mechanisms:
             found = [(item, self._values[item.key]) for item in m.observed if self._values.get(item.key)]
@@ -205,4 +226,4 @@ class MechanismTracker:
             undefined, first = self._undefined[m.method]
             outcomes.append(MechanismOutcome(m, *self._counts[m.method], observed=observed, undefined=undefined,
                                              undefined_steps=tuple(first)))  # fmt: skip
-        return MechanismReport(method, advantage_estimator, outcomes)
+        return MechanismReport(method, advantage_estimator, outcomes, no_signal)

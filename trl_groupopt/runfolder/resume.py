@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoints import (
+    FINAL_RECORD,
     TRAINER_STATE,
+    checkpoint_problem,
     checkpoints,
     final_output_problem,
+    newest_complete_checkpoint,
     read_checkpoint_record,
     read_json,
     resolve_resume,
@@ -28,11 +31,44 @@ _FINISHED_RUN_FILES = ("model.safetensors", "model.safetensors.index.json", "ada
 #: Settings a resume compares with the checkpoint's (the learning rate is restored; the others are used as given).
 RESUME_SETTINGS = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
                    "steps_per_generation", "num_iterations", "world_size", "advantage_estimator")  # fmt: skip
+#: Where a fresh run keeps the incomplete checkpoints of an output folder that holds no complete one.
+SET_ASIDE = "incomplete_checkpoints"
+
+
+def _complete_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """The checkpoints of `output_dir`, or none when none of them is complete (nothing there can be resumed: the
+    same test as resuming's, so a folder that cannot be resumed never refuses a fresh run)."""
+    found = checkpoints(output_dir)
+    return found if found and newest_complete_checkpoint(output_dir, warn=False) is not None else []
+
+
+def set_aside_incomplete(output_dir: str | os.PathLike) -> str | None:
+    """A fresh run into `output_dir` whose checkpoints are all incomplete (a save cut short by SIGKILL or a full
+    disk): they are kept aside in ``output_dir/incomplete_checkpoints/`` (moved, not deleted: a checkpoint another
+    Trainer wrote looks the same) and the line saying so is returned; None when there were none."""
+    found = checkpoints(output_dir)
+    if not found or _complete_checkpoints(output_dir):
+        return None
+    aside = Path(output_dir, SET_ASIDE)
+    aside.mkdir(exist_ok=True)
+    problems = [f"{folder.name}: {checkpoint_problem(folder)}" for folder in found[:3]]
+    for folder in found:
+        target, n = aside / folder.name, 1
+        while target.exists():  # from an earlier fresh start
+            target, n = aside / f"{folder.name}.{n}", n + 1
+        folder.rename(target)
+    more = ", ..." if len(found) > 3 else ""
+    return (
+        f"Starting afresh in {output_dir}: it held only incomplete checkpoints ({'; '.join(problems)}{more}), which "
+        f"cannot be resumed; they are kept in {aside} (delete it to free the space; to vouch for one another Trainer "
+        f"wrote: python -m trl_groupopt.runfolder.checkpoints PATH)."
+    )
 
 
 def refuse_fresh_run(output_dir: str | os.PathLike, overwrite: bool, *, cli: bool = False) -> None:
-    """Raise `ValueError` when a fresh run into `output_dir` would replace an earlier run, unless `overwrite`."""
-    found = checkpoints(output_dir)
+    """Raise `ValueError` when a fresh run into `output_dir` would replace an earlier run, unless `overwrite`; only
+    incomplete checkpoints are no earlier run (a fresh run sets them aside: :func:`set_aside_incomplete`)."""
+    found = _complete_checkpoints(output_dir)
     finished = [name for name in _FINISHED_RUN_FILES if Path(output_dir, name).is_file()]
     if overwrite or not (found or finished):
         return
@@ -116,8 +152,15 @@ def decide(args: Any, method: str, resume_from_checkpoint: str | bool | None, *,
     if cli and overwrite and resume_from_checkpoint not in (None, False):
         raise ValueError("--overwrite_output_dir (a fresh run) cannot be combined with --resume_from_checkpoint.")
     checkpoint = resolve_resume(out, resume_from_checkpoint)
+    if checkpoint is None and cli and not overwrite and (same := _same_run_finished(args, method)) is not None:
+        return same
     if checkpoint is None:
         refuse_fresh_run(out, overwrite, cli=cli)
+        said = None if overwrite or getattr(args, "process_index", 0) else set_aside_incomplete(out)
+        if said is not None and cli:
+            print(said, flush=True)
+        elif said is not None:
+            warnings.warn(said, UserWarning, stacklevel=4)
         return None, None, False
     check_resume(checkpoint, method, args)
     if (complete := training_complete(checkpoint, args)) is None:
@@ -134,6 +177,29 @@ def decide(args: Any, method: str, resume_from_checkpoint: str | bool | None, *,
         return checkpoint, f"{done}. Nothing was trained or written; raise --max_steps to train on.", True
     done = f"{checkpoint} is at the run's last step ({step} of {limit}), but its final outputs are not complete"
     return checkpoint, f"{done} ({problem}): writing them from that checkpoint, without training.", False
+
+
+def _same_run_finished(args: Any, method: str) -> tuple[str, str, bool] | None:
+    """The same command run again over its finished run (the same method and settings, its checkpoint at the last
+    step, its final outputs complete): `decide`'s answer for a finished run (exit 0, one line), else None (a fresh
+    run over an earlier one: refused). `accelerate launch` turns any failure into its own traceback."""
+    if not Path(args.output_dir, FINAL_RECORD).exists():  # no final outputs: not finished (and nothing is read)
+        return None
+    checkpoint = newest_complete_checkpoint(args.output_dir, warn=False)
+    if checkpoint is None or _recorded_run(checkpoint).get("method") != method:
+        return None
+    settings = _recorded_run(checkpoint).get("settings") or {}
+    if any(settings.get(name) != getattr(args, name, None) for name in (*RESUME_SETTINGS, "max_steps")):
+        return None
+    complete = training_complete(checkpoint, args)
+    if complete is None or final_output_problem(args.output_dir, complete[0]) is not None:
+        return None
+    done = (
+        f"The run is finished: {args.output_dir} holds the final model and results of this same command, step "
+        f"{complete[0]} of {complete[1]} ({checkpoint}). Nothing was trained or written; to train again use "
+        "--overwrite_output_dir or another --output_dir, to train on raise --max_steps with --resume_from_checkpoint last."
+    )
+    return checkpoint, done, True
 
 
 def missing_keys_to_report(model: Any, missing_keys: list[str]) -> list[str]:
@@ -183,11 +249,19 @@ def disk_full_explained(folder: str | os.PathLike) -> Iterator[None]:
             raise
         if Path(folder).name.startswith("checkpoint-"):
             after = "A partial checkpoint has no completion record and is skipped on resume; free space or choose "
-            after += "another output_dir, then resume with --resume_from_checkpoint last (resume_from_checkpoint=True)"
-        else:
+            if newest_complete_checkpoint(Path(folder).parent, warn=False) is not None:
+                after += (
+                    "another output_dir, then resume with --resume_from_checkpoint last (resume_from_checkpoint=True)"
+                )
+            else:  # its first: nothing to resume, and a fresh run sets the partial one aside
+                after += f"another output_dir, then run it again afresh (it keeps the partial one in {SET_ASIDE}/)"
+        elif newest_complete_checkpoint(folder, warn=False) is not None:
             after = "The final outputs there are incomplete; free space or choose another output_dir, then resume "
             after += "with --resume_from_checkpoint last, which writes them from the last checkpoint (Python: save "
             after += "again)"
+        else:  # no checkpoint to write them from
+            after = "The final outputs there are incomplete and no checkpoint holds the run; free space or choose "
+            after += "another output_dir, then run it again with --overwrite_output_dir (Python: save again)"
         said = f"No space left on the device while saving {folder} ({free or 0:,} bytes free; {err}). {after}."
         raise DiskFullError(errno.ENOSPC, said) from err
 

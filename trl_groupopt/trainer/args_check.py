@@ -90,6 +90,12 @@ RULES: dict[str, Rule] = {
     "temperature": Rule(
         _above(0), "the sampling temperature must be a finite number > 0, e.g. 1.0 (lower: less random completions)"
     ),
+    "max_completion_length": Rule(
+        _integer(1),
+        "the most tokens a completion may have: it must be an integer >= 1, e.g. 256, or unset (None) to take it "
+        "from the model's config",
+        optional=True,
+    ),
     "top_p": Rule(_within(0, 1, open_low=True), "it must be within (0, 1]; 1.0 keeps every token"),
     "top_k": Rule(_integer(0), "it must be an integer >= 0; 0 keeps every token", optional=True),
     "min_p": Rule(_within(0, 1), "it must be within [0, 1], or unset (None) to turn it off", optional=True),
@@ -106,9 +112,6 @@ RULES: dict[str, Rule] = {
         "every weight must be a finite number, one per reward function, and one at "
         "least non-zero (all zero: no learning signal); 0 turns one function off",
         optional=True,
-    ),
-    "max_completion_length": Rule(
-        _integer(1), "tokens per completion: it must be an integer >= 1, e.g. 256", optional=True
     ),
     "per_device_train_batch_size": Rule(_integer(1), "it must be an integer >= 1", counts=True),
     "gradient_accumulation_steps": Rule(_integer(1), "it must be an integer >= 1", counts=True),

@@ -29,7 +29,12 @@ from .api_check import check_api_inputs
 from .args_check import check_numeric_args
 from .batching import EQUAL_REWARDS, zero_equal_reward_rows
 from .boundary import TRLHooks, finished_run_output
-from .compat import check_loss_routed_through_compute_loss, check_trl_scores_tokens, dropping_trl_warning
+from .compat import (
+    check_loss_routed_through_compute_loss,
+    check_trl_scores_tokens,
+    dropping_trl_warning,
+    stack_noise_hidden,
+)
 from .energy import EnergyCapture
 from .guard import check_loss
 from .loss import (
@@ -120,9 +125,7 @@ class GroupOptTrainer(TRLHooks):
         check_dataset_holds_a_generation_batch(self.args, self.train_dataset)
         warn_if_inert_on_policy(type(self).__name__, self.args, self.inert_on_policy)
         spec = self.method_spec
-        report = MechanismReportCallback(spec.name if spec is not None else None, self.estimator.name)
-        if report.tracker.mechanisms:
-            self.add_callback(report)
+        self.add_callback(MechanismReportCallback(spec.name if spec is not None else None, self.estimator.name))
         self.add_callback(NoiseWarningCallback(type(self).__name__, clip_windows(self.args)))
 
     @property
@@ -198,9 +201,13 @@ class GroupOptTrainer(TRLHooks):
                 warnings.warn(opened.done, UserWarning, stacklevel=3)
             return finished_run_output(self, opened.checkpoint)
         opened.begin()
-        return super().train(
-            resume_from_checkpoint=opened.checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs
-        )
+        with stack_noise_hidden():  # TRL 1.16's deprecated calls into transformers 5: nothing a user can change
+            return super().train(
+                resume_from_checkpoint=opened.checkpoint,
+                trial=trial,
+                ignore_keys_for_eval=ignore_keys_for_eval,
+                **kwargs,
+            )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)  # TRL's: `_compute_loss`
@@ -355,7 +362,14 @@ class GroupOptTrainer(TRLHooks):
         """Whether the mechanisms this run reports (its method's and its advantage estimator's) acted, over the whole
         run so far (None for a class without a definition)."""
         report = self._report_callback
-        return report.report() if report is not None else None
+        return report.report() if report is not None and report.tracker.mechanisms else None
+
+    @property
+    def no_signal_steps(self) -> tuple[int, int] | None:
+        """(optimizer steps without a learning signal, optimizer steps) over the whole run so far; None before any
+        (trl_groupopt/trainer/learning_signal.py)."""
+        report = self._report_callback
+        return report.signal.counts if report is not None else None
 
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None, **kwargs):
         from .card import create_model_card

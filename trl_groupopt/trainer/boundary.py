@@ -61,6 +61,8 @@ class TRLHooks(GRPOTrainer):
         if self._energy is not None:
             self._energy.records = []
         output = super()._generate_and_score_completions(inputs)
+        if (report := self._report_callback) is not None and self.model.training:  # whether this rollout can teach
+            report.signal.rollout(self._metrics["train"]["frac_reward_zero_std"][-1])
         if self._energy is not None:
             self._energy.add_behaviour_energy(output)
         return batching.add_batch_fields(self, output, inputs)

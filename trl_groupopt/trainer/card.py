@@ -140,7 +140,7 @@ def _is_hub_id(name: str | None) -> bool:
 def _question(dataset_name: str | None, base_kind: str) -> tuple[str, int]:
     """(question, max_new_tokens) of the synthetic task (or the embedded policy's), GSM8K/MATH-style data, or TRL's."""
     name = (dataset_name or "").lower()
-    if name == SYNTHETIC_DATASET_NAME or (not name and base_kind == "embedded"):
+    if name == SYNTHETIC_DATASET_NAME or base_kind == "embedded":  # the embedded policy answers only its own task
         return ARITHMETIC_QUESTION
     return MATH_QUESTION if "gsm8k" in name or "math" in name else GENERIC_QUESTION
 

@@ -1,11 +1,21 @@
 """A guard against stacks that would compute a loss other than `GroupOptTrainer._compute_loss` (Unsloth),
-and our own word in place of a TRL warning that would mislead a method's user (`dropping_trl_warning`)."""
+our own word in place of a TRL warning that would mislead a method's user (`dropping_trl_warning`), and the warnings
+TRL 1.16 on transformers 5 raises that no user can act on, hidden while training (`stack_noise_hidden`)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Iterator
+
+#: (message regex, category) of the warnings `stack_noise_hidden` hides: TRL 1.16 calls transformers 5's deprecated
+#: `gradient_checkpointing_enable` / `_disable` / `is_gradient_checkpointing` (every generation), and transformers
+#: asks the DataLoader to pin memory where there is no accelerator to pin it for.
+STACK_NOISE = (
+    (r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated", FutureWarning),
+    (r"'pin_memory' argument is set as true but no accelerator is found", UserWarning),
+)
 
 
 def check_loss_routed_through_compute_loss(trainer_cls: type) -> None:
@@ -61,3 +71,12 @@ def check_trl_scores_tokens() -> None:
             "Install trl>=1.16,<1.17 (which computes them in torch without Triton), or run on a GPU machine with "
             "a CUDA build of torch."
         )
+
+
+@contextlib.contextmanager
+def stack_noise_hidden() -> Iterator[None]:
+    """Within it, the warnings of :data:`STACK_NOISE` are not shown (the others are, as before)."""
+    with warnings.catch_warnings():
+        for message, category in STACK_NOISE:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        yield

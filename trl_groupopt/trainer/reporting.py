@@ -3,19 +3,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from collections.abc import Sequence
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
-from transformers.trainer_callback import ProgressCallback, TrainerCallback
+from transformers.trainer_callback import ExportableState, ProgressCallback, TrainerCallback
 
 from ..comparison.runs import jsonable
 
-__all__ = ["HeldOutAccuracyCallback", "ReadableProgressCallback", "distinct_series", "format_log_line",
-           "logged_points", "plot_reward_accuracy", "write_results"]  # fmt: skip
+__all__ = ["HeldOutAccuracyCallback", "ReadableProgressCallback", "RunHistoryCallback", "distinct_series",
+           "format_log_line", "logged_points", "plain_warnings", "plot_reward_accuracy", "write_results"]  # fmt: skip
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # trl_groupopt/
 #: Training-log keys shown on each line, in this order (label, key); the method's headline metric is added.
 _LINE_KEYS = (("reward", "reward"), ("acc", "rewards/accuracy_reward/mean"), ("loss", "loss"),
               ("len", "completions/mean_length"))  # fmt: skip
@@ -41,7 +46,8 @@ def format_log_line(logs: dict[str, Any], step: int, max_steps: int, headline_me
         return f"done in {logs['train_runtime']:.1f} s ({step - start_step} steps, {start_step + 1}-{step} of {max_steps})"
     keys = _LINE_KEYS + (((headline_metric, headline_metric),) if headline_metric else ())
     parts = [f"step {step:>{len(str(max_steps))}}/{max_steps}"]
-    parts += [f"{label} {_fmt(logs[key])}" for label, key in keys if key in logs]
+    # a metric not measured on these steps (None: e.g. DFPO's shrink with no group to re-weight) is left out
+    parts += [f"{label} {_fmt(logs[key])}" for label, key in keys if logs.get(key) is not None]
     parts += [f"{float(logs['step_time']):.2g} s/step"] if "step_time" in logs else []
     return " | ".join(parts)
 
@@ -76,6 +82,23 @@ class ReadableProgressCallback(ProgressCallback):
             super().on_train_end(args, state, control, **kwargs)
 
 
+@contextlib.contextmanager
+def plain_warnings() -> Iterator[None]:
+    """Within it, a warning attributed to the library's own code is shown without that source line (a line of this
+    package, e.g. `trainer.train(...)` in `trl_groupopt.cli.script`, tells a command-line user nothing); the others as Python shows them."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        inside = os.path.abspath(filename).startswith(_PACKAGE + os.sep)
+        shown(message, category, filename, lineno, file, "" if inside else line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 def write_results(output_dir: str, **results: Any) -> str:
     """Write ``results`` to ``output_dir/results.json`` (NaN as null); returns the path."""
     os.makedirs(output_dir, exist_ok=True)
@@ -89,13 +112,15 @@ class HeldOutAccuracyCallback(TrainerCallback):
     (greedy decoding draws no random numbers: the training samples do not change). Kept in :attr:`points`
     (``[(step, accuracy)]``) and logged as ``heldout/accuracy`` through ``trainer.log_step_metric`` when it has one."""
 
-    def __init__(self, trainer, dataset, every: int) -> None:
+    def __init__(self, trainer, dataset, every: int, points: list | None = None) -> None:
         self.trainer, self.dataset, self.every = trainer, dataset, every
         self.max_new_tokens = getattr(trainer.args, "max_completion_length", None) or 48
-        self.points: list[tuple[int, float]] = []
+        self.points: list[tuple[int, float]] = [] if points is None else points  # a resumed run's: its earlier ones
 
     def _measure(self, state) -> float | None:
         if self.every <= 0 or state.global_step % self.every or not state.is_world_process_zero:
+            return None
+        if any(step == state.global_step for step, _ in self.points):  # a resumed run's first step: measured then
             return None
         from ..data.offline import greedy_accuracy
 
@@ -111,6 +136,50 @@ class HeldOutAccuracyCallback(TrainerCallback):
         accuracy = self._measure(state)
         if accuracy is not None and hasattr(self.trainer, "log_step_metric"):
             self.trainer.log_step_metric("heldout/accuracy", accuracy)
+
+
+class RunHistoryCallback(TrainerCallback, ExportableState):
+    """What ``results.json`` says of the whole run, saved in every checkpoint (``trainer_state.json``) so that a resumed
+    run reports the whole run, not the part since the resume: the held-out accuracy before training (not measured
+    again), the held-out curve's points, and the wall time of the sessions before this one."""
+
+    def __init__(self, before: float | None = None, curve: Sequence = (), earlier_seconds: float = 0.0) -> None:
+        self.before, self.curve, self.earlier_seconds = before, [tuple(p) for p in curve], float(earlier_seconds)
+        self.start = time.perf_counter()
+
+    @property
+    def wall_seconds(self) -> float:
+        """The whole run's wall time so far: the earlier sessions' and this one's."""
+        return self.earlier_seconds + time.perf_counter() - self.start
+
+    def state(self) -> dict[str, Any]:
+        attributes = {
+            "before": self.before,
+            "curve": [list(p) for p in self.curve],
+            "earlier_seconds": self.wall_seconds,
+        }
+        return {"args": {}, "attributes": attributes}
+
+    def before_accuracy(self, measure: Callable[[], float], say: Callable[[str], None], prompts: int) -> float:
+        """The held-out accuracy before training: ``measure()``d and said, or, in a resumed run, the one its first
+        session measured (said as such)."""
+        if self.before is not None:
+            say(f"held-out greedy accuracy before training ({prompts} prompts): {self.before:.1%}, as measured before "
+                "the run's first session")  # fmt: skip
+            return self.before
+        say(f"held-out greedy accuracy before training ({prompts} prompts)...")
+        self.before = measure()
+        say(f"  {self.before:.1%}")
+        return self.before
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: str | None) -> RunHistoryCallback:
+        """The history saved in `checkpoint` (a resumed run's), else a fresh one."""
+        try:
+            saved = json.loads(Path(checkpoint, "trainer_state.json").read_text())["stateful_callbacks"][cls.__name__]
+            return cls(**saved["attributes"])
+        except (TypeError, OSError, KeyError, ValueError):  # no checkpoint, or one saved before this history
+            return cls()
 
 
 def logged_points(log_history: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:

@@ -74,3 +74,12 @@ def check_dataset_holds_a_generation_batch(args: Any, train_dataset) -> None:
             "would train zero steps. Use more prompts, or a smaller steps_per_generation (it defaults to several "
             "optimizer steps per rollout)."
         )
+
+
+def schedule_text(args, config_class: type) -> str:
+    """``2 optimizer steps per rollout``, with the config's own default where it differs (``(ECHOConfig's default in
+    Python: 8)``): the command line's schedule (`RUN_DEFAULTS`) is not the Python API's for every method."""
+    updates = args.steps_per_generation * args.num_iterations // args.gradient_accumulation_steps
+    text = f"{updates} optimizer step{'s' * (updates != 1)} per rollout"
+    own = getattr(config_class, "updates_per_rollout", None)
+    return text if own in (None, updates) else f"{text} ({config_class.__name__}'s default in Python: {own})"

@@ -17,14 +17,18 @@ METHOD = MethodSpec(
     ),
     headline_metric="ctpo/dual_clip",
     summary="cumulative-prefix token ratio with position-adaptive log-space clipping",
-    # CTPO acted on a step when a cumulative prefix ratio hit its position-scaled log-space clip.
+    # CTPO acted on a step when a cumulative prefix ratio hit its position-scaled log-space clip, or its dual clip
+    # bound a negative-advantage token's loss (Eq. 12-13: both are CTPO's clipping).
     mechanism=Mechanism(
         name="CTPO's prefix-ratio clip",
-        what="a prefix ratio was clipped",
-        keys=("clip_ratio/region_mean",),
-        acts=lambda rate: rate > 0,
-        observed=(Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),),
-        inert="this run trained with CTPO's cumulative ratio, never clipped",
+        what="a prefix ratio was clipped or the dual clip bound",
+        keys=("clip_ratio/region_mean", "ctpo/dual_clip"),
+        acts=lambda region, dual: region > 0 or dual > 0,
+        observed=(
+            Observed("share of tokens clipped", "clip_ratio/region_mean", "mean"),
+            Observed("share of tokens dual-clipped", "ctpo/dual_clip", "mean"),
+        ),  # fmt: skip
+        inert="this run trained with CTPO's cumulative ratio, never clipped (nor dual-clipped)",
         hint=f"{OFF_POLICY} or lower epsilon / epsilon_high (log-space bounds per unit of t**p)",
     ),
     on_policy_equals="grpo",  # on-policy every prefix ratio is 1: token-level GRPO (docs/ctpo.md)

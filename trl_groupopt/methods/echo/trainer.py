@@ -50,18 +50,18 @@ class ECHOConfig(TokenSafeConfigMixin, AdvantageEstimatorConfigMixin, OffPolicyS
         super().__post_init__()
         if self.batch_epsilon is None:
             self.batch_epsilon = self.epsilon
-        if self.batch_epsilon_high is None:
-            self.batch_epsilon_high = self.batch_epsilon
         widths = dict(epsilon=self.epsilon, epsilon_high=self.epsilon_high, batch_epsilon=self.batch_epsilon)
         check_positive(**{name: width for name, width in widths.items() if width is not None})
-        check_positive(
-            finite=True, reason=" (the upper batch bound is 1 + it)", batch_epsilon_high=self.batch_epsilon_high
-        )
         if self.batch_epsilon >= 1:  # the objective reads it as "no lower bound"; a config asks for one
             raise ValueError(
                 f"batch_epsilon must be < 1 (the lower batch bound is 1 - batch_epsilon), got {self.batch_epsilon} "
                 "(it defaults to epsilon: set batch_epsilon explicitly if epsilon >= 1 is intended)."
             )
+        if self.batch_epsilon_high is None:  # after batch_epsilon's checks: an error names the value the user gave
+            self.batch_epsilon_high = self.batch_epsilon
+        check_positive(
+            finite=True, reason=" (the upper batch bound is 1 + it)", batch_epsilon_high=self.batch_epsilon_high
+        )
         if self.importance_sampling_level != "token":
             raise ValueError(
                 "ECHO's ratios are token-level (Eq. 8-11): set importance_sampling_level='token' "
