@@ -184,15 +184,13 @@ def paired_interval(values: Sequence[float | None], alpha: float = ALPHA, pilot:
     that reaches further (from `BOOTSTRAP_MIN_SEEDS` seeds; `resamples` 0: never). Under skewed differences the t
     interval undercovers on the side of the long tail; the bootstrap-t bound follows it (docs/compare.md, the
     coverage table). `mean_ci`'s keys, with `ci95` the larger side, and `p_value` (of mean 0, the larger of the two
-    procedures': the interval excludes 0 where it is below alpha), `procedure` (`T` or `STEIN`, or `BOOTSTRAP_T`
-    where the bootstrap set a bound) and `skew_p` (`skew_p`'s; None below `SKEW_MIN_SEEDS` seeds or without spread)."""
+    procedures': the interval excludes 0 where it is below alpha) and `procedure` (`T` or `STEIN`, or `BOOTSTRAP_T`
+    where the bootstrap set a bound)."""
     xs = present(values)
     row = mean_ci(xs, alpha) if pilot is None else stein_ci(xs, pilot[1], pilot[0], alpha)
-    row = {**row, "alpha": alpha, "procedure": T if pilot is None else STEIN, "p_value": None, "skew_p": None}
+    row = {**row, "alpha": alpha, "procedure": T if pilot is None else STEIN, "p_value": None}
     if row["low"] is None:
         return row
-    if not math.isnan(p_skew := float(skew_p(xs))):
-        row["skew_p"] = p_skew
     n = row["n"]
     sd, df = (row["std"], n - 1) if pilot is None else (pilot[1], pilot[0] - 1)
     row["p_value"] = t_p_value(row["mean"], sd / math.sqrt(n), df)
@@ -231,19 +229,24 @@ def compare_pair(
     pilot: tuple[int, float] | None = None,
     family: int = 1,
     resamples: int = BOOTSTRAP_RESAMPLES,
+    note_skew: bool = True,
 ) -> dict[str, Any]:
     """One comparison by :data:`VERDICT_RULE` of seed -> outcome maps (`theirs` None: `ours` are already the paired
     differences), one of `family` methods judged against the same baseline (:data:`CORRECTION`); `accuracy` applies
     the band and the floor; `acted` ({"steps", "acted", "what"}) is how often the mechanism acted; `pilot` (n, sd)
-    makes the t interval Stein's (the seeds were planned from that pilot). Returns {"n", "difference"
-    (`paired_interval`), "per_seed", "verdict", "note", "power", "p_value", "p_adjusted", "correction", "family"}."""
+    makes the t interval Stein's (the seeds were planned from that pilot); `note_skew` notes skewed differences
+    (`skew_p` below `SKEW_P`: `skew_note`). Returns {"n", "difference" (`paired_interval`), "per_seed", "verdict",
+    "note", "power", "p_value", "p_adjusted", "correction", "family", "skew_p" (None below `SKEW_MIN_SEEDS` seeds or
+    without spread)}."""
     per_seed = list(ours.values()) if theirs is None else paired_differences(ours, theirs)
     alpha = family_alpha(family)
     stats = paired_interval(per_seed, alpha, pilot, resamples)
     p = stats["p_value"]
     row: dict[str, Any] = {"n": stats["n"], "difference": stats, "per_seed": per_seed, "note": None, "p_value": p,
                            "p_adjusted": None if p is None else min(1.0, family * p), "correction": CORRECTION,
-                           "family": family}  # fmt: skip
+                           "family": family, "skew_p": None}  # fmt: skip
+    if not math.isnan(p_skew := float(skew_p(present(per_seed)))):
+        row["skew_p"] = p_skew
     row["verdict"] = verdict(stats, better, EQUIVALENCE_MARGIN if accuracy else None)
     levels = [mean(list(ours.values())), mean(list(theirs.values())) if theirs is not None else None]
     if accuracy and stats["n"] and all(v is not None and v <= FLOOR for v in levels):
@@ -251,17 +254,17 @@ def compare_pair(
     elif acted and acted.get("steps") and not acted.get("acted"):
         row["verdict"] = INCONCLUSIVE  # the method ran as its baseline's objective: nothing of it was compared
         row["note"] = f"{acted['what']} on no optimizer step: the setting does not test the method"
-    elif stats.get("skew_p") is not None and stats["skew_p"] < SKEW_P:
-        row["note"] = skew_note(stats)
+    elif note_skew and row["skew_p"] is not None and row["skew_p"] < SKEW_P:
+        row["note"] = skew_note(row["skew_p"], stats["n"])
     row["power"] = power_note(stats, alpha=alpha) if accuracy else None
     return row
 
 
-def skew_note(stats: Mapping[str, Any]) -> str:
+def skew_note(p: float, n: int) -> str:
     """The note of a verdict read from skewed differences (`SKEW_P`): at such outcomes an interval from this many
     seeds misses more often than its level, on the samples that do not show the tail (docs/compare.md)."""
-    return (f"skewed differences, skewness test p = {stats['skew_p']:.2g}: outcomes with such a tail can undercover "
-            f"at {stats['n']} seeds (docs/compare.md); check the per-seed values, add seeds")  # fmt: skip
+    return (f"skewed differences, skewness test p = {p:.2g}: outcomes with such a tail can undercover at {n} seeds "
+            "(docs/compare.md); check the per-seed values, add seeds")  # fmt: skip
 
 
 def power_note(stats: Mapping[str, Any], target: float = PLAN_HALF_WIDTH, alpha: float = ALPHA) -> dict | None:
@@ -281,8 +284,8 @@ def power_note(stats: Mapping[str, Any], target: float = PLAN_HALF_WIDTH, alpha:
 def paired_intervals(d: Any, alpha: float = ALPHA, resamples: int = BOOTSTRAP_RESAMPLES, chunk: int = 256) -> dict:
     """`paired_interval` (without a pilot) of each row of `d` (array (rows, n), every value measured) at once, for
     the simulations (tests/test_compare_stats.py, benchmarks/compare_coverage.py): {"low", "high", "p_value",
-    "widened" (the bootstrap-t set a bound), "skew_p"}, arrays over the rows. Rows go through the bootstrap `chunk` at a time
-    (its resamples are rows x resamples x n values)."""
+    "widened" (the bootstrap-t set a bound), "skew_p"}, arrays over the rows. Rows go through the bootstrap `chunk` at
+    a time (its resamples are rows x resamples x n values)."""
     import numpy as np
 
     d = np.atleast_2d(np.asarray(d, dtype=float))
