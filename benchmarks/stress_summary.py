@@ -149,9 +149,10 @@ def claim_row(claim: dict[str, Any], ok: list[dict[str, Any]], seeds: int) -> di
     mine = {s: outcome_of(r, claim["outcome"]) for s, r in ours.items()}
     theirs = {s: outcome_of(r, claim["outcome"]) for s, r in base.items()} if claim["baseline"] else None
     acted = mechanism_acted(list(ours.values()))
-    # each claim on its own at 95%, Student t (the grid's rule, docs/results.md): no bootstrap widening (resamples 0)
+    # each claim on its own at 95%, Student t (the grid's rule, docs/results.md): no bootstrap widening (resamples 0),
+    # no skew note (a note holds a claim at its first stage)
     compared = stats.compare_pair(mine, theirs, better=claim["better"], accuracy=claim["outcome"].endswith("accuracy"),
-                                  acted=acted, resamples=0)  # fmt: skip
+                                  acted=acted, resamples=0, note_skew=False)  # fmt: skip
     row = {**claim, "n": compared["n"], "difference": compared["difference"],
            "config_outcome": common.mean_ci(list(mine.values())),
            "baseline_outcome": None if theirs is None else common.mean_ci(list(theirs.values())),

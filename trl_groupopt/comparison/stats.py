@@ -26,6 +26,9 @@ CORRECTION = "bonferroni"
 BOOTSTRAP_RESAMPLES = 9999
 #: Below this many seeds the t interval alone: a bootstrap of fewer values has too few distinct resamples.
 BOOTSTRAP_MIN_SEEDS = 5
+#: A skewness test (D'Agostino's, `scipy.stats.skewtest`, from 8 seeds) below this p-value flags the differences as
+#: skewed: compare notes it next to the verdict (docs/compare.md, "Where no interval holds").
+SKEW_P, SKEW_MIN_SEEDS = 0.01, 8
 T, STEIN, BOOTSTRAP_T = "t", "stein", "bootstrap-t"  # the procedure that set an interval's bounds
 Outcomes = Mapping[Any, float | None]  # seed -> outcome (None: not measured)
 BETTER, WORSE, NO_DIFFERENCE, INCONCLUSIVE, NOT_RUN = "better", "worse", "no difference", "inconclusive", "not run"
@@ -150,6 +153,21 @@ def bootstrap_t(d: Any, alpha: float = ALPHA, resamples: int = BOOTSTRAP_RESAMPL
     return m - q_high * se, m - q_low * se, np.minimum(1.0, 2 * np.minimum(above, below))
 
 
+def skew_p(d: Any) -> Any:
+    """D'Agostino's skewness test p-value (`scipy.stats.skewtest`) of each row of `d` (array (..., n)); NaN for
+    fewer than `SKEW_MIN_SEEDS` values or a row without spread (nothing to test)."""
+    import numpy as np
+    from scipy import stats as scipy_stats
+
+    d = np.asarray(d, dtype=float)
+    if d.shape[-1] < SKEW_MIN_SEEDS:
+        return np.full(d.shape[:-1], np.nan)
+    spread = d.std(-1) > 1e-12 * np.maximum(1.0, np.abs(d).max(-1))
+    with np.errstate(all="ignore"):
+        p = scipy_stats.skewtest(np.where(spread[..., None], d, 0.0), axis=-1).pvalue
+    return np.where(spread, p, np.nan)
+
+
 def t_p_value(mean_d: float, se: float, df: float) -> float:
     """Two-sided p-value of mean 0 for a t statistic mean_d / se on df degrees of freedom (se 0: 0 or 1)."""
     if se <= 0:
@@ -211,19 +229,24 @@ def compare_pair(
     pilot: tuple[int, float] | None = None,
     family: int = 1,
     resamples: int = BOOTSTRAP_RESAMPLES,
+    note_skew: bool = True,
 ) -> dict[str, Any]:
     """One comparison by :data:`VERDICT_RULE` of seed -> outcome maps (`theirs` None: `ours` are already the paired
     differences), one of `family` methods judged against the same baseline (:data:`CORRECTION`); `accuracy` applies
     the band and the floor; `acted` ({"steps", "acted", "what"}) is how often the mechanism acted; `pilot` (n, sd)
-    makes the t interval Stein's (the seeds were planned from that pilot). Returns {"n", "difference"
-    (`paired_interval`), "per_seed", "verdict", "note", "power", "p_value", "p_adjusted", "correction", "family"}."""
+    makes the t interval Stein's (the seeds were planned from that pilot); `note_skew` notes skewed differences
+    (`skew_p` below `SKEW_P`: `skew_note`). Returns {"n", "difference" (`paired_interval`), "per_seed", "verdict",
+    "note", "power", "p_value", "p_adjusted", "correction", "family", "skew_p" (None below `SKEW_MIN_SEEDS` seeds or
+    without spread)}."""
     per_seed = list(ours.values()) if theirs is None else paired_differences(ours, theirs)
     alpha = family_alpha(family)
     stats = paired_interval(per_seed, alpha, pilot, resamples)
     p = stats["p_value"]
     row: dict[str, Any] = {"n": stats["n"], "difference": stats, "per_seed": per_seed, "note": None, "p_value": p,
                            "p_adjusted": None if p is None else min(1.0, family * p), "correction": CORRECTION,
-                           "family": family}  # fmt: skip
+                           "family": family, "skew_p": None}  # fmt: skip
+    if not math.isnan(p_skew := float(skew_p(present(per_seed)))):
+        row["skew_p"] = p_skew
     row["verdict"] = verdict(stats, better, EQUIVALENCE_MARGIN if accuracy else None)
     levels = [mean(list(ours.values())), mean(list(theirs.values())) if theirs is not None else None]
     if accuracy and stats["n"] and all(v is not None and v <= FLOOR for v in levels):
@@ -231,8 +254,17 @@ def compare_pair(
     elif acted and acted.get("steps") and not acted.get("acted"):
         row["verdict"] = INCONCLUSIVE  # the method ran as its baseline's objective: nothing of it was compared
         row["note"] = f"{acted['what']} on no optimizer step: the setting does not test the method"
+    elif note_skew and row["skew_p"] is not None and row["skew_p"] < SKEW_P:
+        row["note"] = skew_note(row["skew_p"], stats["n"])
     row["power"] = power_note(stats, alpha=alpha) if accuracy else None
     return row
+
+
+def skew_note(p: float, n: int) -> str:
+    """The note of a verdict read from skewed differences (`SKEW_P`): at such outcomes an interval from this many
+    seeds misses more often than its level, on the samples that do not show the tail (docs/compare.md)."""
+    return (f"skewed differences, skewness test p = {p:.2g}: outcomes with such a tail can undercover at {n} seeds "
+            "(docs/compare.md); check the per-seed values, add seeds")  # fmt: skip
 
 
 def power_note(stats: Mapping[str, Any], target: float = PLAN_HALF_WIDTH, alpha: float = ALPHA) -> dict | None:
@@ -252,8 +284,8 @@ def power_note(stats: Mapping[str, Any], target: float = PLAN_HALF_WIDTH, alpha:
 def paired_intervals(d: Any, alpha: float = ALPHA, resamples: int = BOOTSTRAP_RESAMPLES, chunk: int = 256) -> dict:
     """`paired_interval` (without a pilot) of each row of `d` (array (rows, n), every value measured) at once, for
     the simulations (tests/test_compare_stats.py, benchmarks/compare_coverage.py): {"low", "high", "p_value",
-    "widened" (the bootstrap-t set a bound)}, arrays over the rows. Rows go through the bootstrap `chunk` at a time
-    (its resamples are rows x resamples x n values)."""
+    "widened" (the bootstrap-t set a bound), "skew_p"}, arrays over the rows. Rows go through the bootstrap `chunk` at
+    a time (its resamples are rows x resamples x n values)."""
     import numpy as np
 
     d = np.atleast_2d(np.asarray(d, dtype=float))
@@ -273,4 +305,4 @@ def paired_intervals(d: Any, alpha: float = ALPHA, resamples: int = BOOTSTRAP_RE
             widened[rows] = (b_low < low[rows]) | (b_high > high[rows])
             low[rows], high[rows] = np.minimum(low[rows], b_low), np.maximum(high[rows], b_high)
             p[rows] = np.maximum(p[rows], b_p)
-    return {"low": low, "high": high, "p_value": p, "widened": widened}
+    return {"low": low, "high": high, "p_value": p, "widened": widened, "skew_p": skew_p(d)}
