@@ -12,8 +12,8 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -41,6 +41,7 @@ def _fake_runs(monkeypatch, calls: list, *, sleep: float = 0.0, diff=lambda seed
                 "start_time": started, "end_time": time.time()}  # fmt: skip
 
     monkeypatch.setattr(trainrun, "run_one", fake)
+    monkeypatch.setattr(local, "make_executor", lambda folder: ThreadPoolExecutor(8))  # jobs in this process
 
 
 # ------------------------------------------------------------------------------------------------ several devices
@@ -65,23 +66,13 @@ def test_devices_runs_overlap_on_distinct_devices_never_one_held_twice(tmp_path,
     assert "Runs: on devices" in (tmp_path / "cmp" / "compare.md").read_text()
 
 
-def test_device_pool_hands_out_free_devices_only():
-    pool, held, errors = local.DevicePool(["a", "b", "c"], 2), [], []
+def test_device_sets_split_the_devices_and_never_share_one():
+    def sets(devices, per_run, concurrency):
+        return local.device_sets(local.Placement(tuple(devices), per_run, concurrency, False))
 
-    def take():
-        with pool.hold() as devices:
-            if set(devices) & {d for h in held for d in h}:
-                errors.append(devices)
-            held.append(devices)
-            time.sleep(0.05)
-            held.remove(devices)
-
-    threads = [threading.Thread(target=take) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == [] and sorted(pool.free) == ["a", "b", "c"]
+    assert sets(["a", "b", "c"], 2, 1) == [["a", "b"]]  # the third waits for no run: 3 // 2 sets
+    assert sets(["0", "1", "2", "3"], 2, 2) == [["0", "1"], ["2", "3"]]
+    assert local.device_sets(local.Placement((), 1, 3, True)) == [None, None, None]  # the CPU, --workers 3
 
 
 # ------------------------------------------------------------------------------------------------ --seeds auto
