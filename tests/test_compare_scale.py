@@ -245,7 +245,7 @@ def test_a_job_writes_its_record_or_an_error_and_nothing_when_slurm_stops_it(tmp
     monkeypatch.setattr(trainrun, "run_one", cancelled)
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "4")
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(RuntimeError, match="exit status -15"):  # raised on: submitit marks the job failed
+    with pytest.raises(SystemExit):  # the job ends without a result: squeue tells the driver
         slurm_job.run_job(spec, "otb", 2, {"train_args": []})
     assert not (tmp_path / "slurm" / "results" / "12_4.json").exists() and signal.getsignal(signal.SIGTERM) == before
 

@@ -65,10 +65,10 @@ def test_two_runs_at_once_on_a_users_jsonl_are_all_scored_and_the_driver_loads_n
 
 JOB = """import os, sys, time
 from pathlib import Path
-from trl_groupopt.comparison import local, process
-local.JobGuard((int(sys.argv[1]), float(sys.argv[2])))
+from trl_groupopt.comparison import process
 child = 'import os, time; open(os.environ["MARK"], "w").write(str(os.getpid())); time.sleep(120)'
-process.launch([sys.executable, '-c', child], Path(sys.argv[3]), os.environ)
+with process.job_guard((int(sys.argv[1]), float(sys.argv[2]))):
+    process.launch([sys.executable, '-c', child], Path(sys.argv[3]), os.environ)
 """
 DRIVER = """import subprocess, sys, time, psutil
 me = psutil.Process()
@@ -119,10 +119,10 @@ def test_a_run_waits_for_its_folders_lock_and_signals_no_process_a_pid_file_name
                                "with filelock.FileLock(sys.argv[1]):\n    print('held', flush=True); time.sleep(3)",
                                str(folder.with_suffix(".lock"))], stdout=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
     assert holder.stdout.readline().strip() == "held"
-    launched = []
+    launched, asked = [], time.monotonic()
 
-    def fake_launch(command, log, env, track=None):
-        launched.append(holder.poll())  # the holder had ended by now
+    def fake_launch(command, log, env):
+        launched.append(time.monotonic() - asked > 2.0)  # the holder had let go (after its 3 s) by now
         folder.mkdir(parents=True)
         (folder / "results.json").write_text(json.dumps({"steps": 1}))
         return 1.0, 1.0
@@ -130,7 +130,7 @@ def test_a_run_waits_for_its_folders_lock_and_signals_no_process_a_pid_file_name
     monkeypatch.setattr(trainrun, "launch", fake_launch)
     try:
         record = trainrun.run_one(spec, "otb", 0, {})
-        assert launched == [0] and record["steps"] == 1
+        assert launched == [True] and record["steps"] == 1
         assert other.poll() is None  # never signalled
     finally:
         other.kill()

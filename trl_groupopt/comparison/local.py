@@ -4,7 +4,7 @@ training and scoring alike), as many at once as there are device sets, each pinn
 Every accelerator of the node (or those `--devices` lists) is split into sets of `--gpus_per_run`; a job gets a free
 set, pins itself to it with `CUDA_VISIBLE_DEVICES` (`accelerate launch --num_processes N` for N > 1) and gives it back
 when it ends. Without devices runs train on the CPU, `--workers` at once. A job never outlives its driver: it stops
-its run when the driver is gone, however the driver ended (`JobGuard`). Each record says which devices it had
+its run when the driver is gone, however the driver ended (`process.job_guard`). Each record says which devices it had
 (docs/compare.md, "On a node with several GPUs")."""
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from typing import Any
 from . import runs as runfile
 from . import trainrun
 from .argv import secrets_in_environment
+from .process import job_guard, this_process
 from .report import describe
 
 #: a local job's time limit (submitit's LocalExecutor stops a job at its limit): none in practice
 NO_LIMIT_MIN = 60 * 24 * 365
-#: seconds between a job's looks at its driver, and the driver's at its jobs
+#: seconds between the driver's looks at its jobs
 POLL_S = 0.5
 
 
@@ -79,47 +80,10 @@ def place(devices: Sequence[str] | None, gpus_per_run: int, workers: int, use_cp
     return Placement(tuple(pool), gpus_per_run, len(pool) // gpus_per_run, not here)
 
 
-class JobGuard:
-    """In a job: SIGTERM (the driver's stop, a group's signal) ends the job, its run stopped first (`process.launch`
-    stops it on the way out); a watcher stops the job the same way when its driver is gone (SIGKILL, a crash)."""
-
-    def __init__(self, driver: tuple[int, float] | None) -> None:
-        self.ended = threading.Event()
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-        if driver is not None:
-            threading.Thread(target=self._watch, args=driver, daemon=True).start()
-
-    def _watch(self, pid: int, created: float) -> None:
-        while not self.ended.wait(POLL_S):
-            if not alive(pid, created):
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-
-
-def alive(pid: int, created: float) -> bool:
-    """Whether process `pid`, started at `created` (psutil's create_time), still runs: a pid reused since is not."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def this_process() -> tuple[int, float]:
-    """(pid, start time) of this process: how a job knows its driver."""
-    import psutil
-
-    return os.getpid(), psutil.Process().create_time()
-
-
 def run_job(spec: trainrun.RunSpec, method: str, seed: int, settings: dict[str, Any], devices: list[str] | None,
             on_cpu: bool, driver: tuple[int, float] | None) -> dict[str, Any]:  # fmt: skip
     """A local job: train and score (method, seed) in this process, pinned to `devices`; its record (a failed run's
-    with its reason). It ends when its driver (pid, start time) has."""
-    guard = JobGuard(driver)
+    with its reason). It ends when its driver (pid, start time) has (`process.job_guard`)."""
     device = "cpu"
     if devices and not on_cpu:  # this process scores on them: pinned before anything starts CUDA here
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
@@ -129,10 +93,8 @@ def run_job(spec: trainrun.RunSpec, method: str, seed: int, settings: dict[str, 
     def one(method: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
         return trainrun.run_one(spec, method, seed, env, device=device)
 
-    try:
+    with job_guard(driver):
         return runfile.run_safely(one, ("method", "seed"), (method, seed), settings)
-    finally:
-        guard.ended.set()
 
 
 def make_executor(folder: Path) -> Any:

@@ -1,5 +1,6 @@
-"""The train process of one run, inside its job (`trainrun.run_one`): started in a session of its own, its output in
-the run's log, its failure said in one line; stopped with its job.
+"""The train process of one run, inside its job (`trainrun.run_one`): its output in the run's log, its failure said
+in one line; stopped with its job. It stays in its job's process group, so a signal to the group (a terminal's, a
+SIGKILL to the driver's group) reaches it as it reaches the job.
 
 A job owns its train process: whatever stops the job (its driver gone, SIGTERM from the driver, `scancel` or a time
 limit) stops the train process first (`stop_tree`, through psutil). Nothing is written for a later invocation to
@@ -11,12 +12,17 @@ import os
 import re
 import signal
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 #: seconds a train process has to stop on SIGTERM before it is killed
 STOP_GRACE_S = 10.0
+#: seconds between a job's looks at its driver
+WATCH_S = 0.5
 _PROGRESS = re.compile(r"\d+%\|.*\||\d+it \[|\b\d+(\.\d+)?(it/s|s/it)\]")  # tqdm's bars
 _ERROR = re.compile(r"^([\w.]*(Error|Exception)\b|KeyboardInterrupt|Killed)|\berror:")
 _FULL = ("No space left on device", "ENOSPC", "[Errno 28]")
@@ -60,17 +66,13 @@ def failure_reason(log: Path) -> str:
     return ((errors or lines)[-1:] or ["no output"])[0]
 
 
-def launch(command: list[str], log: Path, env: Mapping[str, str],
-           track: Callable[[subprocess.Popen | None], None] | None = None) -> tuple[float, float]:  # fmt: skip
-    """Run `command` with its output in `log`; (wall, CPU seconds). `track(proc)` is told the process while it runs,
-    then None. Raises RunFailed naming the log on a non-zero exit."""
+def launch(command: list[str], log: Path, env: Mapping[str, str]) -> tuple[float, float]:
+    """Run `command` with its output in `log`; (wall, CPU seconds). Raises RunFailed naming the log on a non-zero
+    exit; stops it (and what it started) when the caller is interrupted (`job_guard`'s SystemExit, Ctrl-C)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with log.open("w") as handle:
-        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=dict(env),
-                                start_new_session=True)  # fmt: skip
-        if track is not None:
-            track(proc)
+        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=dict(env))
         try:
             _, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
@@ -78,10 +80,51 @@ def launch(command: list[str], log: Path, env: Mapping[str, str],
             if proc.returncode is None:  # interrupted: the run must not outlive its job
                 stop_tree(proc.pid, grace=0.0)
                 proc.wait()
-            if track is not None:
-                track(None)
     if proc.returncode:
         code = proc.returncode
         status = f"killed by signal {-code} ({signal.strsignal(-code)})" if code < 0 else f"exit status {code}"
         raise RunFailed(f"{status}; {log}: {failure_reason(log)}")
     return time.perf_counter() - started, usage.ru_utime + usage.ru_stime
+
+
+def alive(pid: int, created: float) -> bool:
+    """Whether process `pid`, started at `created` (psutil's create_time), still runs: a pid reused since is not."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def this_process() -> tuple[int, float]:
+    """(pid, start time) of this process: how a local job knows its driver."""
+    import psutil
+
+    return os.getpid(), psutil.Process().create_time()
+
+
+@contextmanager
+def job_guard(driver: tuple[int, float] | None = None) -> Iterator[None]:
+    """A job's block: SIGTERM (the driver's stop, `scancel`, a time limit, a group's signal) ends it with SystemExit,
+    its run stopped on the way out (`launch`); with `driver` (pid, start time), a watcher ends it the same way when the
+    driver is gone (SIGKILL, a crash). In the main thread only; the handler is restored after."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum)) if main else None
+    ended = threading.Event()
+
+    def watch(pid: int, created: float) -> None:
+        while not ended.wait(WATCH_S):
+            if not alive(pid, created):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    if driver is not None and main:
+        threading.Thread(target=watch, args=driver, daemon=True).start()
+    try:
+        yield
+    finally:
+        ended.set()
+        if main:
+            signal.signal(signal.SIGTERM, previous)

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -112,8 +111,7 @@ def base_accuracy(spec: RunSpec, device: str | None) -> float:
 
 
 def run_one(spec: RunSpec, method: str, seed: int, env: Mapping[str, str], *,
-            before: Callable[[], float] | None = None, track: Callable[[subprocess.Popen | None], None] | None = None,
-            device: str | None = None) -> dict[str, Any]:  # fmt: skip
+            before: Callable[[], float] | None = None, device: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Train (method, seed) afresh and return its record: held-out accuracy before and after, how often the mechanism
     acted, wall and CPU time, when it ran, on which devices and host. Where compare scores, it does so here on
     `device` (the run's own); `before()` gives the starting model's accuracy, else `base_accuracy`. The run holds
@@ -132,7 +130,7 @@ def run_one(spec: RunSpec, method: str, seed: int, env: Mapping[str, str], *,
         shutil.rmtree(folder, ignore_errors=True)  # not a finished run (those are skipped): start it afresh
         started = time.time()
         port = free_port() if spec.processes > 1 else None
-        wall, cpu = launch(spec.command(method, seed, port), folder.with_suffix(".log"), env, track)
+        wall, cpu = launch(spec.command(method, seed, port), folder.with_suffix(".log"), env)
     results = json.loads((folder / "results.json").read_text())
     accuracy_before, accuracy_after = results.get("accuracy_before"), results.get("accuracy_after")
     if spec.score_here:
