@@ -121,7 +121,7 @@ def test_a_run_waits_for_its_folders_lock_and_signals_no_process_a_pid_file_name
     assert holder.stdout.readline().strip() == "held"
     launched, asked = [], time.monotonic()
 
-    def fake_launch(command, log, env):
+    def fake_launch(command, log, env, *rest):
         launched.append(time.monotonic() - asked > 2.0)  # the holder had let go (after its 3 s) by now
         folder.mkdir(parents=True)
         (folder / "results.json").write_text(json.dumps({"steps": 1}))
@@ -130,8 +130,8 @@ def test_a_run_waits_for_its_folders_lock_and_signals_no_process_a_pid_file_name
     monkeypatch.setattr(trainrun, "launch", fake_launch)
     try:
         record = trainrun.run_one(spec, "otb", 0, {})
-        assert launched == [True] and record["steps"] == 1
         assert other.poll() is None  # never signalled
+        assert launched == [True] and record["steps"] == 1
     finally:
         other.kill()
         holder.kill()
