@@ -158,7 +158,8 @@ def run_local(spec: trainrun.RunSpec, placement: Placement, secrets: Mapping[str
                     key, devices = running.pop(job)
                     free.append(devices)
                     record, done = _ended(job, key, settings), done + 1
-                    append_line_and_say(path, grid, record, bar, f"[{done}/{len(jobs)}]")
+                    count = runfile.progress_line(done, len(jobs), time.perf_counter() - started)
+                    append_line_and_say(path, grid, record, bar, count)
                     if "error" in record:  # a failed run stops the grid (it runs again next time)
                         stop.set()
                 time.sleep(POLL_S if running else 0)
@@ -173,7 +174,8 @@ def run_local(spec: trainrun.RunSpec, placement: Placement, secrets: Mapping[str
 
 
 def append_line_and_say(path: Path, grid: runfile.Grid, record: dict[str, Any], bar: Any, count: str) -> None:
-    """A run's record into DIR/runs.jsonl, and its line above the progress bar."""
+    """A run's record into DIR/runs.jsonl, and its line (`count`: where the grid is, for a log) above the progress
+    bar (tqdm's, on a terminal)."""
     runfile.append_line(path, record)
     bar.update(1)
     tail = f"FAILED: {runfile.reason(record)}" if "error" in record else describe(record)
