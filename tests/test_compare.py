@@ -9,15 +9,14 @@ import json
 import math
 import os
 import signal
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.selection import tested_methods
 from trl_groupopt.comparison import driver as compare_module
-from trl_groupopt.comparison import local, split, stats, trainrun
 from trl_groupopt.comparison import runs as runfile
+from trl_groupopt.comparison import split, stats, trainrun
 from trl_groupopt.comparison.driver import CompareError, Options, check, parse_options
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -126,7 +125,6 @@ def _fake_runs(monkeypatch, calls: list, fail: set | None = None, sigterm_at: tu
                 "wall_s": 1.0, "cpu_s": 0.5, "output_dir": "x"}  # fmt: skip
 
     monkeypatch.setattr(trainrun, "run_one", fake)
-    monkeypatch.setattr(local, "make_executor", lambda folder: ThreadPoolExecutor(8))  # jobs in this process
 
 
 def test_four_files_resume_and_refuse_other_settings(tmp_path, monkeypatch):

@@ -9,14 +9,13 @@ from __future__ import annotations
 import errno
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from trl_groupopt.comparison import driver as compare_module
-from trl_groupopt.comparison import local, trainrun
 from trl_groupopt.comparison import runs as runfile
+from trl_groupopt.comparison import trainrun
 
 TOKEN = "hf_PLANTEDedgeTOKEN0123456789"
 BASE = ["--methods", "grpo,otb", "--seeds", "2"]
@@ -37,7 +36,6 @@ def _fake_runs(monkeypatch, calls: list, *, envs: list | None = None, raise_at: 
                 "wall_s": 1.0, "cpu_s": 0.5, "output_dir": "x"}  # fmt: skip
 
     monkeypatch.setattr(trainrun, "run_one", fake)
-    monkeypatch.setattr(local, "make_executor", lambda folder: ThreadPoolExecutor(8))  # jobs in this process
 
 
 def _interrupted(argv: list[str]) -> int:

@@ -13,7 +13,6 @@ import random
 import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -41,7 +40,6 @@ def _fake_runs(monkeypatch, calls: list, *, sleep: float = 0.0, diff=lambda seed
                 "start_time": started, "end_time": time.time()}  # fmt: skip
 
     monkeypatch.setattr(trainrun, "run_one", fake)
-    monkeypatch.setattr(local, "make_executor", lambda folder: ThreadPoolExecutor(8))  # jobs in this process
 
 
 # ------------------------------------------------------------------------------------------------ several devices
