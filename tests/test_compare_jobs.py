@@ -45,3 +45,16 @@ def test_the_starting_model_is_scored_once_per_heldout_file_and_model(tmp_path, 
     assert scored == ["m1", "m1", "m2"]
     kept = json.loads((tmp_path / "data" / trainrun.BASE_ACCURACY).read_text())
     assert kept["accuracy"] == 0.25 and kept["measured_on"]["model"] == "m2"
+
+
+def test_a_hub_dataset_compare_cannot_reach_is_one_line(tmp_path, capsys):
+    """Issue 52: offline, a Hub dataset gave a 34-line traceback in compare (train: one line)."""
+    from trl_groupopt.comparison import driver
+
+    argv = ["--methods", "grpo,otb", "--seeds", "2", "--output_dir", str(tmp_path / "cmp"), "--dataset_name",
+            "no-such-owner/no-such-dataset"]  # fmt: skip
+    assert driver.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "--dataset_name no-such-owner/no-such-dataset cannot be loaded (" in err and "offline" in err, err
+    assert not (tmp_path / "cmp" / "runs").exists()  # nothing ran
