@@ -64,6 +64,18 @@ def base_model(tokenizer):
     return tiny_model(tokenizer, seed=5)
 
 
+@pytest.fixture(autouse=True)
+def _compare_jobs_in_this_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """In the fast selection, compare's local jobs (processes of submitit's LocalExecutor) run in threads of this
+    process instead, where a test's stand-in for `trainrun.run_one` reaches them."""
+    local = sys.modules.get("trl_groupopt.comparison.local")  # imported by the test module, if it needs it
+    if local is not None and request.node.get_closest_marker("slow") is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        monkeypatch.setattr(local, "make_executor", lambda folder: ThreadPoolExecutor(8))
+    yield
+
+
 def _refuse(what: str, nodeid: str):
     def refuse(*args, **kwargs):
         raise AssertionError(

@@ -1,15 +1,13 @@
-"""`trl-groupopt compare` at its edges with real processes (issue 46): a run dies with its driver killed hard, a
-re-run stops a run left training, a failed run's reason is its error line (not the progress bar; a full disk named),
-and on the embedded policy: a SIGKILLed comparison leaves nothing training and resumes, Ctrl-C says in one line what
-was kept and how to resume, and an abbreviated hub token reaches no file. Without processes:
-tests/test_compare_edges.py."""
+"""`trl-groupopt compare` at its edges with real processes (issue 46): a failed run's reason is its error line, whole
+(not the progress bar, not its tail; a full disk named), and on the embedded policy: a SIGKILLed comparison leaves
+nothing training and resumes, Ctrl-C says in one line what was kept and how to resume, and an abbreviated hub token
+reaches no file. Without processes: tests/test_compare_edges.py; the jobs themselves: tests/e2e/test_compare_jobs.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,74 +22,6 @@ TOKEN = "hf_PLANTEDe2eEDGEtoken0123456789"
 TINY = ["--methods", "grpo,otb", "--seeds", "2", "--max_steps", "1", "--eval_examples", "8", "--save_strategy", "no"]
 
 
-DRIVER = ("import os, sys\nfrom pathlib import Path\nfrom trl_groupopt.comparison.trainrun import launch\n"
-          "child = 'import os, time; open(os.environ[\"MARK\"], \"w\").write(str(os.getpid())); time.sleep(120)'\n"
-          "launch([sys.executable, '-c', child], Path(sys.argv[1]), os.environ)\n")  # fmt: skip
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has ended
-    except OSError:
-        return True
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_run_dies_with_its_driver_killed_hard(tmp_path):
-    mark = tmp_path / "child.pid"
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path / "run.log")],
-                              env={**os.environ, "MARK": str(mark)})  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not (mark.exists() and mark.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    child = int(mark.read_text())
-    try:
-        driver.kill()  # SIGKILL: the driver runs no code of its own
-        driver.wait()
-        deadline = time.monotonic() + 10
-        while not _gone(child) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _gone(child), "the run outlived its driver"
-    finally:
-        if not _gone(child):
-            os.kill(child, signal.SIGKILL)
-
-
-def test_a_rerun_stops_a_run_its_killed_driver_left_training_first(tmp_path, monkeypatch):
-    """Where the run outlived its driver (not Linux, or a run still shutting down), the re-run stops it (its session,
-    by its pid file) before it starts the run afresh, and leaves alone a process that only reuses the pid."""
-    spec = trainrun.RunSpec(str(tmp_path), (), False, 8)
-    folder = spec.folder("otb", 0)
-    folder.mkdir(parents=True)
-    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
-    started = Path(f"/proc/{orphan.pid}/stat").read_text().rsplit(")", 1)[1].split()[19] if sys.platform.startswith(
-        "linux") else None  # fmt: skip
-    folder.with_suffix(".pid").write_text(json.dumps({"pid": orphan.pid, "host": socket.gethostname(),
-                                                      "started": started}))  # fmt: skip
-    seen = []
-
-    def fake_launch(command, log, env, track=None):
-        seen.append(orphan.poll())  # by now the orphan has ended
-        folder.mkdir(parents=True)
-        (folder / "results.json").write_text(json.dumps({"steps": 1}))
-        return 1.0, 1.0
-
-    monkeypatch.setattr(trainrun, "launch", fake_launch)
-    try:
-        record = trainrun.run_one(spec, "otb", 0, {})
-        assert seen == [-signal.SIGTERM] and record["steps"] == 1 and not folder.with_suffix(".pid").exists()
-    finally:
-        if orphan.poll() is None:
-            orphan.kill()
-    if started is not None:  # a live process whose start differs from the one recorded: not the run's
-        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
-        folder.with_suffix(".pid").write_text(json.dumps({"pid": other.pid, "host": socket.gethostname(),
-                                                          "started": "1"}))  # fmt: skip
-        trainrun.run_one(spec, "otb", 0, {})
-        assert other.poll() is None
-        other.kill()
-
-
 def _fail(tmp_path, script: str) -> str:
     with pytest.raises(RuntimeError) as info:
         trainrun.launch([sys.executable, "-c", script], tmp_path / "run.log", os.environ)
@@ -104,6 +34,9 @@ def test_a_failed_runs_reason_is_its_error_line_not_the_progress_bar(tmp_path):
     assert message.startswith("exit status 1; ") and message.endswith(": ValueError: boom"), message
     message = _fail(tmp_path, "import sys; print('trl-groupopt train: error: --beta -1: must be >= 0'); sys.exit(2)")
     assert message.endswith("error: --beta -1: must be >= 0")
+    long = "Training diverged at step 2: the loss is nan. " + "Likely causes: a learning rate too high; " * 12
+    message = _fail(tmp_path, f"import sys; print('trl-groupopt train: error: ' + {long!r}); {bar}sys.exit(1)")
+    assert message.endswith(f"error: {long.strip()}"), message  # whole, its head included
     full = "OSError: [Errno 28] No space left on device: 'model.safetensors'"
     message = _fail(tmp_path, f"import sys; print({full!r}); {bar}sys.exit(1)")
     assert "the disk is full (No space left on device): free space under" in message, message

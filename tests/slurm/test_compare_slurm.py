@@ -178,3 +178,15 @@ def test_cancel_cancels_the_comparisons_jobs(tmp_path):
         cancelled = _run(out, "--cancel")
         assert cancelled.returncode == 0 and "cancelled 4 job(s)" in cancelled.stdout, cancelled.stdout
         _wait(lambda: not any(s in ("PENDING", "RUNNING") for s in _queue(out).values()), 60, "the jobs to end")
+
+
+def test_jobs_slurm_will_never_start_are_said_with_the_option_to_fix(tmp_path):
+    """Issue 52: `--slurm_cpus_per_run 999` on nodes of a few CPUs is accepted by sbatch and pends forever; the
+    driver says so (squeue's reason, the option, the nodes' size) instead of waiting in silence."""
+    out = tmp_path / "cmp"
+    log = out.with_suffix(".driver.log")
+    with _driver(out, "--slurm_cpus_per_run", "999"):  # the last one given wins
+        _wait(lambda: log.exists() and "will not start" in log.read_text(), 180, "the driver to say why")
+    said = next(line for line in log.read_text().splitlines() if "will not start" in line)
+    assert "--slurm_cpus_per_run 999 CPUs, its partition's nodes have at most" in said and "--cancel" in said, said
+    assert said.count("will not start") == 1 and log.read_text().count("will not start") == 1  # said once

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 #: train option -> the environment variable its value reaches the runs through
@@ -93,3 +94,19 @@ def train_options(args: Sequence[str]) -> dict[str, str | list[str]]:
             normal = [_normal(v) for v in given] or ["true"]
             out[name] = normal[0] if len(normal) == 1 else normal
     return out
+
+
+@contextmanager
+def secrets_in_environment(secrets: Mapping[str, str]) -> Iterator[None]:
+    """`secrets` in this process's environment for the block, which a job started in it (a submitit controller,
+    `sbatch`) copies: never in a pickle, a script or an argument. The environment is restored after."""
+    saved = {name: os.environ.get(name) for name in secrets}
+    os.environ.update(secrets)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -1,8 +1,9 @@
 """`trl-groupopt compare`: does a method beat the baseline on your model and task? Paired seeds, intervals that hold together at 95%.
 
-Each (method, seed) is one `train` run in DIR/runs/M-S, scored on a held-out split they share, run here on the free
-devices (`local.py`) or as a Slurm job (`slurm.py`); `--seeds auto` plans the seeds from a pilot (`seeds.py`). See
-docs/compare.md."""
+Each (method, seed) is one `train` run in DIR/runs/M-S, scored on a held-out split they share, each a job of its own
+(training and scoring alike) handed to submitit's LocalExecutor on the free devices here (`local.py`) or to its
+SlurmExecutor (`slurm.py`): this driver only hands out jobs and collects records, and never loads a model.
+`--seeds auto` plans the seeds from a pilot (`seeds.py`). See docs/compare.md."""
 
 from __future__ import annotations
 

@@ -1,24 +1,36 @@
-"""The local launcher of `trl-groupopt compare`: the runs on this machine, on its free devices in parallel.
+"""The local launcher of `trl-groupopt compare`: each run a job of submitit's `LocalExecutor` (a process of its own,
+training and scoring alike), as many at once as there are device sets, each pinned to its set.
 
-Every accelerator of the node (or those `--devices` lists) is a pool; a run takes `--gpus_per_run` devices from it when
-they are free, runs pinned to them with `CUDA_VISIBLE_DEVICES` (`accelerate launch --num_processes N` for N > 1) and
-gives them back, so as many runs go at once as there are device sets. Without devices runs train on the CPU,
-`--workers` at once. Each record says which devices it had (docs/compare.md, "On a node with several GPUs")."""
+Every accelerator of the node (or those `--devices` lists) is split into sets of `--gpus_per_run`; a job gets a free
+set, pins itself to it with `CUDA_VISIBLE_DEVICES` (`accelerate launch --num_processes N` for N > 1) and gives it back
+when it ends. Without devices runs train on the CPU, `--workers` at once. A job never outlives its driver: it stops
+its run when the driver is gone, however the driver ended (`process.job_guard`). Each record says which devices it had
+(docs/compare.md, "On a node with several GPUs")."""
 
 from __future__ import annotations
 
 import os
-import subprocess
+import shlex
+import signal
+import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from . import runs as runfile
 from . import trainrun
+from .argv import secrets_in_environment
+from .process import job_guard, this_process
 from .report import describe
+
+#: a local job's time limit (submitit's LocalExecutor stops a job at its limit): none in practice
+NO_LIMIT_MIN = 60 * 24 * 365
+#: seconds between the driver's looks at its jobs
+POLL_S = 0.5
 
 
 def devices_here() -> list[str]:
@@ -68,87 +80,103 @@ def place(devices: Sequence[str] | None, gpus_per_run: int, workers: int, use_cp
     return Placement(tuple(pool), gpus_per_run, len(pool) // gpus_per_run, not here)
 
 
-class DevicePool:
-    """Free devices, taken `per_run` at a time and given back: no device is ever held by two runs at once."""
+def run_job(spec: trainrun.RunSpec, method: str, seed: int, settings: dict[str, Any], devices: list[str] | None,
+            on_cpu: bool, driver: tuple[int, float] | None) -> dict[str, Any]:  # fmt: skip
+    """A local job: train and score (method, seed) in this process, pinned to `devices`; its record (a failed run's
+    with its reason). It ends when its driver (pid, start time) has (`process.job_guard`)."""
+    device = "cpu"
+    if devices and not on_cpu:  # this process scores on them: pinned before anything starts CUDA here
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        device = "cuda:0"
+    env = trainrun.run_env(spec, devices, {})
 
-    def __init__(self, devices: Sequence[str], per_run: int) -> None:
-        self.free, self.per_run = list(devices), per_run
-        self.changed = threading.Condition()
+    def one(method: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
+        return trainrun.run_one(spec, method, seed, env, device=device)
 
-    @contextmanager
-    def hold(self) -> Iterator[list[str] | None]:
-        """`per_run` free devices for the block (waits until there are); None when the pool is the CPU."""
-        if not self.free and not self.per_run:
-            yield None
-            return
-        with self.changed:
-            self.changed.wait_for(lambda: len(self.free) >= self.per_run)
-            taken, self.free = self.free[: self.per_run], self.free[self.per_run :]
-        try:
-            yield taken
-        finally:
-            with self.changed:
-                self.free.extend(taken)
-                self.changed.notify_all()
+    with job_guard(driver):
+        return runfile.run_safely(one, ("method", "seed"), (method, seed), settings)
 
 
-class LocalTrainer:
-    """`run_one` of the grid: each (method, seed) on devices of the pool, its processes known so Ctrl-C stops them."""
+def make_executor(folder: Path) -> Any:
+    """submitit's LocalExecutor for the jobs of DIR: its controllers' own output in DIR/local/controller.log, deaf
+    to Ctrl-C (the driver decides: its jobs end with it), no time limit."""
+    import submitit
 
-    def __init__(self, spec: trainrun.RunSpec, placement: Placement, secrets: Mapping[str, str]) -> None:
-        self.spec, self.secrets = spec, dict(secrets)
-        self.pool = DevicePool(placement.devices, placement.per_run if placement.devices else 0)
-        self.on_cpu = placement.on_cpu
-        self.here = [] if placement.on_cpu else devices_here()
-        self.live: set[subprocess.Popen] = set()
-        self.lock, self.scoring = threading.Lock(), threading.Lock()
-        self._before: float | None = None
+    executor = submitit.LocalExecutor(folder=str(folder))
+    log = shlex.quote(str(folder / "controller.log"))
+    executor.update_parameters(timeout_min=NO_LIMIT_MIN, setup=[f"exec >>{log} 2>&1 </dev/null", "trap '' INT"])
+    return executor
 
-    def _track(self, proc: subprocess.Popen | None, held: list) -> None:
-        with self.lock:
-            if proc is None:
-                self.live.difference_update(held)
-                held.clear()
-            else:
-                self.live.add(proc)
-                held.append(proc)
 
-    def _base_accuracy(self, device: str) -> float:
-        with self.scoring:  # the starting model's, the same for every run: measured once, on the first run's device
-            if self._before is None:
-                self._before = trainrun.score(self.spec, self.spec.base_model(), device)
-            return self._before
+def device_sets(placement: Placement) -> list[list[str] | None]:
+    """The device sets runs are pinned to, one per run at once (None: no devices, the CPU)."""
+    if not placement.devices:
+        return [None] * placement.concurrency
+    per = placement.per_run
+    return [list(placement.devices[i * per : (i + 1) * per]) for i in range(placement.concurrency)]
 
-    def _device(self, devices: list[str] | None) -> str:
-        """Where this process scores a run of `devices`: its first (by this process's CUDA index), or the CPU."""
-        if not devices or self.on_cpu:
-            return "cpu"
-        return f"cuda:{self.here.index(devices[0])}"
 
-    def __call__(self, method: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
-        held: list[subprocess.Popen] = []
-        with self.pool.hold() as devices:
-            env, device = trainrun.run_env(self.spec, devices, self.secrets), self._device(devices)
-            return trainrun.run_one(self.spec, method, seed, env, before=lambda: self._base_accuracy(device),
-                                    track=lambda proc: self._track(proc, held), device=device)  # fmt: skip
-
-    def kill(self) -> None:
-        """Ctrl-C: the runs in flight are stopped (and lost)."""
-        with self.lock:
-            for proc in self.live:
-                proc.kill()
+def _ended(job: Any, key: tuple, settings: dict[str, Any]) -> dict[str, Any]:
+    """The record of a job that has ended: its run's, or a failed run's when the job ended without one."""
+    try:
+        return job.result()
+    except Exception as error:  # noqa: BLE001 - the job's process died (killed, out of memory): reported
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        log = getattr(getattr(job, "paths", None), "stderr", None)
+        reason = f"its job ended without a result ({(lines or [type(error).__name__])[0]}); its log: {log}"
+        return {"method": key[0], "seed": key[1], "error": str(error), "reason": reason, "wall_s": None,
+                "settings": settings}  # fmt: skip
 
 
 def run_local(spec: trainrun.RunSpec, placement: Placement, secrets: Mapping[str, str], jobs: list[tuple],
               settings: dict[str, Any], command: str) -> None:  # fmt: skip
-    """Run `jobs` ((method, seed)) here, each record appended to DIR/runs.jsonl as it finishes; a failed run or
-    SIGTERM stops the grid after the runs in flight."""
-    trainer = LocalTrainer(spec, placement, secrets)
-    grid = runfile.Grid(("method", "seed"), trainer, describe)
-    path = Path(spec.output_dir) / "runs.jsonl"
+    """Run `jobs` ((method, seed)) as local jobs, each record appended to DIR/runs.jsonl as it ends; a failed run
+    or SIGTERM stops the grid after the runs in flight. Ctrl-C (or any end of this process) ends the jobs too."""
+    from tqdm.auto import tqdm
+
+    executor = make_executor(Path(spec.output_dir) / "local" / "jobs")
+    path, grid = Path(spec.output_dir) / "runs.jsonl", runfile.Grid(("method", "seed"), None, describe)
+    free, queue, running, stop = device_sets(placement), list(jobs), {}, threading.Event()
+    started, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+    driver, done = this_process(), 0
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        stop.set()
+        tqdm.write(f"signal {signum}: stopping after the run(s) in flight", file=sys.stderr)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main else None
+    bar = tqdm(total=len(jobs), unit="run", desc="compare", file=sys.stdout, disable=None)  # a terminal's only
     try:
-        runfile.run_grid(grid, jobs, settings, path, command, workers=placement.concurrency, pool="thread",
-                         on_record=lambda record: "error" in record)  # fmt: skip
-    except KeyboardInterrupt:
-        trainer.kill()
-        raise
+        with secrets_in_environment(secrets):  # a job's process copies this environment: never a pickle
+            while queue and not stop.is_set() or running:
+                while queue and free and not stop.is_set():
+                    key, devices = queue.pop(0), free.pop(0)
+                    job = executor.submit(run_job, spec, *key, settings, devices, placement.on_cpu, driver)
+                    running[job] = (key, devices)
+                for job in [j for j in running if j.done()]:
+                    key, devices = running.pop(job)
+                    free.append(devices)
+                    record, done = _ended(job, key, settings), done + 1
+                    count = runfile.progress_line(done, len(jobs), time.perf_counter() - started)
+                    append_line_and_say(path, grid, record, bar, count)
+                    if "error" in record:  # a failed run stops the grid (it runs again next time)
+                        stop.set()
+                time.sleep(POLL_S if running else 0)
+    finally:
+        bar.close()
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+        if done:
+            invocation = dict(command=command, workers=placement.concurrency, runs=done, started=started_at,
+                              wall_s=time.perf_counter() - started)  # fmt: skip
+            runfile.append_line(path, {runfile.INVOCATION: invocation})
+
+
+def append_line_and_say(path: Path, grid: runfile.Grid, record: dict[str, Any], bar: Any, count: str) -> None:
+    """A run's record into DIR/runs.jsonl, and its line (`count`: where the grid is, for a log) above the progress
+    bar (tqdm's, on a terminal)."""
+    runfile.append_line(path, record)
+    bar.update(1)
+    tail = f"FAILED: {runfile.reason(record)}" if "error" in record else describe(record)
+    bar.write(f"  {count} {grid.tag(record)}: {tail}", file=sys.stdout)

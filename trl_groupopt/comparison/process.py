@@ -1,34 +1,28 @@
-"""A run's process: started in a session of its own (SIGTERM to the driver's terminal group leaves it running), but
-never outliving the driver, and a failure said in one line (standard library only).
+"""The train process of one run, inside its job (`trainrun.run_one`): its output in the run's log, its failure said
+in one line; stopped with its job. It stays in its job's process group, so a signal to the group (a terminal's, a
+SIGKILL to the driver's group) reaches it as it reaches the job.
 
-- On Linux the run dies with the driver, whatever stopped the driver (SIGKILL too): the run's first act, before it
-  execs the train command, is `prctl(PR_SET_PDEATHSIG, SIGTERM)` (`GUARD`).
-- Everywhere, the run's process is written to DIR/runs/M-S.pid while it runs: a re-run that finds the file with
-  that process still alive (a driver killed hard elsewhere, or a run still shutting down) stops its session first
-  (`stop_orphan`), so the run is never trained twice into one folder.
-- `failure_reason`: the line of the run's log that says why it failed: the error, not the progress bar; a full disk
-  named as such."""
+A job owns its train process: whatever stops the job (its driver gone, SIGTERM from the driver, `scancel` or a time
+limit) stops the train process first (`stop_tree`, through psutil). Nothing is written for a later invocation to
+signal: a re-run waits for the run's folder lock (`trainrun.run_one`), which the kernel drops with the job."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
-#: run in the child before the train command: die with the driver (1: PR_SET_PDEATHSIG), or now if it is gone
-GUARD = ("import ctypes, os, signal, sys\n"
-         "ctypes.CDLL(None).prctl(1, ctypes.c_ulong(signal.SIGTERM), 0, 0, 0)\n"
-         "os.getppid() == int(sys.argv[1]) or sys.exit(143)\n"
-         "os.execvp(sys.argv[2], sys.argv[2:])")  # fmt: skip
-#: seconds an orphaned run has to stop on SIGTERM before it is killed
-ORPHAN_GRACE_S = 30.0
+#: seconds a train process has to stop on SIGTERM before it is killed
+STOP_GRACE_S = 10.0
+#: seconds between a job's looks at its driver
+WATCH_S = 0.5
 _PROGRESS = re.compile(r"\d+%\|.*\||\d+it \[|\b\d+(\.\d+)?(it/s|s/it)\]")  # tqdm's bars
 _ERROR = re.compile(r"^([\w.]*(Error|Exception)\b|KeyboardInterrupt|Killed)|\berror:")
 _FULL = ("No space left on device", "ENOSPC", "[Errno 28]")
@@ -38,109 +32,99 @@ class RunFailed(RuntimeError):
     """A run's process exited with an error: one line, its log named."""
 
 
-def guarded(command: list[str]) -> list[str]:
-    """`command` run under `GUARD` (Linux; elsewhere as it is)."""
-    if not sys.platform.startswith("linux"):
-        return command
-    return [sys.executable, "-S", "-c", GUARD, str(os.getpid()), *command]
+def stop_tree(pid: int, grace: float = STOP_GRACE_S) -> None:
+    """Stop process `pid` and every process under it: SIGTERM, then SIGKILL after `grace` seconds."""
+    import psutil
 
-
-def _started(pid: int) -> str | None:
-    """When process `pid` started (Linux: /proc's clock ticks since boot; None elsewhere or when it is gone)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether process group `pgid` has a process that has not ended (Linux: a zombie has; elsewhere: any)."""
-    if Path("/proc/self/stat").exists():
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-            except (OSError, ValueError):
-                continue  # ended while read
-            if int(group) == pgid and state != "Z":
-                return True
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def _wait_group(pgid: int, seconds: float) -> bool:
-    """Wait up to `seconds` for process group `pgid` to end; whether it did."""
-    deadline = time.monotonic() + seconds
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return not _group_alive(pgid)
-
-
-def stop_orphan(pid_file: Path, say: Callable[[str], None] = print) -> None:
-    """If `pid_file` names a run's session still alive on this host (its driver was killed hard), stop it: SIGTERM,
-    then SIGKILL after `ORPHAN_GRACE_S`; then remove the file."""
-    try:
-        entry = json.loads(pid_file.read_text())
-        pid, host, started = int(entry["pid"]), entry["host"], entry.get("started")
-    except (OSError, ValueError, TypeError, KeyError):
-        pid_file.unlink(missing_ok=True)
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
         return
-    if host != socket.gethostname():
-        return  # another node's: not ours to stop (that node's kernel ended it with its driver)
-    # the session leader is the one started then (a pid is never reused while its session has a process)
-    ours = _group_alive(pid) and (started is None or _started(pid) in (started, None))
-    if ours:
-        say(f"{pid_file.with_suffix('')}: its run (process {pid}) outlived a comparison killed hard: stopping it")
-        for sig, wait in ((signal.SIGTERM, ORPHAN_GRACE_S), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                break
-            if _wait_group(pid, wait):
-                break
-    pid_file.unlink(missing_ok=True)
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5.0)
 
 
 def failure_reason(log: Path) -> str:
-    """Why the run of `log` failed, in one line: the last error line (an exception, an `error:` line), else the last
-    line that is not a progress bar; a full disk said so."""
+    """Why the run of `log` failed, in one line: the first line of the last error (an exception, an `error:` line),
+    whole, else the last line that is not a progress bar; a full disk said so."""
     text = log.read_text(errors="replace") if log.exists() else ""
     lines = [line.strip() for line in re.split(r"[\r\n]+", text) if line.strip() and not _PROGRESS.search(line)]
     if any(mark in line for line in lines[-40:] for mark in _FULL):
         return f"the disk is full (No space left on device): free space under {log.parent} and run it again"
     errors = [line for line in lines if _ERROR.search(line)]
-    return ((errors or lines)[-1:] or ["no output"])[0][-300:]
+    return ((errors or lines)[-1:] or ["no output"])[0]
 
 
-def launch(command: list[str], log: Path, env: Mapping[str, str],
-           track: Callable[[subprocess.Popen | None], None] | None = None) -> tuple[float, float]:  # fmt: skip
-    """Run `command` with its output in `log`; (wall, CPU seconds). `track(proc)` is told the process while it runs,
-    then None. Raises RunFailed naming the log on a non-zero exit."""
+def launch(command: list[str], log: Path, env: Mapping[str, str]) -> tuple[float, float]:
+    """Run `command` with its output in `log`; (wall, CPU seconds). Raises RunFailed naming the log on a non-zero
+    exit; stops it (and what it started) when the caller is interrupted (`job_guard`'s SystemExit, Ctrl-C)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    pid_file, started = log.with_suffix(".pid"), time.perf_counter()
+    started = time.perf_counter()
     with log.open("w") as handle:
-        proc = subprocess.Popen(guarded(command), stdout=handle, stderr=subprocess.STDOUT, env=dict(env),
-                                start_new_session=True)  # fmt: skip
-        pid_file.write_text(json.dumps({"pid": proc.pid, "host": socket.gethostname(), "started": _started(proc.pid)}))
-        if track is not None:
-            track(proc)
+        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=dict(env))
         try:
             _, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
         finally:
-            if proc.returncode is None:  # interrupted (a job's timeout): the run must not outlive its caller
-                proc.kill()
+            if proc.returncode is None:  # interrupted: the run must not outlive its job
+                stop_tree(proc.pid, grace=0.0)
                 proc.wait()
-            pid_file.unlink(missing_ok=True)
-            if track is not None:
-                track(None)
     if proc.returncode:
         code = proc.returncode
         status = f"killed by signal {-code} ({signal.strsignal(-code)})" if code < 0 else f"exit status {code}"
         raise RunFailed(f"{status}; {log}: {failure_reason(log)}")
     return time.perf_counter() - started, usage.ru_utime + usage.ru_stime
+
+
+def alive(pid: int, created: float) -> bool:
+    """Whether process `pid`, started at `created` (psutil's create_time), still runs: a pid reused since is not."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def this_process() -> tuple[int, float]:
+    """(pid, start time) of this process: how a local job knows its driver."""
+    import psutil
+
+    return os.getpid(), psutil.Process().create_time()
+
+
+@contextmanager
+def job_guard(driver: tuple[int, float] | None = None) -> Iterator[None]:
+    """A job's block: SIGTERM (the driver's stop, `scancel`, a time limit, a group's signal) ends it with SystemExit,
+    its run stopped on the way out (`launch`); with `driver` (pid, start time), a watcher ends it the same way when the
+    driver is gone (SIGKILL, a crash). In the main thread only; the handler is restored after."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum)) if main else None
+    ended = threading.Event()
+
+    def watch(pid: int, created: float) -> None:
+        while not ended.wait(WATCH_S):
+            if not alive(pid, created):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    if driver is not None and main:
+        threading.Thread(target=watch, args=driver, daemon=True).start()
+    try:
+        yield
+    finally:
+        ended.set()
+        if main:
+            signal.signal(signal.SIGTERM, previous)

@@ -1,5 +1,6 @@
-"""The runner of `trl-groupopt compare` and of the benchmarks' grids: a keyed, appendable JSONL runs file, a pool of
-workers, a progress line per run. Standard library only. See benchmarks/README.md (the grid runner), docs/compare.md."""
+"""The runs files of `trl-groupopt compare` and of the benchmarks' grids (a keyed, appendable JSONL file), and the
+benchmarks' grid runner (a pool of worker processes, a progress line per run). Standard library only. See
+benchmarks/README.md (the grid runner), docs/compare.md."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Executor, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -193,16 +194,14 @@ def progress_line(done: int, total: int, elapsed: float, width: int = 20) -> str
 
 
 def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], path: Path, command: str, *, workers: int = 1,
-             pool: str = "process", on_record: Callable[[dict[str, Any]], bool] | None = None) -> int:  # fmt: skip
+             on_record: Callable[[dict[str, Any]], bool] | None = None) -> int:  # fmt: skip
     """Run `jobs` (keys), appending each record to `path` as it finishes and, at the end, this invocation's record;
-    returns how many ran. `workers` > 1 runs that many at once in a `pool` of processes or threads (for runs that are
-    subprocesses). `on_record(record)` returning True stops the grid as SIGTERM does."""
+    returns how many ran. `workers` > 1 runs that many at once in a pool of processes. `on_record(record)` returning
+    True stops the grid as SIGTERM does."""
     started, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
     done = 0
     executor: Executor | None = None
-    if workers > 1 and pool == "thread":
-        executor = ThreadPoolExecutor(max_workers=workers)
-    elif workers > 1:
+    if workers > 1:
         spawn = multiprocessing.get_context("spawn")
         executor = ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_worker_start)
     stop = threading.Event()  # SIGTERM (heard in the main thread only): no further run starts; those in flight finish

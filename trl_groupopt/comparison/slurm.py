@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from . import runs as runfile
-from . import slurm_job, trainrun
+from . import slurm_job, slurm_pending, trainrun
+from .argv import secrets_in_environment
 from .report import describe
 
 INSTALL = 'pip install "trl-groupopt[slurm]"'
@@ -179,6 +180,7 @@ class SlurmLauncher:
         self.grid = runfile.Grid(KEY, None, describe, trainrun.record_problem)
         self._ended_at: dict[str, float] = {}  # job id -> when this driver first saw it ended without a result
         self._progress: list = [0, 0, time.perf_counter()]  # done, total, started: the progress lines
+        self._said: set[str] = set()  # the pending reasons said (`_say_stuck`)
 
     # ---------------------------------------------------------------------------------------------- the files
     def jobs(self) -> dict[tuple, dict[str, Any]]:
@@ -206,28 +208,11 @@ class SlurmLauncher:
             executor.update_parameters(additional_parameters={"mem": o.mem})
         return executor
 
-    @contextmanager
-    def _secrets_in_environment(self):
-        """The secrets in this process's environment while sbatch runs (a job gets the submitter's environment):
-        never in the sbatch script or the pickles."""
-        import os
-
-        saved = {name: os.environ.get(name) for name in self.secrets}
-        os.environ.update(self.secrets)
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-
     def submit(self, keys: Sequence[tuple]) -> list[dict[str, Any]]:
         """One array job over `keys` (one job for one key); each job's line in DIR/slurm/jobs.jsonl."""
         executor = self._executor()
         calls = [(self.spec, method, seed, self.settings) for method, seed in keys]
-        with self._secrets_in_environment():
+        with secrets_in_environment(self.secrets):  # a job gets the submitter's environment
             if len(calls) == 1:
                 submitted = [executor.submit(slurm_job.run_job, *calls[0])]
             else:
@@ -325,6 +310,7 @@ class SlurmLauncher:
                 collected += len(new)
                 for record in new:
                     self._report(record)
+                self._say_stuck()
         if live:
             print(f"slurm: {len(live)} job(s) left running; run the same command again to re-attach (it submits "
                   "only what is missing), or add --cancel to cancel them", flush=True)  # fmt: skip
@@ -332,6 +318,15 @@ class SlurmLauncher:
             invocation = {"command": self.command, "launcher": "slurm", "runs": collected, "submitted": submitted,
                           "started": started_at, "wall_s": time.perf_counter() - started}  # fmt: skip
             runfile.append_line(self.dir / "runs.jsonl", {runfile.INVOCATION: invocation})
+
+    def _say_stuck(self) -> None:
+        """Say once each reason Slurm gives for jobs that it will never start as asked (`slurm_pending`)."""
+        stuck = slurm_pending.stuck(self.name, self.options)
+        for said in sorted(set(stuck.values()) - self._said):
+            jobs = sorted(job for job, why in stuck.items() if why == said)
+            print(f"slurm: {len(jobs)} job(s) ({jobs[0]}{'..' if len(jobs) > 1 else ''}) pending and will not start: "
+                  f"{said}; then run {self.command} --cancel and the same command again", flush=True)  # fmt: skip
+            self._said.add(said)
 
     def _submit_missing(self, missing: list[tuple]) -> int:
         try:

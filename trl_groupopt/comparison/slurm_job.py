@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from . import trainrun
+from .process import job_guard
 from .runs import failure
 
 RESULTS = "results"
@@ -45,43 +44,17 @@ def write_result(output_dir: str | os.PathLike, job_id: str, record: dict[str, A
     return path
 
 
-class _Stopped:
-    """SIGTERM from Slurm (scancel, preemption, the time limit's last warning): noted, and passed to the run."""
-
-    def __init__(self) -> None:
-        self.signalled = False
-        self.proc: subprocess.Popen | None = None
-        self.previous = signal.signal(signal.SIGTERM, self)
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        self.signalled = True
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.terminate()
-
-    def track(self, proc: subprocess.Popen | None) -> None:
-        self.proc = proc
-
-    def restore(self) -> None:
-        signal.signal(signal.SIGTERM, self.previous)
-
-
 def run_job(spec: trainrun.RunSpec, method: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
     """Train (method, seed) on this node and write its record; returns it (submitit pickles it too)."""
     job_id, started = this_job_id(), time.perf_counter()
     extra = {}
     if "OMP_NUM_THREADS" not in os.environ and os.environ.get("SLURM_CPUS_PER_TASK"):
         extra["OMP_NUM_THREADS"] = os.environ["SLURM_CPUS_PER_TASK"]  # torch would use every core of the node
-    stopped = _Stopped()
-    try:
-        record = trainrun.run_one(spec, method, seed, trainrun.run_env(spec, None, extra), track=stopped.track)
-    except Exception as error:  # noqa: BLE001 - a failed run, or submitit's time-limit error: reported in the record
-        if stopped.signalled:
-            raise  # cancelled or preempted: no result; squeue tells the driver
-        record = {"method": method, "seed": seed, **failure(error), "wall_s": time.perf_counter() - started}
-    finally:
-        stopped.restore()
-    if stopped.signalled:
-        raise RuntimeError(f"job {job_id} got SIGTERM (cancelled, preempted or at its time limit): no result written")
+    with job_guard():  # scancel, preemption, the time limit: SystemExit, the run stopped, no result written
+        try:
+            record = trainrun.run_one(spec, method, seed, trainrun.run_env(spec, None, extra))
+        except Exception as error:  # noqa: BLE001 - a failed run, or submitit's time-limit error: in the record
+            record = {"method": method, "seed": seed, **failure(error), "wall_s": time.perf_counter() - started}
     record.update(settings=settings, slurm_job_id=job_id, log=str(spec.folder(method, seed).with_suffix(".log")))
     write_result(spec.output_dir, job_id, record)
     return record

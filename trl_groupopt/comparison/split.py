@@ -60,8 +60,12 @@ def _write_split(options: Options, given: dict[str, Any], data_dir: Path, sha: s
     try:
         raw = load_raw_dataset(name, given["dataset_config"], given["dataset_train_split"] or "train")
         data = to_prompt_solution(raw, given["dataset_format"] or "prompt-answer")
-    except ValueError as error:
-        raise CompareError(" ".join(str(error).split())) from None
+    except Exception as error:  # noqa: BLE001 - a dataset that cannot be read or reached (offline): one line
+        if isinstance(error, ValueError):
+            raise CompareError(" ".join(str(error).split())) from None
+        first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+        raise CompareError(f"--dataset_name {name} cannot be loaded ({type(error).__name__}: {first}): check the name, "
+                           "or its connection (offline: a local file or folder)") from None  # fmt: skip
     if len(data) - size < size:  # the runs would train on fewer rows than they are scored on
         raise CompareError(f"--eval_examples {size} would hold out {size} of the {len(data)} rows of --dataset_name "
                            f"{name}, leaving {max(0, len(data) - size)} to train on, fewer than it holds out: pass "

@@ -1,6 +1,7 @@
-"""One (method, seed) of a comparison: `python -m trl_groupopt.cli train ...` in a process of its own (`accelerate
-launch --num_processes N` for a run of N devices), scored where compare scores it, and its record. Plain data in and
-out: the local launcher (`local.py`) calls it in a thread, a Slurm job (`slurm_job.py`) on its node."""
+"""One (method, seed) of a comparison, run inside its job (a process of its own: `local.run_job` under submitit's
+LocalExecutor, `slurm_job.run_job` under its SlurmExecutor): `python -m trl_groupopt.cli train ...` in a process
+of its own (`accelerate launch --num_processes N` for a run of N devices), scored in the job, and its record. Plain
+data in and out. The comparison's driver never loads a model: every scoring happens here, in a job."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import math
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,10 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from .argv import scan
-from .process import launch, stop_orphan
+from .process import launch
 
 #: the launcher of a run of several processes
 ACCELERATE = ("-m", "accelerate.commands.launch")
+#: seconds a run waits for its folder's lock (a job of an earlier invocation still stopping) before it fails
+LOCK_WAIT_S = 120.0
+#: DIR/data/<this>: the starting model's held-out accuracy, measured by the first job that needs it
+BASE_ACCURACY = "base_accuracy.json"
 
 
 @dataclass(frozen=True)
@@ -82,24 +86,57 @@ def score(spec: RunSpec, model: str, device: str | None) -> float:
     return heldout_accuracy(model, heldout, spec.max_new_tokens(), device, mode)["accuracy"]
 
 
+def base_accuracy(spec: RunSpec, device: str | None) -> float:
+    """The starting model's held-out accuracy: measured by the first job that needs it (the others wait on its
+    lock) and kept in DIR/data/base_accuracy.json, with what it was measured on (the model, the held-out file's
+    digest, the generation length and prompt mode): another of these measures it again."""
+    import filelock
+
+    from ..runfolder.checkpoints import file_digest
+
+    path = Path(spec.output_dir) / "data" / BASE_ACCURACY
+    mode = scan(spec.run_args, "string_prompts")[0]["string_prompts"] or "user_message"
+    key = {"model": spec.base_model(), "heldout_sha256": file_digest(path.with_name("heldout.jsonl")),
+           "max_new_tokens": spec.max_new_tokens(), "string_prompts": mode}  # fmt: skip
+    with filelock.FileLock(str(path.with_suffix(".lock"))):
+        try:
+            kept = json.loads(path.read_text())
+        except (OSError, ValueError):
+            kept = None
+        if isinstance(kept, dict) and kept.get("measured_on") == key and isinstance(kept.get("accuracy"), float):
+            return kept["accuracy"]
+        accuracy = score(spec, spec.base_model(), device)
+        path.with_suffix(".partial").write_text(json.dumps({"measured_on": key, "accuracy": accuracy}) + "\n")
+        os.replace(path.with_suffix(".partial"), path)  # whole or absent
+    return accuracy
+
+
 def run_one(spec: RunSpec, method: str, seed: int, env: Mapping[str, str], *,
-            before: Callable[[], float] | None = None, track: Callable[[subprocess.Popen | None], None] | None = None,
-            device: str | None = None) -> dict[str, Any]:  # fmt: skip
+            before: Callable[[], float] | None = None, device: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Train (method, seed) afresh and return its record: held-out accuracy before and after, how often the mechanism
     acted, wall and CPU time, when it ran, on which devices and host. Where compare scores, it does so here on
-    `device` (the run's own); `before()` gives the starting model's accuracy (measured once by the caller), else
-    the run measures it."""
+    `device` (the run's own); `before()` gives the starting model's accuracy, else `base_accuracy`. The run holds
+    DIR/runs/M-S.lock (the kernel drops it with its process) while it trains into its folder: a job of an earlier
+    invocation still stopping is waited for, never signalled, and a run never trains twice into one folder."""
+    import filelock
+
     folder = spec.folder(method, seed)
-    stop_orphan(folder.with_suffix(".pid"))  # a run its driver, killed hard, left training into the folder
-    shutil.rmtree(folder, ignore_errors=True)  # not a finished run (those are skipped): start it afresh
-    started = time.time()
-    port = free_port() if spec.processes > 1 else None
-    wall, cpu = launch(spec.command(method, seed, port), folder.with_suffix(".log"), env, track)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        held = filelock.FileLock(str(folder.with_suffix(".lock")), timeout=LOCK_WAIT_S).acquire()
+    except filelock.Timeout:
+        raise RuntimeError(f"{folder}: another process has trained into it for {LOCK_WAIT_S:.0f} s (a comparison "
+                           "on the same --output_dir?): let it end, or use another --output_dir") from None  # fmt: skip
+    with held:
+        shutil.rmtree(folder, ignore_errors=True)  # not a finished run (those are skipped): start it afresh
+        started = time.time()
+        port = free_port() if spec.processes > 1 else None
+        wall, cpu = launch(spec.command(method, seed, port), folder.with_suffix(".log"), env)
     results = json.loads((folder / "results.json").read_text())
     accuracy_before, accuracy_after = results.get("accuracy_before"), results.get("accuracy_after")
     if spec.score_here:
         accuracy_after = score(spec, str(folder), device)
-        accuracy_before = before() if before is not None else score(spec, spec.base_model(), device)
+        accuracy_before = before() if before is not None else base_accuracy(spec, device)
     mechanisms = (results.get("mechanism") or {}).get("mechanisms") or []
     acted = {"what": "; ".join(m["acted_means"] for m in mechanisms), "steps": sum(m["steps"] for m in mechanisms),
              "acted": sum(m["acted"] for m in mechanisms),
