@@ -68,9 +68,10 @@ def base_model(tokenizer):
 def _compare_jobs_in_this_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     """In the fast selection, compare's local jobs (processes of submitit's LocalExecutor) run in threads of this
     process instead, where a test's stand-in for `trainrun.run_one` reaches them."""
-    local = sys.modules.get("trl_groupopt.comparison.local")  # imported by the test module, if it needs it
-    if local is not None and request.node.get_closest_marker("slow") is None:
+    if request.node.get_closest_marker("slow") is None:
         from concurrent.futures import ThreadPoolExecutor
+
+        from trl_groupopt.comparison import local  # standard library and submitit only: no torch, no TRL
 
         monkeypatch.setattr(local, "make_executor", lambda folder: ThreadPoolExecutor(8))
     yield

@@ -60,9 +60,13 @@ class TRLHooks(GRPOTrainer):
         self._raw_rewards_per_func = None  # filled by `_calculate_rewards` during TRL's call
         if self._energy is not None:
             self._energy.records = []
+        logged = len(self._metrics["train"].get("frac_reward_zero_std", ()))
         output = super()._generate_and_score_completions(inputs)
-        if (report := self._report_callback) is not None and self.model.training:  # whether this rollout can teach
-            report.signal.rollout(self._metrics["train"]["frac_reward_zero_std"][-1])
+        # whether this rollout can teach: TRL's value for it, when this rollout logged one (a generation a subclass
+        # replaces may log none; never read a value an earlier rollout left)
+        fractions = self._metrics["train"].get("frac_reward_zero_std", ())
+        if (report := self._report_callback) is not None and self.model.training and len(fractions) > logged:
+            report.signal.rollout(fractions[-1])
         if self._energy is not None:
             self._energy.add_behaviour_energy(output)
         return batching.add_batch_fields(self, output, inputs)
