@@ -211,8 +211,11 @@ def _train_parse(method: str, args: Sequence[str]) -> tuple[argparse.Namespace |
 def _check_train_options(options: Options) -> None:
     """Every method's train parser reads the train options (an option only some methods have would fail their runs
     one by one), and they measure held-out accuracy (`--no_evaluate_accuracy` would train and judge nothing)."""
+    from ..cli.main import take_imports
+
+    train_args = take_imports(options.train_args)[0]  # `--import`s are read before train's parser, in every run
     for method in options.methods:
-        namespace, problem = _train_parse(method, options.train_args)
+        namespace, problem = _train_parse(method, train_args)
         if problem is not None:
             raise CompareError(f"--method {method} refuses the train options: {problem.rstrip('.')}; every method "
                                "gets them, so compare methods at their defaults, or give each variant its own "
