@@ -90,8 +90,7 @@ def partitions() -> dict[str, dict[str, Any]]:
     for line in proc.stdout.splitlines():
         name, _, gres = line.partition("|")
         entry = found.setdefault(name.rstrip("*"), {"default": name.endswith("*"), "gpus": 0})
-        counts = [int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", gres)]
-        entry["gpus"] = max([entry["gpus"], *counts])
+        entry["gpus"] = max(entry["gpus"], slurm_pending.gpus(gres))
     return found
 
 
@@ -140,14 +139,7 @@ def job_name(output_dir: str | Path) -> str:
 
 def queue_states(name: str) -> dict[str, str] | None:
     """job id -> state of the jobs of this name `squeue` still knows (array tasks one by one); None if it fails."""
-    command = ["squeue", "-h", "-r", "--states=all", "--name", name, "-o", "%i|%T"]
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode:
-        return None
-    return dict(line.strip().split("|", 1) for line in proc.stdout.splitlines() if "|" in line)
+    return slurm_pending.squeue(name, "all", "%T")
 
 
 class SlurmLauncher:
