@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..runfolder.checkpoints import read_json
 from . import stats
 
 AUTO = "auto"
@@ -118,10 +119,7 @@ def check_recorded(out: Path, seeds: int | str, pilot: int, max_seeds: int) -> s
     path = out / SEEDS_FILE
     if seeds != AUTO or not path.exists():
         return None
-    try:
-        made = json.loads(path.read_text())
-    except (OSError, ValueError):
-        made = None
+    made = read_json(path)
     if not isinstance(made, dict):
         return (f"{path} is damaged: delete it if {out}'s plan was made with --pilot_seeds {pilot} --max_seeds "
                 f"{max_seeds} (this command writes it again), or use another --output_dir")  # fmt: skip
