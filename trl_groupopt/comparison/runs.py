@@ -126,6 +126,13 @@ def append_line(path: Path, entry: dict[str, Any]) -> None:
         handle.write((("\n" if cut else "") + json.dumps(jsonable(entry)) + "\n").encode())
 
 
+def write_json(path: Path, value: Any) -> None:
+    """`value` as one JSON line in `path`, whole or absent: written beside it (`<name>.partial`), renamed into place."""
+    partial = path.with_name(f"{path.name}.partial")
+    partial.write_text(json.dumps(value) + "\n")
+    os.replace(partial, path)
+
+
 def reason(record: dict[str, Any]) -> str:
     """Why a failed run failed, in one line: its `reason`, else the last line of its `error`."""
     lines = [line.strip() for line in str(record.get("error")).splitlines() if line.strip()]

@@ -19,6 +19,7 @@ from typing import Any
 
 from .argv import scan
 from .process import launch
+from .runs import write_json
 
 #: the launcher of a run of several processes
 ACCELERATE = ("-m", "accelerate.commands.launch")
@@ -103,8 +104,7 @@ def base_accuracy(spec: RunSpec, device: str | None) -> float:
         if isinstance(kept, dict) and kept.get("measured_on") == key and isinstance(kept.get("accuracy"), float):
             return kept["accuracy"]
         accuracy = score(spec, spec.base_model(), device)
-        path.with_suffix(".partial").write_text(json.dumps({"measured_on": key, "accuracy": accuracy}) + "\n")
-        os.replace(path.with_suffix(".partial"), path)  # whole or absent
+        write_json(path, {"measured_on": key, "accuracy": accuracy})
     return accuracy
 
 
