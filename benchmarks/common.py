@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from trl_groupopt.comparison.runs import jsonable
-from trl_groupopt.comparison.stats import mean, mean_ci, paired_differences, t_quantile_975
+from trl_groupopt.comparison.stats import mean, mean_ci, paired_differences, t_quantile
 
-__all__ = ["jsonable", "mean", "mean_ci", "paired_differences", "t_quantile_975"]
+__all__ = ["jsonable", "mean", "mean_ci", "paired_differences", "t_quantile"]
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT_DIR = REPO / "benchmarks" / "results"

@@ -43,7 +43,7 @@ def ratio_estimate(log_ratios: list[float]) -> dict[str, Any]:
         wins = [xs[g]] * g + kept + [xs[n - g - 1]] * g  # winsorized: the trimmed ends set to the nearest kept value
         centre = sum(wins) / n
         se = math.sqrt(sum((x - centre) ** 2 for x in wins) / (n - 1)) / ((1 - 2 * TRIM) * math.sqrt(n))
-        half = common.t_quantile_975(len(kept) - 1) * se
+        half = common.t_quantile(len(kept) - 1, 0.05) * se
         out["low"], out["high"] = out["ratio"] * math.exp(-half), out["ratio"] * math.exp(half)
     return out
 

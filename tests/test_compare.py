@@ -25,8 +25,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # ------------------------------------------------------------------------------------------------ statistics
 def test_t_interval_matches_student_t():
     scipy_stats = pytest.importorskip("scipy.stats")
-    for df in (1, 2, 3, 4, 9, 29):
-        assert stats.t_quantile_975(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=1e-3)
     values = [0.31, 0.42, 0.38]
     result = stats.mean_ci(values + [None, float("nan")])  # missing seeds are ignored
     mean = sum(values) / 3

@@ -200,7 +200,7 @@ def test_the_cap_is_stated_before_training_and_a_cap_too_low_is_said_after_the_p
     spread = 100 * seeds.reachable_spread(5, 3, 1)
     cap = "at --max_seeds 5 (pilot 3, 1 method(s) against the baseline) a 'no difference' verdict needs a paired "
     assert out.index(cap) < out.index("RUN ") and f"spread below {spread:.1f} points" in out
-    assert spread == pytest.approx(2 * math.sqrt(5) / stats.t_quantile_975(2))
+    assert spread == pytest.approx(2 * math.sqrt(5) / stats.t_quantile(2))
     warning = out[out.index("--seeds auto: warning: ") :].splitlines()[0]
     assert "--max_seeds 5 is too few" in warning and "'no difference' cannot come out" in warning
     assert out.index(warning) < out.index("RUN grpo-3")  # said when the pilot is in; the comparison goes on

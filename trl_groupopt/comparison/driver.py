@@ -132,8 +132,7 @@ def run(options: Options) -> dict[str, Any]:
         str(out), tuple(run_args), score_here, options.eval_examples, max(1, launcher["gpus_per_run"]), one_thread
     )
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{LAUNCHER_FILE}.partial").write_text(json.dumps(launcher) + "\n")
-    os.replace(out / f"{LAUNCHER_FILE}.partial", out / LAUNCHER_FILE)  # whole or absent
+    runfile.write_json(out / LAUNCHER_FILE, launcher)
     seedplan.record(out, options.seeds, options.pilot_seeds, options.max_seeds)
     command = command_line(options)
     if options.launcher == "slurm":

@@ -9,15 +9,14 @@ its run when the driver is gone, however the driver ended (`process.job_guard`).
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
-import signal
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -137,18 +136,15 @@ def run_local(spec: trainrun.RunSpec, placement: Placement, secrets: Mapping[str
     executor = make_executor(Path(spec.output_dir) / "local" / "jobs")
     path, grid = Path(spec.output_dir) / "runs.jsonl", runfile.Grid(("method", "seed"), None, describe)
     free, queue, running, stop = device_sets(placement), list(jobs), {}, threading.Event()
-    started, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
-    driver, done = this_process(), 0
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        stop.set()
-        tqdm.write(f"signal {signum}: stopping after the run(s) in flight", file=sys.stderr)
-
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, on_sigterm) if main else None
+    began, driver, done = runfile.now(), this_process(), 0
     bar = tqdm(total=len(jobs), unit="run", desc="compare", file=sys.stdout, disable=None)  # a terminal's only
+    say = functools.partial(tqdm.write, file=sys.stderr)
     try:
-        with secrets_in_environment(secrets):  # a job's process copies this environment: never a pickle
+        # a job's process copies this environment (never a pickle)
+        with (
+            runfile.stop_on_signals(stop, "stopping after the run(s) in flight", say=say),
+            secrets_in_environment(secrets),
+        ):
             while queue and not stop.is_set() or running:
                 while queue and free and not stop.is_set():
                     key, devices = queue.pop(0), free.pop(0)
@@ -158,19 +154,15 @@ def run_local(spec: trainrun.RunSpec, placement: Placement, secrets: Mapping[str
                     key, devices = running.pop(job)
                     free.append(devices)
                     record, done = _ended(job, key, settings), done + 1
-                    count = runfile.progress_line(done, len(jobs), time.perf_counter() - started)
+                    count = runfile.progress_line(done, len(jobs), time.perf_counter() - began[0])
                     append_line_and_say(path, grid, record, bar, count)
                     if "error" in record:  # a failed run stops the grid (it runs again next time)
                         stop.set()
                 time.sleep(POLL_S if running else 0)
     finally:
         bar.close()
-        if main:
-            signal.signal(signal.SIGTERM, previous)
         if done:
-            invocation = dict(command=command, workers=placement.concurrency, runs=done, started=started_at,
-                              wall_s=time.perf_counter() - started)  # fmt: skip
-            runfile.append_line(path, {runfile.INVOCATION: invocation})
+            runfile.append_invocation(path, began, command=command, workers=placement.concurrency, runs=done)
 
 
 def append_line_and_say(path: Path, grid: runfile.Grid, record: dict[str, Any], bar: Any, count: str) -> None:

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 #: seconds a train process has to stop on SIGTERM before it is killed
@@ -42,16 +42,12 @@ def stop_tree(pid: int, grace: float = STOP_GRACE_S) -> None:
     except psutil.NoSuchProcess:
         return
     for proc in procs:
-        try:
+        with suppress(psutil.NoSuchProcess):  # it ended meanwhile
             proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
     _, alive = psutil.wait_procs(procs, timeout=grace)
     for proc in alive:
-        try:
+        with suppress(psutil.NoSuchProcess):
             proc.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(alive, timeout=5.0)
 
 

@@ -15,6 +15,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -125,6 +126,13 @@ def append_line(path: Path, entry: dict[str, Any]) -> None:
         handle.write((("\n" if cut else "") + json.dumps(jsonable(entry)) + "\n").encode())
 
 
+def write_json(path: Path, value: Any) -> None:
+    """`value` as one JSON line in `path`, whole or absent: written beside it (`<name>.partial`), renamed into place."""
+    partial = path.with_name(f"{path.name}.partial")
+    partial.write_text(json.dumps(value) + "\n")
+    os.replace(partial, path)
+
+
 def reason(record: dict[str, Any]) -> str:
     """Why a failed run failed, in one line: its `reason`, else the last line of its `error`."""
     lines = [line.strip() for line in str(record.get("error")).splitlines() if line.strip()]
@@ -193,43 +201,64 @@ def progress_line(done: int, total: int, elapsed: float, width: int = 20) -> str
     return f"[{done}/{total} {'#' * filled}{'-' * (width - filled)} {_clock(elapsed)} elapsed{left}]"
 
 
+def now() -> tuple[float, str]:
+    """(perf_counter, UTC time to the second): when an invocation began, for its progress lines and its record."""
+    return time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def append_invocation(path: Path, began: tuple[float, str], **fields: Any) -> None:
+    """An invocation's record at the end of `path`: `fields`, then when it began (`now`) and its wall seconds."""
+    append_line(path, {INVOCATION: {**fields, "started": began[1], "wall_s": time.perf_counter() - began[0]}})
+
+
+@contextmanager
+def stop_on_signals(stop: threading.Event, then: str, signals: Sequence[int] = (signal.SIGTERM,),
+                    say: Callable[[str], Any] | None = None) -> Iterator[None]:  # fmt: skip
+    """In the block, each of `signals` sets `stop` and says `signal N: <then>` (on stderr, or through `say`); in
+    the main thread only (elsewhere nothing is changed), the handlers restored after."""
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+        if say is None:
+            print(f"signal {signum}: {then}", file=sys.stderr, flush=True)
+        else:
+            say(f"signal {signum}: {then}")
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = [signal.signal(s, on_signal) for s in signals] if main else []
+    try:
+        yield
+    finally:
+        for sig, handler in zip(signals, previous):
+            signal.signal(sig, handler)
+
+
 def run_grid(grid: Grid, jobs: list[tuple], settings: dict[str, Any], path: Path, command: str, *, workers: int = 1,
              on_record: Callable[[dict[str, Any]], bool] | None = None) -> int:  # fmt: skip
     """Run `jobs` (keys), appending each record to `path` as it finishes and, at the end, this invocation's record;
     returns how many ran. `workers` > 1 runs that many at once in a pool of processes. `on_record(record)` returning
     True stops the grid as SIGTERM does."""
-    started, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
-    done = 0
+    began, done = now(), 0
     executor: Executor | None = None
     if workers > 1:
         spawn = multiprocessing.get_context("spawn")
         executor = ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_worker_start)
     stop = threading.Event()  # SIGTERM (heard in the main thread only): no further run starts; those in flight finish
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        stop.set()
-        print(f"signal {signum}: stopping after the run(s) in flight", file=sys.stderr, flush=True)
-
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, on_sigterm) if main else None
     try:
-        for record in _finished(grid, jobs, settings, executor, workers, stop):
-            done += 1
-            append_line(path, record)
-            head = f"  {progress_line(done, len(jobs), time.perf_counter() - started)} {grid.tag(record)}"
-            tail = f"FAILED: {reason(record)}" if "error" in record else grid.describe(record)
-            print(f"{head}: {tail}", flush=True)
-            if on_record is not None and on_record(record):
-                stop.set()
+        with stop_on_signals(stop, "stopping after the run(s) in flight"):
+            for record in _finished(grid, jobs, settings, executor, workers, stop):
+                done += 1
+                append_line(path, record)
+                head = f"  {progress_line(done, len(jobs), time.perf_counter() - began[0])} {grid.tag(record)}"
+                tail = f"FAILED: {reason(record)}" if "error" in record else grid.describe(record)
+                print(f"{head}: {tail}", flush=True)
+                if on_record is not None and on_record(record):
+                    stop.set()
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
         if done:
-            invocation = dict(command=command, workers=workers, runs=done, started=started_at,
-                              wall_s=time.perf_counter() - started)  # fmt: skip
-            append_line(path, {INVOCATION: invocation})
+            append_invocation(path, began, command=command, workers=workers, runs=done)
     return done
 
 

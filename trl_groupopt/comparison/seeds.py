@@ -5,13 +5,14 @@ are recorded in it (`SEEDS_FILE`): another pilot or cap would re-plan runs alrea
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..runfolder.checkpoints import read_json
 from . import stats
+from .runs import write_json
 
 AUTO = "auto"
 PILOT_SEEDS = 8
@@ -118,10 +119,7 @@ def check_recorded(out: Path, seeds: int | str, pilot: int, max_seeds: int) -> s
     path = out / SEEDS_FILE
     if seeds != AUTO or not path.exists():
         return None
-    try:
-        made = json.loads(path.read_text())
-    except (OSError, ValueError):
-        made = None
+    made = read_json(path)
     if not isinstance(made, dict):
         return (f"{path} is damaged: delete it if {out}'s plan was made with --pilot_seeds {pilot} --max_seeds "
                 f"{max_seeds} (this command writes it again), or use another --output_dir")  # fmt: skip
@@ -136,9 +134,7 @@ def check_recorded(out: Path, seeds: int | str, pilot: int, max_seeds: int) -> s
 def record(out: Path, seeds: int | str, pilot: int, max_seeds: int) -> None:
     """Record a `--seeds auto` folder's `--pilot_seeds` and `--max_seeds` in DIR/seeds.json (whole or absent)."""
     if seeds == AUTO and not (out / SEEDS_FILE).exists():
-        partial = out / f"{SEEDS_FILE}.partial"
-        partial.write_text(json.dumps({"pilot_seeds": pilot, "max_seeds": max_seeds}) + "\n")
-        partial.replace(out / SEEDS_FILE)
+        write_json(out / SEEDS_FILE, {"pilot_seeds": pilot, "max_seeds": max_seeds})
 
 
 def drive(methods: Sequence[str], seeds: int | str, baseline: str, pilot: int, max_seeds: int,

@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,6 +40,7 @@ LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "
 #: seconds an ended job may take to show its result file (a shared file system's caches) before it counts as lost
 RESULT_GRACE_S = 10.0
 KEY = ("method", "seed")
+STOP_SAYS = "the driver stops; the submitted jobs run on"  # after SIGTERM or Ctrl-C
 
 
 class SubmitError(RuntimeError):
@@ -90,8 +90,7 @@ def partitions() -> dict[str, dict[str, Any]]:
     for line in proc.stdout.splitlines():
         name, _, gres = line.partition("|")
         entry = found.setdefault(name.rstrip("*"), {"default": name.endswith("*"), "gpus": 0})
-        counts = [int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", gres)]
-        entry["gpus"] = max([entry["gpus"], *counts])
+        entry["gpus"] = max(entry["gpus"], slurm_pending.gpus(gres))
     return found
 
 
@@ -140,31 +139,7 @@ def job_name(output_dir: str | Path) -> str:
 
 def queue_states(name: str) -> dict[str, str] | None:
     """job id -> state of the jobs of this name `squeue` still knows (array tasks one by one); None if it fails."""
-    command = ["squeue", "-h", "-r", "--states=all", "--name", name, "-o", "%i|%T"]
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode:
-        return None
-    return dict(line.strip().split("|", 1) for line in proc.stdout.splitlines() if "|" in line)
-
-
-@contextmanager
-def _stop_on_signals(stop: threading.Event):
-    """SIGTERM and Ctrl-C set `stop` (the loop ends at its next step; a submission under way completes)."""
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-        print(f"signal {signum}: the driver stops; the submitted jobs run on", file=sys.stderr, flush=True)
-
-    main = threading.current_thread() is threading.main_thread()
-    previous = [signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)] if main else []
-    try:
-        yield
-    finally:
-        for sig, handler in zip((signal.SIGTERM, signal.SIGINT), previous):
-            signal.signal(sig, handler)
+    return slurm_pending.squeue(name, "all", "%T")
 
 
 class SlurmLauncher:
@@ -285,11 +260,11 @@ class SlurmLauncher:
     def run(self, keys: Sequence[tuple]) -> None:
         """Collect what ended, submit the keys with neither a finished run nor a live job, then collect as jobs
         finish until none of `keys` is live (or a signal stops the driver, leaving the jobs running)."""
-        started, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
-        stop, collected, submitted = threading.Event(), 0, 0
+        began, stop, collected, submitted = runfile.now(), threading.Event(), 0, 0
         finished = {k for k, r in self._records().items() if "error" not in r}
-        self._progress = [sum(k in finished for k in keys), len(keys), started]
-        with _stop_on_signals(stop):
+        self._progress = [sum(k in finished for k in keys), len(keys), began[0]]
+        # SIGTERM and Ctrl-C: the loop ends at its next step (a submission under way completes)
+        with runfile.stop_on_signals(stop, STOP_SAYS, (signal.SIGTERM, signal.SIGINT)):
             states = self._wait_for_states(stop)
             if states is None:
                 return
@@ -302,7 +277,7 @@ class SlurmLauncher:
                 submitted = self._submit_missing(missing)
                 live |= set(missing)
             while live and not stop.is_set():
-                stop.wait(min(30.0, 3.0 + 0.05 * (time.perf_counter() - started)))
+                stop.wait(min(30.0, 3.0 + 0.05 * (time.perf_counter() - began[0])))
                 states = queue_states(self.name)
                 if states is None:  # the controller did not answer: nothing is decided on no answer
                     continue
@@ -315,9 +290,8 @@ class SlurmLauncher:
             print(f"slurm: {len(live)} job(s) left running; run the same command again to re-attach (it submits "
                   "only what is missing), or add --cancel to cancel them", flush=True)  # fmt: skip
         if collected or submitted:
-            invocation = {"command": self.command, "launcher": "slurm", "runs": collected, "submitted": submitted,
-                          "started": started_at, "wall_s": time.perf_counter() - started}  # fmt: skip
-            runfile.append_line(self.dir / "runs.jsonl", {runfile.INVOCATION: invocation})
+            runfile.append_invocation(self.dir / "runs.jsonl", began, command=self.command, launcher="slurm",
+                                      runs=collected, submitted=submitted)  # fmt: skip
 
     def _say_stuck(self) -> None:
         """Say once each reason Slurm gives for jobs that it will never start as asked (`slurm_pending`)."""

@@ -8,7 +8,6 @@ error record, so the driver reports it at once."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 from . import trainrun
 from .process import job_guard
-from .runs import failure
+from .runs import failure, jsonable, write_json
 
 RESULTS = "results"
 
@@ -33,14 +32,10 @@ def this_job_id() -> str:
 
 def write_result(output_dir: str | os.PathLike, job_id: str, record: dict[str, Any]) -> Path:
     """The record as DIR/slurm/results/<job id>.json, renamed into place once written."""
-    from .runs import jsonable
-
     folder = results_folder(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{job_id}.json"
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(jsonable(record)) + "\n")
-    os.replace(partial, path)
+    write_json(path, jsonable(record))
     return path
 
 

@@ -21,20 +21,38 @@ NEVER_CLEAR = {
 }
 
 
+def query(command: list[str], timeout: float = 120) -> list[str] | None:
+    """The output lines of a Slurm query (`squeue`, `sinfo`); None when it fails or does not answer in time."""
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return None if proc.returncode else proc.stdout.splitlines()
+
+
+def squeue(name: str, states: str, column: str) -> dict[str, str] | None:
+    """job id -> squeue's `column` (`%T` state, `%r` reason) of the jobs of job name `name` in `states` (array tasks
+    one by one); None when squeue fails."""
+    lines = query(["squeue", "-h", "-r", f"--states={states}", "--name", name, "-o", f"%i|{column}"])
+    return None if lines is None else dict(line.strip().split("|", 1) for line in lines if "|" in line)
+
+
+def gpus(gres: str) -> int:
+    """The most GPUs of one node in sinfo's `%G` (generic resources, e.g. `gpu:a100:4(S:0-1)`); 0 without any."""
+    return max([0, *(int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", gres))])
+
+
 def nodes(partition: str | None) -> dict[str, int]:
     """The most CPUs, memory (MB) and GPUs of one node of `partition` (the default one when None), from `sinfo`;
     empty when it does not answer."""
-    command = ["sinfo", "-h", "-o", "%c|%m|%G", *(["-p", partition] if partition else [])]
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+    lines = query(["sinfo", "-h", "-o", "%c|%m|%G", *(["-p", partition] if partition else [])], timeout=60)
+    if lines is None:
         return {}
     most = {"cpus": 0, "mem": 0, "gpus": 0}
-    for line in proc.stdout.splitlines() if not proc.returncode else []:
+    for line in lines:
         cpus, _, rest = line.partition("|")
         mem, _, gres = rest.partition("|")
-        gpus = max([0, *(int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", gres))])
-        for name, value in (("cpus", cpus), ("mem", mem.rstrip("+")), ("gpus", str(gpus))):
+        for name, value in (("cpus", cpus), ("mem", mem.rstrip("+")), ("gpus", str(gpus(gres)))):
             if value.strip().isdigit():
                 most[name] = max(most[name], int(value))
     return most
@@ -74,13 +92,8 @@ def problem(reason: str, options: Any, most: dict[str, int]) -> str | None:
 
 def stuck(name: str, options: Any) -> dict[str, str]:
     """job id -> why it will not start (with the fix), for the pending jobs of job name `name` that will not."""
-    command = ["squeue", "-h", "-r", "--states=PENDING", "--name", name, "-o", "%i|%r"]
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    pending = dict(line.strip().split("|", 1) for line in proc.stdout.splitlines() if "|" in line)
-    if proc.returncode or not pending:
+    pending = squeue(name, "PENDING", "%r")
+    if not pending:
         return {}
     most = nodes(options.partition)
     found = {job: problem(reason, options, most) for job, reason in pending.items()}

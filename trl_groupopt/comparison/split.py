@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..runfolder.checkpoints import file_digest
+from ..runfolder.checkpoints import file_digest, read_json
 from .argv import scan
 from .options import PROG, CompareError, Options
 
@@ -85,10 +85,7 @@ def _check_source(name: str, sha: str | None, data_dir: Path, has_runs: bool) ->
     """Whether DIR/data still holds the split of `name` as it is now, of sha256 `sha` (True), or must be carved again
     (False: no run used it); CompareError when runs trained on the split of a file since changed."""
     path = data_dir / SPLIT_FILE
-    try:
-        made = json.loads(path.read_text()) if path.exists() else None
-    except ValueError:
-        made = None
+    made = read_json(path)
     if not isinstance(made, dict) or not made.get("sha256"):  # carved before split.json, or a Hub dataset
         if made is None and sha:
             path.write_text(json.dumps({"dataset_name": name, "sha256": sha}) + "\n")

@@ -58,11 +58,6 @@ def t_quantile(df: float, alpha: float = ALPHA) -> float:
     return float(scipy_stats.t.ppf(1 - alpha / 2, df))
 
 
-def t_quantile_975(df: float) -> float:
-    """Two-sided 95% Student-t quantile for `df` degrees of freedom (NaN below 1)."""
-    return t_quantile(df, 0.05)
-
-
 def present(values: Sequence[float | None]) -> list[float]:
     """The values that were measured: None (no such seed or step) and NaN left out."""
     return [float(v) for v in values if v is not None and not math.isnan(float(v))]

@@ -19,6 +19,7 @@ from typing import Any
 
 from .argv import scan
 from .process import launch
+from .runs import write_json
 
 #: the launcher of a run of several processes
 ACCELERATE = ("-m", "accelerate.commands.launch")
@@ -92,22 +93,18 @@ def base_accuracy(spec: RunSpec, device: str | None) -> float:
     digest, the generation length and prompt mode): another of these measures it again."""
     import filelock
 
-    from ..runfolder.checkpoints import file_digest
+    from ..runfolder.checkpoints import file_digest, read_json
 
     path = Path(spec.output_dir) / "data" / BASE_ACCURACY
     mode = scan(spec.run_args, "string_prompts")[0]["string_prompts"] or "user_message"
     key = {"model": spec.base_model(), "heldout_sha256": file_digest(path.with_name("heldout.jsonl")),
            "max_new_tokens": spec.max_new_tokens(), "string_prompts": mode}  # fmt: skip
     with filelock.FileLock(str(path.with_suffix(".lock"))):
-        try:
-            kept = json.loads(path.read_text())
-        except (OSError, ValueError):
-            kept = None
+        kept = read_json(path)
         if isinstance(kept, dict) and kept.get("measured_on") == key and isinstance(kept.get("accuracy"), float):
             return kept["accuracy"]
         accuracy = score(spec, spec.base_model(), device)
-        path.with_suffix(".partial").write_text(json.dumps({"measured_on": key, "accuracy": accuracy}) + "\n")
-        os.replace(path.with_suffix(".partial"), path)  # whole or absent
+        write_json(path, {"measured_on": key, "accuracy": accuracy})
     return accuracy
 
 
