@@ -64,6 +64,20 @@ def base_model(tokenizer):
     return tiny_model(tokenizer, seed=5)
 
 
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """The refusal must come before the data door (and so before any model): reading the data or running the script
+    fails the test."""
+    from trl_groupopt.cli import script
+    from trl_groupopt.data import adapters
+
+    def reached(*args, **kwargs):
+        raise AssertionError("the option passed the parser: the data was read (the model would load next)")
+
+    monkeypatch.setattr(adapters, "load_datasets", reached)
+    monkeypatch.setattr(script, "run", reached)
+
+
 @pytest.fixture(autouse=True)
 def _compare_jobs_in_this_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     """In the fast selection, compare's local jobs (processes of submitit's LocalExecutor) run in threads of this

@@ -9,17 +9,6 @@ from __future__ import annotations
 import pytest
 
 from trl_groupopt.cli import main as cli
-from trl_groupopt.cli import script
-from trl_groupopt.data import adapters
-
-
-@pytest.fixture
-def nothing_loads(monkeypatch):
-    def reached(*args, **kwargs):
-        raise AssertionError("the option passed the parser: the data was read (the model would load next)")
-
-    monkeypatch.setattr(adapters, "load_datasets", reached)
-    monkeypatch.setattr(script, "run", reached)
 
 
 def _refusal(argv: list[str], capsys, method: str = "grpo") -> str:

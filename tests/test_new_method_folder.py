@@ -77,6 +77,30 @@ def outcomes(junit: Path) -> dict[str, dict[str, str]]:
     return found
 
 
+def run_shared_families(method: str, cwd: Path, env: dict[str, str], junit: Path, timeout: int) -> str:
+    """Every shared test family (`FAMILIES`) for `method` alone, in a process of its own (docs/adding-a-method.md's
+    command): each family collects tests of `method` and all pass. Returns the line that says so (counts, wall)."""
+    files = [path for paths in FAMILIES.values() for path in paths]
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", method,
+                           f"--junitxml={junit}", *files], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    wall = time.perf_counter() - started
+    assert junit.is_file(), proc.stdout[-4000:] + proc.stderr[-4000:]
+    results, counts = outcomes(junit), {}
+    for family, paths in FAMILIES.items():
+        tests = {f"{path}::{name}": outcome for path in paths for name, outcome in results.get(path, {}).items()}
+        assert tests, f"{family}: no test of {method} collected in {paths}"
+        assert all(method in name for name in tests), tests
+        failed = {name: outcome for name, outcome in tests.items() if outcome != "passed"}
+        assert not failed, f"{family}: {failed}\n{proc.stdout[-6000:]}"
+        counts[family] = len(tests)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return f"{sum(counts.values())} shared tests passed in {wall:.0f} s: " + ", ".join(
+        f"{family} {n}" for family, n in counts.items()
+    )
+
+
 def test_the_doc_is_the_procedure_and_lists_the_files():
     text = DOC.read_text(encoding="utf-8")
     assert "cp -r trl_groupopt/methods/ctpo trl_groupopt/methods/<m>" in text
@@ -109,23 +133,6 @@ def test_a_copied_method_folder_passes_every_shared_test(tmp_path, capsys):
     assert Path(package).is_relative_to(copy) and Path(tests_package).is_relative_to(copy), proc.stdout
     assert module == f"trl_groupopt.methods.{NEW}.trainer"
 
-    files = [path for paths in FAMILIES.values() for path in paths]
-    junit, started = tmp_path / "junit.xml", time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", NEW,
-                           f"--junitxml={junit}", *files], cwd=copy, env=env, capture_output=True, text=True,
-                          timeout=1500)  # fmt: skip
-    wall = time.perf_counter() - started
-    assert junit.is_file(), proc.stdout[-4000:] + proc.stderr[-4000:]
-    results = outcomes(junit)
-    counts = {}
-    for family, paths in FAMILIES.items():
-        tests = {f"{path}::{name}": outcome for path in paths for name, outcome in results.get(path, {}).items()}
-        assert tests, f"{family}: no test of {NEW} collected in {paths}"
-        assert all(NEW in name for name in tests), tests
-        failed = {name: outcome for name, outcome in tests.items() if outcome != "passed"}
-        assert not failed, f"{family}: {failed}\n{proc.stdout[-6000:]}"
-        counts[family] = len(tests)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    said = run_shared_families(NEW, copy, env, tmp_path / "junit.xml", timeout=1500)
     with capsys.disabled():
-        print(f"\n{NEW} (a copy of {SOURCE}'s folder): {sum(counts.values())} shared tests passed in {wall:.0f} s: "
-              + ", ".join(f"{family} {n}" for family, n in counts.items()))  # fmt: skip
+        print(f"\n{NEW} (a copy of {SOURCE}'s folder): {said}")

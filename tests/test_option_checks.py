@@ -12,8 +12,6 @@ from __future__ import annotations
 import pytest
 
 from trl_groupopt.cli import main as cli
-from trl_groupopt.cli import script
-from trl_groupopt.data import adapters
 
 #: issue 46, broken 9: values that crashed after the model loaded
 CRASHED_AFTER_LOADING = [
@@ -39,17 +37,6 @@ ACCEPTED_SILENTLY = [
     ("save_steps", "0"), ("save_steps", "-1"), ("logging_steps", "-1"),
     ("num_generations", "0"), ("gradient_accumulation_steps", "0"), ("steps_per_generation", "0"),
 ]  # fmt: skip
-
-
-@pytest.fixture
-def nothing_loads(monkeypatch):
-    """The refusal must come before the data door (and so before any model)."""
-
-    def reached(*args, **kwargs):
-        raise AssertionError("the option passed the parser: the data was read (the model would load next)")
-
-    monkeypatch.setattr(adapters, "load_datasets", reached)
-    monkeypatch.setattr(script, "run", reached)
 
 
 def _refusal(method: str, argv: list[str], capsys) -> str:

@@ -12,14 +12,13 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.environment import REPO_ROOT, process_environment
 from tests.selection import ENVIRONMENT_VARIABLE
-from tests.test_new_method_folder import FAMILIES, outcomes
+from tests.test_new_method_folder import run_shared_families
 from trl_groupopt.methods.registry import ENTRY_POINT_GROUP
 
 USER_MODULE = REPO_ROOT / "tests" / "user_objective" / "sapo_like.py"
@@ -146,21 +145,6 @@ def test_the_user_objective_passes_every_shared_test(tmp_path, capsys):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sapo-like-plugin\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nsapo_like = sapo_like\n")
     env = process_environment(PYTHONPATH=f"{REPO_ROOT}:{site}", **{ENVIRONMENT_VARIABLE: "sapo_like"})
-    files = [path for paths in FAMILIES.values() for path in paths]
-    junit, started = tmp_path / "junit.xml", time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "sapo_like",
-                           f"--junitxml={junit}", *files], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=1800)  # fmt: skip
-    wall = time.perf_counter() - started
-    assert junit.is_file(), proc.stdout[-4000:] + proc.stderr[-4000:]
-    results, counts = outcomes(junit), {}
-    for family, paths in FAMILIES.items():
-        tests = {f"{path}::{name}": outcome for path in paths for name, outcome in results.get(path, {}).items()}
-        assert tests, f"{family}: no test of sapo_like collected in {paths}"
-        failed = {name: outcome for name, outcome in tests.items() if outcome != "passed"}
-        assert not failed, f"{family}: {failed}\n{proc.stdout[-6000:]}"
-        counts[family] = len(tests)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    said = run_shared_families("sapo_like", REPO_ROOT, env, tmp_path / "junit.xml", timeout=1800)
     with capsys.disabled():
-        print(f"\nsapo_like (one function, registered through an entry point): {sum(counts.values())} shared tests "
-              f"passed in {wall:.0f} s: " + ", ".join(f"{family} {n}" for family, n in counts.items()))  # fmt: skip
+        print(f"\nsapo_like (one function, registered through an entry point): {said}")
